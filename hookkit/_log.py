@@ -1,0 +1,42 @@
+"""Logging: loguru, silent by default.
+
+hookkit logs when it attaches and detaches hooks, never per forward call. Turn it on with
+`hookkit.set_verbosity("INFO")` or the environment variable `HOOKKIT_LOG=INFO` (read at import).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from loguru import logger
+
+logger.disable("hookkit")
+_sink_id: int | None = None
+_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+
+
+def set_verbosity(level: str | None) -> None:
+    """Log hookkit's attach/detach messages to stderr at `level` ("DEBUG", "INFO", ...); `None` silences it."""
+    global _sink_id
+    from hookkit.errors import spec_error
+
+    if _sink_id is not None:
+        logger.remove(_sink_id)
+        _sink_id = None
+    if level is None:
+        logger.disable("hookkit")
+        return
+    if not isinstance(level, str) or level.upper() not in _LEVELS:
+        raise spec_error("set_verbosity", "level", level, f"one of {_LEVELS} or None")
+    logger.enable("hookkit")
+    _sink_id = logger.add(
+        sys.stderr,
+        level=level.upper(),
+        filter=lambda record: record["name"].startswith("hookkit"),
+        format="<green>hookkit</green> | <level>{level: <7}</level> | {message}",
+    )
+
+
+if os.environ.get("HOOKKIT_LOG"):
+    set_verbosity(os.environ["HOOKKIT_LOG"])

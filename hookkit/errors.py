@@ -1,0 +1,39 @@
+"""Every error hookkit raises on purpose.
+
+Messages name *where* (the field, module path or adapter key), *what was expected*, *what came*, and
+*the fix*, because the person reading them is usually three layers away from the code that raised.
+"""
+
+from __future__ import annotations
+
+
+class HookkitError(Exception):
+    """Base class: catch this to catch anything hookkit raises deliberately."""
+
+
+class SpecError(HookkitError, ValueError):
+    """A feature spec (`Spec`, `DBCache`, `Quantize`, `Compile`, ...) got a value it cannot use."""
+
+
+class AdapterError(HookkitError, ValueError):
+    """An adapter file or `AdapterSpec` is malformed, or does not match the transformer it is used on."""
+
+
+class HookError(HookkitError, RuntimeError):
+    """A hook could not be registered or removed (duplicate name, unknown name, wrong target)."""
+
+
+class EnableError(HookkitError, RuntimeError):
+    """`hookkit.enable` / `hookkit.disable` was used on something it cannot hook, or twice."""
+
+
+class UnsupportedError(HookkitError, RuntimeError):
+    """A feature needs something this machine or installation does not have (a GPU, a compute capability, a package)."""
+
+
+def spec_error(owner: str, field: str, value: object, expected: str, fix: str = "") -> SpecError:
+    """Build a `SpecError` with the standard shape: `Owner.field: expected ..., got ...`."""
+    msg = f"{owner}.{field}: expected {expected}, got {value!r}."
+    if fix:
+        msg += f" {fix}"
+    return SpecError(msg)

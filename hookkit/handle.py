@@ -1,0 +1,297 @@
+"""`hookkit.enable` / `hookkit.disable` and the `Handle` they hand out.
+
+enable: resolve the adapter (exact class), build the plan (pure data), attach it all or nothing.
+The handle owns every removable and the per-call state; `remove()` undoes everything in reverse order,
+after which the pipeline is exactly as before (its output bitwise equal to a never-hooked run).
+
+Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first
+transformer call; hookkit patches that method *on the scheduler instance* (never the class) and starts a
+fresh `CallState` there. `scheduler.step` ends a denoising step. A bare transformer has no scheduler:
+use `with handle.generation(): ...` around each generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+from loguru import logger
+
+from hookkit.adapters import AdapterSpec, resolve_adapter
+from hookkit.errors import AdapterError, EnableError, SpecError, UnsupportedError
+from hookkit.hooks.methods import MethodPatch
+from hookkit.hooks.registry import HookRegistry, ModelHook
+from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook
+from hookkit.specs import Spec
+from hookkit.state import CallState, Clock
+from hookkit.summary import FeatureSummary, HookRow, Summary
+
+CLOCK_HOOK = "hookkit.clock"
+
+
+class _ClockHook(ModelHook):
+    """Outermost hook on the transformer: counts calls into steps and branches; marks "enabled"."""
+
+    def __init__(self, handle: "Handle") -> None:
+        self.handle = handle
+
+    def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        self.handle._clock.on_transformer_call()
+        return args, kwargs
+
+
+class _CoreFeature:
+    """Per-call bookkeeping; always on."""
+
+    name = "core"
+
+    def enabled(self, spec: Spec) -> bool:
+        return True
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        out = [Attachment(feature="core", target="", name=CLOCK_HOOK)]
+        scheduler = getattr(ctx.pipeline, "scheduler", None) if ctx.pipeline is not None else None
+        if scheduler is not None:
+            out.append(Attachment(feature="core", target="pipeline.scheduler.set_timesteps", name="hookkit.generation"))
+            out.append(Attachment(feature="core", target="pipeline.scheduler.step", name="hookkit.step"))
+        return out
+
+    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+        if attachment.name == CLOCK_HOOK:
+            return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
+        scheduler = handle.pipeline.scheduler
+        if attachment.name == "hookkit.generation":
+            def make(original: Callable[..., Any]) -> Callable[..., Any]:
+                def set_timesteps(*args: Any, **kwargs: Any) -> Any:
+                    result = original(*args, **kwargs)
+                    timesteps = getattr(scheduler, "timesteps", None)
+                    handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                    return result
+                return set_timesteps
+            return MethodPatch(scheduler, "set_timesteps", make)
+
+        def make_step(original: Callable[..., Any]) -> Callable[..., Any]:
+            def step(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)
+                handle._clock.on_scheduler_step()
+                return result
+            return step
+        return MethodPatch(scheduler, "step", make_step)
+
+    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+        return None
+
+
+def features() -> list[Feature]:
+    """Every feature in attach order. Later features wrap earlier ones (compile goes last)."""
+    from hookkit.hooks import registered_features
+
+    return [_CoreFeature(), *registered_features()]
+
+
+def _split_target(target: Any) -> tuple[Any | None, torch.nn.Module]:
+    """(pipeline or None, transformer) from whatever `enable` was given."""
+    if isinstance(target, torch.nn.Module):
+        return None, target
+    transformer = getattr(target, "transformer", None)
+    if isinstance(transformer, torch.nn.Module) and hasattr(target, "components"):
+        if getattr(target, "transformer_2", None) is not None:
+            raise EnableError(
+                f"{type(target).__name__} has two transformers (transformer and transformer_2); hookkit hooks one "
+                "per handle. Enable them as bare transformers (hookkit.enable(pipe.transformer, spec) and "
+                "hookkit.enable(pipe.transformer_2, spec)) and wrap each call in `with handle.generation():`."
+            )
+        return target, transformer
+    raise EnableError(
+        f"hookkit.enable: expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got "
+        f"{type(target).__name__}. Pass pipe (e.g. a FluxPipeline) or pipe.transformer."
+    )
+
+
+class Handle:
+    """What `hookkit.enable` returns: remove it, summarize it, mark generations on a bare transformer."""
+
+    def __init__(self, plan: Plan, transformer: torch.nn.Module, pipeline: Any | None) -> None:
+        self.plan = plan
+        self.transformer: torch.nn.Module = transformer
+        self.pipeline = pipeline
+        calls_per_step = None if any(a.name == "hookkit.step" for a in plan.attachments) else (
+            2 if plan.adapter.cfg == "separate" else 1)
+        self._clock = Clock(calls_per_step)
+        self._attached: list[tuple[Attachment, Removable]] = []
+        #: objects features keep for the handle's lifetime (compiled callables, quantization reports)
+        self.resources: dict[str, Any] = {}
+        self.removed = False
+
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def adapter(self) -> AdapterSpec:
+        return self.plan.adapter
+
+    @property
+    def spec(self) -> Spec:
+        return self.plan.spec
+
+    @property
+    def state(self) -> CallState:
+        """The current (or last finished) generation's state."""
+        return self._clock.state
+
+    def new_generation(self, num_steps: int | None = None) -> CallState:
+        """Start a fresh generation: per-call state of every feature is dropped, hooks are reset."""
+        state = self._clock.new_generation(num_steps)
+        seen: set[int] = set()
+        for attachment, _ in self._attached:
+            module = self._module_of(attachment)
+            if module is not None and id(module) not in seen:
+                seen.add(id(module))
+                registry = HookRegistry.of(module, create=False)
+                if registry is not None:
+                    registry.reset()
+        return state
+
+    @contextlib.contextmanager
+    def generation(self, num_steps: int | None = None, calls_per_step: int | None = None) -> Iterator[CallState]:
+        """Mark one generation on a bare transformer (a pipeline needs none of this).
+
+        `calls_per_step`: transformer calls per denoising step (2 when CFG runs as two calls); defaults
+        to the adapter's `cfg` style.
+        """
+        if self.pipeline is not None and calls_per_step is not None:
+            raise SpecError("Handle.generation.calls_per_step: expected None with a pipeline (its scheduler counts "
+                            f"steps), got {calls_per_step!r}. Drop the argument.")
+        saved = self._clock.calls_per_step
+        if calls_per_step is not None:
+            if isinstance(calls_per_step, bool) or not isinstance(calls_per_step, int) or calls_per_step < 1:
+                raise SpecError(f"Handle.generation.calls_per_step: expected an int >= 1, got {calls_per_step!r}.")
+            self._clock.calls_per_step = calls_per_step
+        try:
+            yield self.new_generation(num_steps)
+        finally:
+            self._clock.calls_per_step = saved
+
+    def _module_of(self, attachment: Attachment) -> torch.nn.Module | None:
+        if attachment.target.startswith("pipeline."):
+            return None
+        try:
+            return self.transformer.get_submodule(attachment.target) if attachment.target else self.transformer
+        except AttributeError:
+            return None
+
+    # -- attach / remove --------------------------------------------------------------------------------
+    def _attach(self, feature_map: dict[str, Feature]) -> None:
+        try:
+            for attachment in self.plan.attachments:
+                removable = feature_map[attachment.feature].attach(self, attachment)
+                self._attached.append((attachment, removable))
+                logger.debug("attached {} to {}", attachment.name, attachment.target or "<transformer>")
+        except BaseException:
+            self._detach_all()
+            raise
+
+    def _detach_all(self) -> None:
+        errors: list[BaseException] = []
+        while self._attached:
+            attachment, removable = self._attached.pop()
+            try:
+                removable.remove()
+                logger.debug("detached {} from {}", attachment.name, attachment.target or "<transformer>")
+            except BaseException as exc:  # keep going: leave as little behind as possible
+                errors.append(exc)
+        self.resources.clear()
+        if errors:
+            raise errors[0]
+
+    def remove(self) -> None:
+        """Detach everything in reverse order; the pipeline is exactly as before. Idempotent."""
+        if self.removed:
+            return
+        self._detach_all()
+        self.removed = True
+        logger.info("hookkit disabled on {}", self.plan.transformer_class)
+        self.transformer = None  # type: ignore[assignment]
+        self.pipeline = None
+
+    # -- summary ----------------------------------------------------------------------------------------
+    def summary(self) -> Summary:
+        """The adapter, every hook with its module path, and per-feature statistics."""
+        rows = tuple(HookRow(module=a.target, name=a.name, feature=a.feature) for a, _ in self._attached)
+        stats: dict[str, FeatureSummary] = {}
+        if not self.removed:
+            for feature in features():
+                if feature.enabled(self.spec):
+                    summarize = getattr(feature, "summarize", None)
+                    result = summarize(self) if summarize is not None else None
+                    if result is not None:
+                        stats[result.name] = result
+        pipeline = type(self.pipeline).__name__ if self.pipeline is not None else None
+        return Summary(
+            adapter=self.adapter.name, adapter_source=self.adapter.source, transformer=self.plan.transformer_class,
+            pipeline=pipeline, spec=self.spec.to_dict(), hooks=rows, generations=self._clock.generations,
+            features=stats,
+        )
+
+
+def build_plan(target: Any, spec: Spec | None = None, adapter: AdapterSpec | None = None) -> Plan:
+    """The plan `enable(target, spec)` would attach, as data. Attaches nothing."""
+    pipeline, transformer = _split_target(target)
+    return _plan(pipeline, transformer, spec if spec is not None else Spec(), adapter)
+
+
+def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapter: AdapterSpec | None) -> Plan:
+    if not isinstance(spec, Spec):
+        raise SpecError(f"hookkit.enable.spec: expected a hookkit.Spec or None, got {spec!r}.")
+    if adapter is None:
+        adapter = resolve_adapter(transformer)
+    elif isinstance(adapter, AdapterSpec):
+        adapter.check(transformer)
+    else:
+        raise AdapterError(f"hookkit.enable.adapter: expected a hookkit.AdapterSpec or None, got {adapter!r}.")
+    ctx = PlanContext(spec=spec, adapter=adapter, transformer=transformer, pipeline=pipeline)
+    attachments: list[Attachment] = []
+    claimed: set[str] = set()
+    for feature in features():
+        if feature.enabled(spec):
+            claimed.update(getattr(feature, "fields", ()))
+            attachments.extend(feature.plan(ctx))
+    requested = {k for k, v in spec.to_dict().items() if v not in (None, False)}
+    if requested - claimed:
+        raise UnsupportedError(
+            f"Spec.{sorted(requested - claimed)[0]}: no installed hookkit feature implements it in this version. "
+            "Leave it unset or upgrade hookkit."
+        )
+    return Plan(adapter=adapter, spec=spec, transformer_class=type(transformer).__name__,
+                has_pipeline=pipeline is not None, attachments=tuple(attachments))
+
+
+def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None = None) -> Handle:
+    """Attach hookkit to a diffusers pipeline or a bare transformer. All or nothing; twice raises."""
+    pipeline, transformer = _split_target(target)
+    if handle_of(transformer) is not None:
+        raise EnableError(
+            f"hookkit is already enabled on this {type(transformer).__name__}; call hookkit.disable(...) (or "
+            "handle.remove()) before enabling again with another spec."
+        )
+    plan = _plan(pipeline, transformer, spec if spec is not None else Spec(), adapter)
+    handle = Handle(plan, transformer, pipeline)
+    handle._attach({f.name: f for f in features()})
+    logger.info("hookkit enabled on {} with adapter {}: {} attachments", plan.transformer_class, plan.adapter.name,
+                len(plan.attachments))
+    return handle
+
+
+def handle_of(target: Any) -> Handle | None:
+    """The live handle of a hooked pipeline or transformer, or None."""
+    _, transformer = _split_target(target)
+    registry = HookRegistry.of(transformer, create=False)
+    hook = registry.get(CLOCK_HOOK) if registry is not None else None
+    return hook.handle if isinstance(hook, _ClockHook) else None
+
+
+def disable(target: Any) -> None:
+    """Remove everything hookkit attached to `target` (pipeline or transformer)."""
+    handle = handle_of(target)
+    if handle is None:
+        raise EnableError(f"hookkit is not enabled on this {type(target).__name__}; nothing to disable.")
+    handle.remove()

@@ -1,0 +1,211 @@
+"""The hook core: `ModelHook` and one ordered, named `HookRegistry` per module.
+
+How a hooked module runs
+------------------------
+The first hook on a module puts two entries into `module.__dict__`: `forward` (a wrapper that runs the
+chain) and `_hookkit_registry`. Removing the last hook deletes both, so the module is exactly as it was:
+`module.forward` is the class's again (or whatever instance `forward` it had before), nothing is left in
+`module.__dict__`, and no reference cycle keeps it alive. Nothing is ever set on a class.
+
+Hooks run in registry order, which is explicit data (`registry.names`): for hooks `[a, b]`,
+`a.pre_forward -> b.pre_forward -> forward -> b.post_forward -> a.post_forward`. `position=` on
+`register` inserts anywhere; `remove(name)` takes a hook out of the middle of the chain.
+
+Compiled regions
+----------------
+`module.compile()` compiles `module._call_impl`, which calls `module.forward`: hooks registered on that
+module are *traced into the graph* (a `.clone()` there is compiled away; a Python side effect becomes a
+guard or a graph break). Hooks on a module compiled with `registry.set_inner(torch.compile(forward))` —
+what `hookkit.Compile` does — run *outside* the compiled region, in eager Python, around it. hookkit
+compiles that way so that decisions (caching) and copies (CUDA-graph safety) stay outside the graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from hookkit.errors import HookError
+
+_REGISTRY_ATTR = "_hookkit_registry"
+_MISSING = object()
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+
+class ModelHook:
+    """Base class of every hook. Override what you need; the defaults are no-ops.
+
+    - `pre_forward(module, args, kwargs) -> (args, kwargs)`: runs before the call, may replace inputs.
+    - `post_forward(module, output) -> output`: runs after the call, may replace the output.
+    - `new_forward(module, call_next, args, kwargs) -> output`: only when `replaces_forward = True`;
+      decides whether and how to run the rest of the chain (`call_next(*args, **kwargs)`), so a hook
+      can skip a block and return a cached result.
+    - `reset()`: clears per-call state; called at the start of every pipeline call.
+    - `on_attach(module)` / `on_detach(module)`: called once when registered / removed.
+    """
+
+    replaces_forward: bool = False
+
+    def on_attach(self, module: torch.nn.Module) -> None:  # noqa: D401 - hook API
+        """Called once, after the hook is in the chain."""
+
+    def on_detach(self, module: torch.nn.Module) -> None:
+        """Called once, after the hook has left the chain."""
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        return args, kwargs
+
+    def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+        return output
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        return call_next(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Clear per-call state. Stateless hooks need not override it."""
+
+
+class HookRegistry:
+    """The ordered, named hooks of one module. Get it with `HookRegistry.of(module)`."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = module
+        self._hooks: dict[str, ModelHook] = {}
+        self._chain: tuple[ModelHook, ...] = ()
+        self._saved_forward = module.__dict__.get("forward", _MISSING)
+        self._original_forward: Callable[..., Any] = module.forward
+        self._inner: Callable[..., Any] = self._original_forward
+        self._install()
+
+    # -- lookup ---------------------------------------------------------------------------------------
+    @staticmethod
+    def of(module: torch.nn.Module, create: bool = True) -> "HookRegistry | None":
+        """The registry of `module`; created (and the wrapper installed) on first use when `create`."""
+        registry = module.__dict__.get(_REGISTRY_ATTR)
+        if registry is None and create:
+            registry = HookRegistry(module)
+        return registry
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Hook names in execution order (outermost first)."""
+        return tuple(self._hooks)
+
+    def get(self, name: str) -> ModelHook | None:
+        return self._hooks.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._hooks
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+    # -- registration ---------------------------------------------------------------------------------
+    def register(self, name: str, hook: ModelHook, position: int | None = None) -> ModelHook:
+        """Insert `hook` under `name` at `position` (default: innermost, i.e. last)."""
+        if not isinstance(hook, ModelHook):
+            raise HookError(
+                f"register({name!r}): expected a hookkit.hooks.ModelHook, got {type(hook).__name__}. "
+                "Subclass ModelHook and override pre_forward/post_forward/new_forward."
+            )
+        if name in self._hooks:
+            raise HookError(
+                f"{type(self._module).__name__}: a hook named {name!r} is already registered "
+                f"(hooks: {list(self._hooks)}). Remove it first (registry.remove({name!r})) or choose another name."
+            )
+        items = list(self._hooks.items())
+        if position is None:
+            position = len(items)
+        if not (isinstance(position, int) and 0 <= position <= len(items)):
+            raise HookError(f"register({name!r}): position must be an int in [0, {len(items)}], got {position!r}.")
+        items.insert(position, (name, hook))
+        self._hooks = dict(items)
+        self._chain = tuple(self._hooks.values())
+        hook.on_attach(self._module)
+        return hook
+
+    def remove(self, name: str) -> ModelHook:
+        """Remove the hook `name` (from anywhere in the chain). The last removal restores the module."""
+        if name not in self._hooks:
+            raise HookError(
+                f"{type(self._module).__name__}: no hook named {name!r} (hooks: {list(self._hooks)})."
+            )
+        hook = self._hooks.pop(name)
+        self._chain = tuple(self._hooks.values())
+        hook.on_detach(self._module)
+        if not self._hooks and self._inner is self._original_forward:
+            self._uninstall()
+        return hook
+
+    def set_inner(self, fn: Callable[..., Any] | None) -> None:
+        """Replace the callable at the centre of the chain (e.g. a compiled `forward`); `None` restores it.
+
+        Hooks registered here then run *outside* `fn`. Used by regional compilation so that decisions and
+        copies are not traced into the graph.
+        """
+        self._inner = self._original_forward if fn is None else fn
+        if not self._hooks and fn is None:
+            self._uninstall()
+
+    @property
+    def original_forward(self) -> Callable[..., Any]:
+        """The forward that was in place before hookkit (bound method of the class, usually)."""
+        return self._original_forward
+
+    def reset(self) -> None:
+        for hook in self._chain:
+            hook.reset()
+
+    # -- execution ------------------------------------------------------------------------------------
+    def _run(self, index: int, args: Args, kwargs: Kwargs) -> Any:
+        chain = self._chain
+        if index == len(chain):
+            return self._inner(*args, **kwargs)
+        hook = chain[index]
+        module = self._module
+        args, kwargs = hook.pre_forward(module, args, kwargs)
+        if hook.replaces_forward:
+            output = hook.new_forward(module, functools.partial(self._call_from, index + 1), args, kwargs)
+        else:
+            output = self._run(index + 1, args, kwargs)
+        return hook.post_forward(module, output)
+
+    def _call_from(self, index: int, *args: Any, **kwargs: Any) -> Any:
+        return self._run(index, args, kwargs)
+
+    # -- install / uninstall -------------------------------------------------------------------------
+    def _install(self) -> None:
+        module = self._module
+        original = self._original_forward
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self._run(0, args, kwargs)
+
+        module.__dict__["forward"] = forward
+        module.__dict__[_REGISTRY_ATTR] = self
+
+    def _uninstall(self) -> None:
+        d = self._module.__dict__
+        if self._saved_forward is _MISSING:
+            d.pop("forward", None)
+        else:
+            d["forward"] = self._saved_forward
+        d.pop(_REGISTRY_ATTR, None)
+        # Drop every reference to the module so that nothing here keeps it alive.
+        self._original_forward = self._inner = _dead_forward
+        self._module = None  # type: ignore[assignment]
+
+
+def _dead_forward(*args: Any, **kwargs: Any) -> Any:
+    raise HookError("this HookRegistry was uninstalled; get a fresh one with HookRegistry.of(module).")
+
+
+def registry_names(module: torch.nn.Module) -> tuple[str, ...]:
+    """Hook names on `module` in execution order; `()` when it carries none."""
+    registry = HookRegistry.of(module, create=False)
+    return registry.names if registry is not None else ()

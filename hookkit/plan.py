@@ -1,0 +1,113 @@
+"""Spec + adapter -> a plan (pure data) -> attachments.
+
+`build_plan` only reads: it resolves which hooks go where and returns a `Plan` you can print, compare
+and test as data. `attach_plan` then performs it, collecting one removable per attachment; if any step
+fails, everything attached so far is removed in reverse order and the error is re-raised.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import torch
+
+from hookkit.adapters import AdapterSpec
+from hookkit.errors import HookError
+from hookkit.hooks.registry import HookRegistry, ModelHook
+from hookkit.specs import Spec
+
+if TYPE_CHECKING:
+    from hookkit.handle import Handle
+
+
+@attrs.frozen(kw_only=True)
+class Attachment:
+    """One thing to attach: `feature` puts hook `name` on `target` (a module path under the transformer,
+    `""` for the transformer itself, or `pipeline.<attr>.<method>` for a method patch)."""
+
+    feature: str
+    target: str
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    adapter: AdapterSpec
+    spec: Spec
+    transformer_class: str
+    has_pipeline: bool
+    attachments: tuple[Attachment, ...]
+
+    def targets(self, feature: str | None = None) -> list[tuple[str, str]]:
+        """`(target, name)` pairs in attach order, optionally for one feature: handy in tests."""
+        return [(a.target, a.name) for a in self.attachments if feature is None or a.feature == feature]
+
+
+class Removable(Protocol):
+    def remove(self) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class PlanContext:
+    """What a feature may look at while planning (read only)."""
+
+    spec: Spec
+    adapter: AdapterSpec
+    transformer: torch.nn.Module
+    pipeline: Any | None
+
+
+class Feature(Protocol):
+    """A technique's integration with `enable`: plan attachments as data, then attach each one."""
+
+    name: str
+
+    def enabled(self, spec: Spec) -> bool: ...
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]: ...
+
+    def attach(self, handle: "Handle", attachment: Attachment) -> Removable: ...
+
+
+class HookRemoval:
+    """Removes one named hook from one module; removing the last hook restores the module."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        self.module: torch.nn.Module | None = module
+        self.name = name
+
+    def remove(self) -> None:
+        if self.module is None:
+            return
+        registry = HookRegistry.of(self.module, create=False)
+        if registry is not None and self.name in registry:
+            registry.remove(self.name)
+        self.module = None
+
+
+def add_hook(module: torch.nn.Module, name: str, hook: ModelHook, position: int | None = None) -> HookRemoval:
+    """Register `hook` on `module` and return what removes it."""
+    HookRegistry.of(module).register(name, hook, position=position)
+    return HookRemoval(module, name)
+
+
+def module_at(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """`root.get_submodule(path)` with an error that names the path."""
+    try:
+        return root.get_submodule(path) if path else root
+    except AttributeError:
+        raise HookError(f"{type(root).__name__} has no submodule {path!r}; the adapter or plan is out of date.") from None
+
+
+def flat_blocks(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[tuple[str, Any, torch.nn.Module]]:
+    """Every block in execution order: `(module path, BlockListSpec, block)` across all block lists."""
+    out = []
+    for spec, modules in adapter.block_lists(transformer):
+        for i, block in enumerate(modules):
+            out.append((f"{spec.attr}.{i}", spec, block))
+    return out

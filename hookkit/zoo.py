@@ -1,0 +1,174 @@
+"""Models built from config with random weights: tiny ones for the CPU (tests, demo, examples) and
+full-size architectures for GPU benchmarks. No downloads, ever.
+
+`tiny_transformer(name)` builds a transformer; `tiny_pipeline(name)` a whole pipeline with
+`text_encoder=None`, fed through `call_kwargs(name, ...)` (random prompt embeddings of the right shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from hookkit.errors import AdapterError
+
+# Transformer configs: tiny (CPU, seconds) and full (the published architectures' defaults).
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "flux": dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=8,
+                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
+                 axes_dims_rope=(2, 2, 4)),
+    "qwenimage": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16,
+                      num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6)),
+    "cogvideox": dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
+                      text_embed_dim=16, num_layers=3, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+                      temporal_compression_ratio=4, max_text_seq_length=16),
+    "wan": dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+                text_dim=16, freq_dim=32, ffn_dim=32, num_layers=3, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", rope_max_seq_len=32),
+    "sd3": dict(sample_size=16, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=2,
+                joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+                pos_embed_max_size=16),
+    "hunyuanvideo": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
+                         num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+                         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
+}
+
+FULL_CONFIGS: dict[str, dict[str, Any]] = {
+    "flux": dict(guidance_embeds=True),  # Flux-dev
+    "qwenimage": dict(),
+    "cogvideox": dict(),  # CogVideoX-2b
+    "wan": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, text_dim=4096),  # Wan2.1 1.3B
+    "sd3": dict(),
+    "hunyuanvideo": dict(),
+}
+
+_TRANSFORMERS = {
+    "flux": "FluxTransformer2DModel",
+    "qwenimage": "QwenImageTransformer2DModel",
+    "cogvideox": "CogVideoXTransformer3DModel",
+    "wan": "WanTransformer3DModel",
+    "sd3": "SD3Transformer2DModel",
+    "hunyuanvideo": "HunyuanVideoTransformer3DModel",
+}
+
+
+def _check(name: str) -> None:
+    if name not in _TRANSFORMERS:
+        raise AdapterError(f"no built-in model {name!r}; known: {sorted(_TRANSFORMERS)}.")
+
+
+def tiny_transformer(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """A tiny transformer of family `name` from config, random weights, eval mode, float32, CPU."""
+    _check(name)
+    import diffusers
+
+    torch.manual_seed(seed)
+    cls = getattr(diffusers, _TRANSFORMERS[name])
+    return cls(**{**TINY_CONFIGS[name], **overrides}).eval()
+
+
+def full_transformer(name: str, **overrides: Any) -> torch.nn.Module:
+    """The full-size architecture of family `name` with random weights (build it under a device context)."""
+    _check(name)
+    import diffusers
+
+    cls = getattr(diffusers, _TRANSFORMERS[name])
+    return cls(**{**FULL_CONFIGS[name], **overrides}).eval()
+
+
+# --- pipelines ---------------------------------------------------------------------------------------------
+
+
+def _tiny_vae_kl(latent_channels: int) -> torch.nn.Module:
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 8), layers_per_block=1,
+        latent_channels=latent_channels, norm_num_groups=8, sample_size=32,
+    ).eval()
+
+
+def _flux(transformer: torch.nn.Module) -> Any:
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    vae = _tiny_vae_kl(4)
+    vae.register_to_config(shift_factor=0.0, scaling_factor=1.0)
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+
+
+def _qwenimage(transformer: torch.nn.Module) -> Any:
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
+                                 latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
+                             transformer=transformer)
+
+
+def _cogvideox(transformer: torch.nn.Module) -> Any:
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
+
+    vae = AutoencoderKLCogVideoX(
+        in_channels=3, out_channels=3,
+        down_block_types=("CogVideoXDownBlock3D",) * 2, up_block_types=("CogVideoXUpBlock3D",) * 2,
+        block_out_channels=(8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=2,
+        temporal_compression_ratio=4,
+    ).eval()
+    return CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                             scheduler=CogVideoXDDIMScheduler())
+
+
+def _wan(transformer: torch.nn.Module) -> Any:
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True]).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer)
+
+
+_PIPELINES: dict[str, Callable[[torch.nn.Module], Any]] = {
+    "flux": _flux, "qwenimage": _qwenimage, "cogvideox": _cogvideox, "wan": _wan,
+}
+
+
+def tiny_pipeline(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
+    """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan) on the CPU, no text encoders."""
+    if name not in _PIPELINES:
+        raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
+    pipe = _PIPELINES[name](tiny_transformer(name, seed=seed, **transformer_overrides))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height: int | None = None,
+                width: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Keyword arguments for a call of `tiny_pipeline(name)`: random prompt embeddings, a seeded generator,
+    small output, latents returned (no decode) unless `output_type` is given."""
+    g = torch.Generator().manual_seed(1234 + seed)
+    cfg = TINY_CONFIGS[name]
+    kw: dict[str, Any] = dict(num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
+                              output_type="latent")
+    if name == "flux":
+        kw.update(prompt_embeds=torch.randn(batch, 8, cfg["joint_attention_dim"], generator=g),
+                  pooled_prompt_embeds=torch.randn(batch, cfg["pooled_projection_dim"], generator=g),
+                  height=height or 32, width=width or 32, guidance_scale=3.5)
+    elif name == "qwenimage":
+        kw.update(prompt_embeds=torch.randn(batch, 8, cfg["joint_attention_dim"], generator=g),
+                  prompt_embeds_mask=torch.ones(batch, 8, dtype=torch.long),
+                  height=height or 32, width=width or 32, true_cfg_scale=1.0)
+    elif name == "cogvideox":
+        kw.update(prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
+                  negative_prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
+                  height=height or 16, width=width or 16, num_frames=9, guidance_scale=6.0)
+    elif name == "wan":
+        kw.update(prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
+                  negative_prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
+                  height=height or 16, width=width or 16, num_frames=5, guidance_scale=5.0)
+    else:
+        raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
+    kw.update(extra)
+    return kw
