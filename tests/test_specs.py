@@ -1,0 +1,93 @@
+"""Specs: frozen, keyword-only, validated with errors that name the field; round-trip through dicts."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import hookkit
+from hookkit.errors import SpecError
+from hookkit.specs import resolve_steps_mask
+
+
+def test_specs_are_frozen() -> None:
+    spec = hookkit.DBCache()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        spec.threshold = 0.5  # type: ignore[misc]
+
+
+def test_specs_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        hookkit.DBCache(1, 0)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "value"),
+    [
+        (lambda: hookkit.DBCache(threshold=-0.1), "DBCache.threshold", "-0.1"),
+        (lambda: hookkit.DBCache(fn_blocks=0), "DBCache.fn_blocks", "0"),
+        (lambda: hookkit.DBCache(warmup_steps=True), "DBCache.warmup_steps", "True"),
+        (lambda: hookkit.DBCache(max_cached_steps=-2), "DBCache.max_cached_steps", "-2"),
+        (lambda: hookkit.DBCache(steps_mask="turbo"), "DBCache.steps_mask", "'turbo'"),
+        (lambda: hookkit.DBCache(steps_mask=[1, 2]), "DBCache.steps_mask", r"\(1, 2\)"),
+        (lambda: hookkit.DBCache(mask_policy="sometimes"), "DBCache.mask_policy", "'sometimes'"),
+        (lambda: hookkit.DBCache(taylorseer_order=3), "DBCache.taylorseer_order", "3"),
+        (lambda: hookkit.Quantize(scheme="fp4"), "Quantize.scheme", "'fp4'"),
+        (lambda: hookkit.Quantize(scheme="fp8_row", exclude="proj_out"), "Quantize.exclude", "'proj_out'"),
+        (lambda: hookkit.Compile(mode="fast"), "Compile.mode", "'fast'"),
+        (lambda: hookkit.Compile(regional="yes"), "Compile.regional", "'yes'"),
+        (lambda: hookkit.Spec(sync_free=1), "Spec.sync_free", "1"),
+        (lambda: hookkit.Spec(cache=hookkit.Compile()), "Spec.cache", "Compile"),
+    ],
+)
+def test_bad_values_raise_spec_error_naming_the_field_and_value(build, field: str, value: str) -> None:
+    with pytest.raises(SpecError, match=rf"^{field}: expected .*, got {value}"):
+        build()
+
+
+def test_error_message_says_what_is_allowed() -> None:
+    with pytest.raises(SpecError) as info:
+        hookkit.DBCache(mask_policy="sometimes")
+    assert str(info.value) == "DBCache.mask_policy: expected one of ('dynamic', 'static'), got 'sometimes'."
+
+
+def test_spec_round_trips_through_a_plain_dict() -> None:
+    spec = hookkit.Spec(
+        cache=hookkit.DBCache(fn_blocks=2, bn_blocks=1, threshold=0.1, steps_mask=[1, 0, 1], mask_policy="static"),
+        quantize=hookkit.Quantize(scheme="int8_weight_only", exclude=["proj_out"]),
+        compile=hookkit.Compile(mode="reduce-overhead"),
+        sync_free=True,
+    )
+    data = spec.to_dict()
+    assert data["cache"]["steps_mask"] == [1, 0, 1]
+    assert data["quantize"]["exclude"] == ["proj_out"]
+    assert data["sync_free"] is True
+    assert hookkit.Spec.from_dict(data) == spec
+
+
+def test_from_dict_rejects_unknown_keys_by_name() -> None:
+    with pytest.raises(SpecError, match=r"^Spec.caching: expected a known feature"):
+        hookkit.Spec.from_dict({"caching": {}})
+    with pytest.raises(SpecError, match=r"^DBCache.thresh: expected a known field"):
+        hookkit.Spec.from_dict({"cache": {"thresh": 0.1}})
+
+
+def test_lists_become_tuples_so_specs_stay_hashable() -> None:
+    assert hash(hookkit.DBCache(steps_mask=[1, 0])) == hash(hookkit.DBCache(steps_mask=(1, 0)))
+
+
+def test_fast_mask_computes_11_of_28_steps() -> None:
+    mask = resolve_steps_mask("fast", 28)
+    assert len(mask) == 28 and sum(mask) == 11
+    assert mask[:4] == (1, 1, 1, 1) and mask[-2:] == (1, 1)
+
+
+def test_named_masks_scale_to_other_step_counts_and_keep_first_and_last() -> None:
+    mask = resolve_steps_mask("fast", 50)
+    assert len(mask) == 50 and mask[0] == 1 and mask[-1] == 1
+    assert 17 <= sum(mask) <= 22  # about 11/28 of the steps
+
+
+def test_explicit_masks_pad_with_compute_and_cut() -> None:
+    assert resolve_steps_mask((1, 0), 4) == (1, 0, 1, 1)
+    assert resolve_steps_mask((1, 0, 0, 0, 1), 3) == (1, 0, 0)
