@@ -80,12 +80,13 @@ def _instance_of(cls: type | tuple[type, ...], what: str) -> Callable[[Any, attr
 # --- DBCache ---------------------------------------------------------------------------------------------
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
-#: counts. 1 = compute, 0 = may cache. "fast" computes 11 of 28 steps (cache-dit's "fast" mask).
+#: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 20,
+#: medium 15, fast 11 (as many as cache-dit's "fast" mask), ultra 8.
 MASK_POLICIES: dict[str, tuple[tuple[int, int], ...]] = {
     "slow": ((8, 0), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 0), (1, 0), (2, 0)),
-    "medium": ((6, 0), (1, 2), (1, 2), (1, 2), (1, 2), (1, 2), (1, 2), (1, 0), (2, 0)),
+    "medium": ((6, 0), (1, 2), (1, 2), (1, 2), (1, 2), (1, 2), (1, 2), (1, 1), (2, 0)),
     "fast": ((4, 0), (1, 3), (1, 3), (1, 3), (1, 4), (1, 4), (2, 0)),
-    "ultra": ((3, 0), (1, 5), (1, 5), (1, 6), (1, 0), (1, 0)),
+    "ultra": ((3, 0), (1, 6), (1, 7), (1, 7), (2, 0)),
 }
 
 
@@ -189,6 +190,8 @@ class Compile:
     fullgraph: bool = attrs.field(default=True, validator=_bool)
     dynamic: bool | None = attrs.field(default=None, validator=_choice(None, True, False))
     cuda_graphs: str = attrs.field(default="none", validator=_choice("none", "transformer"))
+    #: torch.compile backend; "inductor" for speed, "eager"/"aot_eager" to debug tracing without codegen
+    backend: str = attrs.field(default="inductor", validator=_choice("inductor", "eager", "aot_eager", "cudagraphs"))
 
 
 # --- Spec ------------------------------------------------------------------------------------------------

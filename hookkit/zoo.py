@@ -172,3 +172,68 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
         raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
     kw.update(extra)
     return kw
+
+
+# --- full-size architectures for GPU benchmarks ------------------------------------------------------------
+
+
+def _scale8_vae_kl(latent_channels: int) -> torch.nn.Module:
+    """A small AutoencoderKL with the real 8x spatial factor, so full-size pipelines size latents right."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+        latent_channels=latent_channels, norm_num_groups=8, sample_size=64,
+    ).eval()
+
+
+def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
+    """A pipeline around the full-size transformer of `name` (random weights) with a small VAE of the right
+    scale factor. Build it under `torch.device("cuda")` and `torch.set_default_dtype(torch.bfloat16)`;
+    call it with `output_type="latent"` (the small VAE is not the real one)."""
+    from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLQwenImage, CogVideoXDDIMScheduler,
+                           CogVideoXPipeline, FlowMatchEulerDiscreteScheduler, FluxPipeline, QwenImagePipeline)
+
+    transformer = full_transformer(name, **transformer_overrides)
+    if name == "flux":
+        vae = _scale8_vae_kl(16)
+        pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
+                            vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                            transformer=transformer)
+    elif name == "qwenimage":
+        vae = AutoencoderKLQwenImage(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                     temperal_downsample=[False, True, True]).eval()
+        pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                                 text_encoder=None, tokenizer=None, transformer=transformer)
+    elif name == "cogvideox":
+        vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+                                     up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+                                     latent_channels=16, layers_per_block=1, norm_num_groups=2,
+                                     temporal_compression_ratio=4).eval()
+        pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                                 scheduler=CogVideoXDDIMScheduler())
+    else:
+        raise AdapterError(f"no full-size pipeline builder for {name!r}; known: ['cogvideox', 'flux', 'qwenimage'].")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def full_call_kwargs(name: str, steps: int = 28, height: int = 1024, width: int = 1024, seed: int = 0,
+                     device: str = "cuda", dtype: torch.dtype = torch.bfloat16, **extra: Any) -> dict[str, Any]:
+    """Call arguments for `full_pipeline(name)`: random prompt embeddings of the real shapes, latent output."""
+    g = torch.Generator(device="cpu").manual_seed(1234 + seed)
+    kw: dict[str, Any] = dict(num_inference_steps=steps, height=height, width=width, output_type="latent",
+                              generator=torch.Generator(device=device).manual_seed(seed))
+    if name == "flux":
+        kw.update(prompt_embeds=torch.randn(1, 512, 4096, generator=g).to(device, dtype),
+                  pooled_prompt_embeds=torch.randn(1, 768, generator=g).to(device, dtype), guidance_scale=3.5)
+    elif name == "qwenimage":
+        kw.update(prompt_embeds=torch.randn(1, 64, 3584, generator=g).to(device, dtype),
+                  prompt_embeds_mask=torch.ones(1, 64, dtype=torch.long, device=device), true_cfg_scale=1.0)
+    elif name == "cogvideox":
+        kw.update(prompt_embeds=torch.randn(1, 226, 4096, generator=g).to(device, dtype),
+                  negative_prompt_embeds=torch.randn(1, 226, 4096, generator=g).to(device, dtype),
+                  num_frames=9, guidance_scale=6.0)
+    kw.update(extra)
+    return kw

@@ -1,0 +1,139 @@
+"""Compilation and CUDA-graph variants of the full-size Flux-dev architecture, side by side in one process.
+
+    python benchmarks/compile_flux.py --size 256 --runs 5 --variants eager,hk-graph,regional,hk-ro,stock-ro
+
+Variants:
+  eager      stock diffusers, no compilation
+  regional   hookkit.Compile() -- regional inductor compile of the repeated blocks
+  stock-ro   stock `transformer.compile_repeated_blocks(mode="reduce-overhead")` (fails on diffusers 0.42.1)
+  hk-ro      hookkit.Compile(mode="reduce-overhead"): outputs cloned outside each region + step marks
+  hk-ro-mark hk-ro without the output clones (step marks only)
+  hk-ro-clone hk-ro without the step marks (output clones only)
+  hk-graph   hookkit.Compile(cuda_graphs="transformer"): regional compile + one CUDA graph per transformer call
+
+Random weights, bf16, batch 1, latents out. Prints one markdown table; writes JSON to $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+
+def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    mse = torch.mean((out - ref) ** 2).item()
+    peak = (ref.max() - ref.min()).item()
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def setup_variant(name: str, pipe: Any) -> Callable[[], None]:
+    """Apply a variant; return its teardown."""
+    import hookkit
+    from hookkit.hooks import HookRegistry
+
+    if name == "eager":
+        return lambda: None
+    if name == "stock-ro":
+        pipe.transformer.compile_repeated_blocks(fullgraph=True, mode="reduce-overhead")
+
+        def undo() -> None:
+            for m in pipe.transformer.modules():
+                if getattr(m, "_compiled_call_impl", None) is not None:
+                    m._compiled_call_impl = None
+        return undo
+    spec = {
+        "regional": hookkit.Compile(),
+        "hk-ro": hookkit.Compile(mode="reduce-overhead"),
+        "hk-ro-mark": hookkit.Compile(mode="reduce-overhead"),
+        "hk-ro-clone": hookkit.Compile(mode="reduce-overhead"),
+        "hk-graph": hookkit.Compile(cuda_graphs="transformer"),
+    }[name]
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=spec))
+    if name in ("hk-ro-mark", "hk-ro-clone"):
+        drop = "hookkit.compile.clone" if name == "hk-ro-mark" else "hookkit.compile.step_mark"
+        for module in pipe.transformer.modules():
+            reg = HookRegistry.of(module, create=False)
+            if reg is not None and drop in reg:
+                reg.remove(drop)
+    return handle.remove
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--variants", default="eager,hk-graph,regional,hk-ro,stock-ro")
+    p.add_argument("--quick", action="store_true", help="256², 4 steps, 2 runs")
+    args = p.parse_args()
+    if args.quick:
+        args.size, args.steps, args.runs = 256, 4, 2
+    out_dir = os.environ.get("OUT", "out")
+    os.makedirs(out_dir, exist_ok=True)
+
+    from hookkit import zoo
+
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        pipe = zoo.full_pipeline("flux")
+    torch.set_default_dtype(torch.float32)
+    kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+
+    rows: list[dict[str, Any]] = []
+    reference: torch.Tensor | None = None
+    for name in args.variants.split(","):
+        torch._dynamo.reset()
+        row: dict[str, Any] = {"variant": name, "size": args.size, "steps": args.steps}
+        try:
+            teardown = setup_variant(name, pipe)
+            try:
+                warm, out = timed(lambda: pipe(**kw()).images)
+                times = []
+                for _ in range(args.runs):
+                    t, out = timed(lambda: pipe(**kw()).images)
+                    times.append(t)
+                row.update(warmup_s=round(warm, 2), median_s=round(statistics.median(times), 3),
+                           times=[round(t, 3) for t in times],
+                           peak_gb=round(torch.cuda.max_memory_allocated() / 2**30, 1))
+                if reference is None:
+                    reference = out
+                row["psnr_db"] = round(psnr(out, reference), 1)
+                row["max_abs_err"] = float((out.float() - reference.float()).abs().max())
+            finally:
+                teardown()
+        except Exception as exc:  # record the failure (stock-ro is expected to fail)
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    eager = next((r["median_s"] for r in rows if r["variant"] == "eager" and "median_s" in r), None)
+    print(f"\n| variant | {args.size}² median s | warm-up s | speed-up vs eager | PSNR vs eager dB | max abs err | error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        sp = f"{eager / r['median_s']:.2f}x" if eager and "median_s" in r else ""
+        print(f"| {r['variant']} | {r.get('median_s', '')} | {r.get('warmup_s', '')} | {sp} | {r.get('psnr_db', '')} | "
+              f"{r.get('max_abs_err', '')} | {r.get('error', '')} |")
+    with open(os.path.join(out_dir, f"compile_flux_{args.size}.json"), "w") as f:
+        json.dump({"rows": rows, "torch": torch.__version__, "device": torch.cuda.get_device_name()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

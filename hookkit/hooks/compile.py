@@ -1,0 +1,290 @@
+"""Regional compilation, CUDA-graph safety by hooks, and whole-transformer CUDA graphs.
+
+Regional (`Compile(regional=True)`): every module of the adapter's repeated block classes gets
+`torch.compile(block.forward)` as the *inner* callable of its hook registry. Hooks on those blocks
+(DBCache decisions, clones) therefore run outside the compiled region, in eager Python, so a decision
+never becomes a graph break and a clone is never compiled away. (`block.compile()` would trace the hooks
+into the graph instead; see `hookkit.hooks.registry`.) CogVideoX works too: its class has no
+`_repeated_blocks`, the adapter names the class.
+
+CUDA-graph safety (`mode="reduce-overhead"`): a CUDA-graph output lives in memory that the next replay
+of the same graph overwrites. Stock regional reduce-overhead fails with "accessing tensor output of
+CUDAGraphs that has been overwritten" because block outputs outlive the replay. hookkit clones the tensor
+outputs of each compiled region *outside* it (a post hook on the block) and marks an iteration boundary
+(`torch.compiler.cudagraph_mark_step_begin()`) at each transformer call. Values held across calls (CFG
+branch outputs, DBCache residuals) are then ordinary tensors.
+
+Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the blocks are compiled regionally
+(short warm-up, no cudagraph trees), then each transformer call is captured once per input signature with
+`torch.cuda.CUDAGraph` and replayed while the signature holds: inputs are copied into static buffers,
+outputs are cloned out, so CFG branches and repeated pipeline calls are safe. One replay replaces every
+kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *inside* the transformer do not
+run on replay, which is why this mode refuses DBCache (whose decision is per step) with a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+import attrs
+import torch
+import torch.utils._pytree as pytree
+from loguru import logger
+
+from hookkit.adapters import AdapterSpec, resolve_adapter
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.hooks.registry import HookRegistry, ModelHook
+from hookkit.plan import Attachment, PlanContext, Removable, add_hook, module_at
+from hookkit.specs import Compile, Spec
+from hookkit.summary import FeatureSummary, table
+
+NAME = "compile"
+INNER = "hookkit.compile.inner"
+CLONE = "hookkit.compile.clone"
+STEP_MARK = "hookkit.compile.step_mark"
+GRAPH = "hookkit.compile.graph"
+
+
+def _clone_tensors(tree: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), tree)
+
+
+class CloneOutputsHook(ModelHook):
+    """Clones a compiled region's tensor outputs outside it, so a CUDA-graph replay cannot overwrite them."""
+
+    def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+        return _clone_tensors(output)
+
+
+class StepMarkHook(ModelHook):
+    """Marks a cudagraph-tree iteration boundary at every transformer call."""
+
+    def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return args, kwargs
+
+
+# --- whole-transformer CUDA graphs ----------------------------------------------------------------------
+
+
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    """What must match for a captured graph to be replayed: tensor metadata and every non-tensor value."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    key: list[Hashable] = [str(spec)]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            key.append(("T", tuple(leaf.shape), leaf.dtype, leaf.device, leaf.stride(), leaf.requires_grad))
+        else:
+            try:
+                hash(leaf)
+                key.append(("V", type(leaf).__name__, leaf))
+            except TypeError:
+                key.append(("O", type(leaf).__name__, id(leaf)))
+    return tuple(key)
+
+
+@attrs.define
+class CapturedCall:
+    """One captured signature: static input buffers, the replay callable, the static outputs."""
+
+    static_leaves: list[Any]
+    replay: Callable[[], None]
+    static_output: Any
+    replays: int = 0
+
+
+class CudaGraphBackend:
+    """Captures with `torch.cuda.CUDAGraph` on a side stream after warm-up, sharing one memory pool."""
+
+    def __init__(self, warmup: int = 2) -> None:
+        self.warmup = warmup
+        self.pool: Any = None
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = fn()
+        return graph.replay, output
+
+
+class GraphRunner:
+    """Replays one captured graph per input signature; copies inputs in and clones outputs out.
+
+    `backend.capture(fn) -> (replay, static_output)` is injectable so that the bookkeeping is tested on
+    the CPU with a stand-in backend.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.captured: dict[Hashable, CapturedCall] = {}
+
+    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        key = signature(args, kwargs)
+        entry = self.captured.get(key)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if entry is None:
+            static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            static_args, static_kwargs = pytree.tree_unflatten(static, spec)
+            replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
+            entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output)
+        else:
+            for buffer, leaf in zip(entry.static_leaves, leaves):
+                if isinstance(leaf, torch.Tensor) and leaf.data_ptr() != buffer.data_ptr():
+                    buffer.copy_(leaf)
+        entry.replay()
+        entry.replays += 1
+        return _clone_tensors(entry.static_output)
+
+
+class GraphHook(ModelHook):
+    """Innermost hook on the transformer: runs the rest of the call through a `GraphRunner`."""
+
+    replaces_forward = True
+
+    def __init__(self, runner: GraphRunner) -> None:
+        self.runner = runner
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        return self.runner(call_next, args, kwargs)
+
+
+# --- plan / attach ----------------------------------------------------------------------------------------
+
+
+def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[str]:
+    """Module paths of every instance of the adapter's repeated block classes, in module order."""
+    classes = set(adapter.repeated_blocks) or {c for b in adapter.blocks for c in b.classes}
+    return [path for path, m in transformer.named_modules() if path and type(m).__name__ in classes]
+
+
+def compile_kwargs(spec: Compile) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
+    if spec.mode not in (None, "default") and spec.backend == "inductor":  # modes are inductor's
+        kwargs["mode"] = spec.mode
+    return kwargs
+
+
+def check_spec(spec: Spec) -> None:
+    """Combinations that cannot work, refused before anything is attached."""
+    c = spec.compile
+    if c is None:
+        return
+    if spec.cache is not None and not c.regional:
+        raise SpecError(
+            "Compile.regional: expected True with DBCache (its per-step decision must stay outside the compiled "
+            "graph), got False. Use Compile(regional=True)."
+        )
+    if c.cuda_graphs == "transformer":
+        if c.mode in ("reduce-overhead", "max-autotune"):
+            raise SpecError(
+                f"Compile.mode: expected None, 'default' or 'max-autotune-no-cudagraphs' with "
+                f"cuda_graphs='transformer' (hookkit captures the graph itself), got {c.mode!r}."
+            )
+        if spec.cache is not None:
+            raise SpecError(
+                "Compile.cuda_graphs: expected 'none' with DBCache (a whole-transformer graph replays without the "
+                "per-step cache decision), got 'transformer'. Use Compile(mode='reduce-overhead') for CUDA graphs "
+                "per block with DBCache."
+            )
+
+
+class _CompileFeature:
+    name = NAME
+    fields = ("compile",)
+
+    def enabled(self, spec: Spec) -> bool:
+        return spec.compile is not None
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        spec: Compile = ctx.spec.compile  # type: ignore[assignment]  # enabled() guarantees it
+        check_spec(ctx.spec)
+        if spec.cuda_graphs == "transformer" and not torch.cuda.is_available():
+            raise UnsupportedError(
+                "Compile.cuda_graphs='transformer' needs a CUDA device; none is available. "
+                "Use cuda_graphs='none' on this machine."
+            )
+        out: list[Attachment] = []
+        cuda_graph_trees = spec.mode in ("reduce-overhead", "max-autotune")
+        targets = regional_paths(ctx.adapter, ctx.transformer) if spec.regional else [""]
+        if cuda_graph_trees:
+            out.append(Attachment(feature=NAME, target="", name=STEP_MARK))
+        for path in targets:
+            out.append(Attachment(feature=NAME, target=path, name=INNER))
+            if cuda_graph_trees:
+                out.append(Attachment(feature=NAME, target=path, name=CLONE))
+        if spec.cuda_graphs == "transformer":
+            out.append(Attachment(feature=NAME, target="", name=GRAPH))
+        return out
+
+    def attach(self, handle: Any, attachment: Attachment) -> Removable:
+        spec: Compile = handle.spec.compile
+        module = module_at(handle.transformer, attachment.target)
+        if attachment.name == INNER:
+            return _InnerCompile(module, compile_kwargs(spec))
+        if attachment.name == CLONE:
+            return add_hook(module, CLONE, CloneOutputsHook())
+        if attachment.name == STEP_MARK:
+            return add_hook(module, STEP_MARK, StepMarkHook())
+        runner = GraphRunner(CudaGraphBackend())
+        handle.resources["compile.graphs"] = runner
+        return add_hook(module, GRAPH, GraphHook(runner))
+
+    def summarize(self, handle: Any) -> FeatureSummary | None:
+        spec: Compile = handle.spec.compile
+        regions = [a.target for a in handle.plan.attachments if a.name == INNER]
+        data: dict[str, Any] = {
+            "regional": spec.regional, "mode": spec.mode or "default", "regions": len(regions),
+            "cuda_graphs": spec.cuda_graphs,
+        }
+        rows = [["regions compiled", len(regions) if spec.regional else "whole transformer"],
+                ["mode", data["mode"]], ["fullgraph", spec.fullgraph]]
+        runner = handle.resources.get("compile.graphs")
+        if runner is not None:
+            data["graphs_captured"] = len(runner.captured)
+            data["graph_replays"] = sum(e.replays for e in runner.captured.values())
+            rows += [["transformer graphs captured", data["graphs_captured"]], ["graph replays", data["graph_replays"]]]
+        return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
+
+
+class _InnerCompile:
+    """Installs `torch.compile(original forward)` as a module's inner callable; removal restores it."""
+
+    def __init__(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+        registry = HookRegistry.of(module)
+        self.module: torch.nn.Module | None = module
+        registry.set_inner(torch.compile(registry.original_forward, **kwargs))
+
+    def remove(self) -> None:
+        if self.module is None:
+            return
+        registry = HookRegistry.of(self.module, create=False)
+        if registry is not None:
+            registry.set_inner(None)
+        self.module = None
+
+
+FEATURE = _CompileFeature()
+
+
+def apply_compile(transformer: torch.nn.Module, spec: Compile, adapter: AdapterSpec | None = None) -> Any:
+    """Compile `transformer` as `spec` says, without a pipeline; returns the handle (`.remove()` undoes it).
+
+    Example::
+
+        handle = hookkit.hooks.compile.apply_compile(pipe.transformer, hookkit.Compile(mode="reduce-overhead"))
+    """
+    from hookkit.handle import enable
+
+    if adapter is None:
+        adapter = resolve_adapter(transformer)
+    handle = enable(transformer, Spec(compile=spec), adapter=adapter)
+    logger.info("compiled {} ({})", type(transformer).__name__, "regional" if spec.regional else "whole")
+    return handle

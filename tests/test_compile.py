@@ -1,0 +1,167 @@
+"""Regional compilation, CUDA-graph safety hooks and the whole-transformer graph runner (logic on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import hookkit
+from hookkit import zoo
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.hooks import HookRegistry, registry_names
+from hookkit.hooks.compile import GraphRunner, regional_paths, signature
+
+FAST = dict(backend="aot_eager")
+
+
+def run(pipe, name: str = "flux", steps: int = 3, **extra) -> torch.Tensor:
+    out = pipe(**zoo.call_kwargs(name, steps=steps, **extra))
+    return out.images if hasattr(out, "images") else out.frames
+
+
+def test_regional_plan_compiles_every_repeated_block_and_nothing_else() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
+    assert plan.targets("compile") == [
+        ("transformer_blocks.0", "hookkit.compile.inner"),
+        ("transformer_blocks.1", "hookkit.compile.inner"),
+        ("single_transformer_blocks.0", "hookkit.compile.inner"),
+        ("single_transformer_blocks.1", "hookkit.compile.inner"),
+        ("single_transformer_blocks.2", "hookkit.compile.inner"),
+    ]
+
+
+def test_cogvideox_compiles_regionally_although_its_class_lacks_repeated_blocks() -> None:
+    transformer = zoo.tiny_transformer("cogvideox")
+    assert regional_paths(hookkit.get_adapter("cogvideox"), transformer) == [
+        "transformer_blocks.0", "transformer_blocks.1", "transformer_blocks.2"]
+
+
+def test_reduce_overhead_adds_clones_outside_each_region_and_a_step_mark() -> None:
+    pipe = zoo.tiny_pipeline("qwenimage")
+    plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead")))
+    assert plan.targets("compile") == [("", "hookkit.compile.step_mark")] + [
+        (f"transformer_blocks.{i}", name) for i in range(3)
+        for name in ("hookkit.compile.inner", "hookkit.compile.clone")
+    ]
+
+
+@pytest.mark.parametrize("name", ["flux", "cogvideox"])
+def test_regional_compile_matches_eager_and_removal_restores_the_blocks(name: str) -> None:
+    pipe = zoo.tiny_pipeline(name)
+    reference = run(pipe, name)
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
+    compiled = run(pipe, name)
+    handle.remove()
+    torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5)
+    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__ for m in pipe.transformer.modules())
+    assert torch.equal(run(pipe, name), reference)
+
+
+def test_no_recompilation_from_one_step_or_call_to_the_next() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
+    torch._dynamo.reset()
+    counters.clear()
+    run(pipe, steps=1)
+    graphs = counters["stats"]["unique_graphs"]
+    run(pipe, steps=4)
+    run(pipe, steps=3)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert sum(counters["recompiles"].values()) == 0
+
+
+def test_whole_transformer_compile_wraps_the_transformer_inside_the_clock() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    reference = run(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(regional=False, **FAST)))
+    assert handle.plan.targets("compile") == [("", "hookkit.compile.inner")]
+    torch.testing.assert_close(run(pipe), reference, rtol=1e-5, atol=1e-5)
+    assert handle.state.calls == 3  # the clock hook still runs outside the compiled transformer
+    handle.remove()
+    assert registry_names(pipe.transformer) == () and "forward" not in pipe.transformer.__dict__
+
+
+def test_cache_needs_regional_compilation() -> None:
+    spec = hookkit.Spec(cache=hookkit.DBCache(), compile=hookkit.Compile(regional=False))
+    with pytest.raises(SpecError, match=r"Compile.regional: expected True with DBCache"):
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+
+
+def test_transformer_graphs_refuse_cudagraph_modes() -> None:
+    spec = hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead", cuda_graphs="transformer"))
+    with pytest.raises(SpecError, match=r"Compile.mode: expected None, 'default' or 'max-autotune-no-cudagraphs'"):
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
+def test_transformer_graphs_need_cuda() -> None:
+    spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))
+    with pytest.raises(UnsupportedError, match="needs a CUDA device"):
+        hookkit.enable(zoo.tiny_pipeline("flux"), spec)
+
+
+# --- GraphRunner bookkeeping with a stand-in capture backend ---------------------------------------------
+
+
+class ReplayBackend:
+    """Stands in for CUDA graph capture: 'capture' runs fn once; 'replay' re-runs it on the static buffers."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        holder = {"out": fn()}
+
+        def replay() -> None:
+            fresh = fn()
+            for static, new in zip(torch.utils._pytree.tree_leaves(holder["out"]), torch.utils._pytree.tree_leaves(fresh)):
+                static.copy_(new)  # a real replay writes into the same output memory
+
+        return replay, holder["out"]
+
+
+def double(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+    return x * scale
+
+
+def test_runner_captures_once_per_signature_and_replays_with_new_values() -> None:
+    backend = ReplayBackend()
+    runner = GraphRunner(backend)
+    a, b = torch.ones(2), torch.full((2,), 3.0)
+    assert torch.equal(runner(double, (a,), {}), a * 2)
+    assert torch.equal(runner(double, (b,), {}), b * 2)  # same signature: inputs copied into the static buffer
+    assert backend.captures == 1
+    runner(double, (torch.ones(3),), {})  # new shape: new graph
+    runner(double, (a,), {"scale": 3.0})  # new non-tensor value: new graph
+    assert backend.captures == 3
+    assert [e.replays for e in runner.captured.values()] == [2, 1, 1]
+
+
+def test_runner_outputs_survive_later_replays() -> None:
+    """CFG keeps the conditional output while the unconditional call replays the same graph."""
+    runner = GraphRunner(ReplayBackend())
+    cond = runner(double, (torch.ones(2),), {})
+    uncond = runner(double, (torch.zeros(2),), {})
+    assert torch.equal(cond, torch.full((2,), 2.0))
+    assert torch.equal(uncond, torch.zeros(2))
+
+
+def test_runner_never_aliases_the_callers_inputs() -> None:
+    runner = GraphRunner(ReplayBackend())
+    x = torch.ones(2)
+    runner(double, (x,), {})
+    static = next(iter(runner.captured.values())).static_leaves[0]
+    assert static.data_ptr() != x.data_ptr()
+
+
+def test_signature_distinguishes_shape_dtype_stride_and_values() -> None:
+    x = torch.zeros(2, 3)
+    base = signature((x,), {"n": 1})
+    assert signature((torch.ones(2, 3),), {"n": 1}) == base  # values of tensors do not matter
+    assert signature((x.t(),), {"n": 1}) != base
+    assert signature((x.half(),), {"n": 1}) != base
+    assert signature((x,), {"n": 2}) != base
+    assert signature((x,), {"n": 1, "m": None}) != base
