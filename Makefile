@@ -1,0 +1,24 @@
+# Two entry points that work on a fresh machine: `make demo` and `make test`.
+# torch is pinned and installed first so that pip takes the CPU build on disk instead of a CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test clean
+
+demo: $(VENV)/.installed
+	$(BIN)/python -m hookkit demo
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[test,plot]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info

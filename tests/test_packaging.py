@@ -1,0 +1,45 @@
+"""The adapter files ship inside the wheel and are found from an installed package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = {"cogvideox.toml", "flux.toml", "hunyuanvideo.toml", "qwenimage.toml", "sd3.toml", "wan.toml"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        check=True, capture_output=True,
+    )
+    (path,) = out.glob("hookkit-*.whl")
+    return path
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_adapter_file(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {Path(n).name for n in names if n.startswith("hookkit/_adapters/")} == SHIPPED
+
+
+@pytest.mark.slow
+def test_installed_wheel_finds_its_adapters_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    code = ("import hookkit, hookkit.adapters as a; print(a.adapters_dir()); "
+            "print(sorted(hookkit.list_adapters()))")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    where, names = result.stdout.strip().splitlines()[-2:]
+    assert where == str(target / "hookkit" / "_adapters")
+    assert names == "['cogvideox', 'flux', 'hunyuanvideo', 'qwenimage', 'sd3', 'wan']"
