@@ -1,6 +1,7 @@
-"""Compilation and CUDA-graph variants of the full-size Flux-dev architecture, side by side in one process.
+"""Compilation and CUDA-graph variants of full-size Flux-dev / Qwen-Image architectures, side by side.
 
     python benchmarks/compile_flux.py --size 256 --runs 5 --variants eager,hk-graph,regional,hk-ro,stock-ro
+    python benchmarks/compile_flux.py --model qwenimage --memo --size 1024 --variants eager,hk-ro,stock-ro,hk-graph
 
 Variants:
   eager      stock diffusers, no compilation
@@ -43,7 +44,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def setup_variant(name: str, pipe: Any) -> Callable[[], None]:
+def setup_variant(name: str, pipe: Any, memo: bool = False) -> Callable[[], None]:
     """Apply a variant; return its teardown."""
     import hookkit
     from hookkit.hooks import HookRegistry
@@ -65,7 +66,7 @@ def setup_variant(name: str, pipe: Any) -> Callable[[], None]:
         "hk-ro-clone": hookkit.Compile(mode="reduce-overhead"),
         "hk-graph": hookkit.Compile(cuda_graphs="transformer"),
     }[name]
-    handle = hookkit.enable(pipe, hookkit.Spec(compile=spec))
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=spec, memo=memo))
     if name in ("hk-ro-mark", "hk-ro-clone"):
         drop = "hookkit.compile.clone" if name == "hk-ro-mark" else "hookkit.compile.step_mark"
         for module in pipe.transformer.modules():
@@ -77,6 +78,8 @@ def setup_variant(name: str, pipe: Any) -> Callable[[], None]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--model", default="flux", choices=["flux", "qwenimage"])
+    p.add_argument("--memo", action="store_true", help="also turn on Spec(memo=True) in hookkit variants")
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=28)
     p.add_argument("--runs", type=int, default=3)
@@ -92,17 +95,17 @@ def main() -> None:
 
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        pipe = zoo.full_pipeline("flux")
+        pipe = zoo.full_pipeline(args.model)
     torch.set_default_dtype(torch.float32)
-    kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+    kw = lambda: zoo.full_call_kwargs(args.model, steps=args.steps, height=args.size, width=args.size)  # noqa: E731
 
     rows: list[dict[str, Any]] = []
     reference: torch.Tensor | None = None
     for name in args.variants.split(","):
         torch._dynamo.reset()
-        row: dict[str, Any] = {"variant": name, "size": args.size, "steps": args.steps}
+        row: dict[str, Any] = {"model": args.model, "variant": name, "size": args.size, "steps": args.steps}
         try:
-            teardown = setup_variant(name, pipe)
+            teardown = setup_variant(name, pipe, memo=args.memo)
             try:
                 warm, out = timed(lambda: pipe(**kw()).images)
                 times = []
@@ -131,7 +134,7 @@ def main() -> None:
         sp = f"{eager / r['median_s']:.2f}x" if eager and "median_s" in r else ""
         print(f"| {r['variant']} | {r.get('median_s', '')} | {r.get('warmup_s', '')} | {sp} | {r.get('psnr_db', '')} | "
               f"{r.get('max_abs_err', '')} | {r.get('error', '')} |")
-    with open(os.path.join(out_dir, f"compile_flux_{args.size}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"compile_{args.model}_{args.size}.json"), "w") as f:
         json.dump({"rows": rows, "torch": torch.__version__, "device": torch.cuda.get_device_name()}, f, indent=1)
 
 

@@ -38,13 +38,36 @@ def test_cogvideox_compiles_regionally_although_its_class_lacks_repeated_blocks(
         "transformer_blocks.0", "transformer_blocks.1", "transformer_blocks.2"]
 
 
-def test_reduce_overhead_adds_clones_outside_each_region_and_a_step_mark() -> None:
+def test_regional_reduce_overhead_adds_a_step_mark_outside_the_regions() -> None:
     pipe = zoo.tiny_pipeline("qwenimage")
     plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead")))
     assert plan.targets("compile") == [("", "hookkit.compile.step_mark")] + [
-        (f"transformer_blocks.{i}", name) for i in range(3)
-        for name in ("hookkit.compile.inner", "hookkit.compile.clone")
+        (f"transformer_blocks.{i}", "hookkit.compile.inner") for i in range(3)
     ]
+
+
+def test_whole_reduce_overhead_also_clones_the_transformer_output() -> None:
+    pipe = zoo.tiny_pipeline("qwenimage")
+    plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(regional=False, mode="reduce-overhead")))
+    assert plan.targets("compile") == [
+        ("", "hookkit.compile.step_mark"), ("", "hookkit.compile.inner"), ("", "hookkit.compile.clone")]
+
+
+def test_step_mark_hook_marks_a_cudagraph_step_at_every_transformer_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead", backend="aot_eager")))
+    run(pipe, steps=3)
+    assert len(marks) == 3
+
+
+def test_clone_hook_returns_fresh_tensors_with_equal_values() -> None:
+    from hookkit.hooks.compile import CloneOutputsHook
+
+    out = (torch.ones(2), torch.zeros(1))
+    cloned = CloneOutputsHook().post_forward(torch.nn.Identity(), out)
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(cloned, out))
 
 
 @pytest.mark.parametrize("name", ["flux", "cogvideox"])

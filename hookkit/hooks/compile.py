@@ -8,11 +8,14 @@ into the graph instead; see `hookkit.hooks.registry`.) CogVideoX works too: its 
 `_repeated_blocks`, the adapter names the class.
 
 CUDA-graph safety (`mode="reduce-overhead"`): a CUDA-graph output lives in memory that the next replay
-of the same graph overwrites. Stock regional reduce-overhead fails with "accessing tensor output of
-CUDAGraphs that has been overwritten" because block outputs outlive the replay. hookkit clones the tensor
-outputs of each compiled region *outside* it (a post hook on the block) and marks an iteration boundary
-(`torch.compiler.cudagraph_mark_step_begin()`) at each transformer call. Values held across calls (CFG
-branch outputs, DBCache residuals) are then ordinary tensors.
+of the same graph overwrites. Stock regional reduce-overhead fails on Flux with "accessing tensor output
+of CUDAGraphs that has been overwritten" because the cudagraph tree never learns where one transformer
+call ends. hookkit marks that boundary (`torch.compiler.cudagraph_mark_step_begin()`) in a pre hook on
+the transformer, outside every compiled region. That alone is correct for regional compilation, since
+the transformer's epilogue (norm_out, proj_out) is eager, so what outlives a call (CFG branch outputs,
+DBCache residuals, which are computed eagerly outside the regions) is never graph memory; it is also the
+cheapest option (measured on an H200 against cloning every region's outputs: BENCHMARKS.md). A whole
+compiled transformer's output *is* graph memory, so there hookkit also clones the transformer's outputs.
 
 Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the blocks are compiled regionally
 (short warm-up, no cudagraph trees), then each transformer call is captured once per input signature with
@@ -50,7 +53,7 @@ def _clone_tensors(tree: Any) -> Any:
 
 
 class CloneOutputsHook(ModelHook):
-    """Clones a compiled region's tensor outputs outside it, so a CUDA-graph replay cannot overwrite them."""
+    """Clones a compiled callable's tensor outputs outside it, so a CUDA-graph replay cannot overwrite them."""
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
         return _clone_tensors(output)
@@ -218,8 +221,8 @@ class _CompileFeature:
             out.append(Attachment(feature=NAME, target="", name=STEP_MARK))
         for path in targets:
             out.append(Attachment(feature=NAME, target=path, name=INNER))
-            if cuda_graph_trees:
-                out.append(Attachment(feature=NAME, target=path, name=CLONE))
+        if cuda_graph_trees and not spec.regional:  # the whole transformer's output is graph memory
+            out.append(Attachment(feature=NAME, target="", name=CLONE))
         if spec.cuda_graphs == "transformer":
             out.append(Attachment(feature=NAME, target="", name=GRAPH))
         return out
