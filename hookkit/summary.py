@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -70,21 +71,38 @@ class Summary:
         return self.render()
 
 
+_FIRST_INDEX = re.compile(r"(^|\.)(\d+)(\.|$)")
+
+
+def path_template(path: str) -> tuple[str, int | None]:
+    """`transformer_blocks.3.attn.to_q` -> (`transformer_blocks.{}.attn.to_q`, 3): the first index only."""
+    match = _FIRST_INDEX.search(path)
+    if match is None:
+        return path, None
+    return path[: match.start(2)] + "{}" + path[match.end(2):], int(match.group(2))
+
+
+def render_indices(template: str, indices: list[int]) -> str:
+    """Fill a `path_template` with a set of indices: `{0..18}` for a run, `{1,4}` otherwise."""
+    idx = sorted(set(indices))
+    if len(idx) == 1:
+        text = str(idx[0])
+    elif idx == list(range(idx[0], idx[-1] + 1)):
+        text = f"{{{idx[0]}..{idx[-1]}}}"
+    else:
+        text = "{" + ",".join(map(str, idx)) + "}"
+    return template.replace("{}", text, 1)
+
+
 def _compress(paths: list[str]) -> str:
-    """`['blocks.0', 'blocks.1', 'blocks.2']` -> `blocks.{0..2}` so that long block lists stay one line."""
+    """`['blocks.0.ff', 'blocks.1.ff', '']` -> `<transformer>, blocks.{0..1}.ff`: long path lists stay one line."""
     groups: dict[str, list[int]] = {}
-    plain: list[str] = []
+    out: list[str] = []
     for p in paths:
-        head, _, tail = p.rpartition(".")
-        if head and tail.isdigit():
-            groups.setdefault(head, []).append(int(tail))
+        template, index = path_template(p)
+        if index is None:
+            out.append(p if p else "<transformer>")
         else:
-            plain.append(p if p else "<transformer>")
-    out = plain[:]
-    for head, idx in groups.items():
-        idx.sort()
-        if len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1)):
-            out.append(f"{head}.{{{idx[0]}..{idx[-1]}}}")
-        else:
-            out.extend(f"{head}.{i}" for i in idx)
+            groups.setdefault(template, []).append(index)
+    out.extend(render_indices(t, idx) for t, idx in groups.items())
     return ", ".join(out)
