@@ -1,0 +1,605 @@
+"""DBCache: skip the middle transformer blocks on steps where they would change little.
+
+The adapter's block lists, flattened in execution order, are split into three parts:
+
+    Fn = the first `fn_blocks` blocks      always run; their residual is the change detector
+    M  = the middle blocks                 run on computed steps, skipped on cached steps
+    Bn = the last `bn_blocks` blocks       always run (they refine the approximated hidden states)
+
+On a computed step the middle blocks run and their residuals (output minus input, for the hidden stream and
+for the encoder stream where the blocks return it) are stored. On a cached step every middle block returns
+its inputs untouched without running (identity, in the block's own return order), and the last one adds
+the stored residual(s): hidden = Fn output + cached middle residual. With `taylorseer_order` 1 or 2 the
+residual is instead extrapolated from the last computed ones (Newton divided differences in step units).
+
+When a step is cached (per CFG branch, checked in this order; the first rule that applies decides):
+  1. no computed step yet in this branch            -> compute (nothing to reuse)
+  2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut to
+     the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
+  3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (limits and threshold are not
+     consulted); a 0 with "dynamic" goes on to the rules below
+  4. `max_cached_steps` cached steps already        -> compute
+  5. `max_continuous_cached_steps` cached in a row  -> compute (the run restarts at every computed step)
+  6. the diffs recorded so far sum to `max_accumulated_diff` -> compute (for the rest of the call)
+  7. threshold <= 0                                  -> compute
+  8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r (Fn output minus the input of block 0)
+     against r_ref, the Fn residual of this branch's last computed step: cache iff diff < threshold.
+
+Host syncs: only rule 8 reads the device, with exactly one `.item()` per step per branch (the diff is
+needed on the host to branch). Nothing else does: a static mask needs no device-to-host read at all, and
+then the Fn residual is not even computed (no hook on block 0). Everything this file keeps across steps
+(residuals, the Fn reference) is a fresh tensor computed outside any compiled region, so outputs of
+compiled regions or CUDA graphs are never held across calls.
+
+Regional compilation: the hooks run around the block's callable (`HookRegistry.set_inner`), never inside
+it, pass the block exactly the arguments the model gave, and add no Python scalars to its inputs: no graph
+break in a block and no recompilation from one step to the next.
+
+CFG: state is kept per `handle.state.branch` (0, 1 for pipelines that call the transformer twice per step,
+such as Qwen-Image with true_cfg_scale > 1 or Wan); batched CFG is one call, hence one branch. All state is
+per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call.
+
+Statistics (`handle.summary()`): per branch the computed and cached steps, every measured diff and its
+percentiles, and the number of block calls that actually ran. `plot_cache_diffs(handle, "diffs.png")`
+draws the diffs against the threshold (needs matplotlib: `pip install hookkit[plot]`).
+
+Example::
+
+    import hookkit
+    from hookkit.hooks.dbcache import plot_cache_diffs
+
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0,
+                                                                      steps_mask="fast", mask_policy="static")))
+    image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
+    print(handle.summary())
+    handle.remove()
+
+Known limit: model code that adds to the hidden stream *between* middle blocks (Flux/Qwen-Image ControlNet
+residuals) still adds on cached steps, on top of a cached residual that already contains it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import attrs
+import torch
+from loguru import logger
+
+from hookkit.adapters import BlockListSpec
+from hookkit.errors import AdapterError, SpecError, UnsupportedError
+from hookkit.hooks.registry import Args, Kwargs, ModelHook
+from hookkit.plan import Attachment, PlanContext, Removable, add_hook, flat_blocks, module_at
+from hookkit.specs import DBCache, Spec, resolve_steps_mask
+from hookkit.summary import FeatureSummary, Summary, table
+
+if TYPE_CHECKING:
+    from hookkit.handle import Handle
+
+NAME = "dbcache"
+ENTRY_HOOK = "hookkit.dbcache.entry"
+MIDDLE_HOOK = "hookkit.dbcache.middle"
+PERCENTILES = (("P00", 0.0), ("P25", 25.0), ("P50", 50.0), ("P75", 75.0), ("P95", 95.0))
+
+__all__ = ["FEATURE", "NAME", "apply_dbcache", "plot_cache_diffs"]
+
+
+# --- layout (fixed at attach time) -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class _Layout:
+    """Where Fn / M / Bn are, and whether decisions ever need the Fn residual. Immutable."""
+
+    spec: DBCache
+    num_blocks: int
+    #: True unless no decision can ever reach the threshold (static mask, or threshold 0)
+    needs_diff: bool
+
+    @property
+    def num_middle(self) -> int:
+        return self.num_blocks - self.spec.fn_blocks - self.spec.bn_blocks
+
+    @property
+    def always_run(self) -> int:
+        return self.spec.fn_blocks + self.spec.bn_blocks
+
+
+def _layout(spec: DBCache, num_blocks: int) -> _Layout:
+    if spec.fn_blocks + spec.bn_blocks >= num_blocks:
+        raise SpecError(
+            f"DBCache.fn_blocks + DBCache.bn_blocks: expected fewer than the {num_blocks} blocks of the model so "
+            f"that at least one middle block can be cached, got fn_blocks={spec.fn_blocks} + "
+            f"bn_blocks={spec.bn_blocks} = {spec.fn_blocks + spec.bn_blocks}. Lower one of them."
+        )
+    static_mask = spec.steps_mask is not None and spec.mask_policy == "static"
+    return _Layout(spec=spec, num_blocks=num_blocks, needs_diff=not static_mask and spec.threshold > 0)
+
+
+# --- block inputs and outputs --------------------------------------------------------------------------------
+
+_NO_DEFAULT = inspect.Parameter.empty
+
+
+class _BlockIO:
+    """Reads a block's streams from its arguments (positional or keyword) and builds its return value.
+
+    The argument positions come from `inspect.signature` of the block class's `forward`, once, at attach.
+    """
+
+    def __init__(self, block: torch.nn.Module, spec: BlockListSpec, path: str) -> None:
+        params = list(inspect.signature(type(block).forward).parameters.values())[1:]  # drop self
+        names = [p.name for p in params]
+
+        def locate(arg: str | None) -> tuple[str | None, int, Any]:
+            if arg is None:
+                return None, -1, None
+            if arg not in names:
+                raise AdapterError(
+                    f"{path} ({type(block).__name__}): the adapter names argument {arg!r}, but forward takes {names}. "
+                    "Fix hidden_arg/encoder_arg of this [[blocks]] table."
+                )
+            param = params[names.index(arg)]
+            return arg, names.index(arg), None if param.default is _NO_DEFAULT else param.default
+
+        self.hidden_name, self.hidden_pos, self.hidden_default = locate(spec.hidden_arg)
+        self.encoder_name, self.encoder_pos, self.encoder_default = locate(spec.encoder_arg)
+        self.hidden_index: int = spec.hidden_index
+        self.encoder_index: int | None = spec.encoder_index
+        self.num_returns = len(spec.returns)
+
+    def hidden(self, args: Args, kwargs: Kwargs) -> Any:
+        if self.hidden_name in kwargs:
+            return kwargs[self.hidden_name]
+        return args[self.hidden_pos] if self.hidden_pos < len(args) else self.hidden_default
+
+    def encoder(self, args: Args, kwargs: Kwargs) -> Any:
+        if self.encoder_name is None:
+            return None
+        if self.encoder_name in kwargs:
+            return kwargs[self.encoder_name]
+        return args[self.encoder_pos] if self.encoder_pos < len(args) else self.encoder_default
+
+    def pack(self, hidden: Any, encoder: Any) -> Any:
+        """The block's return value for these streams, in its return order."""
+        if self.num_returns == 1:
+            return hidden
+        return (hidden, encoder) if self.hidden_index == 0 else (encoder, hidden)
+
+    def identity(self, args: Args, kwargs: Kwargs) -> Any:
+        """What the block returns if it changes nothing: its inputs."""
+        if self.num_returns == 1:
+            return self.hidden(args, kwargs)
+        return self.pack(self.hidden(args, kwargs), self.encoder(args, kwargs))
+
+    def unpack(self, output: Any) -> tuple[torch.Tensor, Any]:
+        if self.num_returns == 1:
+            return output, None
+        return output[self.hidden_index], output[self.encoder_index] if self.encoder_index is not None else None
+
+
+# --- per-call state -----------------------------------------------------------------------------------------
+
+
+class _Branch:
+    """Cache state of one CFG branch during one pipeline call."""
+
+    def __init__(self) -> None:
+        self.computed: list[int] = []
+        self.cached: list[int] = []
+        self.diffs: dict[int, float] = {}
+        self.accumulated = 0.0
+        #: cached steps in a row just before the current one
+        self.run = 0
+        #: Fn residual of the last computed step (the reference for the diff)
+        self.fn_ref: torch.Tensor | None = None
+        #: middle residual of the last computed step, and its divided differences (TaylorSeer), per stream
+        self.residual: list[torch.Tensor | None] = [None, None]
+        self.d1: list[torch.Tensor | None] = [None, None]
+        self.d2: list[torch.Tensor | None] = [None, None]
+        #: the last computed steps, oldest first (at most 2 kept)
+        self.times: list[int] = []
+
+    def store(self, step: int, residuals: tuple[torch.Tensor | None, torch.Tensor | None], order: int) -> None:
+        """Keep the middle residuals of computed step `step` (and their divided differences for TaylorSeer)."""
+        for s, y in enumerate(residuals):
+            if y is None:
+                continue
+            previous = self.residual[s]
+            if previous is not None and previous.shape != y.shape:  # a new geometry: start the trajectory over
+                previous = self.d1[s] = self.d2[s] = None
+            if order >= 1 and previous is not None:
+                d1 = (y - previous).div_(step - self.times[-1])
+                old_d1 = self.d1[s]
+                if order >= 2 and old_d1 is not None and len(self.times) >= 2:
+                    self.d2[s] = (d1 - old_d1).div_(step - self.times[-2])
+                self.d1[s] = d1
+            self.residual[s] = y
+        self.times = [*self.times[-1:], step]
+
+    def predict(self, stream: int, step: int, base: torch.Tensor) -> torch.Tensor:
+        """`base` + the middle residual at `step`: the stored one, or its Newton extrapolation."""
+        y = self.residual[stream]
+        d1 = self.d1[stream]
+        if d1 is None:
+            return base + y
+        dt = step - self.times[-1]
+        out = torch.add(y, d1, alpha=dt)
+        d2 = self.d2[stream]
+        if d2 is not None:
+            out.add_(d2, alpha=dt * (step - self.times[-2]))
+        return out.add_(base)
+
+    def record(self, step: int, cached: bool) -> None:
+        if cached:
+            self.cached.append(step)
+            self.run += 1
+        else:
+            self.computed.append(step)
+            self.run = 0
+
+
+class _CallState:
+    """Everything DBCache keeps during one pipeline call (lives in `handle.state.features["dbcache"]`)."""
+
+    def __init__(self, layout: _Layout, num_steps: int | None) -> None:
+        spec = layout.spec
+        self.layout = layout
+        if isinstance(spec.steps_mask, str) and num_steps is None:
+            raise SpecError(
+                f"DBCache.steps_mask: the named policy {spec.steps_mask!r} is scaled to the number of steps, which "
+                "is unknown here (a bare transformer without it). Use `with handle.generation(num_steps=N):`, or "
+                "pass an explicit list of 0/1."
+            )
+        mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
+        self.mask: tuple[int, ...] | None = mask
+        warmup = spec.warmup_steps
+        if mask is not None:
+            leading = next((i for i, m in enumerate(mask) if m != 1), len(mask))
+            warmup = min(warmup, leading)
+        self.warmup = frozenset(range(0, warmup, spec.warmup_interval))
+        self.static = mask is not None and spec.mask_policy == "static"
+        self.branches: dict[int, _Branch] = {}
+        #: decision of the current transformer call, and its branch and step
+        self.skip = False
+        self.branch = _Branch()
+        self.step = 0
+        #: the hidden input of block 0 (only when diffs are needed) and of the first middle block
+        self.block0_hidden: torch.Tensor | None = None
+        self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
+        self.block_calls = 0
+        self.transformer_calls = 0
+
+    def decide(self, step: int, branch_index: int, fn_residual: torch.Tensor | None) -> bool:
+        """Whether this call (step, branch) reuses the middle residual. Records the outcome.
+
+        `fn_residual`: Fn output minus the input of block 0, or None when no rule can need it.
+        """
+        branch = self.branches.get(branch_index)
+        if branch is None:
+            branch = self.branches[branch_index] = _Branch()
+        self.branch, self.step = branch, step
+        cached = self._rules(step, branch, fn_residual)
+        if not cached and fn_residual is not None:
+            branch.fn_ref = fn_residual
+        branch.record(step, cached)
+        layout = self.layout
+        self.block_calls += layout.always_run if cached else layout.num_blocks
+        self.transformer_calls += 1
+        self.skip = cached
+        return cached
+
+    def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None) -> bool:
+        spec = self.layout.spec
+        if branch.residual[0] is None or step in self.warmup:
+            return False
+        mask = self.mask
+        if mask is not None:
+            if step >= len(mask) or mask[step] == 1:
+                return False
+            if self.static:
+                return True
+        if 0 <= spec.max_cached_steps <= len(branch.cached):
+            return False
+        if 0 <= spec.max_continuous_cached_steps <= branch.run:
+            return False
+        if spec.max_accumulated_diff is not None and branch.accumulated >= spec.max_accumulated_diff:
+            return False
+        ref = branch.fn_ref
+        if spec.threshold <= 0 or residual is None or ref is None or ref.shape != residual.shape:
+            return False
+        # The one device-to-host read of a dynamic decision (means accumulated in float32 at least).
+        acc = torch.promote_types(residual.dtype, torch.float32)
+        diff = ((residual - ref).abs().mean(dtype=acc) / ref.abs().mean(dtype=acc)).item()
+        branch.diffs[step] = diff
+        branch.accumulated += diff
+        return diff < spec.threshold
+
+
+# --- hooks --------------------------------------------------------------------------------------------------
+
+
+class _Shared:
+    """What all DBCache hooks of one handle share: the handle (for its clock and state) and the layout."""
+
+    def __init__(self, handle: "Handle", layout: _Layout) -> None:
+        self.handle = handle
+        self.layout = layout
+
+    def call_state(self) -> _CallState:
+        state = self.handle.state
+        cs = state.features.get(NAME)
+        if cs is None:
+            cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
+        return cs
+
+
+class DBCacheEntryHook(ModelHook):
+    """On block 0: keeps its hidden input, from which the Fn residual is measured. Only attached when some
+    decision may need a diff (not with a static mask)."""
+
+    def __init__(self, shared: _Shared, io: _BlockIO) -> None:
+        self.shared = shared
+        self.io = io
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        self.shared.call_state().block0_hidden = self.io.hidden(args, kwargs)
+        return args, kwargs
+
+
+class DBCacheMiddleHook(ModelHook):
+    """On every middle block. Runs the block or returns its inputs; the first one decides for the call (its
+    inputs are the Fn output), the last one stores the residuals (computed step) or adds them (cached step)."""
+
+    replaces_forward = True
+
+    def __init__(self, shared: _Shared, io: _BlockIO, first: bool, last: bool) -> None:
+        self.shared = shared
+        self.io = io
+        self.first = first
+        self.last = last
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        cs = self.shared.call_state()
+        if self.first:
+            self._decide(cs, args, kwargs)
+        if cs.skip:
+            output = self.io.identity(args, kwargs)
+            return self._apply(cs, output) if self.last else output
+        output = call_next(*args, **kwargs)
+        if self.last:
+            self._store(cs, output)
+        return output
+
+    def _decide(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
+        hidden = self.io.hidden(args, kwargs)
+        state = self.shared.handle.state
+        block0 = cs.block0_hidden
+        fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
+        if not cs.decide(state.step, state.branch, fn_residual):
+            cs.middle_in = (hidden, self.io.encoder(args, kwargs))
+        cs.block0_hidden = None
+
+    def _store(self, cs: _CallState, output: Any) -> None:
+        hidden_in, encoder_in = cs.middle_in
+        hidden_out, encoder_out = self.io.unpack(output)
+        encoder_res = None
+        if encoder_out is not None and isinstance(encoder_in, torch.Tensor) and encoder_in.shape == encoder_out.shape:
+            encoder_res = encoder_out - encoder_in
+        cs.branch.store(cs.step, (hidden_out - hidden_in, encoder_res), self.shared.layout.spec.taylorseer_order)
+        cs.middle_in = (None, None)
+
+    def _apply(self, cs: _CallState, output: Any) -> Any:
+        branch, step = cs.branch, cs.step
+        hidden, encoder = self.io.unpack(output)
+        hidden = branch.predict(0, step, hidden)
+        if encoder is not None and branch.residual[1] is not None:
+            encoder = branch.predict(1, step, encoder)
+        return self.io.pack(hidden, encoder)
+
+
+# --- feature ------------------------------------------------------------------------------------------------
+
+
+class _DBCacheFeature:
+    """Plugs DBCache into `hookkit.enable`: `Spec.cache`."""
+
+    name = NAME
+    fields = ("cache",)
+
+    def enabled(self, spec: Spec) -> bool:
+        return spec.cache is not None
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        spec = ctx.spec.cache
+        if spec is None:
+            return []
+        blocks = flat_blocks(ctx.adapter, ctx.transformer)
+        layout = _layout(spec, len(blocks))
+        out: list[Attachment] = []
+        if layout.needs_diff:
+            out.append(Attachment(feature=NAME, target=blocks[0][0], name=ENTRY_HOOK))
+        first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
+        for i in range(first, last + 1):
+            out.append(Attachment(feature=NAME, target=blocks[i][0], name=MIDDLE_HOOK,
+                                  params=(("first", i == first), ("last", i == last))))
+        return out
+
+    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+        shared, specs = self._shared(handle)
+        module = module_at(handle.transformer, attachment.target)
+        io = _BlockIO(module, specs[attachment.target], attachment.target)
+        if attachment.name == ENTRY_HOOK:
+            return add_hook(module, ENTRY_HOOK, DBCacheEntryHook(shared, io))
+        hook = DBCacheMiddleHook(shared, io, first=attachment.param("first"), last=attachment.param("last"))
+        return add_hook(module, MIDDLE_HOOK, hook)
+
+    def _shared(self, handle: "Handle") -> tuple[_Shared, dict[str, BlockListSpec]]:
+        """The hooks' shared object, made at the first attachment and kept in `handle.resources`."""
+        found = handle.resources.get(NAME)
+        if found is None:
+            blocks = flat_blocks(handle.adapter, handle.transformer)
+            layout = _layout(handle.spec.cache, len(blocks))  # type: ignore[arg-type]
+            found = handle.resources[NAME] = (_Shared(handle, layout), {path: spec for path, spec, _ in blocks})
+            logger.info(
+                "dbcache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
+                layout.num_middle, layout.spec.bn_blocks,
+                "one host read per decided step and branch" if layout.needs_diff else "no host read (no diff needed)",
+            )
+        return found
+
+    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+        found = handle.resources.get(NAME)
+        if found is None:
+            return None
+        layout = found[0].layout
+        cs: _CallState | None = handle.state.features.get(NAME)
+        return _summary(layout, cs, handle.state.generation)
+
+
+FEATURE = _DBCacheFeature()
+
+
+# --- statistics ---------------------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _diff_stats(diffs: list[float]) -> dict[str, float] | None:
+    if not diffs:
+        return None
+    stats = {name: _percentile(diffs, q) for name, q in PERCENTILES}
+    stats["min"] = min(diffs)
+    stats["max"] = max(diffs)
+    return stats
+
+
+def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> FeatureSummary:
+    spec = layout.spec
+    branches: dict[int, dict[str, Any]] = {}
+    if cs is not None:
+        for index in sorted(cs.branches):
+            b = cs.branches[index]
+            branches[index] = {
+                "computed": list(b.computed), "cached": list(b.cached), "diffs": dict(b.diffs),
+                "percentiles": _diff_stats(list(b.diffs.values())),
+            }
+    calls = cs.transformer_calls if cs is not None else 0
+    data: dict[str, Any] = {
+        "generation": generation,
+        "threshold": spec.threshold,
+        "steps_mask": list(spec.steps_mask) if isinstance(spec.steps_mask, tuple) else spec.steps_mask,
+        "mask": list(cs.mask) if cs is not None and cs.mask is not None else None,
+        "mask_policy": spec.mask_policy,
+        "blocks": layout.num_blocks, "fn_blocks": spec.fn_blocks, "middle_blocks": layout.num_middle,
+        "bn_blocks": spec.bn_blocks,
+        "transformer_calls": calls,
+        "block_calls": cs.block_calls if cs is not None else 0,
+        "block_calls_uncached": calls * layout.num_blocks,
+        "branches": branches,
+    }
+    return FeatureSummary(name=NAME, data=data, text=_render(data))
+
+
+def _render(data: dict[str, Any]) -> str:
+    mask = "no mask" if data["steps_mask"] is None else f"mask {data['steps_mask']!r} ({data['mask_policy']})"
+    head = (f"DBCache F{data['fn_blocks']}B{data['bn_blocks']} (middle {data['middle_blocks']} of {data['blocks']} "
+            f"blocks), threshold {data['threshold']}, {mask}")
+    if not data["branches"]:
+        return head + "\nno transformer call in this generation yet"
+    rows = []
+    for index, b in data["branches"].items():
+        p = b["percentiles"]
+        stats = [p[k] for k in ("P00", "P25", "P50", "P75", "P95", "min", "max")] if p else ["-"] * 7
+        rows.append([index, len(b["computed"]) + len(b["cached"]), len(b["cached"]), *stats])
+    headers = ["Branch", "Steps", "Cached Steps", "Diffs P00", "Diffs P25", "Diffs P50", "Diffs P75", "Diffs P95",
+               "Diffs Min", "Diffs Max"]
+    lines = [head, table(headers, rows)]
+    for index, b in data["branches"].items():
+        lines.append(f"branch {index} cached steps: {b['cached']}")
+    total = data["block_calls_uncached"]
+    share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
+    lines.append(f"block calls run: {data['block_calls']} of {total}{share}")
+    return "\n".join(lines)
+
+
+def plot_cache_diffs(source: "Handle | Summary | FeatureSummary | dict[str, Any]", path: str | Path) -> Path:
+    """Write a PNG of each branch's diff per step against the threshold, cached steps shaded.
+
+    `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
+    """
+    data = _plot_data(source)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UnsupportedError(
+            "plot_cache_diffs needs matplotlib, which is not installed. Install it with `pip install hookkit[plot]` "
+            "(or `pip install matplotlib`)."
+        ) from None
+    branches = data["branches"]
+    fig, axes = plt.subplots(max(1, len(branches)), 1, figsize=(8, 3 * max(1, len(branches))), squeeze=False)
+    for ax, (index, b) in zip(axes[:, 0], branches.items() or [(0, None)]):
+        ax.axhline(data["threshold"], color="tab:red", linestyle="--", label=f"threshold {data['threshold']}")
+        if b is not None:
+            for step in b["cached"]:
+                ax.axvspan(step - 0.5, step + 0.5, color="tab:green", alpha=0.2, linewidth=0)
+            steps = sorted(b["diffs"])
+            ax.plot(steps, [b["diffs"][s] for s in steps], marker="o", label="Fn residual diff")
+            cached = [s for s in steps if s in set(b["cached"])]
+            ax.scatter(cached, [b["diffs"][s] for s in cached], color="tab:green", zorder=3, label="cached")
+            ax.set_xlim(-0.5, len(b["computed"]) + len(b["cached"]) - 0.5)
+        ax.set_title(f"DBCache branch {index}: cached steps shaded")
+        ax.set_xlabel("step")
+        ax.set_ylabel("relative L1 diff")
+        ax.legend(loc="upper right")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
+
+def _plot_data(source: Any) -> dict[str, Any]:
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, FeatureSummary):
+        return source.data
+    summary = source.summary() if hasattr(source, "summary") and callable(source.summary) else source
+    if isinstance(summary, Summary) and NAME in summary.features:
+        return summary.features[NAME].data
+    raise UnsupportedError(
+        f"plot_cache_diffs: expected a handle with DBCache enabled, its summary(), the DBCache FeatureSummary or "
+        f"its data, got {type(source).__name__} without DBCache statistics. "
+        "Enable hookkit.Spec(cache=hookkit.DBCache(...))."
+    )
+
+
+# --- public API ---------------------------------------------------------------------------------------------
+
+
+def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = None) -> "Handle":
+    """Turn DBCache on for a bare transformer (or a pipeline); returns the handle (`.remove()` undoes it).
+
+    Same as `hookkit.enable(transformer, hookkit.Spec(cache=spec), adapter=adapter)`: the cache needs the
+    per-call clock (step and CFG branch) that `enable` installs. Wrap each generation of a bare transformer
+    in `with handle.generation(num_steps=N):`.
+    """
+    from hookkit.handle import enable
+
+    if not isinstance(spec, DBCache):
+        raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}.")
+    return enable(transformer, Spec(cache=spec), adapter=adapter)

@@ -1,0 +1,413 @@
+"""DBCache: which steps are cached, what a cached step returns, and what it leaves behind.
+
+The decision rules are tested on a stub transformer whose residuals the test controls: every block adds
+`scale * temb` to both streams, so the Fn residual is `temb` (block 0 has scale 1) and the relative L1 diff
+between two steps is `|temb_now - temb_ref| / |temb_ref|`. A constant `temb` gives diff 0 (cache whenever
+allowed); values are dyadic so that every diff is exact.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import hookkit
+from hookkit import AdapterSpec, BlockListSpec, zoo
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.hooks import HookRegistry, registry_names
+from hookkit.hooks.dbcache import apply_dbcache, plot_cache_diffs
+from hookkit.plan import flat_blocks
+from hookkit.specs import MASK_POLICIES
+
+# --- the stub ---------------------------------------------------------------------------------------------
+
+
+class StubBlock(nn.Module):
+    """Adds `scale * temb` to both streams; returns them as Flux does: (encoder, hidden)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor):
+        return encoder_hidden_states + self.scale * temb, hidden_states + self.scale * temb
+
+
+class StubTransformer(nn.Module):
+    def __init__(self, num_blocks: int = 5) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(StubBlock(float(i + 1)) for i in range(num_blocks))
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor):
+        for block in self.blocks:  # streams by position, temb by keyword
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb=temb)
+        return hidden_states, encoder_hidden_states
+
+
+STUB_ADAPTER = AdapterSpec(
+    name="stub-dbcache", transformer=("StubTransformer",),
+    blocks=(BlockListSpec(attr="blocks", classes=("StubBlock",), returns=("encoder_hidden_states", "hidden_states")),),
+)
+
+
+def stub(spec: hookkit.DBCache | None, num_blocks: int = 5):
+    model = StubTransformer(num_blocks).double()
+    handle = hookkit.enable(model, hookkit.Spec(cache=spec), adapter=STUB_ADAPTER)
+    return model, handle
+
+
+def drive(model: nn.Module, handle: hookkit.Handle, tembs: list[float]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One generation: one transformer call per step with the given temb."""
+    hidden = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    encoder = torch.ones(2, 2, dtype=torch.float64)
+    outputs = []
+    with handle.generation(num_steps=len(tembs)):
+        for t in tembs:
+            outputs.append(model(hidden, encoder, torch.tensor(t, dtype=torch.float64)))
+    return outputs
+
+
+def branch(handle: hookkit.Handle, index: int = 0) -> dict:
+    return handle.summary().features["dbcache"].data["branches"][index]
+
+
+def steps(handle: hookkit.Handle, index: int = 0) -> tuple[list[int], list[int]]:
+    b = branch(handle, index)
+    return b["computed"], b["cached"]
+
+
+def count_executions(blocks: list[nn.Module]) -> list[int]:
+    """Counts real executions of each block: wraps the innermost callable, which a cached block never reaches."""
+    counts = [0] * len(blocks)
+    for i, block in enumerate(blocks):
+        registry = HookRegistry.of(block)
+        original = registry.original_forward
+
+        def counted(*args, _i=i, _f=original, **kwargs):
+            counts[_i] += 1
+            return _f(*args, **kwargs)
+
+        registry.set_inner(counted)
+    return counts
+
+
+# --- decision rules on the stub -----------------------------------------------------------------------------
+
+
+def test_warmup_steps_always_compute() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=3))
+    drive(model, handle, [1.0] * 7)
+    assert steps(handle) == ([0, 1, 2], [3, 4, 5, 6])
+
+
+def test_warmup_interval_computes_every_nth_warmup_step_only() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=6, warmup_interval=2))
+    drive(model, handle, [1.0] * 8)
+    assert steps(handle) == ([0, 2, 4], [1, 3, 5, 6, 7])
+
+
+def test_threshold_caches_only_strictly_below_it_against_the_last_computed_step() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.2, warmup_steps=1))
+    drive(model, handle, [1.0, 1.125, 1.25, 1.5, 1.5])
+    # step 1: |1.125-1|/1 = .125 -> cache; step 2: .25 (ref still step 0) -> compute; step 3: .25/1.25 = .2 -> compute
+    assert steps(handle) == ([0, 2, 3], [1, 4])
+    assert branch(handle)["diffs"] == {1: 0.125, 2: 0.25, 3: 0.2, 4: 0.0}
+
+
+def test_max_cached_steps_limits_cached_steps_per_call() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=1, max_cached_steps=2))
+    drive(model, handle, [1.0] * 6)
+    assert steps(handle) == ([0, 3, 4, 5], [1, 2])
+
+
+def test_max_continuous_cached_steps_forces_a_compute_after_a_run() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=1, max_continuous_cached_steps=2))
+    drive(model, handle, [1.0] * 8)
+    assert steps(handle) == ([0, 3, 6], [1, 2, 4, 5, 7])
+
+
+def test_max_accumulated_diff_stops_caching_once_the_sum_of_diffs_reaches_it() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=1, max_accumulated_diff=0.5))
+    drive(model, handle, [1.0, 1.125, 1.25, 1.375, 1.0, 1.0, 1.0])
+    # diffs .125, .25, .375 (sum .75 >= .5 after step 3): steps 4.. compute whatever their diff
+    assert steps(handle) == ([0, 4, 5, 6], [1, 2, 3])
+    assert branch(handle)["diffs"] == {1: 0.125, 2: 0.25, 3: 0.375}
+
+
+MASK = [1, 1, 0, 0, 1, 0, 0, 1]
+JUMP = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0]  # step 3's Fn residual doubles
+
+
+def test_dynamic_mask_computes_ones_and_still_checks_the_threshold_on_zeros() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.2, steps_mask=MASK, mask_policy="dynamic"))
+    drive(model, handle, JUMP)
+    assert steps(handle) == ([0, 1, 3, 4, 7], [2, 5, 6])
+    assert branch(handle)["diffs"] == {2: 0.0, 3: 1.0, 5: 0.0, 6: 0.0}
+
+
+def test_static_mask_caches_every_zero_whatever_the_diff_and_limits() -> None:
+    spec = hookkit.DBCache(threshold=0.2, steps_mask=MASK, mask_policy="static", max_cached_steps=1)
+    model, handle = stub(spec)
+    drive(model, handle, JUMP)
+    assert steps(handle) == ([0, 1, 4, 7], [2, 3, 5, 6])
+    assert branch(handle)["diffs"] == {}
+
+
+def test_static_mask_needs_no_host_read_and_a_dynamic_decision_exactly_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(1) or item(self))
+    model, handle = stub(hookkit.DBCache(steps_mask=MASK, mask_policy="static"))
+    drive(model, handle, JUMP)
+    assert (len(reads), len(branch(handle)["cached"])) == (0, 4)
+    handle.remove()
+    model, handle = stub(hookkit.DBCache(threshold=0.2, steps_mask=MASK, mask_policy="dynamic"))
+    drive(model, handle, JUMP)
+    assert len(reads) == len(branch(handle)["diffs"]) == 4  # one per mask-0 step, none on the 1s
+
+
+def test_static_mask_has_no_hook_on_block_zero() -> None:
+    model, handle = stub(hookkit.DBCache(steps_mask=MASK, mask_policy="static"))
+    assert handle.plan.targets("dbcache") == [(f"blocks.{i}", "hookkit.dbcache.middle") for i in range(1, 5)]
+
+
+def test_counters_and_block_executions_follow_the_decisions() -> None:
+    model, handle = stub(hookkit.DBCache(fn_blocks=2, bn_blocks=1, steps_mask=[1, 0, 0, 1], mask_policy="static"))
+    counts = count_executions(list(model.blocks))
+    drive(model, handle, [1.0] * 4)
+    assert counts == [4, 4, 2, 2, 4]  # Fn = blocks 0-1 and Bn = block 4 always run; the middle on 2 of 4 steps
+    data = handle.summary().features["dbcache"].data
+    assert (data["block_calls"], data["block_calls_uncached"]) == (2 * 5 + 2 * 3, 4 * 5)
+
+
+# --- what a cached step returns -----------------------------------------------------------------------------
+
+
+def test_a_cached_step_adds_the_stored_residual_to_both_streams() -> None:
+    model, handle = stub(hookkit.DBCache(steps_mask=[1, 0], mask_policy="static"))
+    out = drive(model, handle, [1.0, 3.0])
+    # step 1: Fn (block 0) runs with temb 3, the middle's residual from step 0 (temb 1, scales 2+3+4+5) is added
+    hidden = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    assert torch.equal(out[1][0], hidden + 1 * 3.0 + 14 * 1.0)
+    assert torch.equal(out[1][1], torch.ones(2, 2, dtype=torch.float64) + 1 * 3.0 + 14 * 1.0)
+
+
+def test_taylorseer_order_1_reproduces_a_linear_residual_trajectory_exactly() -> None:
+    tembs = [1.0 + k for k in range(6)]  # residuals linear in the step
+    model, handle = stub(None)
+    reference = drive(model, handle, tembs)
+    handle.remove()
+    for order, exact in ((1, True), (0, False)):
+        handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
+            steps_mask=[1, 1, 0, 1, 0, 0], mask_policy="static", taylorseer_order=order)), adapter=STUB_ADAPTER)
+        out = drive(model, handle, tembs)
+        assert branch(handle)["cached"] == [2, 4, 5]
+        same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(out, reference))
+        assert same is exact
+        handle.remove()
+
+
+def test_taylorseer_order_2_reproduces_a_quadratic_residual_trajectory_exactly() -> None:
+    tembs = [1.0 + k * k for k in range(7)]
+    model, handle = stub(None)
+    reference = drive(model, handle, tembs)
+    handle.remove()
+    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
+        steps_mask=[1, 1, 1, 0, 1, 0, 0], mask_policy="static", taylorseer_order=2)), adapter=STUB_ADAPTER)
+    out = drive(model, handle, tembs)
+    assert branch(handle)["cached"] == [3, 5, 6]
+    for a, b in zip(out, reference):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+def test_fn_plus_bn_must_leave_a_middle_block() -> None:
+    expected = r"DBCache.fn_blocks \+ DBCache.bn_blocks: expected fewer than the 5 blocks.*=3 \+ bn_blocks=2 = 5"
+    with pytest.raises(SpecError, match=expected):
+        stub(hookkit.DBCache(fn_blocks=3, bn_blocks=2))
+
+
+def test_a_named_mask_needs_the_number_of_steps_on_a_bare_transformer() -> None:
+    model, handle = stub(hookkit.DBCache(steps_mask="fast"))
+    with pytest.raises(SpecError, match=r"DBCache.steps_mask: .*'fast'.*handle.generation\(num_steps=N\)"):
+        with handle.generation():
+            model(torch.zeros(1, 3), torch.zeros(1, 2), torch.tensor(1.0))
+
+
+def test_an_explicit_mask_needs_no_number_of_steps() -> None:
+    model, handle = stub(hookkit.DBCache(steps_mask=[1, 0], mask_policy="static"))
+    with handle.generation():
+        for _ in range(3):
+            model(torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64), torch.tensor(1.0))
+    assert steps(handle) == ([0, 2], [1])  # beyond the mask: compute
+
+
+def test_apply_dbcache_works_on_a_bare_transformer_and_remove_undoes_it() -> None:
+    model = StubTransformer().double()
+    handle = apply_dbcache(model, hookkit.DBCache(steps_mask=[1, 0], mask_policy="static"), adapter=STUB_ADAPTER)
+    drive(model, handle, [1.0, 1.0])
+    assert steps(handle) == ([0], [1])
+    handle.remove()
+    assert all(registry_names(m) == () for m in model.modules())
+
+
+def test_named_masks_cover_exactly_28_steps() -> None:
+    lengths = {name: sum(compute + cache for compute, cache in bins) for name, bins in MASK_POLICIES.items()}
+    assert lengths == dict.fromkeys(MASK_POLICIES, 28)
+
+
+# --- pipelines ----------------------------------------------------------------------------------------------
+
+
+def run(pipe, name: str, steps: int = 4, **extra) -> torch.Tensor:
+    out = pipe(**zoo.call_kwargs(name, steps=steps, **extra))
+    return out.frames if name in ("cogvideox", "wan") else out.images
+
+
+@pytest.mark.parametrize("name, branches", [("flux", {0}), ("qwenimage", {0}), ("cogvideox", {0}), ("wan", {0, 1})])
+def test_threshold_zero_is_bitwise_equal_to_uncached(name: str, branches: set[int]) -> None:
+    pipe = zoo.tiny_pipeline(name)
+    reference = run(pipe, name)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0, warmup_steps=0)))
+    assert torch.equal(run(pipe, name), reference)
+    data = handle.summary().features["dbcache"].data
+    assert set(data["branches"]) == branches  # batched CFG (CogVideoX) is one branch, Wan's two calls two
+    assert all(b["cached"] == [] and b["computed"] == [0, 1, 2, 3] for b in data["branches"].values())
+
+
+def test_static_mask_on_flux_runs_exactly_the_masked_steps() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    reference = run(pipe, "flux", steps=6)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=1, bn_blocks=1, steps_mask=[1, 1, 0, 1, 0, 1], mask_policy="static")))
+    blocks = [b for _, _, b in flat_blocks(handle.adapter, pipe.transformer)]  # 2 double + 3 single blocks
+    counts = count_executions(blocks)
+    out = run(pipe, "flux", steps=6)
+    assert counts == [6, 4, 4, 4, 6]
+    assert steps(handle) == ([0, 1, 3, 5], [2, 4])
+    assert handle.summary().features["dbcache"].data["block_calls"] == 4 * 5 + 2 * 2
+    assert not torch.equal(out, reference)
+
+
+def test_cfg_branches_keep_separate_state() -> None:
+    pipe = zoo.tiny_pipeline("qwenimage")
+    spec = hookkit.DBCache(threshold=100.0, warmup_steps=1, max_cached_steps=1)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=spec))
+    kw = zoo.call_kwargs("qwenimage", steps=4, true_cfg_scale=4.0)
+    kw.update(negative_prompt_embeds=torch.randn_like(kw["prompt_embeds"]),
+              negative_prompt_embeds_mask=kw["prompt_embeds_mask"])
+    pipe(**kw)
+    cond, uncond = branch(handle, 0), branch(handle, 1)
+    # one cached step each: a shared counter would have let only one branch cache
+    assert (cond["computed"], cond["cached"]) == (uncond["computed"], uncond["cached"]) == ([0, 2, 3], [1])
+    # each branch measured its own Fn residual against its own reference
+    assert cond["diffs"].keys() == uncond["diffs"].keys() == {1} and cond["diffs"] != uncond["diffs"]
+
+
+def test_state_resets_at_every_pipeline_call() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0, 1], mask_policy="static")))
+    first = run(pipe, "flux", steps=3)
+    second = run(pipe, "flux", steps=3)
+    assert torch.equal(first, second)
+    assert steps(handle) == ([0, 2], [1])
+
+
+def test_removal_restores_every_block_exactly() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    reference = run(pipe, "flux")
+    before = {path: set(m.__dict__) for path, m in pipe.transformer.named_modules()}
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, steps_mask=[1, 0, 0, 1])))
+    assert registry_names(pipe.transformer.transformer_blocks[0]) == ("hookkit.dbcache.entry",)
+    assert registry_names(pipe.transformer.transformer_blocks[1]) == ("hookkit.dbcache.middle",)
+    assert not torch.equal(run(pipe, "flux"), reference)
+    assert steps(handle) == ([0, 3], [1, 2])
+    handle.remove()
+    assert {path: set(m.__dict__) for path, m in pipe.transformer.named_modules()} == before
+    assert torch.equal(run(pipe, "flux"), reference)
+
+
+# --- statistics and plot ------------------------------------------------------------------------------------
+
+
+def test_summary_has_per_branch_steps_diffs_and_percentiles() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.2, warmup_steps=1))
+    drive(model, handle, [1.0, 1.125, 1.25, 1.5, 1.5])
+    summary = handle.summary().features["dbcache"]
+    assert summary.data["branches"][0]["percentiles"] == {
+        "P00": 0.0, "P25": 0.09375, "P50": 0.1625, "P75": pytest.approx(0.2125), "P95": pytest.approx(0.2425),
+        "min": 0.0, "max": 0.25}
+    assert "| Branch | Steps | Cached Steps | Diffs P00 |" in summary.text
+    assert "branch 0 cached steps: [1, 4]" in summary.text
+    assert "block calls run: 17 of 25 (68.0%)" in summary.text
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, handle = stub(hookkit.DBCache(threshold=0.2, warmup_steps=1))
+    drive(model, handle, [1.0, 1.125])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    with pytest.raises(UnsupportedError, match=r"needs matplotlib.*pip install hookkit\[plot\]"):
+        plot_cache_diffs(handle, "never.png")
+
+
+def test_plot_writes_a_png(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    model, handle = stub(hookkit.DBCache(threshold=0.2, warmup_steps=1))
+    drive(model, handle, [1.0, 1.125, 1.25, 1.5, 1.5])
+    path = plot_cache_diffs(handle, tmp_path / "diffs.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- regional compilation -----------------------------------------------------------------------------------
+
+
+def test_regional_compile_matches_eager_and_never_recompiles_after_the_first_step() -> None:
+    from torch._dynamo.utils import counters
+
+    pipe = zoo.tiny_pipeline("flux")
+    # dynamic decisions (one .item() per step) that alternate: compute, cache, compute, ...
+    spec = hookkit.DBCache(threshold=10.0, warmup_steps=1, max_continuous_cached_steps=1)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=spec))
+    eager = run(pipe, "flux", steps=5)
+    assert steps(handle) == ([0, 2, 4], [1, 3])
+    compiled = []
+    for _, _, block in flat_blocks(handle.adapter, pipe.transformer):
+        registry = HookRegistry.of(block)
+        registry.set_inner(torch.compile(registry.original_forward, fullgraph=True, backend="aot_eager"))
+        compiled.append(registry)
+    torch._dynamo.reset()
+    counters.clear()
+    seen = []
+
+    def snapshot(pipe, i, t, kwargs):
+        seen.append({k: dict(v) for k, v in counters.items()})
+        return {}
+
+    out = run(pipe, "flux", steps=5, callback_on_step_end=snapshot)
+    out_again = run(pipe, "flux", steps=5, callback_on_step_end=snapshot)
+    assert seen[0]["stats"]["unique_graphs"] >= 2  # both block classes compiled in step 0
+    assert all(s == seen[0] for s in seen)  # nothing compiled or recompiled afterwards, nor in a second call
+    assert steps(handle) == ([0, 2, 4], [1, 3])
+    torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-5)
+    assert torch.equal(out_again, out)
+    for registry in compiled:
+        registry.set_inner(None)
+
+
+def test_runs_inside_hookkit_compile_with_the_same_decisions_and_outputs() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    cache = hookkit.DBCache(threshold=10.0, warmup_steps=1, max_continuous_cached_steps=1)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    eager = run(pipe, "flux", steps=5)
+    handle.remove()
+    torch._dynamo.reset()
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache, compile=hookkit.Compile(backend="aot_eager")))
+    compiled = run(pipe, "flux", steps=5)
+    assert steps(handle) == ([0, 2, 4], [1, 3])
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+    handle.remove()
