@@ -185,13 +185,65 @@ def run_mode(mode: str, pipe: Any, spec: Any, args: argparse.Namespace,
     }
 
 
+def run_graph_mode(pipe: Any, spec: Any, args: argparse.Namespace, kw: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Uncached and cached, each under `Compile(cuda_graphs="transformer")` (one handle per variant: the
+    graphs live in the handle; the two variants run one after the other, not alternated)."""
+    import hookkit
+
+    medians, outs, times, data, warm = {}, {}, {}, {}, {}
+    for cache in (False, True):
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=spec if cache else None,
+                                                   compile=hookkit.Compile(cuda_graphs="transformer")))
+        try:
+            t0 = time.perf_counter()
+            for _ in range(args.warmup):
+                timed(lambda: pipe(**kw()).images)
+            warm[cache] = time.perf_counter() - t0
+            samples = []
+            for _ in range(args.runs):
+                kwargs = kw()
+                t, outs[cache] = timed(lambda: pipe(**kwargs).images)
+                samples.append(t)
+            times[cache], medians[cache] = samples, statistics.median(samples)
+            if cache:
+                data = dict(handle.summary().features["dbcache"].data)
+                data["text"] = handle.summary().features["dbcache"].text
+            graphs = handle.summary().features["compile"].data
+        finally:
+            handle.remove()
+    branch = data["branches"][0]
+    computed, cached_steps = branch["computed"], branch["cached"]
+    n = data["blocks"]
+    fraction = (len(computed) * n + len(cached_steps) * (spec.fn_blocks + spec.bn_blocks)) / (args.steps * n)
+    ideal = medians[False] * fraction
+    return {
+        "mode": "transformer CUDA graphs", "size": args.size, "steps": args.steps, "mask": args.mask,
+        "fn": spec.fn_blocks, "bn": spec.bn_blocks, "blocks": n, "computed_steps": len(computed),
+        "cached_steps": len(cached_steps), "cached_step_indices": cached_steps,
+        "uncached_median_s": round(medians[False], 4), "cached_median_s": round(medians[True], 4),
+        "uncached_times": [round(t, 4) for t in times[False]], "cached_times": [round(t, 4) for t in times[True]],
+        "work_fraction": round(fraction, 4), "ideal_s": round(ideal, 4),
+        "above_ideal_pct": round(100 * (medians[True] / ideal - 1), 2),
+        "speedup": round(medians[False] / medians[True], 3),
+        "overhead_per_cached_step_ms": round(1e3 * (medians[True] - ideal) / max(1, len(cached_steps)), 3),
+        "psnr_db": round(psnr(outs[True], outs[False]), 2),
+        "block_calls": data["block_calls"], "block_calls_uncached": data["block_calls_uncached"],
+        "warmup_s": round(warm[True], 1), "warmup_uncached_s": round(warm[False], 1),
+        "graphs_captured_cached": graphs.get("graphs_captured"), "recompiled_after_warmup": None,
+        "step_gpu_ms_computed": float("nan"), "step_gpu_ms_cached": float("nan"),
+        "step_host_ms_computed": float("nan"), "step_host_ms_cached": float("nan"),
+        "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        "summary": data["text"],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--steps", type=int, default=28)
     p.add_argument("--runs", type=int, default=5, help="timed runs of each variant (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs of each variant first (compilation)")
-    p.add_argument("--modes", default="eager,compiled", help="comma list of: eager, compiled")
+    p.add_argument("--modes", default="eager,compiled", help="comma list of: eager, compiled, graphs")
     p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
                    help="torch.compile mode of the regional compilation")
     p.add_argument("--mask", default="fast", help="named mask (slow, medium, fast, ultra) or a 0/1 string")
@@ -230,7 +282,7 @@ def main() -> None:
     rows = []
     for mode in args.modes.split(","):
         torch._dynamo.reset()
-        row = run_mode(mode, pipe, spec, args, kw)
+        row = run_graph_mode(pipe, spec, args, kw) if mode == "graphs" else run_mode(mode, pipe, spec, args, kw)
         print(row.pop("summary"), flush=True)
         print(json.dumps(row), flush=True)
         rows.append(row)

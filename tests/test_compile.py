@@ -129,17 +129,26 @@ def test_transformer_graphs_need_cuda() -> None:
 
 
 class ReplayBackend:
-    """Stands in for CUDA graph capture: 'capture' runs fn once; 'replay' re-runs it on the static buffers."""
+    """Stands in for CUDA graph capture: 'capture' runs fn once; 'replay' re-runs it on the static buffers,
+    taking the same path as at capture (a DBCache decision forced then is forced again), as a graph would."""
 
-    def __init__(self) -> None:
+    def __init__(self, bridge=None) -> None:
         self.captures = 0
+        self.bridge = bridge
 
     def capture(self, fn):
         self.captures += 1
+        forced = self.bridge.forced if self.bridge is not None else None
         holder = {"out": fn()}
 
         def replay() -> None:
-            fresh = fn()
+            if self.bridge is not None:
+                self.bridge.forced = forced
+            try:
+                fresh = fn()
+            finally:
+                if self.bridge is not None:
+                    self.bridge.forced = None
             for static, new in zip(torch.utils._pytree.tree_leaves(holder["out"]), torch.utils._pytree.tree_leaves(fresh)):
                 static.copy_(new)  # a real replay writes into the same output memory
 
@@ -188,3 +197,64 @@ def test_signature_distinguishes_shape_dtype_stride_and_values() -> None:
     assert signature((x.half(),), {"n": 1}) != base
     assert signature((x,), {"n": 2}) != base
     assert signature((x,), {"n": 1, "m": None}) != base
+
+
+# --- DBCache under whole-transformer graphs (the bridge's bookkeeping, with the stand-in backend) -----------
+
+MASK = (1, 1, 0, 1, 0, 0)
+
+
+def _graph_cached_pipeline(name: str, cache: hookkit.DBCache):
+    """A pipeline with DBCache and a GraphHook driven by the stand-in backend (CUDA capture is GPU-only)."""
+    from hookkit.hooks.compile import GRAPH, GraphHook
+    from hookkit.hooks.dbcache import graph_bridge
+
+    pipe = zoo.tiny_pipeline(name)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    bridge = graph_bridge(handle)
+    backend = ReplayBackend(bridge)
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge))
+    return pipe, handle, backend
+
+
+def _cache_stats(handle) -> tuple:
+    data = handle.summary().features["dbcache"].data
+    return data["block_calls"], {i: (b["computed"], b["cached"]) for i, b in data["branches"].items()}
+
+
+def test_dbcache_under_transformer_graphs_matches_dbcache_eager_bitwise() -> None:
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static")
+    eager_pipe = zoo.tiny_pipeline("flux")
+    eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = run(eager_pipe, steps=6)
+    pipe, handle, backend = _graph_cached_pipeline("flux", cache)
+    for _ in range(2):  # the second call is served by replays only
+        assert torch.equal(run(pipe, steps=6), reference)
+        assert _cache_stats(handle) == _cache_stats(eager)
+    assert backend.captures == 2  # one computed-step graph, one cached-step graph
+    assert _cache_stats(handle)[1] == {0: ([0, 1, 3], [2, 4, 5])}
+
+
+def test_dbcache_under_transformer_graphs_keeps_cfg_branches_apart() -> None:
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static")
+    kw = dict(true_cfg_scale=4.0)
+
+    def cfg_run(pipe) -> torch.Tensor:
+        args = zoo.call_kwargs("qwenimage", steps=6, **kw)
+        args.update(negative_prompt_embeds=torch.randn_like(args["prompt_embeds"]) * 0 + 0.5,
+                    negative_prompt_embeds_mask=args["prompt_embeds_mask"])
+        return pipe(**args).images
+
+    eager_pipe = zoo.tiny_pipeline("qwenimage")
+    hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = cfg_run(eager_pipe)
+    pipe, handle, backend = _graph_cached_pipeline("qwenimage", cache)
+    assert torch.equal(cfg_run(pipe), reference)
+    assert backend.captures == 4  # (branch 0, 1) x (computed, cached)
+    assert _cache_stats(handle)[1] == {0: ([0, 1, 3], [2, 4, 5]), 1: ([0, 1, 3], [2, 4, 5])}
+
+
+def test_transformer_graphs_with_a_dynamic_cache_are_refused_with_the_alternative() -> None:
+    spec = hookkit.Spec(cache=hookkit.DBCache(threshold=0.1), compile=hookkit.Compile(cuda_graphs="transformer"))
+    with pytest.raises(SpecError, match=r"mask_policy='static'.*use Compile\(mode='reduce-overhead'\)"):
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)

@@ -22,12 +22,16 @@ Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the block
 `torch.cuda.CUDAGraph` and replayed while the signature holds: inputs are copied into static buffers,
 outputs are cloned out, so CFG branches and repeated pipeline calls are safe. One replay replaces every
 kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *inside* the transformer do not
-run on replay, which is why this mode refuses DBCache (whose decision is per step) with a clear error.
+run on replay; DBCache therefore works in this mode with decisions known before the call (a static step
+mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
+residuals live in persistent slots, and the statistics are kept by the graph hook
+(`hookkit.hooks.dbcache.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable
+import contextlib
+from typing import Any, Callable, ContextManager, Hashable
 
 import attrs
 import torch
@@ -129,14 +133,20 @@ class GraphRunner:
         self.backend = backend
         self.captured: dict[Hashable, CapturedCall] = {}
 
-    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        key = signature(args, kwargs)
+    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 extra_key: Hashable = None, capturing: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
+        """Run `fn(*args, **kwargs)` from the graph of this signature (+ `extra_key`), capturing it first if new.
+
+        `capturing()` is entered around warm-up and capture only (DBCache forces its decision there).
+        """
+        key = (signature(args, kwargs), extra_key)
         entry = self.captured.get(key)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if entry is None:
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             static_args, static_kwargs = pytree.tree_unflatten(static, spec)
-            replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
+            with capturing():
+                replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
             entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output)
         else:
             for buffer, leaf in zip(entry.static_leaves, leaves):
@@ -148,15 +158,26 @@ class GraphRunner:
 
 
 class GraphHook(ModelHook):
-    """Innermost hook on the transformer: runs the rest of the call through a `GraphRunner`."""
+    """Innermost hook on the transformer: runs the rest of the call through a `GraphRunner`.
+
+    With DBCache (`cache` is its graph bridge) the step's decision is part of the graph key: a computed step
+    and a cached step are two graphs, and the cache is told about every call that a graph served.
+    """
 
     replaces_forward = True
 
-    def __init__(self, runner: GraphRunner) -> None:
+    def __init__(self, runner: GraphRunner, cache: Any = None) -> None:
         self.runner = runner
+        self.cache = cache
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        return self.runner(call_next, args, kwargs)
+        if self.cache is None:
+            return self.runner(call_next, args, kwargs)
+        decision = self.cache.decision()
+        output = self.runner(call_next, args, kwargs, extra_key=decision,
+                             capturing=lambda: self.cache.forcing(decision))
+        self.cache.replayed(decision)
+        return output
 
 
 # --- plan / attach ----------------------------------------------------------------------------------------
@@ -191,11 +212,14 @@ def check_spec(spec: Spec) -> None:
                 f"Compile.mode: expected None, 'default' or 'max-autotune-no-cudagraphs' with "
                 f"cuda_graphs='transformer' (hookkit captures the graph itself), got {c.mode!r}."
             )
-        if spec.cache is not None:
+        cache = spec.cache
+        if cache is not None and (cache.steps_mask is None or cache.mask_policy != "static" or cache.taylorseer_order):
             raise SpecError(
-                "Compile.cuda_graphs: expected 'none' with DBCache (a whole-transformer graph replays without the "
-                "per-step cache decision), got 'transformer'. Use Compile(mode='reduce-overhead') for CUDA graphs "
-                "per block with DBCache."
+                "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call: "
+                f"DBCache(steps_mask=<mask or policy>, mask_policy='static', taylorseer_order=0), got "
+                f"steps_mask={cache.steps_mask!r}, mask_policy={cache.mask_policy!r}, "
+                f"taylorseer_order={cache.taylorseer_order}. For dynamic decisions use "
+                "Compile(mode='reduce-overhead') (CUDA graphs per block)."
             )
 
 
@@ -236,9 +260,11 @@ class _CompileFeature:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
             return add_hook(module, STEP_MARK, StepMarkHook())
+        from hookkit.hooks.dbcache import graph_bridge
+
         runner = GraphRunner(CudaGraphBackend())
         handle.resources["compile.graphs"] = runner
-        return add_hook(module, GRAPH, GraphHook(runner))
+        return add_hook(module, GRAPH, GraphHook(runner, graph_bridge(handle)))
 
     def summarize(self, handle: Any) -> FeatureSummary | None:
         spec: Compile = handle.spec.compile

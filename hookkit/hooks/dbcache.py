@@ -60,11 +60,12 @@ residuals) still adds on cached steps, on top of a cached residual that already 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import attrs
 import torch
@@ -267,6 +268,7 @@ class _CallState:
         #: decision of the current transformer call, and its branch and step
         self.skip = False
         self.branch = _Branch()
+        self.branch_index = 0
         self.step = 0
         #: the hidden input of block 0 (only when diffs are needed) and of the first middle block
         self.block0_hidden: torch.Tensor | None = None
@@ -279,10 +281,8 @@ class _CallState:
 
         `fn_residual`: Fn output minus the input of block 0, or None when no rule can need it.
         """
-        branch = self.branches.get(branch_index)
-        if branch is None:
-            branch = self.branches[branch_index] = _Branch()
-        self.branch, self.step = branch, step
+        branch = self.branch_at(branch_index)
+        self.branch, self.branch_index, self.step = branch, branch_index, step
         cached = self._rules(step, branch, fn_residual)
         if not cached and fn_residual is not None:
             branch.fn_ref = fn_residual
@@ -292,6 +292,17 @@ class _CallState:
         self.transformer_calls += 1
         self.skip = cached
         return cached
+
+    def branch_at(self, index: int) -> _Branch:
+        branch = self.branches.get(index)
+        if branch is None:
+            branch = self.branches[index] = _Branch()
+        return branch
+
+    def force(self, step: int, branch_index: int, cached: bool) -> None:
+        """Take a decision made elsewhere (a CUDA graph being warmed up or captured); records nothing."""
+        self.branch, self.branch_index, self.step = self.branch_at(branch_index), branch_index, step
+        self.skip = cached
 
     def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None) -> bool:
         spec = self.layout.spec
@@ -329,6 +340,8 @@ class _Shared:
     def __init__(self, handle: "Handle", layout: _Layout) -> None:
         self.handle = handle
         self.layout = layout
+        #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
+        self.graph: GraphBridge | None = None
 
     def call_state(self) -> _CallState:
         state = self.handle.state
@@ -378,9 +391,15 @@ class DBCacheMiddleHook(ModelHook):
     def _decide(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
         hidden = self.io.hidden(args, kwargs)
         state = self.shared.handle.state
-        block0 = cs.block0_hidden
-        fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
-        if not cs.decide(state.step, state.branch, fn_residual):
+        graph = self.shared.graph
+        if graph is not None and graph.forced is not None:
+            cs.force(state.step, state.branch, graph.forced)
+            cached = graph.forced
+        else:
+            block0 = cs.block0_hidden
+            fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
+            cached = cs.decide(state.step, state.branch, fn_residual)
+        if not cached:
             cs.middle_in = (hidden, self.io.encoder(args, kwargs))
         cs.block0_hidden = None
 
@@ -390,7 +409,10 @@ class DBCacheMiddleHook(ModelHook):
         encoder_res = None
         if encoder_out is not None and isinstance(encoder_in, torch.Tensor) and encoder_in.shape == encoder_out.shape:
             encoder_res = encoder_out - encoder_in
-        cs.branch.store(cs.step, (hidden_out - hidden_in, encoder_res), self.shared.layout.spec.taylorseer_order)
+        residuals = (hidden_out - hidden_in, encoder_res)
+        if self.shared.graph is not None:
+            residuals = self.shared.graph.persist(cs.branch_index, residuals)
+        cs.branch.store(cs.step, residuals, self.shared.layout.spec.taylorseer_order)
         cs.middle_in = (None, None)
 
     def _apply(self, cs: _CallState, output: Any) -> Any:
@@ -400,6 +422,77 @@ class DBCacheMiddleHook(ModelHook):
         if encoder is not None and branch.residual[1] is not None:
             encoder = branch.predict(1, step, encoder)
         return self.io.pack(hidden, encoder)
+
+
+class GraphBridge:
+    """DBCache under whole-transformer CUDA graphs (`hookkit.Compile(cuda_graphs="transformer")`).
+
+    A replayed graph runs no Python, so the per-step decision must be known *before* the call: that is the
+    case for a static mask (and warmup), which is what this mode requires. The graph runner keys its graphs
+    by `(branch, cached)` besides the input signature, forces that decision while a graph is warmed up and
+    captured (hooks then record nothing), and reports every call with `replayed()`, which keeps the
+    statistics. Residuals live in persistent slots (one per branch and stream) that the computed-step graph
+    writes and the cached-step graph reads, so their addresses never change across replays or calls.
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        self.shared = shared
+        self.forced: bool | None = None
+        self.slots: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.last: dict[int, list[torch.Tensor | None]] = {}
+
+    def decision(self) -> tuple[int, bool]:
+        """(branch, cached) for the transformer call about to run; never reads the device."""
+        state = self.shared.handle.state
+        cs = self.shared.call_state()
+        return state.branch, cs._rules(state.step, cs.branch_at(state.branch), None)
+
+    @contextlib.contextmanager
+    def forcing(self, decision: tuple[int, bool]) -> Iterator[None]:
+        self.forced = decision[1]
+        try:
+            yield
+        finally:
+            self.forced = None
+
+    def persist(self, branch: int, residuals: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
+        """Copy residuals into this branch's persistent slots and return the slots."""
+        out: list[torch.Tensor | None] = []
+        for stream, y in enumerate(residuals):
+            if y is None:
+                out.append(None)
+                continue
+            key = (branch, stream, tuple(y.shape), y.dtype, y.device)
+            slot = self.slots.get(key)
+            if slot is None:
+                slot = self.slots[key] = torch.empty_like(y)
+            out.append(slot.copy_(y))
+        self.last[branch] = out
+        return out[0], out[1]  # type: ignore[return-value]
+
+    def replayed(self, decision: tuple[int, bool]) -> None:
+        """Account for one transformer call served by a graph (statistics, and which residuals exist)."""
+        index, cached = decision
+        state = self.shared.handle.state
+        cs = self.shared.call_state()
+        branch = cs.branch_at(index)
+        branch.record(state.step, cached)
+        if not cached:
+            branch.residual = list(self.last.get(index, [None, None]))
+        layout = self.shared.layout
+        cs.block_calls += layout.always_run if cached else layout.num_blocks
+        cs.transformer_calls += 1
+
+
+def graph_bridge(handle: "Handle") -> GraphBridge | None:
+    """Install (once) and return the bridge of a handle with DBCache, or None without DBCache."""
+    found = handle.resources.get(NAME)
+    if found is None:
+        return None
+    shared = found[0]
+    if shared.graph is None:
+        shared.graph = GraphBridge(shared)
+    return shared.graph
 
 
 # --- feature ------------------------------------------------------------------------------------------------
