@@ -258,3 +258,15 @@ def test_transformer_graphs_with_a_dynamic_cache_are_refused_with_the_alternativ
     spec = hookkit.Spec(cache=hookkit.DBCache(threshold=0.1), compile=hookkit.Compile(cuda_graphs="transformer"))
     with pytest.raises(SpecError, match=r"mask_policy='static'.*use Compile\(mode='reduce-overhead'\)"):
         hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+
+
+def test_quantized_models_get_torchaos_inductor_options_scoped_to_hookkits_compile() -> None:
+    from hookkit.hooks.compile import QUANTIZED_INDUCTOR_OPTIONS, compile_kwargs
+
+    plain = compile_kwargs(hookkit.Compile(mode="reduce-overhead"))
+    assert plain == {"fullgraph": True, "dynamic": None, "backend": "inductor", "mode": "reduce-overhead"}
+    quantized = compile_kwargs(hookkit.Compile(mode="reduce-overhead"), quantized=True)
+    assert "mode" not in quantized
+    assert quantized["options"] == {"triton.cudagraphs": True, **QUANTIZED_INDUCTOR_OPTIONS}
+    assert compile_kwargs(hookkit.Compile(), quantized=True)["options"] == QUANTIZED_INDUCTOR_OPTIONS
+    assert "options" not in compile_kwargs(hookkit.Compile(backend="aot_eager"), quantized=True)

@@ -189,10 +189,31 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
     return [path for path, m in transformer.named_modules() if path and type(m).__name__ in classes]
 
 
-def compile_kwargs(spec: Compile) -> dict[str, Any]:
+#: torchao's recommended inductor settings for quantized models (`recommended_inductor_config_setter`),
+#: which hookkit passes to *its own* `torch.compile` calls instead of changing the process-wide config.
+QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {
+    "coordinate_descent_tuning": True,
+    "coordinate_descent_check_all_directions": True,
+    "force_fuse_int_mm_with_mul": True,
+}
+#: what torch.compile's modes mean as inductor options (a call takes a mode or options, not both)
+_MODE_OPTIONS: dict[str, dict[str, Any]] = {
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True},
+}
+
+
+def compile_kwargs(spec: Compile, quantized: bool = False) -> dict[str, Any]:
+    """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call."""
     kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
-    if spec.mode not in (None, "default") and spec.backend == "inductor":  # modes are inductor's
-        kwargs["mode"] = spec.mode
+    if spec.backend != "inductor":  # modes and options are inductor's
+        return kwargs
+    mode = None if spec.mode in (None, "default") else spec.mode
+    if quantized:
+        kwargs["options"] = {**_MODE_OPTIONS.get(mode or "", {}), **QUANTIZED_INDUCTOR_OPTIONS}
+    elif mode is not None:
+        kwargs["mode"] = mode
     return kwargs
 
 
@@ -255,7 +276,7 @@ class _CompileFeature:
         spec: Compile = handle.spec.compile
         module = module_at(handle.transformer, attachment.target)
         if attachment.name == INNER:
-            return _InnerCompile(module, compile_kwargs(spec))
+            return _InnerCompile(module, compile_kwargs(spec, quantized=handle.spec.quantize is not None))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
