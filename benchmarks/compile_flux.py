@@ -5,6 +5,7 @@
 
 Variants:
   eager      stock diffusers, no compilation
+  stock-regional  stock `transformer.compile_repeated_blocks(fullgraph=True)`
   regional   hookkit.Compile() -- regional inductor compile of the repeated blocks
   stock-ro   stock `transformer.compile_repeated_blocks(mode="reduce-overhead")` (fails on diffusers 0.42.1)
   hk-ro      hookkit.Compile(mode="reduce-overhead"): outputs cloned outside each region + step marks
@@ -51,8 +52,9 @@ def setup_variant(name: str, pipe: Any, memo: bool = False) -> Callable[[], None
 
     if name == "eager":
         return lambda: None
-    if name == "stock-ro":
-        pipe.transformer.compile_repeated_blocks(fullgraph=True, mode="reduce-overhead")
+    if name in ("stock-ro", "stock-regional"):
+        mode = "reduce-overhead" if name == "stock-ro" else None
+        pipe.transformer.compile_repeated_blocks(fullgraph=True, mode=mode)
 
         def undo() -> None:
             for m in pipe.transformer.modules():

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from hookkit import errors
+from hookkit import errors, filters, testing
 from hookkit._log import set_verbosity
 from hookkit.adapters import (
     AdapterSpec,
@@ -21,6 +21,7 @@ from hookkit.adapters import (
 )
 from hookkit.handle import Handle, build_plan, disable, enable, handle_of
 from hookkit.specs import Compile, DBCache, Quantize, Spec
+from hookkit.syncs import SyncReport, profile_syncs
 
 __version__ = "0.1.0.dev0"
 
@@ -32,15 +33,19 @@ __all__ = [
     "Handle",
     "Quantize",
     "Spec",
+    "SyncReport",
     "build_plan",
     "disable",
     "enable",
     "errors",
+    "filters",
     "get_adapter",
     "handle_of",
     "list_adapters",
+    "profile_syncs",
     "register_adapter",
     "resolve_adapter",
     "set_verbosity",
+    "testing",
     "unregister_adapter",
 ]

@@ -41,6 +41,25 @@ class _ClockHook(ModelHook):
         return args, kwargs
 
 
+class SchedulerListener:
+    """Callbacks run by the core's scheduler patches, for features that act around `set_timesteps`/`step`.
+
+    A scheduler method carries one hookkit patch (the core's), so features do not patch `step` themselves:
+    they append a listener to `handle.scheduler_listeners` on attach and take it out on detach.
+    """
+
+    def after_set_timesteps(self, scheduler: Any) -> None:
+        """After the pipeline's `set_timesteps` and the start of a fresh `CallState`."""
+
+    def before_step(self, scheduler: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Before `step`; may replace its arguments. Listeners run in registration order."""
+        return args, kwargs
+
+    def after_step(self, scheduler: Any) -> None:
+        """After `step` (also when it raised), before the clock advances; in reverse registration order."""
+
+
 class _CoreFeature:
     """Per-call bookkeeping; always on."""
 
@@ -67,13 +86,22 @@ class _CoreFeature:
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
                     handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                    for listener in tuple(handle.scheduler_listeners):
+                        listener.after_set_timesteps(scheduler)
                     return result
                 return set_timesteps
             return MethodPatch(scheduler, "set_timesteps", make)
 
         def make_step(original: Callable[..., Any]) -> Callable[..., Any]:
             def step(*args: Any, **kwargs: Any) -> Any:
-                result = original(*args, **kwargs)
+                listeners = tuple(handle.scheduler_listeners)
+                for listener in listeners:
+                    args, kwargs = listener.before_step(scheduler, args, kwargs)
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    for listener in reversed(listeners):
+                        listener.after_step(scheduler)
                 handle._clock.on_scheduler_step()
                 return result
             return step
@@ -122,6 +150,8 @@ class Handle:
         self._attached: list[tuple[Attachment, Removable]] = []
         #: objects features keep for the handle's lifetime (compiled callables, quantization reports)
         self.resources: dict[str, Any] = {}
+        #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
+        self.scheduler_listeners: list[SchedulerListener] = []
         self.removed = False
 
     # -- state ----------------------------------------------------------------------------------------
@@ -207,6 +237,10 @@ class Handle:
         """Detach everything in reverse order; the pipeline is exactly as before. Idempotent."""
         if self.removed:
             return
+        for feature in features():  # a feature may refuse (quantized weights it cannot restore) before anything goes
+            check = getattr(feature, "check_removable", None)
+            if check is not None and feature.enabled(self.spec):
+                check(self)
         self._detach_all()
         self.removed = True
         logger.info("hookkit disabled on {}", self.plan.transformer_class)

@@ -18,7 +18,7 @@ __all__ = ["HookRegistry", "ModelHook", "registry_names", "registered_features"]
 
 #: Technique modules in attach order (after the core clock). Each defines `FEATURE`. Quantization first
 #: (it swaps weights), compile last (it wraps the forwards the other hooks surround).
-TECHNIQUES: tuple[str, ...] = ("quantize", "dbcache", "compile")
+TECHNIQUES: tuple[str, ...] = ("quantize", "memo", "sync", "dbcache", "compile")
 
 
 def registered_features() -> list[Any]:

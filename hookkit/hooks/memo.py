@@ -1,0 +1,406 @@
+"""Memoized index tensors: build small host-data tensors once, not at every denoising step.
+
+Why: some transformers build index tensors from Python lists in their prologue at every call. Qwen-Image
+with `zero_cond_t=True` runs
+
+    modulate_index = torch.tensor([[0] * n0 + [1] * n1 for ...], device=timestep.device, dtype=torch.int)
+
+every step, and `compute_text_seq_len_from_mask` runs `torch.as_tensor(text_seq_len, device=...)`. With a
+CUDA device each is a pageable host-to-device copy: the CPU waits until the GPU has drained its queue
+(seed 004). The values depend only on the call's shapes, so the second step onwards can reuse the first
+step's tensor.
+
+How: `MemoMode`, a `TorchFunctionMode`, memoizes `torch.tensor` and `torch.as_tensor` calls whose data
+are plain Python (int, float, bool and nested lists/tuples of them), keyed by value (with each scalar's
+type and a float's exact bits), dtype (or the default dtype it would infer) and device. It is active only
+in the scope the adapter names: `memo_scope = "prologue"` is from the transformer's entry to its first
+block call. A hook on the transformer pushes the mode (and pops it on exit, also on an exception, if no
+block ran); a hook on the first block pops it. Blocks therefore run with no mode on the stack: the
+interception costs nothing where the work is. `torch.arange`/`full`/`zeros` are not memoized: they launch
+a kernel and never wait for the host, so memoizing them would save a launch and share more tensors.
+
+Contract: a memoized tensor is shared by every call that asks for the same value. Callers must not
+modify it in place. An in-place change is detected (the tensor's version counter moves) and the entry is
+rebuilt at the next lookup, but a caller that still holds the tensor sees the change. Inference-mode
+tensors have no version counter, so for those the contract is not checked. The table lives in
+`handle.resources` and stays valid across pipeline calls because it is keyed by value. Entries are never
+evicted while the handle lives: a CUDA graph captured over the prologue (whole-transformer graphs) reads
+the memoized tensor's memory at every replay, so freeing it would be silent corruption. Past
+`MAX_ENTRIES` distinct values, new ones are built normally and not stored.
+
+Compilation: under hookkit's `Compile` the hooks run outside the compiled regions, so blocks compiled
+regionally are fine. With `Compile(regional=False)` the prologue itself is compiled (its constants are baked
+into the graph), so memo attaches nothing. If the first block was compiled by other means
+(`Module.compile()`, e.g. diffusers' `compile_repeated_blocks`), the closing hook would be traced into its
+graph; memo then stands aside for that call.
+
+    from hookkit.hooks.memo import apply_memo
+    memo = apply_memo(pipe.transformer)     # or hookkit.enable(pipe, hookkit.Spec(memo=True))
+    pipe(...)
+    print(memo.table.stats())               # hits, misses, ...
+    memo.remove()
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+from typing import TYPE_CHECKING, Any, Callable, Hashable
+
+import attrs
+import torch
+from loguru import logger
+from torch.overrides import TorchFunctionMode
+
+from hookkit.errors import AdapterError, HookError
+from hookkit.hooks.registry import Args, Kwargs, ModelHook
+from hookkit.plan import Attachment, PlanContext, Removable, add_hook, flat_blocks, module_at
+from hookkit.specs import Spec
+from hookkit.summary import FeatureSummary, table
+
+if TYPE_CHECKING:
+    from hookkit.adapters import AdapterSpec
+    from hookkit.handle import Handle
+
+NAME = "memo"
+PROLOGUE_HOOK = "hookkit.memo.prologue"
+FIRST_BLOCK_HOOK = "hookkit.memo.first_block"
+#: distinct (value, dtype, device) entries kept per table; later new values are built and not stored
+MAX_ENTRIES = 1024
+#: the factories memoized: both copy host data to the device
+FACTORIES: frozenset[Callable[..., Any]] = frozenset({torch.tensor, torch.as_tensor})
+
+__all__ = ["FEATURE", "MemoMode", "MemoTable", "ModeScope", "apply_memo", "freeze", "push_mode", "remove_mode"]
+
+
+# --- the mode stack ----------------------------------------------------------------------------------------
+
+
+def push_mode(mode: TorchFunctionMode) -> None:
+    """Push `mode` on this thread's torch-function mode stack (what `with mode:` does on entry)."""
+    mode.__enter__()
+
+
+def remove_mode(mode: TorchFunctionMode) -> bool:
+    """Take `mode` off the stack wherever it is, leaving the others in order. False if it was not there.
+
+    Normally `mode` is on top and this is one pop. If code pushed another mode above it and did not pop it
+    (it raised), the modes above are popped, `mode` is dropped, and they are pushed back.
+    """
+    stack = torch.overrides._get_current_function_mode_stack()
+    if not any(m is mode for m in stack):
+        return False
+    above: list[TorchFunctionMode] = []
+    while True:
+        top = torch.overrides._pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        torch.overrides._push_mode(m)
+    return True
+
+
+# --- keys ------------------------------------------------------------------------------------------------------
+
+_INT, _FLOAT, _BOOL, _INTS, _FLOATS, _BOOLS, _SEQ = range(7)
+
+
+def freeze(data: Any) -> Hashable | None:
+    """A hashable key that is equal for two values iff `torch.tensor` builds the same tensor from them.
+
+    Plain Python only: int, float, bool and lists/tuples of them, nested. Types are part of the key (1, 1.0
+    and True differ in dtype) and floats are keyed by their bits (0.0 and -0.0 differ). None otherwise.
+    """
+    kind = type(data)
+    if kind is int:
+        return (_INT, data)
+    if kind is float:
+        return (_FLOAT, struct.pack("<d", data))
+    if kind is bool:
+        return (_BOOL, data)
+    if kind is list or kind is tuple:
+        kinds = set(map(type, data))
+        if len(kinds) == 1:  # fast paths for flat, homogeneous lists (the usual index list)
+            only = kinds.pop()
+            if only is int:
+                return (_INTS, tuple(data))
+            if only is float:
+                return (_FLOATS, array.array("d", data).tobytes())
+            if only is bool:
+                return (_BOOLS, tuple(data))
+        items = tuple(map(freeze, data))
+        if any(item is None for item in items):
+            return None
+        return (_SEQ, items)
+    return None
+
+
+def _device_key(device: Any) -> torch.device:
+    """The device a factory call with `device=device` builds on (None: the default device)."""
+    resolved = torch.get_default_device() if device is None else torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The version counter (moves on every in-place change); None for inference tensors, which have none."""
+    return None if tensor.is_inference() else tensor._version
+
+
+# --- the table and the mode --------------------------------------------------------------------------------
+
+
+@attrs.define
+class MemoStats:
+    """Counts since the table was made (all calls)."""
+
+    #: calls answered from the table
+    hits: int = 0
+    #: calls that built a tensor and stored it
+    misses: int = 0
+    #: entries rebuilt because their tensor had been modified in place
+    rebuilt: int = 0
+    #: factory calls seen but not memoizable (non-plain data, other arguments)
+    passed: int = 0
+    #: memoizable calls built and not stored because the table was full
+    overflow: int = 0
+
+
+class MemoTable:
+    """Memoized factory results, keyed by (factory, value, dtype, device). Never evicts (see the module doc)."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[Hashable, tuple[torch.Tensor, int | None]] = {}
+        self.counts = MemoStats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def key(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
+        """The key of a factory call, or None when it must not be memoized."""
+        if len(args) != 1:  # both take the data only positionally
+            return None
+        dtype, device = kwargs.get("dtype"), kwargs.get("device")
+        if any(k not in ("dtype", "device") and v is not False and v is not None for k, v in kwargs.items()):
+            return None  # requires_grad=True, pin_memory=True, out=...: build normally
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            return None
+        data = freeze(args[0])
+        if data is None:
+            return None
+        dtype_key = dtype if dtype is not None else ("default", torch.get_default_dtype())
+        return (func, data, dtype_key, _device_key(device))
+
+    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`func(*args, **kwargs)`, answered from the table when the call is memoizable."""
+        key = self.key(func, args, kwargs)
+        if key is None:
+            self.counts.passed += 1
+            return func(*args, **kwargs)
+        found = self._entries.get(key)
+        if found is not None:
+            tensor, version = found
+            if _version(tensor) == version:
+                self.counts.hits += 1
+                return tensor
+            self.counts.rebuilt += 1
+        elif len(self._entries) >= self.max_entries:
+            self.counts.overflow += 1
+            return func(*args, **kwargs)
+        else:
+            self.counts.misses += 1
+        tensor = func(*args, **kwargs)
+        self._entries[key] = (tensor, _version(tensor))
+        return tensor
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {**attrs.asdict(self.counts), "entries": len(self._entries)}
+
+
+class MemoMode(TorchFunctionMode):
+    """Answers `torch.tensor` / `torch.as_tensor` calls from a `MemoTable`; passes everything else on."""
+
+    def __init__(self, table: MemoTable) -> None:
+        super().__init__()
+        self.table = table
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if func in FACTORIES:
+            return self.table.call(func, args, kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+class ModeScope:
+    """Pushes and removes one mode, at most once at a time: a scope whose ends are hooks, not a `with` block.
+
+    `close()` is safe to call any number of times and takes the mode off the stack wherever it is.
+    """
+
+    def __init__(self, mode: TorchFunctionMode) -> None:
+        self.mode = mode
+        self.active = False
+
+    def open(self) -> bool:
+        """Push the mode unless it is already on; True if this call pushed it."""
+        if self.active:
+            return False
+        push_mode(self.mode)
+        self.active = True
+        return True
+
+    def close(self) -> None:
+        if self.active:
+            self.active = False
+            remove_mode(self.mode)
+
+
+# --- hooks -------------------------------------------------------------------------------------------------
+
+
+class MemoPrologueHook(ModelHook):
+    """On the transformer: opens the scope at entry; closes it at exit (also on an exception) if still open."""
+
+    replaces_forward = True
+
+    def __init__(self, scope: ModeScope, first_block: torch.nn.Module) -> None:
+        self.scope = scope
+        self.first_block = first_block
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        # traced into a graph (constants are baked in), or the closing hook would be: stand aside
+        if torch.compiler.is_compiling() or getattr(self.first_block, "_compiled_call_impl", None) is not None:
+            return call_next(*args, **kwargs)
+        opened = self.scope.open()
+        try:
+            return call_next(*args, **kwargs)
+        finally:
+            if opened:
+                self.scope.close()
+
+    def on_detach(self, module: torch.nn.Module) -> None:
+        self.scope.close()
+
+
+class MemoFirstBlockHook(ModelHook):
+    """On the first block: closes the scope, so that no block runs under the mode."""
+
+    def __init__(self, scope: ModeScope) -> None:
+        self.scope = scope
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        self.scope.close()
+        return args, kwargs
+
+
+# --- public API ----------------------------------------------------------------------------------------------
+
+
+class MemoHandle:
+    """What `apply_memo` returns: the table (`.table.stats()`) and `.remove()`."""
+
+    def __init__(self, scope: ModeScope, removals: list[Removable]) -> None:
+        self.scope = scope
+        self.table = scope.mode.table
+        self._removals = removals
+
+    def remove(self) -> None:
+        """Detach both hooks (the transformer is exactly as before) and drop the table."""
+        self.scope.close()
+        while self._removals:
+            self._removals.pop().remove()
+        self.table.clear()
+
+
+def _first_block_path(adapter: "AdapterSpec", transformer: torch.nn.Module) -> str:
+    blocks = flat_blocks(adapter, transformer)
+    if not blocks:
+        raise AdapterError(f"adapter {adapter.name!r}: field 'blocks' expected at least one block in "
+                           f"{type(transformer).__name__}, got none; memo needs the first block to end its scope.")
+    return blocks[0][0]
+
+
+def apply_memo(transformer: torch.nn.Module, adapter: "AdapterSpec | None" = None,
+               table: MemoTable | None = None) -> MemoHandle:
+    """Memoize host-data index tensors in `transformer`'s prologue (entry to first block); no handle needed.
+
+    The first block comes from the adapter (resolved from the transformer's class when not given).
+    """
+    from hookkit.adapters import resolve_adapter
+
+    if not isinstance(transformer, torch.nn.Module):
+        raise HookError(f"apply_memo.transformer: expected a torch.nn.Module, got {type(transformer).__name__}.")
+    adapter = adapter if adapter is not None else resolve_adapter(transformer)
+    scope = ModeScope(MemoMode(table if table is not None else MemoTable()))
+    path = _first_block_path(adapter, transformer)
+    first_block = module_at(transformer, path)
+    removals: list[Removable] = [add_hook(transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))]
+    try:
+        removals.append(add_hook(first_block, FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope), position=0))
+    except BaseException:
+        removals.pop().remove()
+        raise
+    return MemoHandle(scope, removals)
+
+
+# --- feature ---------------------------------------------------------------------------------------------------
+
+
+def _inactive_reason(spec: Spec, adapter: "AdapterSpec") -> str | None:
+    """Why memo attaches nothing for this spec and adapter, or None when it attaches."""
+    if adapter.memo_scope == "none":
+        return f"adapter {adapter.name!r} declares memo_scope='none' (no per-step host-data tensors known)"
+    if spec.compile is not None and not spec.compile.regional:
+        return "Compile(regional=False) compiles the prologue itself (its constants are baked into the graph)"
+    return None
+
+
+class _MemoFeature:
+    """Plugs memoization into `hookkit.enable`: `Spec.memo`, scoped by the adapter's `memo_scope`."""
+
+    name = NAME
+    fields = ("memo",)
+
+    def enabled(self, spec: Spec) -> bool:
+        return spec.memo
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        if _inactive_reason(ctx.spec, ctx.adapter) is not None:
+            return []  # the summary says why
+        path = _first_block_path(ctx.adapter, ctx.transformer)
+        return [Attachment(feature=NAME, target="", name=PROLOGUE_HOOK, params=(("first_block", path),)),
+                Attachment(feature=NAME, target=path, name=FIRST_BLOCK_HOOK)]
+
+    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+        scope: ModeScope | None = handle.resources.get(NAME)
+        if scope is None:
+            scope = handle.resources[NAME] = ModeScope(MemoMode(MemoTable()))
+            logger.info("memo: torch.tensor/as_tensor with plain Python data memoized in the {} prologue",
+                        handle.plan.transformer_class)
+        if attachment.name == PROLOGUE_HOOK:
+            first_block = module_at(handle.transformer, attachment.param("first_block"))
+            return add_hook(handle.transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))
+        return add_hook(module_at(handle.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
+                        position=0)
+
+    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+        scope: ModeScope | None = handle.resources.get(NAME)
+        if scope is None:
+            reason = _inactive_reason(handle.spec, handle.adapter) or "nothing attached"
+            data: dict[str, Any] = {"scope": handle.adapter.memo_scope, "attached": False, "reason": reason}
+            return FeatureSummary(name=NAME, data=data, text=f"{reason}: nothing attached")
+        stats = scope.mode.table.stats()
+        data = {"scope": handle.adapter.memo_scope, "attached": True, **stats}
+        text = table(["scope", "hits", "misses", "rebuilt", "not memoizable", "table full", "entries"],
+                     [[data["scope"], stats["hits"], stats["misses"], stats["rebuilt"], stats["passed"], stats["overflow"],
+                       stats["entries"]]])
+        return FeatureSummary(name=NAME, data=data, text=text)
+
+
+FEATURE = _MemoFeature()
