@@ -1,0 +1,7 @@
+"""`python -m hookkit ...`: the same command line as the `hookkit` console script."""
+
+import sys
+
+from hookkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,797 @@
+"""Build, run and time pipelines: the machinery behind `hookkit generate` and `hookkit bench`.
+
+Models come from `hookkit.zoo` (tiny on the CPU, or the full-size architecture with `full=True`, random
+weights, random prompt embeddings: no downloads) or from a local folder (`model_path`).
+
+`hookkit bench` measures a matrix of configurations -- stock diffusers (eager, regional and full compile),
+diffusers' FirstBlockCache, cache-dit when installed, and hookkit's -- each in its own process
+(`python -m hookkit bench-one ...`), so that one configuration's compiled graphs, CUDA graphs, allocator
+state or global settings cannot leak into the next. Each child writes its row as JSON and its output
+tensor as `.pt`; the parent compares outputs against the eager row (PSNR) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import attrs
+import torch
+
+import hookkit
+from hookkit import zoo
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.summary import table
+
+VIDEO_MODELS = ("cogvideox", "wan")
+#: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
+FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --- what this installation and machine offer -----------------------------------------------------------
+
+
+def available_fields() -> frozenset[str]:
+    """`Spec` fields some installed technique implements (the modules listed in `hookkit.hooks.TECHNIQUES`)."""
+    from hookkit.hooks import registered_features
+
+    return frozenset(f for feature in registered_features() for f in getattr(feature, "fields", ()))
+
+
+def tiny_models() -> tuple[str, ...]:
+    """Model families `hookkit.zoo` can build a whole tiny pipeline for."""
+    return tuple(sorted(zoo._PIPELINES))
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """`device` as a torch.device (default: cuda when visible, else cpu); a missing GPU is a clear error."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise SpecError(f"--device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedError(f"--device {device}: no CUDA device is visible (torch.cuda.is_available() is False). "
+                               "Use --device cpu.")
+    if dev.type not in ("cpu", "cuda"):
+        raise SpecError(f"--device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}.")
+    return dev
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, float32 on the CPU, unless asked otherwise."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise SpecError(f"--dtype: expected one of {sorted(DTYPES)}, got {dtype!r}.")
+    return DTYPES[dtype]
+
+
+def device_description(device: torch.device) -> str:
+    """What the seed-002 summary calls Device: `NVIDIA H200 x 1` or `CPU (2 threads)`."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} x {torch.cuda.device_count()}"
+    threads = torch.get_num_threads()
+    return f"CPU ({threads} thread{'s' if threads != 1 else ''})"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- models ----------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ModelOptions:
+    """Which pipeline to build and how to call it; shared by `generate`, `bench` and `bench-one`."""
+
+    name: str
+    full: bool = False
+    model_path: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    steps: int | None = None
+    height: int | None = None
+    width: int | None = None
+    batch: int = 1
+    seed: int = 0
+    threads: int | None = None
+    prompt: str = "A cat holding a sign that says hello world"
+
+    @staticmethod
+    def prompt_default() -> str:
+        return attrs.fields(ModelOptions).prompt.default
+
+    @property
+    def random_weights(self) -> bool:
+        return self.model_path is None
+
+    def num_steps(self) -> int:
+        """Default: 28 for full-size and local models (Flux-dev's default), 6 for tiny ones."""
+        if self.steps is not None:
+            return self.steps
+        return 28 if (self.full or self.model_path) else 6
+
+    def to_argv(self) -> list[str]:
+        """The command-line flags that rebuild these options (for `bench-one` child processes)."""
+        argv = ["--model", self.name, "--batch", str(self.batch), "--seed", str(self.seed), "--steps", str(self.num_steps())]
+        for flag, value in (("--model-path", self.model_path), ("--device", self.device), ("--dtype", self.dtype),
+                            ("--height", self.height), ("--width", self.width), ("--threads", self.threads)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if self.full:
+            argv.append("--full")
+        if self.prompt != self.prompt_default():
+            argv += ["--prompt", self.prompt]
+        return argv
+
+
+def check_model(opts: ModelOptions) -> None:
+    """Fail early, with the list of what exists, for a model that cannot be built here."""
+    adapters = hookkit.list_adapters()
+    if opts.name not in adapters:
+        raise SpecError(f"MODEL: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}.")
+    if opts.model_path is None and opts.name not in tiny_models():
+        raise UnsupportedError(
+            f"MODEL {opts.name!r}: no tiny pipeline for {opts.name} yet (random-weight pipelines exist for "
+            f"{list(tiny_models())}). Pass --model-path with a local {opts.name} checkpoint folder instead."
+        )
+    if opts.full and opts.model_path is not None:
+        raise SpecError("--full: builds a random-weight architecture and cannot be combined with --model-path; drop one.")
+    if opts.batch < 1:
+        raise SpecError(f"--batch: expected an int >= 1, got {opts.batch}.")
+    if opts.num_steps() < 1:
+        raise SpecError(f"--steps: expected an int >= 1, got {opts.num_steps()}.")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _full_vae(name: str) -> torch.nn.Module:
+    """The published VAE architecture of family `name` (random weights): it sets the latent geometry."""
+    import diffusers
+
+    if name == "flux":
+        return diffusers.AutoencoderKL(
+            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+            latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
+            use_quant_conv=False, use_post_quant_conv=False,
+        ).eval()
+    if name == "qwenimage":
+        return diffusers.AutoencoderKLQwenImage().eval()
+    if name == "cogvideox":
+        return diffusers.AutoencoderKLCogVideoX().eval()
+    if name == "wan":
+        return diffusers.AutoencoderKLWan().eval()
+    raise UnsupportedError(f"--full {name}: no full-size pipeline for {name} yet; available: {list(tiny_models())}.")
+
+
+def load_pipeline(opts: ModelOptions) -> Any:
+    """The pipeline `opts` describes, on its device and in its dtype, with diffusers' progress bar off."""
+    check_model(opts)
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.dtype, device)
+    if opts.model_path is not None:
+        pipe = _from_pretrained(opts, dtype)
+    elif opts.full:
+        torch.manual_seed(opts.seed)
+        with torch.device(device), _default_dtype(dtype):
+            vae = _full_vae(opts.name)
+            transformer = zoo.full_transformer(opts.name)
+        # zoo's pipeline with the full-size VAE: pipelines derive their latent geometry from the VAE.
+        tiny = zoo._PIPELINES[opts.name](transformer)
+        pipe = type(tiny)(**{**tiny.components, "vae": vae})
+    else:
+        pipe = zoo.tiny_pipeline(opts.name, seed=opts.seed)
+    # Only cast what needs it: diffusers warns on every dtype cast of a model built from config.
+    if pipe.transformer.dtype != dtype:
+        pipe.to(dtype=dtype)
+    if pipe.transformer.device != device:
+        pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
+    from diffusers import DiffusionPipeline
+
+    path = Path(opts.model_path or "")
+    if not path.is_dir():
+        raise SpecError(f"--model-path: expected a local pipeline folder (with model_index.json), got {str(path)!r}.")
+    # Components saved as null (e.g. a pipeline saved without text encoders) must be passed as None.
+    try:
+        index = json.loads((path / "model_index.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--model-path {str(path)!r}: expected a diffusers pipeline folder with a readable "
+                        f"model_index.json ({exc}).") from None
+    missing = {k: None for k, v in index.items() if isinstance(v, list) and v[:1] == [None]}
+    try:
+        pipe = DiffusionPipeline.from_pretrained(str(path), torch_dtype=dtype, local_files_only=True, **missing)
+    except (OSError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"--model-path {str(path)!r}: diffusers could not load it: {first}") from None
+    transformer = getattr(pipe, "transformer", None)
+    adapter = hookkit.get_adapter(opts.name)
+    if transformer is None or not adapter.matches(transformer):
+        found = type(transformer).__name__ if transformer is not None else "no transformer"
+        raise SpecError(f"--model-path {str(path)!r}: holds {type(pipe).__name__} with {found}; MODEL {opts.name!r} "
+                        f"is for {list(adapter.transformer)}. Pass the matching MODEL name.")
+    return pipe
+
+
+def call_kwargs(pipe: Any, opts: ModelOptions, output_type: str) -> dict[str, Any]:
+    """Keyword arguments for one pipeline call: a text prompt for a local model, random embeddings otherwise.
+
+    A fresh seeded generator every time, so repeated calls give the same output.
+    """
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.dtype, device)
+    steps = opts.num_steps()
+    if opts.model_path is not None and has_text_encoder(pipe):
+        kw: dict[str, Any] = dict(prompt=[opts.prompt] * opts.batch, num_inference_steps=steps,
+                                  generator=torch.Generator().manual_seed(opts.seed), output_type=output_type)
+    elif opts.full or opts.model_path is not None:
+        kw = _embedding_call_kwargs(pipe, opts, steps, output_type)
+    else:
+        kw = zoo.call_kwargs(opts.name, steps=steps, seed=opts.seed, batch=opts.batch, height=opts.height,
+                             width=opts.width, output_type=output_type)
+    if opts.height is not None:
+        kw["height"] = opts.height
+    if opts.width is not None:
+        kw["width"] = opts.width
+    for key, value in kw.items():
+        if isinstance(value, torch.Tensor):
+            kw[key] = value.to(device, dtype) if value.is_floating_point() else value.to(device)
+    return kw
+
+
+def has_text_encoder(pipe: Any) -> bool:
+    """Whether `pipe` can encode a text prompt (a folder saved without text encoders cannot)."""
+    return getattr(pipe, "text_encoder", None) is not None
+
+
+def _embedding_call_kwargs(pipe: Any, opts: ModelOptions, steps: int, output_type: str) -> dict[str, Any]:
+    """Random prompt embeddings shaped like the real text encoders' output, from the transformer's config:
+    for full-size architectures and for local pipelines saved without text encoders."""
+    cfg = pipe.transformer.config
+    g = torch.Generator().manual_seed(1234 + opts.seed)
+    b, tokens = opts.batch, FULL_TEXT_TOKENS[opts.name]
+    kw: dict[str, Any] = dict(num_inference_steps=steps, generator=torch.Generator().manual_seed(opts.seed),
+                              output_type=output_type)
+    if opts.name == "flux":
+        kw.update(prompt_embeds=torch.randn(b, tokens, cfg.joint_attention_dim, generator=g),
+                  pooled_prompt_embeds=torch.randn(b, cfg.pooled_projection_dim, generator=g), guidance_scale=3.5)
+    elif opts.name == "qwenimage":
+        kw.update(prompt_embeds=torch.randn(b, tokens, cfg.joint_attention_dim, generator=g),
+                  prompt_embeds_mask=torch.ones(b, tokens, dtype=torch.long), true_cfg_scale=1.0)
+    elif opts.name == "cogvideox":
+        kw.update(prompt_embeds=torch.randn(b, tokens, cfg.text_embed_dim, generator=g),
+                  negative_prompt_embeds=torch.randn(b, tokens, cfg.text_embed_dim, generator=g), guidance_scale=6.0)
+    elif opts.name == "wan":
+        kw.update(prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g),
+                  negative_prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g), guidance_scale=5.0)
+    return kw
+
+
+def output_of(result: Any) -> Any:
+    """The images (or video frames) of a pipeline result."""
+    return result.frames if hasattr(result, "frames") else result.images
+
+
+def psnr(reference: torch.Tensor, output: torch.Tensor, peak: float | None = None) -> float:
+    """PSNR in dB of `output` against `reference` (`math.inf` when they are equal).
+
+    `peak` defaults to the reference's value range (1.0 for images in [0, 1]; the range for latents).
+    """
+    if reference.shape != output.shape:
+        raise SpecError(f"psnr: shapes differ: reference {tuple(reference.shape)}, output {tuple(output.shape)}.")
+    ref, out = reference.double(), output.double()
+    mse = torch.mean((ref - out) ** 2).item()
+    if peak is None:
+        peak = (ref.max() - ref.min()).item() or 1.0
+    if mse == 0.0:
+        return math.inf
+    return 10.0 * math.log10(peak * peak / mse)
+
+
+# --- configurations --------------------------------------------------------------------------------------
+
+
+@attrs.define
+class RunContext:
+    """What a configuration's setup sees and leaves behind (the hookkit handle, notes for the table)."""
+
+    pipe: Any
+    opts: ModelOptions
+    device: torch.device
+    handle: Any = None
+    notes: list[str] = attrs.field(factory=list)
+    stats: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class BenchConfig:
+    """One row of the matrix: how to set a freshly built pipeline up, and what it needs."""
+
+    name: str
+    kind: str  # "stock" | "peer" | "hookkit"
+    description: str
+    setup: Callable[[RunContext], None]
+    fields: frozenset[str] = frozenset()  # hookkit Spec fields it needs
+    needs_cuda: bool = False
+    needs_module: str | None = None
+
+    def unavailable(self, device: torch.device, have: frozenset[str]) -> str | None:
+        """Why this configuration cannot run here, or None when it can."""
+        missing = sorted(self.fields - have)
+        if missing:
+            return f"hookkit has no feature for Spec.{missing[0]} in this installation"
+        if self.needs_cuda and device.type != "cuda":
+            return "needs a CUDA device"
+        if self.needs_module is not None:
+            import importlib.util
+
+            if importlib.util.find_spec(self.needs_module) is None:
+                return f"{self.needs_module} is not installed"
+        return None
+
+
+def _eager(ctx: RunContext) -> None:
+    """Stock diffusers, nothing changed."""
+
+
+def _stock_regional_compile(mode: str | None) -> Callable[[RunContext], None]:
+    def setup(ctx: RunContext) -> None:
+        transformer = ctx.pipe.transformer
+        if not getattr(transformer, "_repeated_blocks", None):
+            raise UnsupportedError(f"{type(transformer).__name__} has no _repeated_blocks: stock regional compile is "
+                                   "unavailable (hookkit-compile uses the adapter's repeated_blocks)")
+        kwargs: dict[str, Any] = {"fullgraph": True}
+        if mode is not None:
+            kwargs["mode"] = mode
+        transformer.compile_repeated_blocks(**kwargs)
+    return setup
+
+
+def _stock_full_compile(mode: str | None) -> Callable[[RunContext], None]:
+    def setup(ctx: RunContext) -> None:
+        kwargs: dict[str, Any] = {"fullgraph": True}
+        if mode is not None:
+            kwargs["mode"] = mode
+        ctx.pipe.transformer.compile(**kwargs)
+    return setup
+
+
+def _first_block_cache(ctx: RunContext) -> None:
+    from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
+
+    apply_first_block_cache(ctx.pipe.transformer, FirstBlockCacheConfig(threshold=0.12))
+
+
+def _cache_dit(ctx: RunContext) -> None:
+    """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured."""
+    import cache_dit  # type: ignore[import-not-found]
+
+    steps = ctx.opts.num_steps()
+    cache_dit.enable_cache(ctx.pipe, cache_config=cache_dit.DBCacheConfig(
+        Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
+        steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=steps),
+        steps_computation_policy="static",
+    ))
+
+
+def _hookkit(make_spec: Callable[[], Any]) -> Callable[[RunContext], None]:
+    def setup(ctx: RunContext) -> None:
+        ctx.handle = hookkit.enable(ctx.pipe, make_spec())
+    return setup
+
+
+def _cache_fast() -> Any:
+    """DBCache F1B0 on cache-dit's static "fast" mask (11 of 28 steps computed): random weights never cache
+    dynamically, so a static mask is how caching speed is measured (DESIGN.md)."""
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="static")
+
+
+def _cache_dynamic() -> Any:
+    """DBCache as seed 002 runs it: F1B0, 8 warm-up steps, at most 3 cached in a row, threshold 0.12."""
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12, warmup_steps=8, max_continuous_cached_steps=3)
+
+
+def _compile(mode: str | None = None, cuda_graphs: str = "none") -> Any:
+    return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs)
+
+
+def _configs() -> dict[str, BenchConfig]:
+    S = hookkit.Spec
+    rows = [
+        BenchConfig(name="eager", kind="stock", description="stock diffusers, eager", setup=_eager),
+        BenchConfig(name="regional-compile", kind="stock", setup=_stock_regional_compile(None),
+                    description="stock transformer.compile_repeated_blocks(fullgraph=True)"),
+        BenchConfig(name="regional-compile-ro", kind="stock", setup=_stock_regional_compile("reduce-overhead"),
+                    needs_cuda=True, description="stock compile_repeated_blocks(mode='reduce-overhead')"),
+        BenchConfig(name="full-compile", kind="stock", setup=_stock_full_compile(None),
+                    description="stock transformer.compile(fullgraph=True)"),
+        BenchConfig(name="full-compile-ro", kind="stock", setup=_stock_full_compile("reduce-overhead"),
+                    needs_cuda=True, description="stock transformer.compile(fullgraph=True, mode='reduce-overhead')"),
+        BenchConfig(name="fbcache", kind="stock", setup=_first_block_cache,
+                    description="diffusers FirstBlockCache, threshold 0.12"),
+        BenchConfig(name="cache-dit", kind="peer", setup=_cache_dit, needs_module="cache_dit",
+                    description="cache-dit DBCache F1B0, static 'fast' mask"),
+        BenchConfig(name="hookkit", kind="hookkit", setup=_hookkit(lambda: S()),
+                    description="hookkit.enable(pipe, Spec()): bookkeeping only (overhead)"),
+        BenchConfig(name="hookkit-cache", kind="hookkit", setup=_hookkit(lambda: S(cache=_cache_dynamic())),
+                    fields=frozenset({"cache"}), description="DBCache F1B0 W8 MC3 R0.12, dynamic"),
+        BenchConfig(name="hookkit-cache-fast", kind="hookkit", setup=_hookkit(lambda: S(cache=_cache_fast())),
+                    fields=frozenset({"cache"}), description="DBCache F1B0, static 'fast' mask"),
+        BenchConfig(name="hookkit-memo", kind="hookkit", setup=_hookkit(lambda: S(memo=True)),
+                    fields=frozenset({"memo"}), description="memoized per-step index tensors"),
+        BenchConfig(name="hookkit-sync-free", kind="hookkit", setup=_hookkit(lambda: S(sync_free=True)),
+                    fields=frozenset({"sync_free"}), description="sync-free denoising loop"),
+        BenchConfig(name="hookkit-compile", kind="hookkit", setup=_hookkit(lambda: S(compile=_compile())),
+                    fields=frozenset({"compile"}), description="regional compile of the adapter's repeated blocks"),
+        BenchConfig(name="hookkit-compile-ro", kind="hookkit",
+                    setup=_hookkit(lambda: S(compile=_compile("reduce-overhead"))), fields=frozenset({"compile"}),
+                    needs_cuda=True, description="regional compile, mode='reduce-overhead' (CUDA-graph safe)"),
+        BenchConfig(name="hookkit-cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(compile=_compile(cuda_graphs="transformer"))),
+                    fields=frozenset({"compile"}), needs_cuda=True,
+                    description="regional compile + one CUDA graph per transformer call"),
+        BenchConfig(name="hookkit-cache-fast+compile", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), compile=_compile())),
+                    fields=frozenset({"cache", "compile"}), description="static 'fast' DBCache + regional compile"),
+        BenchConfig(name="hookkit-fp8+compile", kind="hookkit",
+                    setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile())),
+                    fields=frozenset({"quantize", "compile"}), needs_cuda=True,
+                    description="torchao fp8 dynamic per-row + regional compile"),
+        BenchConfig(name="hookkit-all", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
+                    fields=frozenset({"cache", "memo", "sync_free", "compile"}),
+                    description="static 'fast' DBCache + memo + sync-free + regional compile"),
+    ]
+    return {row.name: row for row in rows}
+
+
+CONFIGS: dict[str, BenchConfig] = _configs()
+
+
+def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[list[BenchConfig], list[str]]:
+    """The rows to run, "eager" always first (it is the reference), and notes on the rows left out.
+
+    Named rows that cannot run here stay in (their row says why); the default matrix keeps only the rows
+    that can run, and notes the others.
+    """
+    have = available_fields()
+    notes: list[str] = []
+    if names:
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; known: {list(CONFIGS)}.")
+        chosen = [CONFIGS[n] for n in dict.fromkeys(names)]
+    else:
+        chosen = []
+        for cfg in CONFIGS.values():
+            reason = cfg.unavailable(device, have)
+            if reason is None:
+                chosen.append(cfg)
+            else:
+                notes.append(f"{cfg.name}: skipped ({reason})")
+    if chosen[0].name != "eager":
+        chosen = [CONFIGS["eager"]] + [c for c in chosen if c.name != "eager"]
+        if names:
+            notes.append("eager: added as the reference for speed-up and PSNR")
+    return chosen, notes
+
+
+# --- one measurement (in the child process) ----------------------------------------------------------------
+
+ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
+            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features")
+
+
+def _peak_memory_gb(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9, "cuda_max_memory_allocated"
+    # ru_maxrss is in KiB on Linux, bytes on macOS
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss * (1 if sys.platform == "darwin" else 1024) / 1e9, "cpu_max_rss"
+
+
+def _summary_data(handle: Any) -> dict[str, Any]:
+    if handle is None:
+        return {}
+    summary = handle.summary()
+    return {name: feature.data for name, feature in summary.features.items()}
+
+
+def output_type_for(opts: ModelOptions) -> str:
+    """Full-size random models return latents (decoding is skipped: it is not what is measured); others
+    return decoded images/frames as tensors in [0, 1]."""
+    return "latent" if opts.full else "pt"
+
+
+def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out_dir: Path) -> dict[str, Any]:
+    """Build a fresh pipeline, set `config` up, warm up, time `runs` calls; save the last output as .pt."""
+    device = resolve_device(opts.device)
+    reason = config.unavailable(device, available_fields())
+    if reason is not None:
+        return _empty_row(config, "skipped", reason)
+    row = _empty_row(config, "ok", "")
+    try:
+        t0 = time.perf_counter()
+        pipe = load_pipeline(opts)
+        row["load_s"] = time.perf_counter() - t0
+        ctx = RunContext(pipe=pipe, opts=opts, device=device)
+        t0 = time.perf_counter()
+        config.setup(ctx)
+        row["setup_s"] = time.perf_counter() - t0
+        output_type = output_type_for(opts)
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            output_of(pipe(**call_kwargs(pipe, opts, output_type)))
+        synchronize(device)
+        row["warmup_s"] = time.perf_counter() - t0
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        latencies = []
+        output = None
+        for _ in range(runs):
+            kwargs = call_kwargs(pipe, opts, output_type)
+            synchronize(device)
+            t0 = time.perf_counter()
+            output = output_of(pipe(**kwargs))
+            synchronize(device)
+            latencies.append(time.perf_counter() - t0)
+        row["latencies_s"] = latencies
+        row["latency_s"] = statistics.median(latencies)
+        row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
+        row["features"] = _summary_data(ctx.handle)
+        torch.save(output.detach().float().cpu(), out_dir / f"{config.name}.pt")
+    except Exception as exc:  # a failing configuration is a result, not a crash
+        traceback.print_exc(file=sys.stderr)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        row.update(status="failed", note=f"{type(exc).__name__}: {first}"[:300])
+    return row
+
+
+# --- the matrix (in the parent process) ------------------------------------------------------------------
+
+
+def run_matrix(configs: Sequence[BenchConfig], opts: ModelOptions, runs: int, warmup: int, timeout_s: float,
+               out_dir: Path | None = None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run each configuration in its own `python -m hookkit bench-one` process; rows in `configs` order."""
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            out_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hookkit-bench-")))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        device, have = resolve_device(opts.device), available_fields()
+        for i, config in enumerate(configs, 1):
+            log(f"[{i}/{len(configs)}] {config.name}: {config.description}")
+            reason = config.unavailable(device, have)
+            rows.append(_run_child(config, opts, runs, warmup, timeout_s, out_dir) if reason is None
+                        else _empty_row(config, "skipped", reason))
+            log(f"[{i}/{len(configs)}] {config.name}: {_status_line(rows[-1])}")
+        _compare(rows, out_dir, peak=None if opts.full else 1.0)
+    return rows
+
+
+def _run_child(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, timeout_s: float,
+               out_dir: Path) -> dict[str, Any]:
+    result = out_dir / f"{config.name}.json"
+    argv = [sys.executable, "-m", "hookkit", "bench-one", "--config", config.name, "--runs", str(runs),
+            "--warmup", str(warmup), "--out-dir", str(out_dir), "--result", str(result), *opts.to_argv()]
+    log = out_dir / f"{config.name}.log"  # the child's stderr: tracebacks of failed rows, compile warnings
+    try:
+        proc = subprocess.run(argv, timeout=timeout_s, capture_output=True, text=True)
+        log.write_text(proc.stderr)
+        failure = None if proc.returncode == 0 else f"exit code {proc.returncode}: {_tail(proc.stderr)}"
+    except subprocess.TimeoutExpired as exc:
+        log.write_text(exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
+        failure = f"timed out after {timeout_s:.0f} s"
+    if failure is None and result.is_file():
+        return json.loads(result.read_text())
+    return _empty_row(config, "failed", f"bench-one process: {failure or 'wrote no result'}")
+
+
+def _empty_row(config: BenchConfig, status: str, note: str) -> dict[str, Any]:
+    """A row with no measurement: `status` "skipped" or "failed", `note` says why."""
+    row: dict[str, Any] = {key: None for key in ROW_KEYS}
+    row.update(config=config.name, kind=config.kind, description=config.description, status=status,
+               note=note[:300], latencies_s=[], identical=False, features={})
+    return row
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> None:
+    """Speed-up and PSNR of every row against the eager row (the first)."""
+    ref_row = rows[0]
+    ref_path = out_dir / f"{ref_row['config']}.pt"
+    reference = torch.load(ref_path) if ref_row["status"] == "ok" and ref_path.is_file() else None
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        if ref_row["status"] == "ok":
+            row["speedup"] = ref_row["latency_s"] / row["latency_s"]
+        path = out_dir / f"{row['config']}.pt"
+        if reference is not None and path.is_file():
+            output = torch.load(path)
+            if output.shape == reference.shape:
+                value = psnr(reference, output, peak)
+                row["psnr_db"] = None if math.isinf(value) else value
+                row["identical"] = torch.equal(reference, output)
+            else:
+                row["note"] = (row["note"] + f"; output shape {tuple(output.shape)} differs").lstrip("; ")
+
+
+def _status_line(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['note']}"
+    return f"median {row['latency_s']:.4f} s over {len(row['latencies_s'])} runs"
+
+
+def cache_stats(features: dict[str, Any]) -> tuple[int, int] | None:
+    """(cached, total) transformer steps from the DBCache summary data, summed over CFG branches."""
+    data = features.get("dbcache") or features.get("cache")
+    if not isinstance(data, dict) or not isinstance(data.get("branches"), dict):
+        return None
+    cached = total = 0
+    for branch in data["branches"].values():
+        cached += len(branch.get("cached", ()))
+        total += len(branch.get("cached", ())) + len(branch.get("computed", ()))
+    return cached, total
+
+
+def _cached_steps(features: dict[str, Any]) -> str | None:
+    stats = cache_stats(features)
+    return None if stats is None else f"cached {stats[0]}/{stats[1]} steps"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The results as a markdown table (also readable in a terminal)."""
+    out = []
+    for i, row in enumerate(rows):
+        ok = row["status"] == "ok"
+        notes = [] if ok else [f"{row['status']}: {row['note']}"]
+        if ok and row["note"]:
+            notes.append(row["note"])
+        cached = _cached_steps(row.get("features") or {})
+        if cached:
+            notes.append(cached)
+        if i == 0 and ok:
+            psnr_cell = "reference"
+        elif row["identical"]:
+            psnr_cell = "inf (bitwise equal)"
+        elif row["psnr_db"] is not None:
+            psnr_cell = f"{row['psnr_db']:.2f}"
+        else:
+            psnr_cell = "—"
+        out.append([
+            row["config"],
+            f"{row['latency_s']:.4f}" if ok else "—",
+            f"{row['warmup_s']:.2f}" if ok and row["warmup_s"] is not None else "—",
+            f"{row['peak_memory_gb']:.3f}" if ok else "—",
+            f"{row['speedup']:.2f}x" if ok and row["speedup"] is not None else "—",
+            psnr_cell,
+            "; ".join(notes),
+        ])
+    return table(["config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
+                  "notes"], out)
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import platform
+
+    import diffusers
+
+    return dict(hookkit=hookkit.__version__, torch=torch.__version__, diffusers=diffusers.__version__,
+                python=platform.python_version(), device=device_description(device),
+                hookkit_features=sorted(available_fields()))
+
+
+def report(rows: list[dict[str, Any]], notes: list[str], opts: ModelOptions, runs: int, warmup: int,
+           argv: Sequence[str]) -> dict[str, Any]:
+    """The JSON document `hookkit bench --json` writes."""
+    device = resolve_device(opts.device)
+    memory = "CUDA max_memory_allocated" if device.type == "cuda" else "CPU peak RSS of the process"
+    return dict(
+        command=["hookkit", *argv], environment=environment(device),
+        model=dict(name=opts.name, full=opts.full, model_path=opts.model_path, steps=opts.num_steps(),
+                   height=opts.height, width=opts.width, batch=opts.batch, seed=opts.seed,
+                   dtype=str(resolve_dtype(opts.dtype, device)).removeprefix("torch."),
+                   output=output_type_for(opts)),
+        runs=runs, warmup=warmup, memory=memory, notes=notes, rows=rows,
+    )
+
+
+def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several `hookkit bench --json` files of the same model, settings and machine.
+
+    Long matrices are run in groups (one command each, every group starting with its own eager row). The
+    first file's eager row is the reference: later rows get their speed-up recomputed against it and keep
+    the PSNR measured against their own group's eager run (same seed, so the same weights and inputs).
+    A configuration already present is not repeated.
+    """
+    if not reports:
+        raise SpecError("--merge: expected at least one JSON file written by `hookkit bench --json`.")
+    first = reports[0]
+    for i, other in enumerate(reports[1:], 2):
+        for key in ("model", "runs", "warmup"):
+            if other.get(key) != first.get(key):
+                raise SpecError(f"--merge: file {i} has {key}={other.get(key)!r}, file 1 has {first.get(key)!r}; "
+                                "merge only runs of the same model and settings.")
+        if other["environment"]["device"] != first["environment"]["device"]:
+            raise SpecError(f"--merge: file {i} ran on {other['environment']['device']!r}, file 1 on "
+                            f"{first['environment']['device']!r}; merge only runs of one machine.")
+    rows = [dict(row) for row in first["rows"]]
+    reference = rows[0]
+    seen = {row["config"] for row in rows}
+    notes = list(first["notes"])
+    for other in reports[1:]:
+        for row in other["rows"]:
+            if row["config"] in seen:
+                continue
+            row = dict(row)
+            if row["status"] == "ok" and reference["status"] == "ok":
+                row["speedup"] = reference["latency_s"] / row["latency_s"]
+            rows.append(row)
+            seen.add(row["config"])
+        notes += [n for n in other["notes"] if n not in notes]
+    return {**first, "command": [r["command"] for r in reports], "notes": notes, "rows": rows}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN/Infinity float (e.g. in a feature's statistics) replaced by its string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(data: Any, indent: int | None = None) -> str:
+    """Strict JSON (no NaN/Infinity: strict parsers reject them). Bitwise-equal outputs have
+    `psnr_db: null`, `identical: true`; anything that is not JSON becomes its string."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False, default=str)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_json(data, indent=2) + "\n")
+
+
+def default_timeout() -> float:
+    return float(os.environ.get("HOOKKIT_BENCH_TIMEOUT", "1800"))
+
+
+__all__ = [
+    "CONFIGS", "BenchConfig", "ModelOptions", "ROW_KEYS", "available_fields", "call_kwargs",
+    "load_pipeline", "markdown_table", "measure", "psnr", "run_matrix", "select_configs",
+]

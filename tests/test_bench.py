@@ -1,0 +1,183 @@
+"""`hookkit bench`: a matrix of configurations, one process each, as a markdown table and JSON.
+
+The matrix test runs the real thing (`python -m hookkit bench` spawning `bench-one` processes) on the tiny
+Flux model with two configurations; the others test its pieces in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookkit
+from hookkit import bench, cli
+from hookkit.errors import SpecError
+
+REPO = Path(__file__).resolve().parent.parent
+HAVE = bench.available_fields()
+#: the second row of the matrix test: a hookkit configuration that changes the output, when installed
+SECOND = "hookkit-cache-fast" if "cache" in HAVE else "hookkit"
+TOP_KEYS = {"command", "environment", "model", "runs", "warmup", "memory", "notes", "rows"}
+
+
+def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hookkit", "bench", "--model", "flux", "--configs", f"eager,{SECOND}", "--steps", "6",
+         "--runs", "2", "--warmup", "1", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(data) == TOP_KEYS
+    assert data["model"] == {"name": "flux", "full": False, "model_path": None, "steps": 6, "height": None,
+                             "width": None, "batch": 1, "seed": 0, "dtype": "float32", "output": "pt"}
+    assert (data["runs"], data["warmup"], data["notes"]) == (2, 1, [])
+    assert [row["config"] for row in data["rows"]] == ["eager", SECOND]
+    for row in data["rows"]:
+        assert tuple(row) == bench.ROW_KEYS
+        assert row["status"] == "ok", row["note"]
+        assert len(row["latencies_s"]) == 2
+        assert row["latency_s"] == statistics.median(row["latencies_s"])
+        assert row["peak_memory_gb"] > 0 and row["memory_kind"] == "cpu_max_rss"
+    eager, second = data["rows"]
+    assert eager["speedup"] == 1.0 and eager["identical"] is True and eager["psnr_db"] is None
+    assert second["speedup"] == pytest.approx(eager["latency_s"] / second["latency_s"])
+    if SECOND == "hookkit-cache-fast":
+        mask = hookkit.specs.resolve_steps_mask("fast", 6)
+        assert second["identical"] is False and math.isfinite(second["psnr_db"])
+        assert second["features"]["dbcache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
+    else:
+        assert second["identical"] is True
+
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| config "))
+    assert [cell.strip() for cell in lines[header].split("|")[1:-1]] == [
+        "config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)", "notes"]
+    body = lines[header + 2:header + 4]
+    assert [line.split("|")[1].strip() for line in body] == ["eager", SECOND]
+    assert lines[header + 4:header + 5] in ([], [""])
+    assert body[0].split("|")[6].strip() == "reference"
+    assert "[1/2] eager" in proc.stderr and f"[2/2] {SECOND}" in proc.stderr
+
+
+def test_bench_one_measures_in_process_and_saves_the_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = tmp_path / "row.json"
+    code = cli.main(["bench-one", "--config", "hookkit", "--model", "flux", "--steps", "2", "--runs", "1",
+                     "--warmup", "0", "--out-dir", str(tmp_path), "--result", str(result)])
+    assert code == 0
+    row = json.loads(result.read_text())
+    assert json.loads(capsys.readouterr().out) == row
+    assert (row["config"], row["kind"], row["status"]) == ("hookkit", "hookkit", "ok")
+    output = torch.load(tmp_path / "hookkit.pt")
+    assert output.shape == (1, 3, 32, 32) and output.dtype == torch.float32
+
+
+def test_a_configuration_that_cannot_run_here_becomes_a_skipped_row_without_a_process(tmp_path: Path) -> None:
+    device = torch.device("cpu")
+    configs, notes = bench.select_configs(["full-compile-ro"], device)
+    assert [c.name for c in configs] == ["eager", "full-compile-ro"]
+    assert notes == ["eager: added as the reference for speed-up and PSNR"]
+    row = bench.measure(configs[1], bench.ModelOptions(name="flux", device="cpu"), 1, 0, tmp_path)
+    assert (row["status"], row["note"]) == ("skipped", "needs a CUDA device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_configuration_is_a_row_with_the_error_not_a_crash(tmp_path: Path) -> None:
+    # CogVideoX has no _repeated_blocks: stock regional compilation refuses it
+    opts = bench.ModelOptions(name="cogvideox", device="cpu", steps=2)
+    row = bench.measure(bench.CONFIGS["regional-compile"], opts, 1, 0, tmp_path)
+    assert row["status"] == "failed"
+    assert row["note"].startswith("UnsupportedError: CogVideoXTransformer3DModel has no _repeated_blocks")
+    assert row["latency_s"] is None and list(tmp_path.iterdir()) == []
+
+
+def _report(device: str, rows: list[dict]) -> dict:
+    return {"command": ["hookkit", "bench"], "environment": {"device": device}, "model": {"name": "flux"},
+            "runs": 3, "warmup": 2, "memory": "m", "notes": [], "rows": rows}
+
+
+def _row(config: str, latency: float) -> dict:
+    row = bench._empty_row(bench.CONFIGS[config], "ok", "")
+    row["latency_s"] = latency
+    return row
+
+
+def test_merge_keeps_the_first_eager_as_reference_and_recomputes_speed_ups() -> None:
+    first = _report("H200", [_row("eager", 5.0), _row("regional-compile", 4.0)])
+    second = _report("H200", [_row("eager", 5.2), _row("hookkit-cache-fast", 2.0), _row("regional-compile", 9.0)])
+    merged = bench.merge_reports([first, second])
+    assert [(r["config"], r["latency_s"]) for r in merged["rows"]] == [
+        ("eager", 5.0), ("regional-compile", 4.0), ("hookkit-cache-fast", 2.0)]
+    assert merged["rows"][2]["speedup"] == 2.5
+    assert merged["command"] == [["hookkit", "bench"], ["hookkit", "bench"]]
+
+
+def test_merge_refuses_runs_of_different_machines() -> None:
+    with pytest.raises(SpecError, match="file 2 ran on 'CPU', file 1 on 'H200'"):
+        bench.merge_reports([_report("H200", [_row("eager", 1.0)]), _report("CPU", [_row("eager", 1.0)])])
+
+
+def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
+    device = torch.device("cpu")
+    configs, notes = bench.select_configs(None, device)
+    have = bench.available_fields()
+    runnable = [c.name for c in bench.CONFIGS.values() if c.unavailable(device, have) is None]
+    assert [c.name for c in configs] == runnable and runnable[0] == "eager"
+    assert sorted(n.split(":")[0] for n in notes) == sorted(set(bench.CONFIGS) - set(runnable))
+    assert "regional-compile-ro: skipped (needs a CUDA device)" in notes
+
+
+def test_unknown_configuration_is_a_spec_error_naming_the_known_ones() -> None:
+    with pytest.raises(SpecError, match=r"--configs: unknown configuration 'turbo'; known: \['eager', "):
+        bench.select_configs(["eager", "turbo"], torch.device("cpu"))
+
+
+def test_hookkit_rows_run_exactly_when_their_features_are_installed() -> None:
+    cuda = torch.device("cuda")  # only compared, never used
+    for config in bench.CONFIGS.values():
+        if config.kind == "hookkit":
+            assert (config.unavailable(cuda, HAVE) is None) == (config.fields <= HAVE), config.name
+
+
+def test_psnr() -> None:
+    ref = torch.zeros(2, 3, 4, 4)
+    assert bench.psnr(ref, ref.clone(), peak=1.0) == math.inf
+    assert bench.psnr(ref, ref + 0.1, peak=1.0) == pytest.approx(20.0)
+    assert bench.psnr(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 2.2])) == pytest.approx(10 * math.log10(4 / 0.02))
+    with pytest.raises(SpecError, match="shapes differ"):
+        bench.psnr(ref, torch.zeros(2, 3))
+
+
+def test_json_is_strict_even_for_non_finite_statistics() -> None:
+    text = bench.to_json({"psnr_db": None, "features": {"dbcache": {"diffs": [0.5, math.inf, math.nan]}}})
+    assert json.loads(text) == {"psnr_db": None, "features": {"dbcache": {"diffs": [0.5, "inf", "nan"]}}}
+
+
+def test_model_options_round_trip_through_the_bench_one_flags() -> None:
+    opts = bench.ModelOptions(name="wan", full=True, device="cpu", dtype="bfloat16", steps=5, height=48, width=64,
+                              batch=2, seed=3, threads=1, prompt="a red fox in the snow")
+    args = cli.build_parser().parse_args(["bench-one", "--config", "eager", "--out-dir", "x", *opts.to_argv()])
+    threads = torch.get_num_threads()
+    try:
+        assert cli._model_options(args, args.model) == opts
+    finally:
+        torch.set_num_threads(threads)  # _model_options applies --threads to this process
+
+
+def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
+    """The prompt embeddings of --full are shaped by the transformer's config, read at call time (checked
+    on the tiny config: the full one is 12B parameters)."""
+    transformer = hookkit.zoo.tiny_transformer("flux")
+    pipe = type("P", (), {"transformer": transformer})()
+    kwargs = bench.call_kwargs(pipe, bench.ModelOptions(name="flux", full=True, device="cpu", steps=3), "latent")
+    assert kwargs["prompt_embeds"].shape == (1, bench.FULL_TEXT_TOKENS["flux"], transformer.config.joint_attention_dim)
+    assert kwargs["pooled_prompt_embeds"].shape == (1, transformer.config.pooled_projection_dim)
+    assert (kwargs["num_inference_steps"], kwargs["output_type"]) == (3, "latent")
