@@ -53,12 +53,14 @@ class BlockListSpec:
 
     `returns` names, per return position, which stream the block returns there: Flux and Qwen-Image
     blocks return `("encoder_hidden_states", "hidden_states")`, Wan blocks `("hidden_states",)`.
+    `encoder_arg` is the argument that carries the encoder (text) stream; leave it out (None) for blocks
+    that take none.
     """
 
     attr: str
     classes: tuple[str, ...] = attrs.field(converter=_tuple)
     hidden_arg: str = "hidden_states"
-    encoder_arg: str | None = "encoder_hidden_states"
+    encoder_arg: str | None = None
     returns: tuple[str, ...] = attrs.field(default=("hidden_states",), converter=_tuple)
 
     def validate(self, where: str) -> None:

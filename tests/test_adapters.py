@@ -93,6 +93,7 @@ def test_block_class_mismatch_names_the_block_path() -> None:
     spec = hookkit.AdapterSpec(
         name="bad", transformer=["FluxTransformer2DModel"],
         blocks=[hookkit.BlockListSpec(attr="transformer_blocks", classes=["FluxSingleTransformerBlock"],
+                                      encoder_arg="encoder_hidden_states",
                                       returns=["encoder_hidden_states", "hidden_states"])],
     )
     with pytest.raises(AdapterError, match=r"blocks\[transformer_blocks\].classes.*transformer_blocks.0.*'FluxTransformerBlock'"):
@@ -143,3 +144,15 @@ def _flux_dict() -> dict:
     import tomllib
 
     return tomllib.loads((adapters_dir() / "flux.toml").read_text())
+
+
+def test_a_block_without_an_encoder_argument_leaves_encoder_arg_out(tmp_path: Path) -> None:
+    path = tmp_path / "plain.toml"
+    path.write_text('name = "plain"\ntransformer = ["Plain"]\n[[blocks]]\nattr = "layers"\nclass = "Block"\n')
+    block = hookkit.AdapterSpec.from_toml(path).blocks[0]
+    assert (block.encoder_arg, block.returns) == (None, ("hidden_states",))
+
+
+def test_returning_the_encoder_stream_needs_its_argument_name() -> None:
+    with pytest.raises(AdapterError, match=r"encoder_arg' expected an argument name, since the block returns the encoder stream"):
+        hookkit.BlockListSpec(attr="b", classes=["B"], returns=["encoder_hidden_states", "hidden_states"]).validate("x")

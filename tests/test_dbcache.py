@@ -49,7 +49,8 @@ class StubTransformer(nn.Module):
 
 STUB_ADAPTER = AdapterSpec(
     name="stub-dbcache", transformer=("StubTransformer",),
-    blocks=(BlockListSpec(attr="blocks", classes=("StubBlock",), returns=("encoder_hidden_states", "hidden_states")),),
+    blocks=(BlockListSpec(attr="blocks", classes=("StubBlock",), encoder_arg="encoder_hidden_states",
+                         returns=("encoder_hidden_states", "hidden_states")),),
 )
 
 

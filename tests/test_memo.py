@@ -207,7 +207,8 @@ class StubMemoTransformer(nn.Module):
 
 STUB_ADAPTER = AdapterSpec(
     name="stub-memo", transformer=("StubMemoTransformer",), memo_scope="prologue",
-    blocks=(BlockListSpec(attr="blocks", classes=("StubMemoBlock",), returns=("encoder_hidden_states", "hidden_states")),),
+    blocks=(BlockListSpec(attr="blocks", classes=("StubMemoBlock",), encoder_arg="encoder_hidden_states",
+                         returns=("encoder_hidden_states", "hidden_states")),),
 )
 
 
