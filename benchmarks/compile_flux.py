@@ -20,29 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
-import time
 import traceback
 from typing import Any, Callable
 
 import torch
 
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.float(), ref.float()
-    mse = torch.mean((out - ref) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
 
 
 def setup_variant(name: str, pipe: Any, memo: bool = False) -> Callable[[], None]:
@@ -119,7 +106,7 @@ def main() -> None:
                            peak_gb=round(torch.cuda.max_memory_allocated() / 2**30, 1))
                 if reference is None:
                     reference = out
-                row["psnr_db"] = round(psnr(out, reference), 1)
+                row["psnr_db"] = round(psnr(reference, out), 1)
                 row["max_abs_err"] = float((out.float() - reference.float()).abs().max())
             finally:
                 teardown()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
@@ -32,25 +31,14 @@ from typing import Any, Callable
 
 import torch
 
+from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
 
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.float(), ref.float()
-    mse = torch.mean((out - ref) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
 
 
 def synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    synchronize()
-    return time.perf_counter() - t0, out
 
 
 def compile_blocks(pipe: Any, mode: str) -> Callable[[], None]:
@@ -175,7 +163,7 @@ def run_mode(mode: str, pipe: Any, spec: Any, args: argparse.Namespace,
         "above_ideal_pct": round(100 * (med_c / ideal - 1), 2),
         "speedup": round(med_u / med_c, 3),
         "overhead_per_cached_step_ms": round(1e3 * (med_c - ideal) / max(1, len(cached_steps)), 3),
-        "psnr_db": round(psnr(out_c, out_u), 2),
+        "psnr_db": round(psnr(out_u, out_c), 2),
         "block_calls": summary_data["block_calls"], "block_calls_uncached": summary_data["block_calls_uncached"],
         "warmup_s": round(warmup_s, 1), "recompiled_after_warmup": recompiled,
         "step_gpu_ms_computed": mean_of(computed, "gpu_ms"), "step_gpu_ms_cached": mean_of(cached_steps, "gpu_ms"),
@@ -226,7 +214,7 @@ def run_graph_mode(pipe: Any, spec: Any, args: argparse.Namespace, kw: Callable[
         "above_ideal_pct": round(100 * (medians[True] / ideal - 1), 2),
         "speedup": round(medians[False] / medians[True], 3),
         "overhead_per_cached_step_ms": round(1e3 * (medians[True] - ideal) / max(1, len(cached_steps)), 3),
-        "psnr_db": round(psnr(outs[True], outs[False]), 2),
+        "psnr_db": round(psnr(outs[False], outs[True]), 2),
         "block_calls": data["block_calls"], "block_calls_uncached": data["block_calls_uncached"],
         "warmup_s": round(warm[True], 1), "warmup_uncached_s": round(warm[False], 1),
         "graphs_captured_cached": graphs.get("graphs_captured"), "recompiled_after_warmup": None,

@@ -23,36 +23,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
 
 REFERENCE_BF16_REGIONAL_S = 3.81  # DESIGN.md, H200, Flux-dev 1024², 28 steps
 GOAL = 0.75
 
 
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.float(), ref.float()
-    mse = torch.mean((out - ref) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
 
 
 def spec_of(variant: str, keep: str | None) -> Any:
@@ -133,9 +119,9 @@ def main() -> None:
         if name.startswith("fp8") and name in outputs:
             twin = "bf16-" + name.split("-", 1)[1]
             if twin in outputs:
-                row["psnr_vs_bf16_same_compile_db"] = round(psnr(outputs[name], outputs[twin]), 2)
+                row["psnr_vs_bf16_same_compile_db"] = round(psnr(outputs[twin], outputs[name]), 2)
             if "bf16-eager" in outputs:
-                row["psnr_vs_bf16_eager_db"] = round(psnr(outputs[name], outputs["bf16-eager"]), 2)
+                row["psnr_vs_bf16_eager_db"] = round(psnr(outputs["bf16-eager"], outputs[name]), 2)
 
     restored = None
     if "bf16-eager" in outputs:

@@ -21,11 +21,12 @@ import gc
 import json
 import os
 import statistics
-import time
 import traceback
 from typing import Any, Callable
 
 import torch
+
+from hookkit.bench import timed  # noqa: E402 - shared helpers
 
 import hookkit
 from hookkit import zoo
@@ -50,15 +51,6 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
 
 
 # --- the three pipelines ------------------------------------------------------------------------------------------

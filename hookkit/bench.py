@@ -93,6 +93,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """`(seconds, fn())`, the device synchronized before and after so that queued GPU work is counted."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
 # --- models ----------------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import torch
 
 import hookkit
 from hookkit import zoo
-from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
+from hookkit.errors import EnableError, HookError, SpecError
 from hookkit.hooks import ModelHook, registry_names
 from hookkit.plan import Attachment
 
