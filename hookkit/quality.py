@@ -1,0 +1,682 @@
+"""Quality harness: caching methods judged on the real denoising trajectories of a trained model.
+
+For each class and seed, the shipped trained model (`hookkit.trained`, a stock FluxPipeline) runs once
+uncached (the reference) and once per configuration; every configuration is reported against the
+reference:
+
+- block calls that actually ran (forward pre-hooks on each block's submodules count a block once per
+  transformer call in which any of its submodules ran: a skipped block runs none), and the speed-up
+  in block calls and in wall time;
+- PSNR and SSIM of the final images (in [0, 1]) against the reference images of the same class and seed;
+- the fraction of samples the shipped classifier still recognises as the class asked for.
+
+A configuration is a hookkit `Spec` (enabled with `hookkit.enable(pipe, spec)`, removed with
+`handle.remove()`) or a `setup(pipe) -> undo` callable for a peer method: diffusers' FirstBlockCache,
+cache-dit's DBCache (skipped, with the reason, when `cache_dit` does not import). Every configuration
+gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
+
+    from hookkit import quality
+    report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
+    print(report.markdown())
+    report.write("out/quality")          # quality.md, quality.json, quality.png
+
+or `python -m hookkit.quality --out out/quality` (the function behind `hookkit bench --quality`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+import torch
+
+import hookkit
+from hookkit.errors import HookkitError, SpecError, UnsupportedError
+from hookkit.summary import table
+
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "BlockCounter",
+    "QualityConfig",
+    "QualityReport",
+    "QualityRow",
+    "cache_dit_config",
+    "default_configs",
+    "fbcache_config",
+    "hookkit_config",
+    "psnr",
+    "quality_main",
+    "run_quality",
+    "ssim",
+]
+
+DEFAULT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.3)
+MASK_POLICIES: tuple[str, ...] = ("slow", "medium", "fast", "ultra")
+
+#: `setup(pipe)` applies a method to a freshly loaded pipeline and returns the callable that undoes it.
+Setup = Callable[[Any], Callable[[], None]]
+
+
+# --- metrics ------------------------------------------------------------------------------------------------
+
+
+def _gaussian_window(size: int, sigma: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    coords = torch.arange(size, dtype=dtype, device=device) - (size - 1) / 2
+    g = torch.exp(-(coords**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return torch.outer(g, g)
+
+
+def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    """SSIM (Wang et al. 2004) per image of two batches (B, C, H, W): gaussian window 11, sigma 1.5, K1 0.01,
+    K2 0.03, computed per channel over the valid region (no padding), averaged over channels and positions.
+
+    Computed in float64. Returns (B,).
+    """
+    if x.shape != y.shape or x.ndim != 4:
+        raise SpecError(f"ssim: expected two (B, C, H, W) tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}.")
+    if min(x.shape[-2:]) < window:
+        raise SpecError(f"ssim: images must be at least {window}x{window} (the window), got {tuple(x.shape[-2:])}.")
+    x, y = x.double(), y.double()
+    c = x.shape[1]
+    kernel = _gaussian_window(window, sigma, x.dtype, x.device).expand(c, 1, window, window)
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(t, kernel, groups=c)
+
+    mu_x, mu_y = blur(x), blur(y)
+    var_x = blur(x * x) - mu_x * mu_x
+    var_y = blur(y * y) - mu_y * mu_y
+    cov = blur(x * y) - mu_x * mu_y
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    s = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x * mu_x + mu_y * mu_y + c1) * (var_x + var_y + c2))
+    return s.mean(dim=(1, 2, 3))
+
+
+def mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean squared error per image (B,), in float64."""
+    return (x.double() - y.double()).pow(2).mean(dim=tuple(range(1, x.ndim)))
+
+
+def psnr(mse_value: float, data_range: float = 1.0) -> float:
+    """PSNR in dB of a mean squared error; `math.inf` when it is 0 (bitwise-equal images)."""
+    return math.inf if mse_value == 0 else 10 * math.log10(data_range**2 / mse_value)
+
+
+# --- counting the blocks that ran ---------------------------------------------------------------------------
+
+
+class BlockCounter:
+    """Counts, per transformer call, the blocks that actually ran.
+
+    A caching method that skips a block still lets the block's `__call__` happen (hookkit and diffusers
+    return its inputs from a replaced forward), so a hook on the block itself would count skipped blocks too.
+    A block's *submodules* run only when the block computes: a forward pre-hook on each direct child marks
+    the block as run in the current transformer call. Blocks are the adapter's block lists (hookkit.adapters).
+    """
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        from hookkit.adapters import resolve_adapter
+        from hookkit.plan import flat_blocks
+
+        self.blocks = [block for _, _, block in flat_blocks(resolve_adapter(transformer), transformer)]
+        self.calls = 0
+        self._ran: set[tuple[int, int]] = set()
+        self._handles = [transformer.register_forward_pre_hook(self._on_call)]
+        for index, block in enumerate(self.blocks):
+            children = list(block.children()) or [block]
+            for child in children:
+                self._handles.append(child.register_forward_pre_hook(self._marker(index)))
+
+    def _on_call(self, module: torch.nn.Module, args: Any) -> None:
+        self.calls += 1
+
+    def _marker(self, index: int) -> Callable[[torch.nn.Module, Any], None]:
+        def mark(module: torch.nn.Module, args: Any) -> None:
+            self._ran.add((self.calls, index))
+
+        return mark
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def block_calls(self) -> int:
+        """Blocks run, summed over transformer calls."""
+        return len(self._ran)
+
+    @property
+    def partial_calls(self) -> int:
+        """Transformer calls in which some block did not run (cached steps)."""
+        per_call: dict[int, int] = {}
+        for call, _ in self._ran:
+            per_call[call] = per_call.get(call, 0) + 1
+        return sum(1 for call in range(1, self.calls + 1) if per_call.get(call, 0) < self.num_blocks)
+
+    def reset(self) -> None:
+        self.calls = 0
+        self._ran.clear()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+# --- configurations -----------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QualityConfig:
+    """One row of the harness: a hookkit `spec`, or a peer method's `setup`, or neither (the reference).
+
+    `family` is the curve it belongs to in the plot; `x` its position along that curve's sweep (a threshold
+    or a mask name); `requires` a module that must import, else the row is skipped with that reason.
+    """
+
+    name: str
+    family: str
+    spec: hookkit.Spec | None = attrs.field(default=None)
+    setup: Setup | None = attrs.field(default=None, eq=False)
+    requires: str | None = None
+    x: float | str | None = None
+    description: str = ""
+
+    @spec.validator
+    def _check_spec(self, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and not isinstance(value, hookkit.Spec):
+            raise SpecError(f"QualityConfig.spec: expected a hookkit.Spec or None, got {value!r}.")
+
+    @setup.validator
+    def _check_setup(self, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and not callable(value):
+            raise SpecError(f"QualityConfig.setup: expected a callable setup(pipe) -> undo or None, got {value!r}.")
+        if value is not None and self.spec is not None:
+            raise SpecError(f"QualityConfig {self.name!r}: give a hookkit spec or a setup callable, not both.")
+
+    @property
+    def kind(self) -> str:
+        return "hookkit" if self.spec is not None else "peer" if self.setup is not None else "reference"
+
+    def unavailable(self) -> str | None:
+        """Why this row cannot run here, or None."""
+        if self.requires is not None and importlib.util.find_spec(self.requires) is None:
+            return f"`import {self.requires}` fails (not installed)"
+        if self.spec is not None:
+            from hookkit.bench import available_fields
+
+            wanted = {k for k, v in self.spec.to_dict().items() if v not in (None, False)}
+            missing = sorted(wanted - available_fields())
+            if missing:
+                return f"no installed hookkit feature implements Spec.{missing[0]} (hookkit.hooks.TECHNIQUES)"
+        return None
+
+
+REFERENCE = QualityConfig(name="reference", family="reference", description="uncached FluxPipeline")
+
+
+def _cache_tag(cache: hookkit.DBCache) -> str:
+    tag = f"F{cache.fn_blocks}B{cache.bn_blocks}"
+    if cache.taylorseer_order:
+        tag += f"-TS{cache.taylorseer_order}"
+    if cache.steps_mask is not None:
+        mask = cache.steps_mask if isinstance(cache.steps_mask, str) else "custom"
+        return f"{tag}-mask-{mask}-{cache.mask_policy}"
+    return f"{tag}-R{cache.threshold:g}"
+
+
+def hookkit_config(cache: hookkit.DBCache, family: str | None = None, name: str | None = None,
+                   x: float | str | None = None) -> QualityConfig:
+    """A row for `hookkit.Spec(cache=cache)`."""
+    tag = _cache_tag(cache)
+    if family is None:
+        family = f"hookkit F{cache.fn_blocks}B{cache.bn_blocks}"
+        if cache.taylorseer_order:
+            family += f" TaylorSeer-{cache.taylorseer_order}"
+        if cache.steps_mask is not None:
+            family += f" {cache.mask_policy} mask"
+    if x is None:
+        x = cache.steps_mask if isinstance(cache.steps_mask, str) else cache.threshold
+    return QualityConfig(
+        name=name or f"hookkit-{tag}", family=family, spec=hookkit.Spec(cache=cache), x=x,
+        description=(f"hookkit DBCache {tag}, warmup {cache.warmup_steps}, max continuous "
+                     f"{cache.max_continuous_cached_steps}"),
+    )
+
+
+def fbcache_config(threshold: float) -> QualityConfig:
+    """diffusers' FirstBlockCache (`transformer.enable_cache(FirstBlockCacheConfig(threshold))`, undone with
+    `disable_cache()`): the first block decides, every other block is cached; no warm-up, no limits."""
+
+    def setup(pipe: Any) -> Callable[[], None]:
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        return pipe.transformer.disable_cache
+
+    return QualityConfig(name=f"fbcache-R{threshold:g}", family="diffusers FirstBlockCache", setup=setup,
+                         x=threshold, description=f"diffusers FirstBlockCache, threshold {threshold:g}")
+
+
+def cache_dit_config(threshold: float, fn_blocks: int = 1, bn_blocks: int = 0, warmup_steps: int = 8,
+                     taylorseer_order: int = 0) -> QualityConfig:
+    """cache-dit's DBCache (`cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(...))`, undone with
+    `cache_dit.disable_cache(pipe)`); skipped where cache-dit is not installed."""
+
+    def setup(pipe: Any) -> Callable[[], None]:
+        import cache_dit  # type: ignore[import-not-found]
+
+        kwargs: dict[str, Any] = {}
+        if taylorseer_order:
+            kwargs["calibrator_config"] = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=taylorseer_order)
+        cache_dit.enable_cache(pipe, cache_config=cache_dit.DBCacheConfig(
+            Fn_compute_blocks=fn_blocks, Bn_compute_blocks=bn_blocks, residual_diff_threshold=threshold,
+            max_warmup_steps=warmup_steps, max_continuous_cached_steps=-1,
+        ), **kwargs)
+        return lambda: cache_dit.disable_cache(pipe)
+
+    ts = f"-TS{taylorseer_order}" if taylorseer_order else ""
+    return QualityConfig(
+        name=f"cache-dit-F{fn_blocks}B{bn_blocks}{ts}-R{threshold:g}",
+        family=f"cache-dit F{fn_blocks}B{bn_blocks}" + (f" TaylorSeer-{taylorseer_order}" if taylorseer_order else ""),
+        setup=setup, requires="cache_dit", x=threshold,
+        description=f"cache-dit DBCache F{fn_blocks}B{bn_blocks}{ts}, threshold {threshold:g}, warmup {warmup_steps}",
+    )
+
+
+def default_configs(thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[QualityConfig]:
+    """The default sweep: hookkit DBCache F1B0 / F2B0 / F1B1 and F1B0 with TaylorSeer (order 1) over
+    `thresholds` (other DBCache settings at their defaults: warm-up 8 steps, no limit on cached steps),
+    hookkit's static masks, diffusers' FirstBlockCache and cache-dit's DBCache F1B0 at the same thresholds."""
+    out: list[QualityConfig] = []
+    for fn, bn, order in ((1, 0, 0), (2, 0, 0), (1, 1, 0), (1, 0, 1)):
+        out += [hookkit_config(hookkit.DBCache(fn_blocks=fn, bn_blocks=bn, threshold=t, taylorseer_order=order))
+                for t in thresholds]
+    out += [hookkit_config(hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=m, mask_policy="static"))
+            for m in MASK_POLICIES]
+    out += [fbcache_config(t) for t in thresholds]
+    out += [cache_dit_config(t) for t in thresholds]
+    return out
+
+
+# --- running --------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QualityRow:
+    """One configuration's results against the reference (`status` "ok", "skipped" or "failed")."""
+
+    name: str
+    family: str
+    kind: str
+    description: str
+    x: float | str | None
+    status: str
+    note: str = ""
+    samples: int = 0
+    transformer_calls: int | None = None
+    #: transformer calls in which some block did not run
+    cached_calls: int | None = None
+    block_calls: int | None = None
+    block_speedup: float | None = None
+    #: block calls as hookkit's own summary reports them (hookkit rows), to cross-check the counter
+    reported_block_calls: int | None = None
+    wall_s: float | None = None
+    wall_speedup: float | None = None
+    #: PSNR (dB) of the mean squared error over all samples; None when every sample is bitwise equal
+    psnr_db: float | None = None
+    #: the worst sample's PSNR (dB); None when every sample is bitwise equal
+    psnr_min_db: float | None = None
+    ssim: float | None = None
+    ssim_min: float | None = None
+    #: fraction of samples the classifier recognises as the class asked for
+    recognised: float | None = None
+    identical: bool = False
+    per_sample: dict[str, list[Any]] = attrs.field(factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _hookkit_block_calls(handle: Any) -> int | None:
+    summary = handle.summary()
+    for feature in summary.features.values():
+        if isinstance(feature.data, dict) and "block_calls" in feature.data:
+            return int(feature.data["block_calls"])
+    return None
+
+
+def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, device: torch.device,
+         dtype: torch.dtype, cfg_scale: float, weights: str | Path | None, warmup: int) -> dict[str, Any]:
+    """Run every sample (batch 1) under `config` on a freshly loaded pipeline."""
+    from hookkit import trained
+
+    pipe = trained.load_pipeline(device=device, dtype=dtype, path=weights)
+    handle = None
+    undo: Callable[[], None] | None = None
+    counter = BlockCounter(pipe.transformer)
+    try:
+        if config.spec is not None:
+            handle = hookkit.enable(pipe, config.spec)
+        elif config.setup is not None:
+            undo = config.setup(pipe)
+
+        def call(label: int, seed: int) -> torch.Tensor:
+            kwargs = trained.call_kwargs([label], [seed], steps=steps, cfg_scale=cfg_scale, device=device,
+                                         dtype=dtype, path=weights)
+            return pipe(**kwargs).images
+
+        for _ in range(warmup):  # untimed: lazy initialisation, allocator, kernels
+            call(*samples[0])
+        counter.reset()
+        images, seconds, reported = [], 0.0, 0
+        for label, seed in samples:
+            _synchronize(device)
+            t0 = time.perf_counter()
+            out = call(label, seed)
+            _synchronize(device)
+            seconds += time.perf_counter() - t0
+            images.append(out.float().cpu())
+            if handle is not None:
+                value = _hookkit_block_calls(handle)
+                reported = reported + value if value is not None and reported is not None else None
+        return dict(images=torch.cat(images), seconds=seconds, block_calls=counter.block_calls,
+                    transformer_calls=counter.calls, cached_calls=counter.partial_calls,
+                    reported_block_calls=reported if handle is not None else None)
+    finally:
+        counter.remove()
+        if handle is not None:
+            handle.remove()
+        if undo is not None:
+            undo()
+
+
+def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] | None = None,
+                seeds: Iterable[int] = (0, 1, 2, 3), steps: int = 28, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32, cfg_scale: float = 1.0, weights: str | Path | None = None,
+                classifier_weights: str | Path | None = None, warmup: int = 1,
+                log: Callable[[str], None] | None = print) -> "QualityReport":
+    """Run the reference and every configuration over classes x seeds; compare each with the reference.
+
+    `classes` default to all of `hookkit.trained.CLASSES`; each (class, seed) is one pipeline call of batch 1.
+    A configuration that cannot run here is a "skipped" row, one that raises a "failed" row, with the reason.
+    """
+    from hookkit import trained
+
+    log = log or (lambda message: None)
+    labels = [trained.class_index(c) for c in (classes if classes is not None else range(trained.NUM_CLASSES))]
+    seed_list = [int(s) for s in seeds]
+    if not labels or not seed_list:
+        raise SpecError(f"run_quality: expected at least one class and one seed, got classes={labels}, seeds={seed_list}.")
+    if steps < 1:
+        raise SpecError(f"run_quality.steps: expected an int >= 1, got {steps!r}.")
+    samples = [(label, seed) for label in labels for seed in seed_list]
+    dev = torch.device(device)
+    classifier = trained.load_classifier(path=classifier_weights)
+    configs = list(configs)
+    names = [c.name for c in configs]
+    if REFERENCE.name in names or len(set(names)) != len(names):
+        raise SpecError(f"run_quality.configs: expected unique names other than {REFERENCE.name!r}, got {names}.")
+
+    def recognised(images: torch.Tensor) -> list[int]:
+        with torch.no_grad():
+            return classifier(images).argmax(-1).tolist()
+
+    log(f"quality: reference, {len(samples)} samples x {steps} steps on {dev}")
+    ref = _run(REFERENCE, samples, steps, dev, dtype, cfg_scale, weights, warmup)
+    ref_pred = recognised(ref["images"])
+    rows = [_row(REFERENCE, ref, ref, labels=[l for l, _ in samples], predicted=ref_pred)]
+    for i, config in enumerate(configs, 1):
+        reason = config.unavailable()
+        if reason is not None:
+            rows.append(_empty(config, "skipped", reason))
+            log(f"[{i}/{len(configs)}] {config.name}: skipped ({reason})")
+            continue
+        try:
+            result = _run(config, samples, steps, dev, dtype, cfg_scale, weights, warmup)
+        except Exception as exc:  # a failing method is a result, not a crash
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            rows.append(_empty(config, "failed", f"{type(exc).__name__}: {first}"[:300]))
+            log(f"[{i}/{len(configs)}] {config.name}: failed ({rows[-1].note})")
+            continue
+        rows.append(_row(config, result, ref, labels=[l for l, _ in samples], predicted=recognised(result["images"])))
+        r = rows[-1]
+        log(f"[{i}/{len(configs)}] {config.name}: {r.block_speedup:.2f}x fewer block calls, "
+            f"PSNR {_db(r.psnr_db)}, SSIM {r.ssim:.4f}, recognised {r.recognised:.0%}")
+    meta = dict(
+        model=str(weights or trained.MODEL_FILE), classes=[trained.CLASSES[l] for l in labels], seeds=seed_list,
+        steps=steps, cfg_scale=cfg_scale, device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
+        environment=_environment(dev),
+    )
+    return QualityReport(rows=tuple(rows), meta=meta)
+
+
+def _empty(config: QualityConfig, status: str, note: str) -> QualityRow:
+    return QualityRow(name=config.name, family=config.family, kind=config.kind, description=config.description,
+                      x=config.x, status=status, note=note)
+
+
+def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], labels: list[int],
+         predicted: list[int]) -> QualityRow:
+    images, ref_images = result["images"], ref["images"]
+    errors = mse(images, ref_images).tolist()
+    ssims = ssim(images, ref_images).tolist()
+    pooled = sum(errors) / len(errors)
+    identical = bool(torch.equal(images, ref_images))
+    hits = [p == l for p, l in zip(predicted, labels)]
+    per_psnr = [psnr(e) for e in errors]
+    return QualityRow(
+        name=config.name, family=config.family, kind=config.kind, description=config.description, x=config.x,
+        status="ok", samples=len(labels), transformer_calls=result["transformer_calls"],
+        cached_calls=result["cached_calls"], block_calls=result["block_calls"],
+        block_speedup=ref["block_calls"] / result["block_calls"], reported_block_calls=result["reported_block_calls"],
+        wall_s=result["seconds"], wall_speedup=ref["seconds"] / result["seconds"],
+        psnr_db=None if pooled == 0 else psnr(pooled), psnr_min_db=None if pooled == 0 else min(per_psnr),
+        ssim=sum(ssims) / len(ssims), ssim_min=min(ssims), recognised=sum(hits) / len(hits), identical=identical,
+        per_sample=dict(label=labels, predicted=predicted,
+                        psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),
+    )
+
+
+def _environment(device: torch.device) -> dict[str, Any]:
+    import platform
+
+    import diffusers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    return dict(hookkit=hookkit.__version__, torch=torch.__version__, diffusers=diffusers.__version__,
+                python=platform.python_version(), device=name)
+
+
+def _db(value: float | None) -> str:
+    return "inf (bitwise equal)" if value is None else f"{value:.2f} dB"
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QualityReport:
+    """The rows (reference first) and what was run; rendered as markdown, JSON and a plot."""
+
+    rows: tuple[QualityRow, ...]
+    meta: dict[str, Any]
+
+    def row(self, name: str) -> QualityRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise SpecError(f"QualityReport.row: no row {name!r}; rows: {[r.name for r in self.rows]}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(meta=self.meta, rows=[r.to_dict() for r in self.rows])
+
+    def markdown(self) -> str:
+        """The results table: one line per configuration, reference first."""
+        out = []
+        for r in self.rows:
+            if r.status != "ok":
+                out.append([r.name, r.family, *["—"] * 8, f"{r.status}: {r.note}"])
+                continue
+            is_ref = r.kind == "reference"
+            psnr_cell = "reference" if is_ref else ("inf (bitwise equal)" if r.psnr_db is None else f"{r.psnr_db:.2f}")
+            out.append([
+                r.name, r.family, r.block_calls, f"{r.block_speedup:.2f}x", f"{r.wall_speedup:.2f}x",
+                f"{r.cached_calls}/{r.transformer_calls}", psnr_cell,
+                "—" if is_ref or r.psnr_min_db is None else f"{r.psnr_min_db:.2f}",
+                "—" if is_ref else f"{r.ssim:.4f}", f"{r.recognised:.0%}", r.description,
+            ])
+        m = self.meta
+        head = (f"Quality vs speed on hookkit's trained tiny Flux ({len(m['classes'])} classes x {len(m['seeds'])} "
+                f"seeds, {m['steps']} steps, batch 1, {m['device']} {m['dtype']}"
+                + (f", true CFG {m['cfg_scale']:g}" if m["cfg_scale"] > 1 else "") + "). PSNR of the pooled MSE over "
+                "all samples; min = worst sample; cached calls = transformer calls that skipped blocks.\n\n")
+        return head + table(["config", "method", "block calls", "speed-up (blocks)", "speed-up (wall)",
+                             "cached calls", "PSNR (dB)", "min PSNR", "SSIM", "recognised", "notes"], out)
+
+    def plot(self, path: str | Path) -> Path:
+        """Speed-up in block calls against PSNR and SSIM, one curve per method family (needs matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise UnsupportedError(
+                "QualityReport.plot needs matplotlib, which is not installed. Install it with "
+                "`pip install hookkit[plot]` (or `pip install matplotlib`), or skip the plot (--no-plot)."
+            ) from None
+        rows = [r for r in self.rows if r.status == "ok" and r.kind != "reference"]
+        finite = [r.psnr_db for r in rows if r.psnr_db is not None]
+        cap = (max(finite) if finite else 40.0) + 5.0  # where bitwise-equal rows are drawn
+        fig, (ax_psnr, ax_ssim) = plt.subplots(1, 2, figsize=(13, 5))
+        families: dict[str, list[QualityRow]] = {}
+        for r in rows:
+            families.setdefault(r.family, []).append(r)
+        for family, members in families.items():
+            members = sorted(members, key=lambda r: r.block_speedup)
+            xs = [r.block_speedup for r in members]
+            psnrs = [cap if r.psnr_db is None else r.psnr_db for r in members]
+            (line,) = ax_psnr.plot(xs, psnrs, marker="o", label=family)
+            ax_ssim.plot(xs, [r.ssim for r in members], marker="o", color=line.get_color(), label=family)
+            for r, x, y in zip(members, xs, psnrs):
+                if r.x is not None:
+                    ax_psnr.annotate(f"{r.x:g}" if isinstance(r.x, float) else str(r.x), (x, y), fontsize=7,
+                                     textcoords="offset points", xytext=(3, 3))
+        if any(r.psnr_db is None for r in rows):
+            ax_psnr.axhline(cap, color="grey", linewidth=0.5, linestyle=":")
+            ax_psnr.text(1.0, cap, " bitwise equal to the reference", fontsize=7, va="bottom", color="grey")
+        ax_psnr.axhline(30.0, color="tab:red", linewidth=0.8, linestyle="--", label="30 dB")
+        for ax, label in ((ax_psnr, "PSNR vs uncached (dB)"), (ax_ssim, "SSIM vs uncached")):
+            ax.set_xlabel("speed-up in block calls (uncached / cached)")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+        ax_psnr.legend(fontsize=7, loc="lower left")
+        m = self.meta
+        fig.suptitle(f"Caching on hookkit's trained tiny Flux: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
+                     f"{m['steps']} steps (labels: threshold or mask)", fontsize=10)
+        fig.tight_layout()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=110)
+        plt.close(fig)
+        return out
+
+    def write(self, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+        """quality.md, quality.json and (with `plot`) quality.png in `out_dir`; returns their paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"markdown": out / "quality.md", "json": out / "quality.json"}
+        paths["markdown"].write_text(self.markdown() + "\n")
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False, default=str) + "\n")
+        if plot:
+            paths["plot"] = self.plot(out / "quality.png")
+        return paths
+
+
+# --- command line -------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hookkit bench --quality",
+        description="Speed-up vs quality of caching methods on hookkit's trained tiny Flux (stock FluxPipeline): "
+                    "block calls, wall time, PSNR, SSIM and classifier recognition against the uncached reference.",
+    )
+    p.add_argument("--configs", default=None, help="comma-separated configuration names (default: the whole sweep; "
+                   "--list shows them)")
+    p.add_argument("--list", action="store_true", help="list the configurations of the default sweep and exit")
+    p.add_argument("--classes", default=None, help="comma-separated class indices or names (default: all 10)")
+    p.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per class (default 4)")
+    p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--cfg", type=float, default=1.0, help="true CFG scale against the null class (default 1: off)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--weights", default=None, help="a model.safetensors other than the shipped one")
+    p.add_argument("--classifier", default=None, help="a classifier.safetensors other than the shipped one")
+    p.add_argument("--out", default=None, help="output folder (default: $OUT/quality or ./out/quality)")
+    p.add_argument("--no-plot", action="store_true", help="skip quality.png (no matplotlib needed)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 classes x 1 seed, hookkit F1B0 and FirstBlockCache at 0.12 only: a fast check")
+    return p
+
+
+def quality_main(argv: Sequence[str] | None = None) -> int:
+    """`hookkit bench --quality ...`: run the sweep, print the table, write quality.md/.json/.png. Exit code 0,
+    or 2 with hookkit's message (not a traceback) when something is missing or misnamed."""
+    args = _parser().parse_args(list(argv) if argv is not None else None)
+    configs = default_configs()
+    if args.list:
+        print(table(["config", "method", "notes"], [[c.name, c.family, c.description] for c in configs]))
+        return 0
+    try:
+        classes: list[int | str] | None = None
+        if args.classes:
+            classes = [int(c) if c.strip().isdigit() else c.strip() for c in args.classes.split(",")]
+        seeds: Sequence[int] = range(args.seeds)
+        if args.quick:
+            classes, seeds = classes or [0, 1], range(1)
+            configs = [hookkit_config(hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12)), fbcache_config(0.12)]
+        if args.configs:
+            known = {c.name: c for c in configs}
+            wanted = [n.strip() for n in args.configs.split(",") if n.strip()]
+            unknown = [n for n in wanted if n not in known]
+            if unknown:
+                raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; `--list` shows the known ones.")
+            configs = [known[n] for n in wanted]
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise UnsupportedError(f"--device {device}: no CUDA device is visible. Use --device cpu.")
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        report = run_quality(configs, classes=classes, seeds=seeds, steps=args.steps, device=device, dtype=dtype,
+                             cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier)
+        out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"
+        print()
+        print(report.markdown())
+        paths = report.write(out, plot=False)
+        if not args.no_plot:
+            paths["plot"] = report.plot(out / "quality.png")
+    except HookkitError as exc:
+        print(f"hookkit bench --quality: {exc}")
+        return 2
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(quality_main())

@@ -1,0 +1,358 @@
+"""A small *trained* Flux-architecture model, so that caching is judged on real denoising trajectories.
+
+Random weights never trigger dynamic caching: their block residuals change from step to step as a
+trained model's do not. No trained weights can be downloaded here, so hookkit trains and ships its own:
+
+- the transformer is a stock `diffusers.FluxTransformer2DModel` (2 double-stream + 4 single-stream
+  blocks, 6 heads x 32 = 192 hidden units), trained with rectified flow matching on procedurally drawn
+  32x32 images of ten classes (`CLASSES`: a shape in a colour; `hookkit.trained.shapes`);
+- it runs in the stock `FluxPipeline` with `text_encoder=None`: a class is a fixed random
+  `prompt_embeds` (1, 4, 64) and `pooled_prompt_embeds` (1, 64), stored with the weights; one extra
+  "null" class (index `NUM_CLASSES`) is the unconditional embedding for true CFG;
+- the latent space needs no trained autoencoder: `PatchVAE` is pixel (un)shuffle by 2 (a 32x32 RGB image
+  is a 12x16x16 latent; FluxPipeline packs 2x2 latent patches, so a token is a 4x4 pixel patch);
+- a small CNN (`ShapeClassifier`), trained alongside on the procedural images, says whether a generated
+  image still shows the class it was asked for.
+
+    from hookkit import trained
+    pipe = trained.load_pipeline()                                   # CPU, float32
+    images = pipe(**trained.call_kwargs(["red circle", 3], seeds=[0, 1])).images   # (2, 3, 32, 32) in [0, 1]
+    predicted = trained.load_classifier()(images).argmax(-1)
+
+Weights (`model.safetensors`, `classifier.safetensors`) are made by `benchmarks/train_tiny_flux.py`;
+`MODEL_CARD.md` says how, on what, and how well.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import attrs
+import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.trained.shapes import CLASSES
+
+__all__ = [
+    "CLASSES",
+    "CLASSIFIER_FILE",
+    "IMAGE_SIZE",
+    "MODEL_FILE",
+    "NULL_CLASS",
+    "NUM_CLASSES",
+    "SCHEDULER_CONFIG",
+    "TEXT_TOKENS",
+    "TRANSFORMER_CONFIG",
+    "ClassConditions",
+    "PatchVAE",
+    "ShapeClassifier",
+    "build_pipeline",
+    "call_kwargs",
+    "class_index",
+    "load_classifier",
+    "load_conditions",
+    "load_pipeline",
+    "load_transformer",
+    "make_conditions",
+    "make_scheduler",
+    "missing_weights",
+    "read_metadata",
+    "save_classifier",
+    "save_model",
+]
+
+HERE = Path(__file__).resolve().parent
+MODEL_FILE = HERE / "model.safetensors"
+CLASSIFIER_FILE = HERE / "classifier.safetensors"
+FORMAT = "hookkit-trained-v1"
+
+NUM_CLASSES = len(CLASSES)
+#: index of the unconditional ("null") embedding, for true CFG (`negative_prompt_embeds`)
+NULL_CLASS = NUM_CLASSES
+IMAGE_SIZE = 32
+TEXT_TOKENS = 4
+#: the latent is the image pixel-unshuffled by this factor (FluxPipeline's `vae_scale_factor`)
+PATCH = 2
+LATENT_CHANNELS = 3 * PATCH * PATCH
+
+#: The transformer; `in_channels` = 4 x latent channels because FluxPipeline packs 2x2 latent patches.
+TRANSFORMER_CONFIG: dict[str, Any] = dict(
+    patch_size=1, in_channels=4 * LATENT_CHANNELS, num_layers=2, num_single_layers=4, attention_head_dim=32,
+    num_attention_heads=6, joint_attention_dim=64, pooled_projection_dim=64, guidance_embeds=False,
+    axes_dims_rope=(8, 12, 12),
+)
+
+#: Flux-dev's scheduler: resolution-dependent time shift (at 64 image tokens, sigmas shift by exp(0.47) = 1.6).
+SCHEDULER_CONFIG: dict[str, Any] = dict(
+    shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+    max_image_seq_len=4096,
+)
+
+#: Latent normalisation (as Flux's VAE has): model latents = (raw - SHIFT) * SCALE. Measured on the
+#: procedural images in [-1, 1]: mean -0.57, std 0.32, so that model latents have about unit variance.
+SHIFT_FACTOR = -0.57
+SCALING_FACTOR = 3.0
+
+
+# --- the autoencoder stand-in ---------------------------------------------------------------------------------
+
+class PatchVAE(ModelMixin, ConfigMixin):
+    """A deterministic, weightless "VAE": a latent is the image pixel-unshuffled by `patch`.
+
+    It implements exactly what `FluxPipeline` uses of an autoencoder: `config.block_out_channels` (only its
+    length: `vae_scale_factor = 2 ** (len - 1)` must equal `patch`), `config.scaling_factor`,
+    `config.shift_factor`, and `decode(latents, return_dict=False)[0]`, which the pipeline calls with
+    `latents / scaling_factor + shift_factor`. `encode` is the inverse of `decode` and returns raw latents;
+    the training script normalises them as `(raw - shift_factor) * scaling_factor`.
+    """
+
+    @register_to_config
+    def __init__(self, in_channels: int = 3, patch: int = PATCH, scaling_factor: float = SCALING_FACTOR,
+                 shift_factor: float = SHIFT_FACTOR, block_out_channels: tuple[int, ...] = (3, 12)) -> None:
+        super().__init__()
+        if 2 ** (len(block_out_channels) - 1) != patch:
+            raise SpecError(
+                f"PatchVAE.block_out_channels: expected {int.bit_length(patch)} entries so that FluxPipeline's "
+                f"vae_scale_factor 2 ** (len - 1) equals patch={patch}, got {block_out_channels!r}."
+            )
+        # No weights; a buffer gives the module a device and dtype for `pipe.to(...)` and the pipeline.
+        self.register_buffer("anchor", torch.zeros(()), persistent=False)
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) in [-1, 1] -> raw latents (B, 3 * patch**2, H / patch, W / patch)."""
+        return nn.functional.pixel_unshuffle(images, self.config.patch)
+
+    def decode(self, latents: torch.Tensor, return_dict: bool = True) -> Any:
+        """Raw latents -> images in [-1, 1] (as the pipeline's image processor expects)."""
+        images = nn.functional.pixel_shuffle(latents, self.config.patch)
+        if return_dict:
+            from diffusers.models.autoencoders.vae import DecoderOutput
+
+            return DecoderOutput(sample=images)
+        return (images,)
+
+
+# --- the classifier -----------------------------------------------------------------------------------------
+
+
+class ShapeClassifier(nn.Module):
+    """A small CNN: images (B, 3, 32, 32) in [0, 1] -> logits (B, NUM_CLASSES).
+
+    Pooling over the whole image (mean and max) makes it indifferent to where the shape is.
+    """
+
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = 32) -> None:
+        super().__init__()
+        w = width
+
+        def conv(cin: int, cout: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.GELU()]
+
+        self.features = nn.Sequential(
+            *conv(3, w), *conv(w, w), nn.MaxPool2d(2),
+            *conv(w, 2 * w), *conv(2 * w, 2 * w), nn.MaxPool2d(2),
+            *conv(2 * w, 4 * w),
+        )
+        self.head = nn.Linear(8 * w, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        f = self.features(images * 2 - 1)
+        return self.head(torch.cat([f.mean(dim=(2, 3)), f.amax(dim=(2, 3))], dim=1))
+
+
+# --- class conditions ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ClassConditions:
+    """The fixed embedding of every class, row `NULL_CLASS` being the unconditional one."""
+
+    prompt_embeds: torch.Tensor  # (NUM_CLASSES + 1, TEXT_TOKENS, joint_attention_dim)
+    pooled_prompt_embeds: torch.Tensor  # (NUM_CLASSES + 1, pooled_projection_dim)
+
+    def select(self, labels: Sequence[int], device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt_embeds, pooled_prompt_embeds) of `labels`, batched in that order."""
+        index = torch.as_tensor(list(labels), dtype=torch.long)
+        return (self.prompt_embeds[index].to(device=device, dtype=dtype),
+                self.pooled_prompt_embeds[index].to(device=device, dtype=dtype))
+
+
+def make_conditions(seed: int = 0) -> ClassConditions:
+    """Fresh random class embeddings (unit normal, seeded). Training draws them once and stores them in
+    the weights file, so that loading never depends on a random number generator."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = TRANSFORMER_CONFIG
+    return ClassConditions(
+        prompt_embeds=torch.randn(NUM_CLASSES + 1, TEXT_TOKENS, cfg["joint_attention_dim"], generator=g),
+        pooled_prompt_embeds=torch.randn(NUM_CLASSES + 1, cfg["pooled_projection_dim"], generator=g),
+    )
+
+
+def class_index(cls: int | str) -> int:
+    """The label of a class given by index or by name ("red circle")."""
+    if isinstance(cls, str):
+        if cls not in CLASSES:
+            raise SpecError(f"hookkit.trained class: expected one of {list(CLASSES)} or an index, got {cls!r}.")
+        return CLASSES.index(cls)
+    if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < NUM_CLASSES:
+        raise SpecError(f"hookkit.trained class: expected an index in [0, {NUM_CLASSES}) or a name, got {cls!r}.")
+    return cls
+
+
+# --- files --------------------------------------------------------------------------------------------------
+
+_TRAIN_HINT = ("Train them with `python benchmarks/train_tiny_flux.py --device cuda --out DIR` (about 5 minutes on "
+               "one H200) and copy DIR/model.safetensors and DIR/classifier.safetensors into hookkit/trained/.")
+
+
+def missing_weights() -> str | None:
+    """None when both shipped weights files exist, else a sentence saying which is missing and how to make it."""
+    missing = [p.name for p in (MODEL_FILE, CLASSIFIER_FILE) if not p.is_file()]
+    if not missing:
+        return None
+    return f"hookkit.trained: {' and '.join(missing)} not found in {HERE}. {_TRAIN_HINT}"
+
+
+def _weights_path(path: str | Path | None, default: Path) -> Path:
+    p = Path(path) if path is not None else default
+    if not p.is_file():
+        where = "" if path is None else f" (path={str(path)!r})"
+        raise UnsupportedError(f"hookkit.trained: weights file {p} not found{where}. {_TRAIN_HINT}")
+    return p
+
+
+def read_metadata(path: str | Path | None = None) -> dict[str, Any]:
+    """The JSON metadata stored in a weights file (config, classes, training settings and results)."""
+    from safetensors import safe_open
+
+    p = _weights_path(path, MODEL_FILE)
+    with safe_open(str(p), framework="pt") as f:
+        raw = f.metadata() or {}
+    if raw.get("format") != FORMAT:
+        raise UnsupportedError(f"hookkit.trained: {p} is not a {FORMAT} file (metadata format={raw.get('format')!r}). "
+                               f"Re-train with benchmarks/train_tiny_flux.py.")
+    return {k: json.loads(v) if k != "format" else v for k, v in raw.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _load_file(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def load_conditions(path: str | Path | None = None) -> ClassConditions:
+    """The class embeddings stored with the transformer weights."""
+    tensors = _load_file(str(_weights_path(path, MODEL_FILE)))
+    return ClassConditions(prompt_embeds=tensors["conditions.prompt_embeds"].float(),
+                           pooled_prompt_embeds=tensors["conditions.pooled_prompt_embeds"].float())
+
+
+def make_scheduler() -> Any:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+
+
+def build_pipeline(transformer: nn.Module) -> Any:
+    """A stock `FluxPipeline` around `transformer` with `PatchVAE`, the Flux-dev scheduler and no text encoders.
+
+    Its default size is the training size (32x32): `default_sample_size * vae_scale_factor` = 16 * 2.
+    """
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline(scheduler=make_scheduler(), vae=PatchVAE(), text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    pipe.default_sample_size = IMAGE_SIZE // PATCH
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def save_model(path: str | Path, transformer: nn.Module | dict[str, torch.Tensor], conditions: ClassConditions,
+               meta: dict[str, Any] | None = None) -> Path:
+    """Write a weights file `load_pipeline(path=...)` reads: the transformer's weights as float16, the class
+    conditions as float32, and JSON metadata (`config` = `TRANSFORMER_CONFIG` unless `meta` says otherwise)."""
+    from safetensors.torch import save_file
+
+    state = transformer.state_dict() if isinstance(transformer, nn.Module) else transformer
+    tensors = {f"transformer.{k}": v.detach().to(torch.float16).cpu().contiguous() for k, v in state.items()}
+    tensors["conditions.prompt_embeds"] = conditions.prompt_embeds.float().contiguous()
+    tensors["conditions.pooled_prompt_embeds"] = conditions.pooled_prompt_embeds.float().contiguous()
+    info = {"config": TRANSFORMER_CONFIG, "classes": list(CLASSES), **(meta or {})}
+    out = Path(path)
+    save_file(tensors, str(out), metadata={"format": FORMAT, **{k: json.dumps(v) for k, v in info.items()}})
+    _load_file.cache_clear()
+    return out
+
+
+def save_classifier(path: str | Path, classifier: ShapeClassifier) -> Path:
+    """Write a classifier file `load_classifier(path=...)` reads."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    save_file({k: v.detach().float().cpu().contiguous() for k, v in classifier.state_dict().items()}, str(out),
+              metadata={"format": FORMAT, "classes": json.dumps(list(CLASSES))})
+    return out
+
+
+def load_transformer(path: str | Path | None = None, device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The trained `FluxTransformer2DModel` (eval mode) from its weights file."""
+    from diffusers import FluxTransformer2DModel
+
+    p = _weights_path(path, MODEL_FILE)
+    config = read_metadata(p)["config"]
+    state = {k.removeprefix("transformer."): v for k, v in _load_file(str(p)).items() if k.startswith("transformer.")}
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(**config)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_pipeline(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                  path: str | Path | None = None) -> Any:
+    """The shipped model in a stock `FluxPipeline` (no text encoders), on `device` in `dtype`."""
+    pipe = build_pipeline(load_transformer(path, device, dtype))
+    pipe.vae.to(device)  # weightless: no dtype to set (the decode is a reshuffle in the latents' dtype)
+    return pipe
+
+
+def load_classifier(device: torch.device | str = "cpu", path: str | Path | None = None) -> ShapeClassifier:
+    """The shipped `ShapeClassifier` (eval mode, float32)."""
+    from safetensors.torch import load_file
+
+    model = ShapeClassifier()
+    model.load_state_dict(load_file(str(_weights_path(path, CLASSIFIER_FILE))), strict=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int = 28, cfg_scale: float = 1.0,
+                output_type: str = "pt", device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                path: str | Path | None = None) -> dict[str, Any]:
+    """Keyword arguments for one `pipe(...)` call generating `classes[i]` from seed `seeds[i]`.
+
+    Every sample has its own CPU generator, so an image depends only on its class and seed, not on the
+    batch it was made in (nor on the device). `cfg_scale` > 1 turns on FluxPipeline's true CFG against the
+    null class (two transformer calls per step).
+    """
+    labels = [class_index(c) for c in classes]
+    if len(labels) != len(seeds):
+        raise SpecError(f"hookkit.trained.call_kwargs.seeds: expected one seed per class ({len(labels)}), "
+                        f"got {len(seeds)}.")
+    conditions = load_conditions(path)
+    embeds, pooled = conditions.select(labels, device, dtype)
+    kwargs: dict[str, Any] = dict(
+        prompt_embeds=embeds, pooled_prompt_embeds=pooled, num_inference_steps=steps, height=IMAGE_SIZE,
+        width=IMAGE_SIZE, generator=[torch.Generator().manual_seed(int(s)) for s in seeds], output_type=output_type,
+    )
+    if cfg_scale > 1.0:
+        neg, neg_pooled = conditions.select([NULL_CLASS] * len(labels), device, dtype)
+        kwargs.update(negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled, true_cfg_scale=cfg_scale)
+    return kwargs
