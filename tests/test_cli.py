@@ -252,3 +252,11 @@ def test_console_script_entry_point_is_cli_main() -> None:
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert data["project"]["scripts"]["hookkit"] == "hookkit.cli:main"
+
+
+def test_bench_quality_hands_over_to_the_quality_harness(capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.cli import main
+
+    assert main(["bench", "--quality", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "| hookkit-F1B0-R0.12" in out and "| fbcache-R0.12" in out
