@@ -424,12 +424,14 @@ def _hookkit(make_spec: Callable[[], Any]) -> Callable[[RunContext], None]:
 def _cache_fast() -> Any:
     """DBCache F1B0 on cache-dit's static "fast" mask (11 of 28 steps computed): random weights never cache
     dynamically, so a static mask is how caching speed is measured (DESIGN.md)."""
-    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="static")
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="static",
+                           taylorseer_order=0)
 
 
 def _cache_dynamic() -> Any:
     """DBCache as seed 002 runs it: F1B0, 8 warm-up steps, at most 3 cached in a row, threshold 0.12."""
-    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12, warmup_steps=8, max_continuous_cached_steps=3)
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12, warmup_steps=8, max_continuous_cached_steps=3,
+                           taylorseer_order=0)
 
 
 def _compile(mode: str | None = None, cuda_graphs: str = "none") -> Any:

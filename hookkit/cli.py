@@ -181,6 +181,8 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
             max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
             else (-1 if masked else 3),
             steps_mask=args.cache_mask, mask_policy=args.cache_mode,
+            taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
+            else (0 if masked else hookkit.DBCache().taylorseer_order),
         )
     compile_ = None
     if args.compile or args.cuda_graphs:
@@ -440,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-warmup", type=int, default=None, help="steps always computed first (default 8, 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=None,
                    help="cached steps in a row (default 3, -1 with a mask)")
+    p.add_argument("--cache-taylorseer", type=int, default=None, choices=[0, 1, 2],
+                   help="TaylorSeer order of cached residuals (default: DBCache's, 0 with a mask)")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")
     p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")

@@ -57,7 +57,7 @@ __all__ = [
     "ssim",
 ]
 
-DEFAULT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.3)
+DEFAULT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3)
 MASK_POLICIES: tuple[str, ...] = ("slow", "medium", "fast", "ultra")
 
 #: `setup(pipe)` applies a method to a freshly loaded pipeline and returns the callable that undoes it.
@@ -293,15 +293,17 @@ def cache_dit_config(threshold: float, fn_blocks: int = 1, bn_blocks: int = 0, w
 
 
 def default_configs(thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[QualityConfig]:
-    """The default sweep: hookkit DBCache F1B0 / F2B0 / F1B1 and F1B0 with TaylorSeer (order 1) over
-    `thresholds` (other DBCache settings at their defaults: warm-up 8 steps, no limit on cached steps),
-    hookkit's static masks, diffusers' FirstBlockCache and cache-dit's DBCache F1B0 at the same thresholds."""
-    out: list[QualityConfig] = []
+    """The default sweep: `hookkit.DBCache()` as it comes, hookkit DBCache F1B0 / F2B0 / F1B1 and F1B0 with
+    TaylorSeer (order 1) over `thresholds` (other DBCache settings at their defaults: warm-up 8 steps, no limit
+    on cached steps), hookkit's static masks, diffusers' FirstBlockCache and cache-dit's DBCache F1B0 at the
+    same thresholds."""
+    out: list[QualityConfig] = [hookkit_config(hookkit.DBCache(), family="hookkit defaults", name="hookkit-defaults",
+                                               x=hookkit.DBCache().threshold)]
     for fn, bn, order in ((1, 0, 0), (2, 0, 0), (1, 1, 0), (1, 0, 1)):
         out += [hookkit_config(hookkit.DBCache(fn_blocks=fn, bn_blocks=bn, threshold=t, taylorseer_order=order))
                 for t in thresholds]
-    out += [hookkit_config(hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=m, mask_policy="static"))
-            for m in MASK_POLICIES]
+    out += [hookkit_config(hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=m, mask_policy="static",
+                                           taylorseer_order=0)) for m in MASK_POLICIES]
     out += [fbcache_config(t) for t in thresholds]
     out += [cache_dit_config(t) for t in thresholds]
     return out

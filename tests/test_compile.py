@@ -223,7 +223,7 @@ def _cache_stats(handle) -> tuple:
 
 
 def test_dbcache_under_transformer_graphs_matches_dbcache_eager_bitwise() -> None:
-    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static")
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static", taylorseer_order=0)
     eager_pipe = zoo.tiny_pipeline("flux")
     eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
     reference = run(eager_pipe, steps=6)
@@ -236,7 +236,7 @@ def test_dbcache_under_transformer_graphs_matches_dbcache_eager_bitwise() -> Non
 
 
 def test_dbcache_under_transformer_graphs_keeps_cfg_branches_apart() -> None:
-    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static")
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static", taylorseer_order=0)
     kw = dict(true_cfg_scale=4.0)
 
     def cfg_run(pipe) -> torch.Tensor:

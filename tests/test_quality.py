@@ -126,6 +126,7 @@ def test_default_sweep_covers_hookkit_variants_and_peers_at_the_same_thresholds(
         by_family.setdefault(c.family, []).append(c.x)
     thresholds = list(quality.DEFAULT_THRESHOLDS)
     assert by_family == {
+        "hookkit defaults": [hookkit.DBCache().threshold],
         "hookkit F1B0": thresholds, "hookkit F2B0": thresholds, "hookkit F1B1": thresholds,
         "hookkit F1B0 TaylorSeer-1": thresholds, "hookkit F1B0 static mask": list(quality.MASK_POLICIES),
         "diffusers FirstBlockCache": thresholds, "cache-dit F1B0": thresholds,
@@ -151,7 +152,7 @@ def test_harness_counts_compares_and_writes_table_json_and_plot(untrained_files:
     pytest.importorskip("matplotlib")
     model, classifier = untrained_files
     configs = [
-        quality.hookkit_config(hookkit.DBCache(steps_mask="fast", mask_policy="static")),
+        quality.hookkit_config(hookkit.DBCache(steps_mask="fast", mask_policy="static", taylorseer_order=0)),
         quality.fbcache_config(1e9),
         QualityConfig(name="peer", family="peer", setup=lambda pipe: lambda: None, requires="hookkit_no_such_module"),
     ]
