@@ -22,8 +22,8 @@ HAVE = bench.available_fields()
 REPO = Path(__file__).resolve().parent.parent
 
 
-def needs(field: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(field not in HAVE, reason=f"no hookkit feature implements Spec.{field} here")
+def test_every_spec_feature_is_installed() -> None:
+    assert HAVE == {"cache", "compile", "memo", "quantize", "sync_free"}
 
 
 def generate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -46,15 +46,13 @@ def test_demo_prints_summary_timings_and_bitwise_equality_after_disable() -> Non
     assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.M)
     assert "after hookkit.disable: output bitwise equal to the plain run: True" in out
     assert "plain   1/1" in proc.stderr  # diffusers' progress bar, labelled per run
-    if "cache" in HAVE:
-        assert "[dbcache]" in out
+    assert "[dbcache]" in out
 
 
 def test_demo_spec_uses_the_installed_cpu_features() -> None:
     spec = cli.demo_spec(HAVE)
-    assert (spec.cache is not None) == ("cache" in HAVE)
-    assert spec.memo == ("memo" in HAVE)
-    assert spec.sync_free == ("sync_free" in HAVE)
+    assert spec.cache is not None and spec.cache.steps_mask == "fast" and spec.cache.mask_policy == "static"
+    assert spec.memo is True and spec.sync_free is True
     assert spec.compile is None and spec.quantize is None
 
 
@@ -95,7 +93,6 @@ def test_generate_summary_flag_prints_the_handle_summary(tmp_path: Path, capsys:
     assert "adapter: flux" in stdout
 
 
-@needs("cache")
 def test_generate_cache_with_static_mask_reports_cached_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "c.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "6", "--cache", "--cache-mask", "fast", "--cache-mode", "static",
@@ -107,7 +104,6 @@ def test_generate_cache_with_static_mask_reports_cached_steps(tmp_path: Path, ca
     assert "- Optimization: DBCache_F1B0_W0MC-1_R0.12_SCM-fast-static" in stdout
 
 
-@needs("cache")
 def test_generate_dynamic_cache_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--out", str(out))
@@ -117,7 +113,6 @@ def test_generate_dynamic_cache_runs(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "- Optimization: DBCache_F1B0_W8MC3_R0.12" in stdout
 
 
-@needs("quantize")
 def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only"))
     expected = hookkit.enable(zoo.tiny_pipeline("flux"), spec).summary().features["quantize"].data
@@ -128,7 +123,6 @@ def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, 
             f"total {expected['total']}") in stdout
 
 
-@needs("memo")
 def test_generate_memo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.png"
     code, stdout, _ = generate(capsys, "qwenimage", "--steps", "3", "--memo", "--out", str(out))
@@ -136,7 +130,6 @@ def test_generate_memo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert re.search(r"^- Memoized Tensors: \d+ hits, \d+ misses \(prologue scope\)$", stdout, re.M)
 
 
-@needs("sync_free")
 def test_generate_sync_free_on_a_video_model_writes_a_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     frames = zoo.tiny_pipeline("cogvideox")(**zoo.call_kwargs("cogvideox", steps=2, output_type="pil")).frames[0]
     out = tmp_path / "v.gif"
@@ -153,7 +146,6 @@ def test_generate_video_with_png_out_writes_one_png_per_frame(tmp_path: Path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"w.frame{i:03d}.png" for i in range(len(frames))]
 
 
-@needs("compile")
 def test_generate_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "k.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--compile", "--out", str(out))
@@ -210,7 +202,6 @@ def test_generate_errors_exit_2_with_a_clear_message(argv: list[str], message: s
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-@needs("compile")
 def test_generate_cuda_graphs_on_the_cpu_fails_with_the_library_error(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, "flux", "--cuda-graphs", "--out", str(tmp_path / "x.png"))
@@ -219,7 +210,6 @@ def test_generate_cuda_graphs_on_the_cpu_fails_with_the_library_error(tmp_path: 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-@needs("quantize")
 def test_generate_fp8_on_the_cpu_fails_with_the_library_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, "flux", "--quant", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
     assert code == 2

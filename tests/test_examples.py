@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookkit import bench
 from hookkit.specs import resolve_steps_mask
 
 REPO = Path(__file__).resolve().parent.parent
-HAVE = bench.available_fields()
 
 
 def run_example(name: str, *args: str) -> str:
@@ -24,12 +22,6 @@ def run_example(name: str, *args: str) -> str:
     return proc.stdout
 
 
-def needs(*fields: str) -> pytest.MarkDecorator:
-    missing = sorted(set(fields) - HAVE)
-    return pytest.mark.skipif(bool(missing), reason=f"no hookkit feature implements Spec.{missing[0] if missing else ''}")
-
-
-@needs("cache")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU path of the example")
 def test_flux_fast() -> None:
     out = run_example("flux_fast.py", "--steps", "12")
@@ -42,7 +34,6 @@ def test_flux_fast() -> None:
     assert "no CUDA device: on one, this example would add hookkit.Compile(regional=True)" in out
 
 
-@needs("compile", "memo")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU path of the example")
 def test_qwen_image_cuda_graphs() -> None:
     out = run_example("qwen_image_cuda_graphs.py", "--steps", "4")
@@ -58,7 +49,6 @@ def test_qwen_image_cuda_graphs() -> None:
     assert "bitwise equal to the plain run after hookkit.disable: True" in out
 
 
-@needs("sync_free", "compile")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU path of the example")
 def test_cogvideox_sync_free() -> None:
     out = run_example("cogvideox_sync_free.py", "--steps", "4")
@@ -73,7 +63,6 @@ def test_cogvideox_sync_free() -> None:
     assert "bitwise equal to the plain run after hookkit.disable: True" in out
 
 
-@needs("cache")
 def test_custom_adapter() -> None:
     out = run_example("custom_adapter.py", "--steps", "8")
     assert "before registering: AdapterError: no adapter for TinyDiT and none can be derived" in out
