@@ -411,14 +411,18 @@ def test_summary_lists_every_linear_with_its_decision() -> None:
     handle.remove()
 
 
-def test_summary_explains_a_scheme_that_chose_nothing() -> None:
+def test_a_scheme_that_would_quantize_nothing_is_refused_with_the_reasons() -> None:
     pipe = zoo.tiny_pipeline("wan")
     pipe.transformer.to(torch.bfloat16)
-    handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))  # no layer: no hardware needed
-    data = handle.summary().features["quantize"].data
-    assert (data["quantized"], data["skipped_by_reason"]) == (0, {OUTSIDE: 6, "not divisible by 16": 30})
-    handle.remove()  # nothing was quantized, so nothing blocks removal
+    with pytest.raises(SpecError, match=r"'fp8_row' would quantize none of the 36 Linear layers of WanTransformer3DModel "
+                                        r"\(6 outside the repeated blocks, 30 not divisible by 16\)"):
+        hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))
     assert hookkit.handle_of(pipe) is None
+
+
+def test_a_float32_model_is_told_to_cast_to_bfloat16_for_per_row_fp8() -> None:
+    with pytest.raises(SpecError, match=r"Cast the transformer to bfloat16 first"):
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))
 
 
 # --- removal -------------------------------------------------------------------------------------------------

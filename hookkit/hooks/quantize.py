@@ -452,6 +452,16 @@ class _QuantizeFeature:
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         report = select_layers(ctx.transformer, ctx.spec.quantize, ctx.adapter)
+        if not report.chosen:  # quantizing nothing is a mistake worth saying, not a silent no-op
+            counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().items())
+            hint = ("Cast the transformer to bfloat16 first (pipe.to(torch.bfloat16)). " if DTYPE in report.counts()
+                    else "")
+            raise SpecError(
+                f"Quantize.scheme: {report.scheme!r} would quantize none of the {len(report.layers)} Linear layers of "
+                f"{type(ctx.transformer).__name__} ({counts}). {hint}Widen the selection (region='all', include=..., "
+                "filter_fn=...) or choose another scheme; hookkit.hooks.quantize.select_layers(transformer, spec) "
+                "lists every layer with its reason."
+            )
         return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
                            params=(("scheme", report.scheme),)) for d in report.chosen]
 
