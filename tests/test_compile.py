@@ -270,3 +270,55 @@ def test_quantized_models_get_torchaos_inductor_options_scoped_to_hookkits_compi
     assert quantized["options"] == {"triton.cudagraphs": True, **QUANTIZED_INDUCTOR_OPTIONS}
     assert compile_kwargs(hookkit.Compile(), quantized=True)["options"] == QUANTIZED_INDUCTOR_OPTIONS
     assert "options" not in compile_kwargs(hookkit.Compile(backend="aot_eager"), quantized=True)
+
+
+# --- on a GPU (skipped without CUDA) -------------------------------------------------------------------------
+
+
+def _cuda_pipeline(name: str = "flux"):
+    pipe = zoo.tiny_pipeline(name).to("cuda")
+    return pipe
+
+
+def _cuda_run(pipe, steps: int = 6, **extra) -> torch.Tensor:
+    kw = zoo.call_kwargs("flux", steps=steps, **extra)
+    kw = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    kw["generator"] = torch.Generator("cuda").manual_seed(0)
+    return pipe(**kw).images
+
+
+@pytest.mark.gpu
+def test_gpu_transformer_graphs_replay_what_eager_computes() -> None:
+    pipe = _cuda_pipeline()
+    reference = _cuda_run(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer", backend="eager")))
+    for _ in range(2):  # the second call is served by replays only
+        torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-4, atol=1e-4)
+    assert handle.summary().features["compile"].data["graphs_captured"] == 1
+    handle.remove()
+    assert torch.equal(_cuda_run(pipe), reference)
+
+
+@pytest.mark.gpu
+def test_gpu_dbcache_under_transformer_graphs_matches_dbcache_without_graphs() -> None:
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static", taylorseer_order=0)
+    pipe = _cuda_pipeline()
+    eager = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    reference = _cuda_run(pipe)
+    stats = _cache_stats(eager)
+    eager.remove()
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache, compile=hookkit.Compile(cuda_graphs="transformer",
+                                                                                      backend="eager")))
+    for _ in range(2):
+        torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-4, atol=1e-4)
+        assert _cache_stats(handle) == stats
+    assert handle.summary().features["compile"].data["graphs_captured"] == 2
+
+
+@pytest.mark.gpu
+def test_gpu_regional_reduce_overhead_runs_and_matches_eager() -> None:
+    pipe = _cuda_pipeline()
+    reference = _cuda_run(pipe)
+    hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead")))
+    for _ in range(2):
+        torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-3, atol=1e-3)
