@@ -148,6 +148,7 @@ class Handle:
             2 if plan.adapter.cfg == "separate" else 1)
         self._clock = Clock(calls_per_step)
         self._attached: list[tuple[Attachment, Removable]] = []
+        self._hooked_modules: list[torch.nn.Module] = []
         #: objects features keep for the handle's lifetime (compiled callables, quantization reports)
         self.resources: dict[str, Any] = {}
         #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
@@ -171,14 +172,10 @@ class Handle:
     def new_generation(self, num_steps: int | None = None) -> CallState:
         """Start a fresh generation: per-call state of every feature is dropped, hooks are reset."""
         state = self._clock.new_generation(num_steps)
-        seen: set[int] = set()
-        for attachment, _ in self._attached:
-            module = self._module_of(attachment)
-            if module is not None and id(module) not in seen:
-                seen.add(id(module))
-                registry = HookRegistry.of(module, create=False)
-                if registry is not None:
-                    registry.reset()
+        for module in self._hooked_modules:
+            registry = HookRegistry.of(module, create=False)
+            if registry is not None:
+                registry.reset()
         return state
 
     @contextlib.contextmanager
@@ -201,14 +198,6 @@ class Handle:
         finally:
             self._clock.calls_per_step = saved
 
-    def _module_of(self, attachment: Attachment) -> torch.nn.Module | None:
-        if attachment.target.startswith("pipeline."):
-            return None
-        try:
-            return self.transformer.get_submodule(attachment.target) if attachment.target else self.transformer
-        except AttributeError:
-            return None
-
     # -- attach / remove --------------------------------------------------------------------------------
     def _attach(self, feature_map: dict[str, Feature]) -> None:
         try:
@@ -216,6 +205,9 @@ class Handle:
                 removable = feature_map[attachment.feature].attach(self, attachment)
                 self._attached.append((attachment, removable))
                 logger.debug("attached {} to {}", attachment.name, attachment.target or "<transformer>")
+            # the modules whose hooks `new_generation` resets, resolved once rather than at every call
+            targets = dict.fromkeys(a.target for a, _ in self._attached if not a.target.startswith("pipeline."))
+            self._hooked_modules = [self.transformer.get_submodule(t) if t else self.transformer for t in targets]
         except BaseException:
             self._detach_all()
             raise
@@ -230,6 +222,7 @@ class Handle:
             except BaseException as exc:  # keep going: leave as little behind as possible
                 errors.append(exc)
         self.resources.clear()
+        self._hooked_modules = []
         if errors:
             raise errors[0]
 

@@ -233,3 +233,20 @@ def test_set_verbosity_logs_attach_and_detach_only(capfd: pytest.CaptureFixture[
 def test_set_verbosity_rejects_unknown_levels() -> None:
     with pytest.raises(SpecError, match=r"set_verbosity.level: expected one of"):
         hookkit.set_verbosity("LOUD")
+
+
+def test_every_pipeline_call_resets_the_hooks_on_hooked_modules() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    resets: list[int] = []
+
+    class Stateful(ModelHook):
+        def reset(self) -> None:
+            resets.append(1)
+
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0], mask_policy="static")))
+    from hookkit.hooks import HookRegistry
+
+    HookRegistry.of(pipe.transformer.transformer_blocks[1]).register("stateful", Stateful())
+    run(pipe, "flux")
+    run(pipe, "flux")
+    assert len(resets) == 2
