@@ -93,15 +93,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """`(seconds, fn())`, the device synchronized before and after so that queued GPU work is counted."""
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
+def timed(fn: Callable[[], Any], device: torch.device | None = None) -> tuple[float, Any]:
+    """`(seconds, fn())`, `device` (default: the current CUDA device, if any) synchronized before and after
+    so that queued GPU work is counted."""
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    synchronize(device)
     t0 = time.perf_counter()
     out = fn()
-    if cuda:
-        torch.cuda.synchronize()
+    synchronize(device)
     return time.perf_counter() - t0, out
 
 
@@ -573,11 +573,8 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         output = None
         for _ in range(runs):
             kwargs = call_kwargs(pipe, opts, output_type)
-            synchronize(device)
-            t0 = time.perf_counter()
-            output = output_of(pipe(**kwargs))
-            synchronize(device)
-            latencies.append(time.perf_counter() - t0)
+            seconds, output = timed(lambda: output_of(pipe(**kwargs)), device)
+            latencies.append(seconds)
         row["latencies_s"] = latencies
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
@@ -719,6 +716,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
+    """Versions, the device and the installed features: what a reader needs to place a measurement."""
     import platform
 
     import diffusers

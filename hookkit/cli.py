@@ -16,9 +16,8 @@ import argparse
 import logging
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -81,14 +80,6 @@ def _progress(pipe: Any, desc: str, leave: bool = True) -> None:
     pipe.set_progress_bar_config(disable=False, desc=desc, leave=leave, dynamic_ncols=True)
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
-    bench.synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    bench.synchronize(device)
-    return out, time.perf_counter() - t0
-
-
 # --- demo ------------------------------------------------------------------------------------------------
 
 
@@ -135,11 +126,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def runs(label: str, n: int) -> tuple[torch.Tensor, float]:
         """The last output (every run gives the same: fresh seeded generator) and the median time of `n` runs."""
-        results = []
+        times, output = [], None
         for i in range(n):
             _progress(pipe, f"{label} {i + 1}/{n}", leave=i == n - 1)
-            results.append(_timed(call, device))
-        return results[-1][0], statistics.median(seconds for _, seconds in results)
+            seconds, output = bench.timed(call, device)
+            times.append(seconds)
+        return output, statistics.median(times)
 
     call()  # warm-up: one-time allocations and lazy initialisation, untimed
     plain, t_plain = runs("plain  ", args.runs)
@@ -292,17 +284,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     latent = opts.full
     steps = opts.num_steps()
 
-    pipe, load_s = _timed(lambda: bench.load_pipeline(opts), device)
-    handle, enable_s = _timed(lambda: hookkit.enable(pipe, spec), device)
+    load_s, pipe = bench.timed(lambda: bench.load_pipeline(opts), device)
+    enable_s, handle = bench.timed(lambda: hookkit.enable(pipe, spec), device)
     output_type = "latent" if latent else "pil"
     warmup_s = 0.0
     for i in range(args.warmup):
         _progress(pipe, f"warmup {i + 1}/{args.warmup}")
-        _, seconds = _timed(lambda: pipe(**bench.call_kwargs(pipe, opts, output_type)), device)
+        seconds, _ = bench.timed(lambda: pipe(**bench.call_kwargs(pipe, opts, output_type)), device)
         warmup_s += seconds
     _progress(pipe, "inference")
     kwargs = bench.call_kwargs(pipe, opts, output_type)
-    result, infer_s = _timed(lambda: pipe(**kwargs), device)
+    infer_s, result = bench.timed(lambda: pipe(**kwargs), device)
     output = bench.output_of(result)
     summary = handle.summary()
 

@@ -30,7 +30,6 @@ import importlib.util
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -38,6 +37,7 @@ import attrs
 import torch
 
 import hookkit
+from hookkit.bench import environment, timed
 from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.summary import table
 
@@ -348,11 +348,6 @@ class QualityRow:
         return attrs.asdict(self)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _hookkit_block_calls(handle: Any) -> int | None:
     summary = handle.summary()
     for feature in summary.features.values():
@@ -386,11 +381,8 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, devi
         counter.reset()
         images, seconds, reported = [], 0.0, 0
         for label, seed in samples:
-            _synchronize(device)
-            t0 = time.perf_counter()
-            out = call(label, seed)
-            _synchronize(device)
-            seconds += time.perf_counter() - t0
+            dt, out = timed(lambda: call(label, seed), device)
+            seconds += dt
             images.append(out.float().cpu())
             if handle is not None:
                 value = _hookkit_block_calls(handle)
@@ -461,7 +453,7 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
     meta = dict(
         model=str(weights or trained.MODEL_FILE), classes=[trained.CLASSES[l] for l in labels], seeds=seed_list,
         steps=steps, cfg_scale=cfg_scale, device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
-        environment=_environment(dev),
+        environment=environment(dev),
     )
     return QualityReport(rows=tuple(rows), meta=meta)
 
@@ -491,16 +483,6 @@ def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], lab
         per_sample=dict(label=labels, predicted=predicted,
                         psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),
     )
-
-
-def _environment(device: torch.device) -> dict[str, Any]:
-    import platform
-
-    import diffusers
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    return dict(hookkit=hookkit.__version__, torch=torch.__version__, diffusers=diffusers.__version__,
-                python=platform.python_version(), device=name)
 
 
 def _db(value: float | None) -> str:
