@@ -11,6 +11,9 @@ Variants (one process, one transformer, side by side; each is enabled, warmed up
   fp8-regional   fp8_row + hookkit.Compile()
   fp8-ro         fp8_row + hookkit.Compile(mode="reduce-overhead")   (optional)
   fp8-graph      fp8_row + hookkit.Compile(cuda_graphs="transformer") (optional)
+Suffixes (experiments toward the 0.75 goal), e.g. `fp8-regional+fused+mod`:
+  +fused         diffusers' `transformer.fuse_qkv_projections()` before enabling (one QKV GEMM per stream)
+  +mod           also quantize the AdaLN modulation Linears the adapter excludes (`Quantize(include=...)`)
 
 Quantization keeps the original weights on the CPU (`keep_original="cpu"`), so every removal restores
 bf16 exactly; the last line checks that bitwise. Goal (issue 5): fp8-regional <= 0.75 x bf16-regional
@@ -41,10 +44,22 @@ GOAL = 0.75
 
 
 
+MODULATION = ("*.norm1.linear", "*.norm1_context.linear", "*.norm.linear")
+
+
+def split_variant(variant: str) -> tuple[str, set[str]]:
+    """`"fp8-regional+fused+mod"` -> `("fp8-regional", {"fused", "mod"})`."""
+    base, *extras = variant.split("+")
+    return base, set(extras)
+
+
 def spec_of(variant: str, keep: str | None) -> Any:
     import hookkit
 
-    quantize = hookkit.Quantize(scheme="fp8_row", keep_original=keep) if variant.startswith("fp8") else None
+    variant, extras = split_variant(variant)
+    include = MODULATION if "mod" in extras else ()
+    quantize = hookkit.Quantize(scheme="fp8_row", keep_original=keep, include=include) \
+        if variant.startswith("fp8") else None
     compile_ = {
         "eager": None,
         "regional": hookkit.Compile(),
@@ -88,7 +103,10 @@ def main() -> None:
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         row: dict[str, Any] = {"variant": name, "size": args.size, "steps": args.steps}
+        fused = "fused" in split_variant(name)[1]
         try:
+            if fused:
+                pipe.transformer.fuse_qkv_projections()
             t_enable, handle = timed(lambda: hookkit.enable(pipe, spec_of(name, "cpu")))
             row["enable_s"] = round(t_enable, 2)  # includes quantization and the CPU copy of the originals
             try:
@@ -111,13 +129,15 @@ def main() -> None:
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:240]}"
             traceback.print_exc()
+        if fused:
+            pipe.transformer.unfuse_qkv_projections()
         rows.append(row)
         print(json.dumps(row), flush=True)
 
     for row in rows:
         name = row["variant"]
         if name.startswith("fp8") and name in outputs:
-            twin = "bf16-" + name.split("-", 1)[1]
+            twin = "bf16-" + split_variant(name)[0].split("-", 1)[1]
             if twin in outputs:
                 row["psnr_vs_bf16_same_compile_db"] = round(psnr(outputs[twin], outputs[name]), 2)
             if "bf16-eager" in outputs:
@@ -134,7 +154,7 @@ def main() -> None:
           "PSNR vs bf16 same compile dB | PSNR vs bf16 eager dB | error |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        twin = "bf16-" + r["variant"].split("-", 1)[1]
+        twin = "bf16-" + split_variant(r["variant"])[0].split("-", 1)[1]
         rel = f"{r['median_s'] / med[twin]:.3f}" if "median_s" in r and twin in med else ""
         print(f"| {r['variant']} | {r.get('median_s', '')} | {r.get('warmup_s', '')} | {r.get('enable_s', '')} | "
               f"{r.get('peak_gb', '')} | {rel} | {r.get('psnr_vs_bf16_same_compile_db', '')} | "

@@ -57,7 +57,7 @@ def main() -> None:
         pipe.to(device, dtype)
 
     reduce_overhead = hookkit.Spec(compile=hookkit.Compile(regional=True, mode="reduce-overhead"), memo=True)
-    graphs = hookkit.Spec(compile=hookkit.Compile(regional=True, cuda_graphs="transformer"))
+    graphs = hookkit.Spec(compile=hookkit.Compile(regional=True, cuda_graphs="transformer"), memo=True)
     plan = hookkit.build_plan(pipe, reduce_overhead)
     print("plan for Spec(compile=Compile(regional=True, mode='reduce-overhead'), memo=True):")
     for target, name in plan.targets():

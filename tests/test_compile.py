@@ -118,6 +118,13 @@ def test_transformer_graphs_refuse_cudagraph_modes() -> None:
         hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
 
 
+def test_transformer_graphs_need_memo_where_the_prologue_builds_tensors() -> None:
+    spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))
+    with pytest.raises(SpecError, match=r"Spec.memo: expected True with Compile\(cuda_graphs='transformer'\) on "
+                                        r"'qwenimage'.*Use Spec\(memo=True"):
+        hookkit.build_plan(zoo.tiny_pipeline("qwenimage"), spec)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_transformer_graphs_need_cuda() -> None:
     spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))

@@ -251,6 +251,14 @@ class _CompileFeature:
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         spec: Compile = ctx.spec.compile  # type: ignore[assignment]  # enabled() guarantees it
         check_spec(ctx.spec)
+        if spec.cuda_graphs == "transformer" and ctx.adapter.memo_scope != "none" and not ctx.spec.memo:
+            # e.g. Qwen-Image's prologue runs torch.as_tensor(python_int, device=cuda): a pageable host copy
+            # that stream capture refuses, and a constant a replayed graph would never rebuild.
+            raise SpecError(
+                f"Spec.memo: expected True with Compile(cuda_graphs='transformer') on {ctx.adapter.name!r} (its "
+                f"prologue builds tensors from Python data every call: adapter memo_scope="
+                f"{ctx.adapter.memo_scope!r}), got False. Use Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."
+            )
         if spec.cuda_graphs == "transformer" and not torch.cuda.is_available():
             raise UnsupportedError(
                 "Compile.cuda_graphs='transformer' needs a CUDA device; none is available. "
