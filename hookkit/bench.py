@@ -403,13 +403,29 @@ def _first_block_cache(ctx: RunContext) -> None:
     apply_first_block_cache(ctx.pipe.transformer, FirstBlockCacheConfig(threshold=0.12))
 
 
+def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a pipeline call with `kwargs` runs the transformer twice per step (conditional, then
+    unconditional). cache-dit must be told (`enable_separate_cfg`): its Qwen-Image default assumes it, and on
+    a call without true CFG it then pairs consecutive steps as two branches and follows the wrong mask."""
+    from hookkit.adapters import resolve_adapter
+
+    if resolve_adapter(pipe.transformer).cfg != "separate":
+        return False
+    if kwargs.get("negative_prompt_embeds") is None and kwargs.get("negative_prompt") is None:
+        return False
+    return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", 1.0))) > 1.0
+
+
 def _cache_dit(ctx: RunContext) -> None:
-    """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured."""
+    """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured, told
+    whether this call's CFG runs as separate transformer calls."""
     import cache_dit  # type: ignore[import-not-found]
 
     steps = ctx.opts.num_steps()
+    separate = separate_cfg_calls(ctx.pipe, call_kwargs(ctx.pipe, ctx.opts, output_type_for(ctx.opts)))
     cache_dit.enable_cache(ctx.pipe, cache_config=cache_dit.DBCacheConfig(
         Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
+        enable_separate_cfg=separate,
         steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=steps),
         steps_computation_policy="static",
     ))

@@ -181,3 +181,20 @@ def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
     assert kwargs["prompt_embeds"].shape == (1, bench.FULL_TEXT_TOKENS["flux"], transformer.config.joint_attention_dim)
     assert kwargs["pooled_prompt_embeds"].shape == (1, transformer.config.pooled_projection_dim)
     assert (kwargs["num_inference_steps"], kwargs["output_type"]) == (3, "latent")
+
+
+@pytest.mark.parametrize(("name", "extra", "separate"), [
+    ("flux", {}, False),                                    # guidance is embedded: one call per step
+    ("qwenimage", {}, False),                               # true_cfg_scale=1.0, no negative prompt
+    ("qwenimage", {"true_cfg_scale": 4.0}, True),           # true CFG: conditional then unconditional call
+    ("wan", {}, True),                                      # negative prompt, guidance 5.0, two calls
+    ("wan", {"guidance_scale": 1.0}, False),                # guidance off: one call
+])
+def test_cache_dit_is_told_whether_cfg_runs_as_separate_calls(name: str, extra: dict, separate: bool) -> None:
+    from hookkit import zoo
+
+    kwargs = zoo.call_kwargs(name, steps=2, **extra)
+    if name == "qwenimage" and "true_cfg_scale" in extra:
+        kwargs["negative_prompt_embeds"] = kwargs["prompt_embeds"].clone()
+        kwargs["negative_prompt_embeds_mask"] = kwargs["prompt_embeds_mask"].clone()
+    assert bench.separate_cfg_calls(zoo.tiny_pipeline(name), kwargs) is separate
