@@ -340,8 +340,8 @@ class RunContext:
     opts: ModelOptions
     device: torch.device
     handle: Any = None
-    notes: list[str] = attrs.field(factory=list)
-    stats: dict[str, Any] = attrs.field(factory=dict)
+    #: feature data of a configuration that is not hookkit's, read after the timed runs (cache-dit's steps)
+    features: Callable[[], dict[str, Any]] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -429,6 +429,21 @@ def _cache_dit(ctx: RunContext) -> None:
         steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=steps),
         steps_computation_policy="static",
     ))
+    ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
+
+
+def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
+    """cache-dit's `CacheStats` of the last call in the shape of hookkit's DBCache summary data (cached and
+    computed step indices per CFG branch), so that the table's notes read the same for both."""
+    branches: dict[str, dict[str, list[int]]] = {}
+    for stat in stats[:1]:  # one entry per cached block list; the first carries the step decisions
+        for name, cached, executed in (("cond", stat.cached_steps, stat.accumulated_executed_steps),
+                                       ("uncond", stat.cfg_cached_steps, stat.accumulated_executed_steps)):
+            if name == "uncond" and not stat.cache_options["cache_config"].enable_separate_cfg:
+                continue
+            cached = sorted(cached)
+            branches[name] = {"cached": cached, "computed": [i for i in range(executed) if i not in set(cached)]}
+    return {"source": "cache-dit", "branches": branches}
 
 
 def _hookkit(make_spec: Callable[[], Any]) -> Callable[[RunContext], None]:
@@ -594,7 +609,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         row["latencies_s"] = latencies
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
-        row["features"] = _summary_data(ctx.handle)
+        row["features"] = _summary_data(ctx.handle) if ctx.features is None else ctx.features()
         torch.save(output.detach().float().cpu(), out_dir / f"{config.name}.pt")
     except Exception as exc:  # a failing configuration is a result, not a crash
         traceback.print_exc(file=sys.stderr)

@@ -198,3 +198,25 @@ def test_cache_dit_is_told_whether_cfg_runs_as_separate_calls(name: str, extra: 
         kwargs["negative_prompt_embeds"] = kwargs["prompt_embeds"].clone()
         kwargs["negative_prompt_embeds_mask"] = kwargs["prompt_embeds_mask"].clone()
     assert bench.separate_cfg_calls(zoo.tiny_pipeline(name), kwargs) is separate
+
+
+def _cache_dit_stat(cached: list[int], cfg_cached: list[int], executed: int, separate: bool) -> object:
+    """A stand-in for cache-dit's `CacheStats` with the fields `bench.cache_dit_steps` reads."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(enable_separate_cfg=separate)
+    return SimpleNamespace(cached_steps=cached, cfg_cached_steps=cfg_cached, accumulated_executed_steps=executed,
+                           cache_options={"cache_config": config})
+
+
+def test_cache_dit_steps_read_like_hookkit_dbcache_data() -> None:
+    data = bench.cache_dit_steps([_cache_dit_stat([2, 4], [], executed=6, separate=False)])
+    assert data == {"source": "cache-dit", "branches": {"cond": {"cached": [2, 4], "computed": [0, 1, 3, 5]}}}
+    assert bench.cache_stats({"cache": data}) == (2, 6)
+
+
+def test_cache_dit_steps_count_both_branches_with_separate_cfg() -> None:
+    data = bench.cache_dit_steps([_cache_dit_stat([3], [1, 3], executed=4, separate=True)])
+    assert data["branches"] == {"cond": {"cached": [3], "computed": [0, 1, 2]},
+                                "uncond": {"cached": [1, 3], "computed": [0, 2]}}
+    assert bench.cache_stats({"cache": data}) == (3, 8)
