@@ -26,7 +26,7 @@ GROUPS: dict[str, list[str]] = {
     "stock-full": ["eager", "full-compile", "full-compile-ro"],
     "hookkit": ["eager", "hookkit", "hookkit-cache", "hookkit-cache-fast", "hookkit-memo", "hookkit-sync-free"],
     "hookkit-compile": ["eager", "hookkit-compile", "hookkit-compile-ro", "hookkit-cuda-graphs"],
-    "hookkit-combo": ["eager", "hookkit-cache-fast+compile", "hookkit-fp8+compile", "hookkit-all"],
+    "hookkit-combo": ["eager", "hookkit-cache-fast+compile", "hookkit-fp8+compile", "hookkit-fp8+cuda-graphs", "hookkit-all"],
 }
 
 

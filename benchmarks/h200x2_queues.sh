@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The session-2 GPU runs on an `nvidia-h200-x2` lease: two queues, one per GPU, in the background (setsid) so
-# that they outlive one 10-minute device command. `start` snapshots the working tree to /tmp/hkrun/repo (later
-# calls replace the tree) and launches both queues; `collect` copies logs, JSON and per-row results to $OUT.
-#   bash benchmarks/h200x2_queues.sh start      # then, in each later call:
+# GPU runs on an `nvidia-h200-x2` lease: two queues, one per GPU, in the background (setsid) so that they
+# outlive one 10-minute device command. `start [main|followup]` snapshots the working tree to /tmp/hkrun/repo
+# (later calls replace the tree) and launches both queues; `collect` copies logs, JSON and per-row results
+# to $OUT. `main` is session 2's run (BENCHMARKS.md, run 6); `followup` the rows it left for later.
+#   bash benchmarks/h200x2_queues.sh start main   # then, in each later call:
 #   sleep 540; bash benchmarks/h200x2_queues.sh collect
 # Every `hookkit bench` row runs in its own process; rows are written as they finish (`--out-dir`).
 set -u
@@ -34,23 +35,42 @@ queue1() {
   bench flux-512 flux 512 "$FLUX_512"
 }
 
+# followup: why fp8 + regional compile at 512² is slower than eager (profile, more warm-up, with graphs), and
+# Qwen-Image's rows run 6 left out (full compile, bookkeeping, cache-dit told the call's CFG).
+followup0() {
+  for c in hookkit-fp8+compile hookkit-compile; do
+    python3 benchmarks/profile_config.py --model flux --size 512 --config "$c" --warmup 3 > "$W/res/profile-$c.log" 2>&1
+  done
+  RUNS="--runs 5 --warmup 2 --steps 28 --full" bench flux-512-fp8 flux 512 \
+    "eager,regional-compile,hookkit-compile,hookkit-fp8+compile,hookkit-fp8+cuda-graphs,hookkit-cuda-graphs"
+}
+
+followup1() {
+  bench qwen-1024-more qwenimage 1024 "eager,cache-dit,hookkit,hookkit-cache,full-compile,full-compile-ro"
+}
+
 case "${1:-}" in
 start)
   rm -rf "$W"; mkdir -p "$W/res"; cp -r . "$W/repo"; cd "$W/repo" || exit 1
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1 OUT="$W/res"
   nvidia-smi -L > "$W/res/gpus.txt"
   export W RUNS FLUX_1024 FLUX_512 QWEN_1024
-  export -f bench queue0 queue1
-  CUDA_VISIBLE_DEVICES=0 setsid bash -c 'queue0; echo done > "$W/res/q0.done"' > "$W/res/q0.log" 2>&1 < /dev/null &
-  CUDA_VISIBLE_DEVICES=1 setsid bash -c 'queue1; echo done > "$W/res/q1.done"' > "$W/res/q1.log" 2>&1 < /dev/null &
+  export -f bench queue0 queue1 followup0 followup1
+  case "${2:-main}" in
+    main) q0=queue0 q1=queue1 ;;
+    followup) q0=followup0 q1=followup1 ;;
+    *) echo "unknown run ${2}; expected main or followup" >&2; exit 2 ;;
+  esac
+  CUDA_VISIBLE_DEVICES=0 setsid bash -c "$q0; echo done > \"\$W/res/q0.done\"" > "$W/res/q0.log" 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=1 setsid bash -c "$q1; echo done > \"\$W/res/q1.done\"" > "$W/res/q1.log" 2>&1 < /dev/null &
   sleep 2; echo started; ls "$W/res"
   ;;
 collect)
   cd "$W/res" || exit 1
   ls -R . | head -80
-  tail -n 3 gpu_tests.log quant.log 2>/dev/null
+  tail -n 3 gpu_tests.log quant.log profile-*.log 2>/dev/null
   for f in *.md *.err; do [ -s "$f" ] && { echo "== $f"; tail -n 25 "$f"; }; done
   tar czf "$OUT/res.tgz" --exclude='*.pt' .
   ;;
-*) echo "usage: $0 start|collect" >&2; exit 2 ;;
+*) echo "usage: $0 start [main|followup] | collect" >&2; exit 2 ;;
 esac

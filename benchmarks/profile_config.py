@@ -1,0 +1,68 @@
+"""Where one `hookkit bench` configuration spends a pipeline call: device kernels or the host.
+
+Builds the configuration exactly as `hookkit bench-one` does, warms up, then profiles one call with
+`torch.profiler` and prints the wall time, the summed device (kernel) time, the number of kernel launches, the
+operators by self device time and by self host time. A call whose wall time is well above its kernel time is
+host-bound: the GPU waits for launches.
+
+    python benchmarks/profile_config.py --model flux --size 512 --config hookkit-fp8+compile --warmup 3
+    python benchmarks/profile_config.py --model flux --tiny --config hookkit-compile    # CPU: checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hookkit import bench  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="flux")
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--config", default="hookkit-fp8+compile", choices=sorted(bench.CONFIGS))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rows", type=int, default=15)
+    p.add_argument("--tiny", action="store_true", help="tiny model on this machine's default device, 4 steps")
+    args = p.parse_args()
+
+    opts = bench.ModelOptions(name=args.model, steps=4) if args.tiny else bench.ModelOptions(
+        name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
+    device = bench.resolve_device(opts.device)
+    pipe = bench.load_pipeline(opts)
+    ctx = bench.RunContext(pipe=pipe, opts=opts, device=device)
+    bench.CONFIGS[args.config].setup(ctx)
+    output_type = bench.output_type_for(opts)
+    call = lambda: bench.output_of(pipe(**bench.call_kwargs(pipe, opts, output_type)))  # noqa: E731
+    warm = [round(bench.timed(call, device)[0], 3) for _ in range(args.warmup)]
+    wall = bench.timed(call, device)[0]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        call()
+        bench.synchronize(device)
+        profiled = time.perf_counter() - t0
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                          "cuLaunchKernelEx", "cudaGraphLaunch"))
+    print(f"{args.config} on {opts.name} ({'tiny' if args.tiny else f'{args.size}²'}), {bench.device_description(device)}")
+    print(f"warm-up calls s: {warm}; timed call: {wall:.3f} s; profiled call: {profiled:.3f} s")
+    print(f"device kernel time: {kernel_us / 1e6:.3f} s ({kernel_us / 1e4 / max(profiled, 1e-9):.0f} % of the "
+          f"profiled call); launches: {launches}")
+    if device.type == "cuda":
+        print(events.table(sort_by="self_device_time_total", row_limit=args.rows))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
