@@ -41,12 +41,15 @@ followup0() {
   for c in hookkit-fp8+compile hookkit-compile; do
     python3 benchmarks/profile_config.py --model flux --size 512 --config "$c" --warmup 3 > "$W/res/profile-$c.log" 2>&1
   done
-  RUNS="--runs 5 --warmup 2 --steps 28 --full" bench flux-512-fp8 flux 512 \
-    "eager,regional-compile,hookkit-compile,hookkit-fp8+compile,hookkit-fp8+cuda-graphs,hookkit-cuda-graphs"
+  RUNS="--runs 5 --warmup 2 --steps 28 --full" bench flux-512-more flux 512 \
+    "eager,regional-compile,hookkit-compile,hookkit-fp8+compile,hookkit-fp8+cuda-graphs,hookkit-cuda-graphs,\
+hookkit,hookkit-cache,hookkit-memo,hookkit-sync-free"
+  bench flux-1024-more flux 1024 "eager,hookkit-fp8+cuda-graphs,hookkit-memo,hookkit-sync-free"
 }
 
 followup1() {
-  bench qwen-1024-more qwenimage 1024 "eager,cache-dit,hookkit,hookkit-cache,full-compile,full-compile-ro"
+  bench qwen-1024-more qwenimage 1024 \
+    "eager,cache-dit,hookkit,hookkit-cache,hookkit-memo,hookkit-fp8+cuda-graphs,full-compile,full-compile-ro"
 }
 
 case "${1:-}" in
