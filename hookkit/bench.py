@@ -558,7 +558,15 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
 # --- one measurement (in the child process) ----------------------------------------------------------------
 
 ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
-            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features")
+            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
+            "compiled_graphs", "graphs_compiled_while_timed")
+
+
+def _dynamo_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's `unique_graphs` counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _peak_memory_gb(device: torch.device) -> tuple[float, str]:
@@ -594,6 +602,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         pipe = load_pipeline(opts)
         row["load_s"] = time.perf_counter() - t0
         ctx = RunContext(pipe=pipe, opts=opts, device=device)
+        graphs_before = _dynamo_graphs()
         t0 = time.perf_counter()
         config.setup(ctx)
         row["setup_s"] = time.perf_counter() - t0
@@ -603,6 +612,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
             output_of(pipe(**call_kwargs(pipe, opts, output_type)))
         synchronize(device)
         row["warmup_s"] = time.perf_counter() - t0
+        graphs_warm = _dynamo_graphs()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         latencies = []
@@ -612,6 +622,9 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
             seconds, output = timed(lambda: output_of(pipe(**kwargs)), device)
             latencies.append(seconds)
         row["latencies_s"] = latencies
+        # a graph compiled after the warm-up means the timed runs include compilation: the median is suspect
+        row["compiled_graphs"] = _dynamo_graphs() - graphs_before
+        row["graphs_compiled_while_timed"] = _dynamo_graphs() - graphs_warm
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
         row["features"] = _summary_data(ctx.handle) if ctx.features is None else ctx.features()
@@ -730,6 +743,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         cached = _cached_steps(row.get("features") or {})
         if cached:
             notes.append(cached)
+        if ok and row.get("graphs_compiled_while_timed"):
+            notes.append(f"{row['graphs_compiled_while_timed']} graph(s) compiled during the timed runs: add warm-up")
         if i == 0 and ok:
             psnr_cell = "reference"
         elif row["identical"]:

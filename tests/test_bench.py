@@ -80,6 +80,25 @@ def test_bench_one_measures_in_process_and_saves_the_output(tmp_path: Path, caps
     assert output.shape == (1, 3, 32, 32) and output.dtype == torch.float32
 
 
+def _compile_row(tmp_path: Path, warmup: int) -> dict:
+    opts = bench.ModelOptions(name="flux", steps=2)
+    torch._dynamo.reset()  # dynamo caches per code object: an earlier test's graphs would be reused
+    return bench.measure(bench.CONFIGS["hookkit-compile"], opts, runs=1, warmup=warmup, out_dir=tmp_path)
+
+
+def test_a_row_counts_the_graphs_its_configuration_compiled(tmp_path: Path) -> None:
+    row = _compile_row(tmp_path, warmup=1)
+    # one graph for the double block; two for the single block, whose first instance gets a contiguous
+    # hidden_states and the others a strided view (dynamo's "stride mismatch" recompile) -- as stock diffusers
+    assert (row["status"], row["compiled_graphs"], row["graphs_compiled_while_timed"]) == ("ok", 3, 0)
+
+
+def test_a_graph_compiled_during_the_timed_runs_is_flagged_in_the_table(tmp_path: Path) -> None:
+    row = _compile_row(tmp_path, warmup=0)
+    assert (row["compiled_graphs"], row["graphs_compiled_while_timed"]) == (3, 3)
+    assert "3 graph(s) compiled during the timed runs: add warm-up" in bench.markdown_table([row])
+
+
 def test_a_configuration_that_cannot_run_here_becomes_a_skipped_row_without_a_process(tmp_path: Path) -> None:
     device = torch.device("cpu")
     configs, notes = bench.select_configs(["full-compile-ro"], device)
