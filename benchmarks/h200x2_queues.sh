@@ -35,8 +35,9 @@ queue1() {
   bench flux-512 flux 512 "$FLUX_512"
 }
 
-# followup: why fp8 + regional compile at 512² is slower than eager (profile, more warm-up, with graphs), and
-# Qwen-Image's rows run 6 left out (full compile, bookkeeping, cache-dit told the call's CFG).
+# followup: why fp8 + regional compile at 512² is slower than eager (profile, more warm-up, fp8 under each
+# compile mode), the GPU tests written after run 6, and the matrix rows run 6 left out (Qwen-Image full
+# compile, memo and bookkeeping rows, cache-dit told the call's CFG; Flux bookkeeping rows; fp8 + graphs).
 followup0() {
   for c in hookkit-fp8+compile hookkit-compile; do
     python3 benchmarks/profile_config.py --model flux --size 512 --config "$c" --warmup 3 > "$W/res/profile-$c.log" 2>&1
@@ -48,6 +49,9 @@ hookkit,hookkit-cache,hookkit-memo,hookkit-sync-free"
 }
 
 followup1() {
+  python3 -m pytest -m gpu tests/ -q -p no:cacheprovider > "$W/res/gpu_tests.log" 2>&1
+  python3 benchmarks/quant_flux.py --size 512 --variants bf16-regional,fp8-regional,fp8-ro,fp8-graph \
+    > "$W/res/quant512.log" 2>&1
   bench qwen-1024-more qwenimage 1024 \
     "eager,cache-dit,hookkit,hookkit-cache,hookkit-memo,hookkit-fp8+cuda-graphs,full-compile,full-compile-ro"
 }
@@ -71,7 +75,7 @@ start)
 collect)
   cd "$W/res" || exit 1
   ls -R . | head -80
-  tail -n 3 gpu_tests.log quant.log profile-*.log 2>/dev/null
+  tail -n 3 gpu_tests.log quant.log quant512.log profile-*.log 2>/dev/null
   for f in *.md *.err; do [ -s "$f" ] && { echo "== $f"; tail -n 25 "$f"; }; done
   tar czf "$OUT/res.tgz" --exclude='*.pt' .
   ;;
