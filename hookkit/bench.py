@@ -685,7 +685,7 @@ def _empty_row(config: BenchConfig, status: str, note: str) -> dict[str, Any]:
 
 
 def _tail(text: str, lines: int = 3) -> str:
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+    return " / ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> None:
@@ -760,7 +760,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{row['peak_memory_gb']:.3f}" if ok else "—",
             f"{row['speedup']:.2f}x" if ok and row["speedup"] is not None else "—",
             psnr_cell,
-            "; ".join(notes),
+            "; ".join(notes).replace("|", "/"),  # a "|" in an error message would split the markdown cell
         ])
     return table(["config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
                   "notes"], out)
@@ -790,6 +790,22 @@ def report(rows: list[dict[str, Any]], notes: list[str], opts: ModelOptions, run
                    output=output_type_for(opts)),
         runs=runs, warmup=warmup, memory=memory, notes=notes, rows=rows,
     )
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """A `hookkit bench --json` file, or a SpecError that says what is wrong with it."""
+    expected = "expected a JSON file written by `hookkit bench --json`"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"--merge {path}: no such file; {expected}.") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--merge {path}: {expected}, could not read it ({exc}).") from None
+    missing = [k for k in ("command", "environment", "model", "runs", "warmup", "notes", "rows")
+               if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise SpecError(f"--merge {path}: {expected}, but it has no {missing[0]!r} key.")
+    return data
 
 
 def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -150,7 +150,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if torch.equal(hooked, plain):
         print("hookkit output vs plain: bitwise equal")
     else:
-        why = " (cached steps reuse the middle blocks' residuals)" if spec.cache is not None else ""
+        why = ""
+        if spec.cache is not None:
+            ts = spec.cache.taylorseer_order
+            why = " (cached steps reuse the middle blocks' residuals" + (
+                f", extrapolated by TaylorSeer order {ts})" if ts else ")")
         print(f"hookkit output vs plain: PSNR {bench.psnr(plain, hooked, peak=1.0):.2f} dB{why}")
     equal = torch.equal(after, plain)
     print(f"after hookkit.disable: output bitwise equal to the plain run: {equal}")
@@ -160,10 +164,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- generate --------------------------------------------------------------------------------------------
 
 
+def _cache_only_flags(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
+    """(flag, value, default) of every flag that means something only with --cache."""
+    return [("--cache-mask", args.cache_mask, None), ("--cache-mode", args.cache_mode, "dynamic"),
+            ("--cache-fn", args.cache_fn, 1), ("--cache-bn", args.cache_bn, 0),
+            ("--cache-threshold", args.cache_threshold, 0.12), ("--cache-warmup", args.cache_warmup, None),
+            ("--cache-max-continuous", args.cache_max_continuous, None),
+            ("--cache-taylorseer", args.cache_taylorseer, None)]
+
+
 def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
     """The `Spec` the generate flags ask for (validated by the specs themselves)."""
-    if args.cache_mask is not None and not args.cache:
-        raise SpecError(f"--cache-mask {args.cache_mask}: only with --cache. Add --cache.")
+    if not args.cache:
+        for flag, value, default in _cache_only_flags(args):
+            if value != default:
+                raise SpecError(f"{flag} {value}: only with --cache. Add --cache.")
+    if args.compile_mode is not None and not (args.compile or args.cuda_graphs):
+        raise SpecError(f"--compile-mode {args.compile_mode}: only with --compile or --cuda-graphs. Add --compile.")
     cache = None
     if args.cache:
         masked = args.cache_mask is not None
@@ -190,7 +207,7 @@ def optimization_tag(spec: hookkit.Spec) -> str:
     if spec.cache is not None:
         c = spec.cache
         parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{c.warmup_steps}MC{c.max_continuous_cached_steps}"
-                     f"_R{c.threshold:g}")
+                     f"_R{c.threshold:g}" + (f"_TS{c.taylorseer_order}" if c.taylorseer_order else ""))
         if c.steps_mask is not None:
             mask = c.steps_mask if isinstance(c.steps_mask, str) else "custom"
             parts.append(f"SCM-{mask}-{c.mask_policy}")
@@ -361,8 +378,10 @@ def _progress_line(message: str) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
+    if args.quality:  # main() hands `bench --quality` to the quality harness before parsing
+        raise SpecError("--quality: expected `hookkit [-v] bench --quality [options]`, got it after other options.")
     if args.merge:
-        data = bench.merge_reports([json.loads(Path(p).read_text()) for p in args.merge])
+        data = bench.merge_reports([bench.read_report(Path(p)) for p in args.merge])
         _print_report(data, args.json)
         return 0
     device = bench.resolve_device(args.device)
@@ -423,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
     p.add_argument("--quant", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
-    p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12 unless set below)")
+    p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12, TaylorSeer order 1 unless set below)")
     p.add_argument("--cache-mask", default=None, choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default="dynamic", choices=("dynamic", "static"),
@@ -474,14 +493,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: flags that go before the command (`hookkit -v bench ...`)
+GLOBAL_FLAGS = ("-v", "--verbose")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hookkit` console script and `python -m hookkit`. Returns the exit code."""
     argv = list(argv) if argv is not None else sys.argv[1:]
-    if argv[:1] == ["bench"] and "--quality" in argv[1:]:  # the quality harness has its own options
-        _quiet_third_party()
+    lead = 0  # global flags before the command
+    while lead < len(argv) and argv[lead] in GLOBAL_FLAGS:
+        lead += 1
+    if argv[lead:lead + 1] == ["bench"] and "--quality" in argv[lead + 1:]:  # the harness has its own options
+        if lead:
+            hookkit.set_verbosity("INFO")
+        else:
+            _quiet_third_party()
         from hookkit.quality import quality_main
 
-        return quality_main([a for a in argv[1:] if a != "--quality"])
+        return quality_main([a for a in argv[lead + 1:] if a != "--quality"])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verbose:

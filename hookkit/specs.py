@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar
 
 import attrs
 
-from hookkit.errors import spec_error
+from hookkit.errors import SpecError, spec_error
 
 # --- validators --------------------------------------------------------------------------------------
 
@@ -124,6 +124,13 @@ class DBCache:
     steps_mask: tuple[int, ...] | str | None = attrs.field(default=None, converter=_to_tuple, validator=_check_steps_mask)
     mask_policy: str = attrs.field(default="dynamic", validator=_choice("dynamic", "static"))
     taylorseer_order: int = attrs.field(default=1, validator=_int(0, 2))
+
+    @mask_policy.validator
+    def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
+        # "static" follows the mask alone; without one it would silently cache like "dynamic"
+        if value == "static" and self.steps_mask is None:
+            raise SpecError("DBCache.mask_policy: 'static' follows steps_mask alone, but steps_mask is None. "
+                            "Give a mask (steps_mask='fast' or a 0/1 list) or use mask_policy='dynamic'.")
 
 
 def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tuple[int, ...] | None:

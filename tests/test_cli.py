@@ -110,7 +110,7 @@ def test_generate_dynamic_cache_runs(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0 and out.is_file()
     # 8 warm-up steps (seed 002's W8) cover all 4: nothing may be cached
     assert "- Cached Steps: 0 of 4 transformer steps;" in stdout
-    assert "- Optimization: DBCache_F1B0_W8MC3_R0.12" in stdout
+    assert "- Optimization: DBCache_F1B0_W8MC3_R0.12_TS1\n" in stdout  # TaylorSeer order 1, the DBCache default
 
 
 def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,7 +233,7 @@ def test_optimization_tag_names_every_feature() -> None:
                         compile=hookkit.Compile(regional=True, mode="reduce-overhead", cuda_graphs="transformer"),
                         memo=True, sync_free=True)
     assert cli.optimization_tag(spec) == \
-        "DBCache_F2B1_W4MC2_R0.1_fp8_row_compile-reduce-overhead-regional_cudagraphs_memo_syncfree"
+        "DBCache_F2B1_W4MC2_R0.1_TS1_fp8_row_compile-reduce-overhead-regional_cudagraphs_memo_syncfree"
     assert cli.optimization_tag(hookkit.Spec()) == "eager"
 
 
@@ -250,3 +250,41 @@ def test_bench_quality_hands_over_to_the_quality_harness(capsys: pytest.CaptureF
     assert main(["bench", "--quality", "--list"]) == 0
     out = capsys.readouterr().out
     assert "| hookkit-F1B0-R0.12" in out and "| fbcache-R0.12" in out
+
+
+@pytest.mark.parametrize("flags", [["--cache-threshold", "0.2"], ["--cache-fn", "3"], ["--cache-mode", "static"],
+                                   ["--cache-taylorseer", "0"], ["--cache-warmup", "2"]])
+def test_generate_refuses_cache_flags_without_cache(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["generate", "flux", "--steps", "2", *flags])
+    assert code == 2
+    assert f"hookkit generate: error: {flags[0]} {flags[1]}: only with --cache. Add --cache." in capsys.readouterr().err
+
+
+def test_generate_refuses_a_compile_mode_without_compile(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["generate", "flux", "--steps", "2", "--compile-mode", "max-autotune"])
+    assert code == 2
+    assert ("hookkit generate: error: --compile-mode max-autotune: only with --compile or --cuda-graphs. "
+            "Add --compile.") in capsys.readouterr().err
+
+
+def test_verbose_flag_before_bench_quality_still_runs_the_quality_harness(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:  # argparse's --help exits
+        cli.main(["-v", "bench", "--quality", "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: hookkit bench --quality")
+
+
+def test_merge_of_a_missing_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.json"
+    assert cli.main(["bench", "--merge", str(missing)]) == 2
+    assert (f"hookkit bench: error: --merge {missing}: no such file; expected a JSON file written by "
+            "`hookkit bench --json`.") in capsys.readouterr().err
+
+
+def test_merge_of_a_json_that_is_not_a_bench_report_is_a_clear_error(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    assert cli.main(["bench", "--merge", str(other)]) == 2
+    assert (f"--merge {other}: expected a JSON file written by `hookkit bench --json`, but it has no 'command' "
+            "key.") in capsys.readouterr().err

@@ -51,6 +51,12 @@ def test_error_message_says_what_is_allowed() -> None:
     assert str(info.value) == "DBCache.mask_policy: expected one of ('dynamic', 'static'), got 'sometimes'."
 
 
+def test_a_static_mask_policy_needs_a_mask() -> None:
+    with pytest.raises(SpecError, match=r"DBCache.mask_policy: 'static' follows steps_mask alone, but steps_mask "
+                                        r"is None. Give a mask"):
+        hookkit.DBCache(mask_policy="static")
+
+
 def test_spec_round_trips_through_a_plain_dict() -> None:
     spec = hookkit.Spec(
         cache=hookkit.DBCache(fn_blocks=2, bn_blocks=1, threshold=0.1, steps_mask=[1, 0, 1], mask_policy="static"),
