@@ -37,7 +37,7 @@ def main() -> None:
         name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
     device = bench.resolve_device(opts.device)
     pipe = bench.load_pipeline(opts)
-    ctx = bench.RunContext(pipe=pipe, opts=opts, device=device)
+    ctx = bench.RunContext(pipe=pipe, opts=opts)
     bench.CONFIGS[args.config].setup(ctx)
     output_type = bench.output_type_for(opts)
     call = lambda: bench.output_of(pipe(**bench.call_kwargs(pipe, opts, output_type)))  # noqa: E731

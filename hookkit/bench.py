@@ -34,7 +34,6 @@ from hookkit import zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.summary import table
 
-VIDEO_MODELS = ("cogvideox", "wan")
 #: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
 FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -128,10 +127,6 @@ class ModelOptions:
     @staticmethod
     def prompt_default() -> str:
         return attrs.fields(ModelOptions).prompt.default
-
-    @property
-    def random_weights(self) -> bool:
-        return self.model_path is None
 
     def num_steps(self) -> int:
         """Default: 28 for full-size and local models (Flux-dev's default), 6 for tiny ones."""
@@ -288,6 +283,11 @@ def has_text_encoder(pipe: Any) -> bool:
 def _embedding_call_kwargs(pipe: Any, opts: ModelOptions, steps: int, output_type: str) -> dict[str, Any]:
     """Random prompt embeddings shaped like the real text encoders' output, from the transformer's config:
     for full-size architectures and for local pipelines saved without text encoders."""
+    if opts.name not in FULL_TEXT_TOKENS:
+        where = f"the pipeline in {opts.model_path} has no text encoder, and " if opts.model_path else ""
+        raise UnsupportedError(
+            f"{opts.name}: {where}hookkit makes random prompt embeddings only for {sorted(FULL_TEXT_TOKENS)}. "
+            "Save the pipeline with its text encoders, or pick one of those models.")
     cfg = pipe.transformer.config
     g = torch.Generator().manual_seed(1234 + opts.seed)
     b, tokens = opts.batch, FULL_TEXT_TOKENS[opts.name]
@@ -338,7 +338,6 @@ class RunContext:
 
     pipe: Any
     opts: ModelOptions
-    device: torch.device
     handle: Any = None
     #: feature data of a configuration that is not hookkit's, read after the timed runs (cache-dit's steps)
     features: Callable[[], dict[str, Any]] | None = None
@@ -601,7 +600,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         t0 = time.perf_counter()
         pipe = load_pipeline(opts)
         row["load_s"] = time.perf_counter() - t0
-        ctx = RunContext(pipe=pipe, opts=opts, device=device)
+        ctx = RunContext(pipe=pipe, opts=opts)
         graphs_before = _dynamo_graphs()
         t0 = time.perf_counter()
         config.setup(ctx)

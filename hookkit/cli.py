@@ -266,6 +266,16 @@ def _size_of(output: Any, latent: bool, kwargs: dict[str, Any]) -> str:
     return "default-size"
 
 
+def _check_image_suffix(out: Path) -> None:
+    """Refuse an --out that PIL cannot write before minutes of generation, not after."""
+    from PIL import Image
+
+    known = Image.registered_extensions()
+    if out.suffix.lower() not in known:
+        raise SpecError(f"--out {out}: expected a file name ending in an image format PIL writes "
+                        f"(.png, .jpg, .webp, .gif, ...), got suffix {out.suffix or 'none'!r}. Add one, e.g. {out.stem}.png.")
+
+
 def _save(output: Any, out: Path, latent: bool, video: bool) -> list[Path]:
     """Write images as PNG, videos as GIF (or one PNG per frame when `out` ends in .png), latents as .pt."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -297,8 +307,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
-    video = opts.name in bench.VIDEO_MODELS
     latent = opts.full
+    if args.out is not None and not latent:
+        _check_image_suffix(Path(args.out))
     steps = opts.num_steps()
 
     load_s, pipe = bench.timed(lambda: bench.load_pipeline(opts), device)
@@ -313,6 +324,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     kwargs = bench.call_kwargs(pipe, opts, output_type)
     infer_s, result = bench.timed(lambda: pipe(**kwargs), device)
     output = bench.output_of(result)
+    video = hasattr(result, "frames")  # what the pipeline returned, not a list of model names
     summary = handle.summary()
 
     tag = optimization_tag(spec)

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -37,7 +38,7 @@ import attrs
 import torch
 
 import hookkit
-from hookkit.bench import environment, timed
+from hookkit.bench import DTYPES, environment, resolve_device, timed
 from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.summary import table
 
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3)
-MASK_POLICIES: tuple[str, ...] = ("slow", "medium", "fast", "ultra")
+MASK_POLICIES: tuple[str, ...] = tuple(hookkit.specs.MASK_POLICIES)
 
 #: `setup(pipe)` applies a method to a freshly loaded pipeline and returns the callable that undoes it.
 Setup = Callable[[Any], Callable[[], None]]
@@ -227,9 +228,15 @@ def _cache_tag(cache: hookkit.DBCache) -> str:
     tag = f"F{cache.fn_blocks}B{cache.bn_blocks}"
     if cache.taylorseer_order:
         tag += f"-TS{cache.taylorseer_order}"
+    # everything that changes decisions is in the name, so two configurations of one sweep never share it
+    if cache.warmup_steps != 8:
+        tag += f"-W{cache.warmup_steps}"
+    if cache.max_continuous_cached_steps != -1:
+        tag += f"-MC{cache.max_continuous_cached_steps}"
     if cache.steps_mask is not None:
         mask = cache.steps_mask if isinstance(cache.steps_mask, str) else "custom"
-        return f"{tag}-mask-{mask}-{cache.mask_policy}"
+        tag += f"-mask-{mask}-{cache.mask_policy}"
+        return tag + (f"-R{cache.threshold:g}" if cache.mask_policy == "dynamic" else "")
     return f"{tag}-R{cache.threshold:g}"
 
 
@@ -371,17 +378,17 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, devi
         elif config.setup is not None:
             undo = config.setup(pipe)
 
-        def call(label: int, seed: int) -> torch.Tensor:
-            kwargs = trained.call_kwargs([label], [seed], steps=steps, cfg_scale=cfg_scale, device=device,
-                                         dtype=dtype, path=weights)
-            return pipe(**kwargs).images
+        def kwargs_for(label: int, seed: int) -> dict[str, Any]:
+            return trained.call_kwargs([label], [seed], steps=steps, cfg_scale=cfg_scale, device=device,
+                                       dtype=dtype, path=weights)
 
         for _ in range(warmup):  # untimed: lazy initialisation, allocator, kernels
-            call(*samples[0])
+            pipe(**kwargs_for(*samples[0]))
         counter.reset()
         images, seconds, reported = [], 0.0, 0
         for label, seed in samples:
-            dt, out = timed(lambda: call(label, seed), device)
+            kwargs = kwargs_for(label, seed)  # built outside the timed call, as `hookkit bench` does
+            dt, out = timed(lambda: pipe(**kwargs).images, device)
             seconds += dt
             images.append(out.float().cpu())
             if handle is not None:
@@ -614,7 +621,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: $OUT/quality or ./out/quality)")
     p.add_argument("--no-plot", action="store_true", help="skip quality.png (no matplotlib needed)")
     p.add_argument("--quick", action="store_true",
-                   help="2 classes x 1 seed, hookkit F1B0 and FirstBlockCache at 0.12 only: a fast check")
+                   help="2 classes x 1 seed, hookkit F1B0 + TaylorSeer 1 (the DBCache default) and FirstBlockCache "
+                        "at 0.12 only: a fast check")
     return p
 
 
@@ -641,10 +649,11 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; `--list` shows the known ones.")
             configs = [known[n] for n in wanted]
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise UnsupportedError(f"--device {device}: no CUDA device is visible. Use --device cpu.")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        device = str(resolve_device(args.device))
+        dtype = DTYPES[args.dtype]
+        if not args.no_plot and importlib.util.find_spec("matplotlib") is None:  # say so before the sweep
+            raise UnsupportedError("--quality writes quality.png with matplotlib, which is not installed. Install "
+                                   "it (`pip install hookkit[plot]`) or add --no-plot.")
         report = run_quality(configs, classes=classes, seeds=seeds, steps=args.steps, device=device, dtype=dtype,
                              cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier)
         out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"
@@ -654,13 +663,11 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
         if not args.no_plot:
             paths["plot"] = report.plot(out / "quality.png")
     except HookkitError as exc:
-        print(f"hookkit bench --quality: {exc}")
+        print(f"hookkit bench --quality: error: {exc}", file=sys.stderr)
         return 2
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(quality_main())

@@ -288,3 +288,22 @@ def test_merge_of_a_json_that_is_not_a_bench_report_is_a_clear_error(tmp_path: P
     assert cli.main(["bench", "--merge", str(other)]) == 2
     assert (f"--merge {other}: expected a JSON file written by `hookkit bench --json`, but it has no 'command' "
             "key.") in capsys.readouterr().err
+
+
+def test_generate_refuses_an_out_file_pil_cannot_write_before_generating(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "image"
+    assert cli.main(["generate", "flux", "--steps", "2", "--out", str(out)]) == 2
+    assert (f"--out {out}: expected a file name ending in an image format PIL writes (.png, .jpg, .webp, .gif, "
+            f"...), got suffix 'none'. Add one, e.g. image.png.") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> None:
+    from hookkit.errors import UnsupportedError
+
+    opts = bench.ModelOptions(name="sd3", model_path="/models/sd3-no-text-encoders")
+    with pytest.raises(UnsupportedError, match=r"sd3: the pipeline in /models/sd3-no-text-encoders has no text "
+                                               r"encoder, and hookkit makes random prompt embeddings only for "
+                                               r"\['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
+        bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")

@@ -199,4 +199,25 @@ def test_quality_main_lists_the_sweep(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_quality_main_refuses_an_unknown_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     assert quality.quality_main(["--configs", "nope"]) == 2
-    assert "unknown configuration 'nope'" in capsys.readouterr().out
+    assert ("hookkit bench --quality: error: --configs: unknown configuration 'nope'; `--list` shows the known ones."
+            in capsys.readouterr().err)
+
+
+def test_quality_main_refuses_an_unknown_device_before_running(capsys: pytest.CaptureFixture[str]) -> None:
+    assert quality.quality_main(["--device", "gpu", "--quick", "--no-plot"]) == 2
+    assert "hookkit bench --quality: error: --device: expected 'cpu', 'cuda' or 'cuda:N', got 'gpu'." in \
+        capsys.readouterr().err
+
+
+def test_configurations_that_decide_differently_have_different_names() -> None:
+    names = [quality.hookkit_config(c).name for c in (
+        hookkit.DBCache(steps_mask="fast", threshold=0.08),            # dynamic mask: the threshold decides
+        hookkit.DBCache(steps_mask="fast", threshold=0.2),
+        hookkit.DBCache(steps_mask="fast", mask_policy="static"),      # static: the mask alone decides
+        hookkit.DBCache(threshold=0.12, warmup_steps=0),
+        hookkit.DBCache(threshold=0.12, max_continuous_cached_steps=3),
+        hookkit.DBCache(threshold=0.12),
+    )]
+    assert names == ["hookkit-F1B0-TS1-mask-fast-dynamic-R0.08", "hookkit-F1B0-TS1-mask-fast-dynamic-R0.2",
+                     "hookkit-F1B0-TS1-mask-fast-static", "hookkit-F1B0-TS1-W0-R0.12", "hookkit-F1B0-TS1-MC3-R0.12",
+                     "hookkit-F1B0-TS1-R0.12"]
