@@ -204,6 +204,7 @@ def load_pipeline(opts: ModelOptions) -> Any:
     if opts.model_path is not None:
         pipe = _from_pretrained(opts, dtype)
     elif opts.full:
+        check_fits(opts.name, device, dtype)
         torch.manual_seed(opts.seed)
         with torch.device(device), _default_dtype(dtype):
             vae = _full_vae(opts.name)
@@ -220,6 +221,39 @@ def load_pipeline(opts: ModelOptions) -> Any:
         pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def full_transformer_bytes(name: str, dtype: torch.dtype) -> int:
+    """Bytes of the full-size `name` transformer's weights in `dtype`, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        transformer = zoo.full_transformer(name)
+    return sum(p.numel() for p in transformer.parameters()) * torch.empty((), dtype=dtype).element_size()
+
+
+def _available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:  # Linux; elsewhere no check
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
+def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a full-size model that cannot fit before building it: the alternative is the OOM killer minutes
+    later (a 20B-parameter transformer in float32 is 80 GB)."""
+    try:
+        available = _available_bytes(device)
+    except OSError:
+        return
+    need = full_transformer_bytes(name, dtype)
+    if need > available:
+        dtype_name = str(dtype).removeprefix("torch.")
+        raise UnsupportedError(
+            f"--full {name}: the full-size transformer needs {need / 1e9:.1f} GB in {dtype_name}, "
+            f"{device} has {available / 1e9:.1f} GB available. Run it on a GPU with enough memory, or drop --full "
+            "for the tiny model.")
 
 
 def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:

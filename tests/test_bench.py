@@ -239,3 +239,18 @@ def test_cache_dit_steps_count_both_branches_with_separate_cfg() -> None:
     assert data["branches"] == {"cond": {"cached": [3], "computed": [0, 1, 2]},
                                 "uncond": {"cached": [1, 3], "computed": [0, 2]}}
     assert bench.cache_stats({"cache": data}) == (3, 8)
+
+
+def test_full_size_weights_are_counted_without_allocating_them() -> None:
+    # Flux-dev: 11,901,408,320 parameters (counted on the meta device), two bytes each in bfloat16
+    assert bench.full_transformer_bytes("flux", torch.bfloat16) == 23_802_816_640
+
+
+def test_a_full_size_model_that_cannot_fit_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    monkeypatch.setattr(bench, "_available_bytes", lambda device: 20 * 10**9)
+    with pytest.raises(UnsupportedError, match=r"^--full flux: the full-size transformer needs 47.6 GB in float32, "
+                                               r"cpu has 20.0 GB available. Run it on a GPU with enough memory, "
+                                               r"or drop --full for the tiny model.$"):
+        bench.load_pipeline(bench.ModelOptions(name="flux", full=True, device="cpu"))
