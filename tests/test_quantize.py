@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -11,21 +12,24 @@ import torch
 import hookkit
 from hookkit import zoo
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
-from hookkit.filters import all_of, any_of, by_name, divisible_by, is_linear, min_features, not_
+from hookkit.filters import Predicate, all_of, any_of, by_name, divisible_by, is_linear, min_features, not_
 from hookkit.hooks import registry_names
 from hookkit.hooks.quantize import (
-    DTYPE,
+    ALREADY_QUANTIZED,
     EXCLUDED,
+    LORA,
     OUTSIDE,
     REJECTED,
     SCHEMES,
     TOO_SMALL,
+    QuantizedLayer,
     apply_quantize,
     layer_filter,
     make_config,
     not_divisible,
     select_layers,
     unsupported_reason,
+    wrong_dtype,
 )
 from hookkit.specs import QUANT_SCHEMES
 
@@ -72,6 +76,25 @@ def same_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> bool:
 
 def module_dicts(model: torch.nn.Module) -> dict[str, set[str]]:
     return {p: set(m.__dict__) for p, m in model.named_modules()}
+
+
+class LoraLinear(torch.nn.Module):
+    """PEFT's layout of a LoRA-wrapped Linear (peft.tuners.lora.Linear), built by hand: peft is not installed."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(base.in_features, rank, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(rank, base.out_features, bias=False)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+def wrap_lora(model: torch.nn.Module, path: str) -> None:
+    parent, _, name = path.rpartition(".")
+    module = model.get_submodule(parent) if parent else model
+    setattr(module, name, LoraLinear(getattr(module, name)).to(getattr(module, name).weight.dtype))
 
 
 # --- the layers each adapter chooses for fp8_row ---------------------------------------------------------
@@ -165,8 +188,32 @@ def test_fp8_row_and_mxfp8_need_bf16_weights_fp8_tensor_does_not() -> None:
     row = select_layers(fp32, hookkit.Quantize(scheme="fp8_row"))
     assert row.chosen == ()
     decision = next(d for d in row.layers if d.path == "transformer_blocks.0.attn.to_q")
-    assert (decision.reason, decision.detail) == (DTYPE, "fp8_row needs torch.bfloat16 weights, has torch.float32")
+    assert decision.reason == wrong_dtype((torch.bfloat16,)) == "dtype not bfloat16"
+    assert decision.detail == "fp8_row needs torch.bfloat16 weights, has torch.float32"
     assert {d.path for d in select_layers(fp32, hookkit.Quantize(scheme="fp8_tensor")).chosen} == EXPECTED_FP8_ROW["flux"]
+    qwen = select_layers(zoo.tiny_transformer("qwenimage"), hookkit.Quantize(scheme="mxfp8"))
+    assert qwen.chosen == ()
+    assert {p for p, reason in qwen.reasons().items() if reason == "dtype not bfloat16"} == EXPECTED_FP8_ROW["qwenimage"]
+
+
+def test_nvfp4_takes_bfloat16_or_float32_weights_and_names_both_for_float16() -> None:
+    # selection only: nvfp4 needs a Blackwell GPU to run, but which layers it would take is decided anywhere
+    transformer = zoo.tiny_transformer("flux").to(torch.float16)
+    report = select_layers(transformer, hookkit.Quantize(scheme="nvfp4"))
+    assert report.chosen == ()
+    assert report.counts() == {OUTSIDE: 10, EXCLUDED: 7, "dtype not bfloat16 or float32": 39}
+    assert {p for p, reason in report.reasons().items() if reason == wrong_dtype((torch.bfloat16, torch.float32))} \
+        == EXPECTED_FP8_ROW["flux"]
+    decision = next(d for d in report.layers if d.path == "transformer_blocks.0.attn.to_q")
+    assert (decision.dtype, decision.detail) == ("float16", "nvfp4 needs torch.bfloat16 or torch.float32 weights, has torch.float16")
+    with pytest.raises(SpecError) as err:  # build_plan checks no hardware: the dtype is what it refuses
+        hookkit.build_plan(transformer, hookkit.Spec(quantize=hookkit.Quantize(scheme="nvfp4")))
+    assert "(10 outside the repeated blocks, 7 excluded by name, 39 dtype not bfloat16 or float32). Cast the " \
+           "transformer to bfloat16 or float32 first (pipe.to(torch.bfloat16))." in str(err.value)
+    for dtype in (torch.bfloat16, torch.float32):
+        transformer.to(dtype)
+        assert {d.path for d in select_layers(transformer, hookkit.Quantize(scheme="nvfp4")).chosen} \
+            == EXPECTED_FP8_ROW["flux"], dtype
 
 
 def test_int8_schemes_have_no_divisibility_rule() -> None:
@@ -243,6 +290,80 @@ def test_layer_filter_is_a_torchao_filter_fn_for_exactly_the_chosen_layers() -> 
     assert fn(transformer, "") is False  # torchao also asks about the root
 
 
+def test_select_layers_names_what_it_expected_when_given_something_else() -> None:
+    with pytest.raises(SpecError) as err:
+        select_layers(bf16_tiny("flux"), "fp8_row")  # type: ignore[arg-type]
+    assert str(err.value) == ("select_layers.spec: expected a hookkit.Quantize, got str 'fp8_row'. Pass one, e.g. "
+                              "select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
+
+
+# --- layers already quantized, PEFT LoRA layers ------------------------------------------------------------
+
+
+def test_an_already_quantized_transformer_is_not_quantized_again() -> None:
+    transformer = zoo.tiny_transformer("flux")
+    first = apply_quantize(transformer, hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu"))
+    again = hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu")
+    report = select_layers(transformer, again)
+    assert report.chosen == ()
+    assert report.counts() == {OUTSIDE: 10, EXCLUDED: 7, ALREADY_QUANTIZED: 39}
+    assert {p for p, reason in report.reasons().items() if reason == ALREADY_QUANTIZED} == EXPECTED_FP8_ROW["flux"]
+    decision = next(d for d in report.layers if d.path == "transformer_blocks.0.attn.to_q")
+    assert decision.detail == "weight is a Int8Tensor, not a plain Parameter"
+    # nothing overrides it: torchao cannot quantize a quantized tensor
+    assert select_layers(transformer, hookkit.Quantize(scheme="int8_weight_only", filter_fn=is_linear())).counts() \
+        == {ALREADY_QUANTIZED: 39}
+    with pytest.raises(SpecError) as err:
+        apply_quantize(transformer, again)
+    assert str(err.value) == (
+        "Quantize.scheme: 'int8_weight_only' would quantize none of the 56 Linear layers of FluxTransformer2DModel "
+        "(10 outside the repeated blocks, 7 excluded by name, 39 already quantized). 39 of its Linear weights are "
+        "already quantized (by an earlier apply_quantize or hookkit.enable, or a model loaded with a quantization "
+        "config): remove that quantization or reload the model to quantize anew. Widen the selection "
+        "(region='all', include=..., filter_fn=...) or choose another scheme; "
+        "hookkit.hooks.quantize.select_layers(transformer, spec) lists every layer with its reason.")
+    with pytest.raises(SpecError) as via_enable:
+        hookkit.enable(transformer, hookkit.Spec(quantize=again))
+    assert str(via_enable.value) == str(err.value)
+    assert hookkit.handle_of(transformer) is None
+    first.remove()
+    assert {d.path for d in select_layers(transformer, again).chosen} == EXPECTED_FP8_ROW["flux"]
+
+
+def test_peft_base_layers_are_matched_by_name_as_the_layers_they_wrap() -> None:
+    transformer = bf16_tiny("flux")
+    for path in ("transformer_blocks.0.norm1.linear", "transformer_blocks.0.attn.to_q", "proj_out"):
+        wrap_lora(transformer, path)
+    report = select_layers(transformer, hookkit.Quantize(scheme="fp8_row"))
+    assert {d.path for d in report.chosen} == EXPECTED_FP8_ROW["flux"] - {"transformer_blocks.0.attn.to_q"} | {
+        "transformer_blocks.0.attn.to_q.base_layer"}
+    decisions = {d.path: (d.reason, d.detail) for d in report.layers}
+    assert decisions["transformer_blocks.0.norm1.linear.base_layer"] == (EXCLUDED, "adapter 'flux' quant_exclude '*.norm1.linear'")
+    assert decisions["proj_out.base_layer"] == (OUTSIDE, "not inside FluxTransformerBlock, FluxSingleTransformerBlock")
+    # Quantize.include and Quantize.exclude match the same way
+    spec = hookkit.Quantize(scheme="fp8_row", include=("*.norm1.linear",), exclude=("*.attn.to_q",))
+    changed = select_layers(transformer, spec)
+    assert {d.path for d in changed.chosen} == {p for p in EXPECTED_FP8_ROW["flux"] if not p.endswith(".attn.to_q")} | {
+        "transformer_blocks.0.norm1.linear.base_layer", "transformer_blocks.1.norm1.linear"}
+    assert changed.reasons()["transformer_blocks.0.attn.to_q.base_layer"] == EXCLUDED
+
+
+def test_lora_adapter_linears_are_never_quantized() -> None:
+    transformer = bf16_tiny("flux")
+    for path in ("transformer_blocks.0.norm1.linear", "transformer_blocks.0.attn.to_q", "proj_out"):
+        wrap_lora(transformer, path)
+    adapters = {f"{path}.{ab}.default" for path in ("transformer_blocks.0.norm1.linear", "transformer_blocks.0.attn.to_q",
+                                                    "proj_out") for ab in ("lora_A", "lora_B")}
+    detail = {"lora_A": "PEFT lora_A: only the base_layer it wraps is quantized",
+              "lora_B": "PEFT lora_B: only the base_layer it wraps is quantized"}
+    for spec in (hookkit.Quantize(scheme="fp8_row"), hookkit.Quantize(scheme="fp8_row", region="all", include=("*",)),
+                 hookkit.Quantize(scheme="fp8_row", filter_fn=is_linear())):
+        report = select_layers(transformer, spec)
+        assert {p for p, reason in report.reasons().items() if reason == LORA} == adapters
+        assert {d.path: d.detail for d in report.layers if d.reason == LORA} == {p: detail[p.split(".")[-2]] for p in adapters}
+        assert not adapters & {d.path for d in report.chosen}
+
+
 # --- predicates --------------------------------------------------------------------------------------------
 
 
@@ -264,17 +385,27 @@ def test_predicates_compose() -> None:
     assert repr(pick) == "any_of(by_name('*.to_q'), all_of(divisible_by(16), min_features(32)))"
 
 
-def test_predicates_reject_bad_arguments() -> None:
-    with pytest.raises(SpecError, match=r"min_features: expected an int >= 1, got 0"):
+def test_predicates_reject_bad_arguments_saying_what_to_pass() -> None:
+    with pytest.raises(SpecError) as err:
         min_features(0)
-    with pytest.raises(SpecError, match=r"divisible_by: expected an int >= 1, got True"):
+    assert str(err.value) == ("hookkit.filters.min_features: expected an int >= 1, got int 0. "
+                              "Pass a positive int, e.g. min_features(16).")
+    with pytest.raises(SpecError) as err:
         divisible_by(True)
-    with pytest.raises(SpecError, match=r"by_name: expected one or more non-empty pattern strings"):
+    assert str(err.value) == ("hookkit.filters.divisible_by: expected an int >= 1, got bool True. "
+                              "Pass a positive int, e.g. divisible_by(16).")
+    with pytest.raises(SpecError) as err:
         by_name()
-    with pytest.raises(SpecError, match=r"all_of: expected at least one predicate"):
+    assert str(err.value) == ("hookkit.filters.by_name: expected one or more non-empty pattern strings, got (). "
+                              "Pass fnmatch patterns on module paths, e.g. by_name('*.attn.*', 'proj_out').")
+    with pytest.raises(SpecError) as err:
         all_of()
-    with pytest.raises(SpecError, match=r"any_of: expected callables"):
+    assert str(err.value) == ("hookkit.filters.all_of: expected at least one predicate, got none. "
+                              "Pass one or more, e.g. all_of(by_name('*.attn.*'), min_features(64)).")
+    with pytest.raises(SpecError) as err:
         any_of("*.attn.*")  # type: ignore[arg-type]
+    assert str(err.value) == ("hookkit.filters.any_of: expected callables (module, fqn) -> bool, got str '*.attn.*'. "
+                              "Wrap name patterns in by_name(...), e.g. any_of(by_name('*.attn.*')).")
 
 
 # --- schemes and hardware ----------------------------------------------------------------------------------
@@ -293,6 +424,38 @@ def test_every_scheme_maps_to_a_torchao_config_that_leaves_inductor_alone() -> N
         assert getattr(make_config(scheme), "set_inductor_config", False) is False, scheme
     assert [type(g).__name__ for g in make_config("fp8_row").granularity] == ["PerRow", "PerRow"]
     assert [type(g).__name__ for g in make_config("fp8_tensor").granularity] == ["PerTensor", "PerTensor"]
+
+
+def test_mx_schemes_without_torchaos_prototype_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao.prototype.mx_formats", None)  # makes the import fail
+    for scheme in ("nvfp4", "mxfp8"):
+        with pytest.raises(UnsupportedError) as err:
+            make_config(scheme)
+        message = str(err.value)
+        assert message.startswith(f"Quantize.scheme={scheme!r}: expected a torchao with the prototype MX formats "
+                                  "(torchao.prototype.mx_formats), got one without them (")
+        assert message.endswith("). Install one that has them (pip install 'torchao>=0.17') or choose scheme='fp8_row'.")
+    assert type(make_config("int8_weight_only")).__name__ == "Int8WeightOnlyConfig"  # the others need no prototype
+
+
+def test_a_layer_torchao_leaves_unquantized_is_restored_exactly_and_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchao's float8 transform skips a weight that is not 16-aligned, yet installs it as a new plain Parameter with
+    # requires_grad=False and sets its extra_repr. Its hardware assertion is lifted so that the CPU reaches that path.
+    from torchao.quantization import quant_api
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    layer = torch.nn.Linear(24, 24).to(torch.bfloat16)
+    weight, bias, before = layer.weight, layer.bias, dict(layer.__dict__)
+    with pytest.raises(HookError) as err:
+        QuantizedLayer(layer, "blocks.0.attn1.to_q", make_config("fp8_row"), keep_original=None)
+    assert str(err.value) == (
+        "blocks.0.attn1.to_q: expected torchao (Float8DynamicActivationFloat8WeightConfig) to replace the weight "
+        "(24, 24) torch.bfloat16 with a quantized tensor, got a plain Parameter: torchao skipped the layer for a "
+        "requirement hookkit's layer rules missed. The layer was restored as it was. Exclude it "
+        "(hookkit.Quantize(exclude=('blocks.0.attn1.to_q',))) and report this to hookkit.")
+    assert layer.weight is weight and layer.weight.requires_grad is True and layer.bias is bias
+    assert set(layer.__dict__) == set(before) and all(layer.__dict__[k] is v for k, v in before.items())
+    assert "extra_repr" not in layer.__dict__
 
 
 def test_hardware_rules() -> None:
@@ -349,12 +512,19 @@ def test_int8_weight_only_runs_on_cpu_with_psnr_at_least_30_db() -> None:
     handle.remove()
 
 
-@pytest.mark.parametrize("scheme", ["int8_dynamic", "fp8_weight_only"])
-def test_other_cpu_schemes_run_and_stay_close(scheme: str) -> None:
+@pytest.mark.parametrize(("scheme", "tensor"), [("int8_dynamic", "Int8Tensor"), ("fp8_weight_only", "Float8Tensor")])
+def test_other_cpu_schemes_run_and_stay_close(scheme: str, tensor: str) -> None:
+    from torchao import quantization
+
     pipe = zoo.tiny_pipeline("flux")
     reference = run(pipe, "flux")
     hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme=scheme, keep_original="device")))
-    assert psnr(reference, run(pipe, "flux")) >= 25.0
+    types = {p: type(m.weight) for p, m in pipe.transformer.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {p for p, t in types.items() if t is getattr(quantization, tensor)} == EXPECTED_FP8_ROW["flux"]
+    assert {t for p, t in types.items() if p not in EXPECTED_FP8_ROW["flux"]} == {torch.nn.Parameter}
+    output = run(pipe, "flux")
+    assert not torch.equal(output, reference)  # quantized for real, so not bitwise equal ...
+    assert psnr(reference, output) >= 25.0      # ... but close
     hookkit.disable(pipe)
     assert torch.equal(run(pipe, "flux"), reference)
 
@@ -418,6 +588,31 @@ def test_a_scheme_that_would_quantize_nothing_is_refused_with_the_reasons() -> N
                                         r"\(6 outside the repeated blocks, 30 not divisible by 16\)"):
         hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))
     assert hookkit.handle_of(pipe) is None
+
+
+def test_a_filter_fn_that_changes_its_answer_between_plan_and_attach_is_refused_before_quantizing() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    saved, dicts = state(pipe.transformer), module_dicts(pipe.transformer)
+    first = next(p for p, m in pipe.transformer.named_modules() if isinstance(m, torch.nn.Linear))
+    passes: list[str] = []
+
+    def flaky(module: torch.nn.Module, path: str) -> bool:  # impure: its answer depends on how often it was asked
+        if path == first:
+            passes.append(path)
+        return path == ("transformer_blocks.0.attn.to_q" if len(passes) == 1 else "transformer_blocks.0.attn.to_k")
+
+    spec = hookkit.Quantize(scheme="int8_weight_only", filter_fn=Predicate(flaky, "flaky"), keep_original="cpu")
+    with pytest.raises(HookError) as err:
+        hookkit.enable(pipe, hookkit.Spec(quantize=spec))
+    assert str(err.value) == (
+        "hookkit.quantize: expected attach to choose the 1 Linear layers build_plan chose, got 1 (chosen only by "
+        "build_plan: transformer_blocks.0.attn.to_q; only now: transformer_blocks.0.attn.to_k). Quantize.filter_fn "
+        "must be deterministic and pure (the same answer for the same module and path, no state), and the "
+        "transformer must not change while hookkit.enable runs. Nothing was quantized; fix the filter_fn and "
+        "enable again.")
+    assert len(passes) == 2
+    assert same_state(pipe.transformer, saved) and module_dicts(pipe.transformer) == dicts
+    assert hookkit.handle_of(pipe) is None and registry_names(pipe.transformer) == ()
 
 
 def test_a_float32_model_is_told_to_cast_to_bfloat16_for_per_row_fp8() -> None:

@@ -8,13 +8,20 @@
 Which layers (`select_layers`, one reason per skipped layer, checked in this order):
 
 1. only `nn.Linear` modules are considered (and listed in the report);
-2. selection rules, which `Quantize.include` patterns override and `Quantize.filter_fn` replaces:
+2. facts about the layer, which nothing overrides: "already quantized" (its weight is a tensor subclass,
+   e.g. torchao's Int8Tensor after an earlier `apply_quantize`, or a model loaded with diffusers'
+   `TorchAoConfig`: torchao only quantizes plain tensors and crashes on the others) and "LoRA adapter"
+   (PEFT's `lora_A`/`lora_B` Linears: small trained low-rank updates, kept in their own precision);
+3. selection rules, which `Quantize.include` patterns override and `Quantize.filter_fn` replaces:
    "outside the repeated blocks" (`region="repeated_blocks"`, the default: not inside an instance of the
    adapter's `repeated_blocks` classes), "excluded by name" (the adapter's `quant_exclude` patterns, then
-   `Quantize.exclude`; fnmatch on the module path), "too small" (`min(in, out) < min_features`);
-3. the scheme's requirements, which nothing overrides because torchao would silently skip or reject the
-   layer: "not divisible by 16" (32 for MX) on `in_features` or `out_features`, and "dtype" (per-row fp8
-   and MX need bf16 weights).
+   `Quantize.exclude`), "too small" (`min(in, out) < min_features`). Name patterns (include, exclude,
+   quant_exclude) are fnmatch'ed on the module path with a trailing `.base_layer` removed: PEFT moves a
+   LoRA-wrapped Linear to `<path>.base_layer`, and it is still the layer the patterns mean. `filter_fn`
+   gets the real path, as torchao's `filter_fn` would;
+4. the scheme's requirements, which nothing overrides because torchao would silently skip or reject the
+   layer: "not divisible by 16" (32 for MX) on `in_features` or `out_features`, and the weight dtype
+   ("dtype not bfloat16" for per-row fp8 and MX, "dtype not bfloat16 or float32" for NVFP4).
 
 When: quantization happens at attach time, once; it is not a forward hook. `build_plan` returns one
 attachment per chosen Linear (target: its module path, name `hookkit.quantize`), so the plan shows
@@ -24,7 +31,10 @@ Hardware: before torchao is called, every chosen layer's device is checked again
 dynamic activations needs CUDA compute capability 8.9+, NVFP4 and MX need 10.0+; the int8 schemes and
 `fp8_weight_only`, which dequantizes in the matmul, run anywhere, the CPU included). A scheme the device
 cannot run raises `UnsupportedError` and nothing is quantized. A spec that chooses no layer (say fp8_row
-on float32 weights) quantizes nothing, so it needs no check; the summary says why each layer was skipped.
+on float32 weights, or a transformer already quantized) is refused earlier, by `build_plan` and
+`apply_quantize`, with a `SpecError` counting the reasons: quantizing nothing is a mistake, not a no-op.
+If torchao still leaves a chosen layer unquantized (a requirement these rules missed), the layer is
+restored as it was and `HookError` names it.
 torchao's global inductor settings are never changed (`set_inductor_config=False` on every config that
 has it; the MX/NVFP4 configs have no such field and leave them alone).
 
@@ -68,11 +78,26 @@ EXCLUDED = "excluded by name"
 OUTSIDE = "outside the repeated blocks"
 TOO_SMALL = "too small"
 REJECTED = "rejected by filter_fn"
-DTYPE = "dtype"
+ALREADY_QUANTIZED = "already quantized"
+LORA = "LoRA adapter"
+
+#: PEFT's LoRA layers: `<path>.base_layer` is the wrapped Linear, `<path>.lora_A.<adapter>` and
+#: `<path>.lora_B.<adapter>` the low-rank update
+_PEFT_BASE = ".base_layer"
+_LORA_NAMES = frozenset({"lora_A", "lora_B"})
 
 
 def not_divisible(n: int) -> str:
     return f"not divisible by {n}"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def wrong_dtype(expected: tuple[torch.dtype, ...]) -> str:
+    """The reason of a layer whose weight dtype is not one of `expected`, e.g. "dtype not bfloat16 or float32"."""
+    return "dtype not " + " or ".join(_dtype_name(d) for d in expected)
 
 
 # --- schemes ---------------------------------------------------------------------------------------------
@@ -86,14 +111,14 @@ class SchemeInfo:
     description: str
     #: `in_features` and `out_features` must be multiples of this (1: no rule)
     divisor: int = 1
-    #: the weights must have this dtype (None: any floating dtype)
-    weight_dtype: torch.dtype | None = None
+    #: the weights must have one of these dtypes (empty: any floating dtype)
+    weight_dtypes: tuple[torch.dtype, ...] = ()
     #: minimal CUDA compute capability (None: runs on any device, the CPU included)
     capability: tuple[int, int] | None = None
 
 
 SCHEMES: dict[str, SchemeInfo] = {
-    "fp8_row": SchemeInfo(name="fp8_row", divisor=16, weight_dtype=torch.bfloat16, capability=(8, 9),
+    "fp8_row": SchemeInfo(name="fp8_row", divisor=16, weight_dtypes=(torch.bfloat16,), capability=(8, 9),
                           description="float8 e4m3 weights and dynamic activations, per-row scales"),
     "fp8_tensor": SchemeInfo(name="fp8_tensor", divisor=16, capability=(8, 9),
                              description="float8 e4m3 weights and dynamic activations, per-tensor scales"),
@@ -101,9 +126,10 @@ SCHEMES: dict[str, SchemeInfo] = {
                                   description="float8 e4m3 weights (per-row), dequantized in the matmul: saves memory, not time"),
     "int8_dynamic": SchemeInfo(name="int8_dynamic", description="int8 per-row weights and dynamic per-token activations"),
     "int8_weight_only": SchemeInfo(name="int8_weight_only", description="int8 per-row weights"),
-    "nvfp4": SchemeInfo(name="nvfp4", divisor=16, capability=(10, 0),
+    # torchao's NVFP4 and MX tensors take bf16 or fp32; the MX *config* handler asserts bf16 on top of that.
+    "nvfp4": SchemeInfo(name="nvfp4", divisor=16, weight_dtypes=(torch.bfloat16, torch.float32), capability=(10, 0),
                         description="NVFP4 weights and dynamic activations (fp4 e2m1, fp8 block scales of 16)"),
-    "mxfp8": SchemeInfo(name="mxfp8", divisor=32, weight_dtype=torch.bfloat16, capability=(10, 0),
+    "mxfp8": SchemeInfo(name="mxfp8", divisor=32, weight_dtypes=(torch.bfloat16,), capability=(10, 0),
                         description="MX float8 e4m3 weights and dynamic activations (e8m0 block scales of 32)"),
 }
 if tuple(SCHEMES) != QUANT_SCHEMES:  # specs.py validates the names, this table implements them
@@ -140,7 +166,14 @@ def make_config(scheme: str) -> Any:
     if scheme == "int8_weight_only":
         return Int8WeightOnlyConfig(version=2, set_inductor_config=False)
     # The MX configs have no set_inductor_config field: their handlers leave inductor alone.
-    from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig, NVFP4DynamicActivationNVFP4WeightConfig
+    try:
+        from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig, NVFP4DynamicActivationNVFP4WeightConfig
+    except ImportError as exc:
+        raise UnsupportedError(
+            f"Quantize.scheme={scheme!r}: expected a torchao with the prototype MX formats "
+            f"(torchao.prototype.mx_formats), got one without them ({exc}). Install one that has them "
+            "(pip install 'torchao>=0.17') or choose scheme='fp8_row'."
+        ) from None
 
     if scheme == "nvfp4":
         return NVFP4DynamicActivationNVFP4WeightConfig()
@@ -271,6 +304,17 @@ def _first_match(path: str, patterns: tuple[str, ...]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(path, p)), None)
 
 
+def pattern_path(path: str) -> str:
+    """The path name patterns match: a PEFT-wrapped Linear lives at `<path>.base_layer`, and is the layer at `<path>`."""
+    return path.removesuffix(_PEFT_BASE)
+
+
+def _is_plain(weight: torch.Tensor) -> bool:
+    """True for a weight torchao can quantize: exactly a Parameter or Tensor. torchao's quantized tensors (and
+    bitsandbytes' or GGUF's) are subclasses, and a subclass is never exactly one of these."""
+    return type(weight) in (torch.nn.Parameter, torch.Tensor)
+
+
 def _region_prefixes(transformer: torch.nn.Module, adapter: AdapterSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(repeated block classes, their module paths) in the transformer."""
     classes = adapter.repeated_blocks or tuple(dict.fromkeys(c for b in adapter.blocks for c in b.classes))
@@ -281,7 +325,8 @@ def _region_prefixes(transformer: torch.nn.Module, adapter: AdapterSpec) -> tupl
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
     """Decide for every Linear of `transformer` whether `spec` quantizes it, and why not. Reads only."""
     if not isinstance(spec, Quantize):
-        raise SpecError(f"select_layers.spec: expected a hookkit.Quantize, got {spec!r}.")
+        raise SpecError(f"select_layers.spec: expected a hookkit.Quantize, got {type(spec).__name__} {spec!r}. "
+                        "Pass one, e.g. select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
     info = SCHEMES[spec.scheme]
     classes, prefixes = _region_prefixes(transformer, adapter)
@@ -290,13 +335,20 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
     for path, module in transformer.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
+        weight = module.weight
+        name = pattern_path(path)
+        lora = _LORA_NAMES.intersection(path.split("."))
         ok, reason, detail = True, "", ""
-        if spec.filter_fn is not None:
+        if not _is_plain(weight):
+            ok, reason, detail = False, ALREADY_QUANTIZED, f"weight is a {type(weight).__name__}, not a plain Parameter"
+        elif lora:
+            ok, reason, detail = False, LORA, f"PEFT {min(lora)}: only the base_layer it wraps is quantized"
+        elif spec.filter_fn is not None:
             if not spec.filter_fn(module, path):
                 ok, reason, detail = False, REJECTED, f"Quantize.filter_fn={spec.filter_fn!r}"
-        elif _first_match(path, spec.include) is None:
-            adapter_pattern = _first_match(path, adapter.quant_exclude)
-            spec_pattern = _first_match(path, spec.exclude)
+        elif _first_match(name, spec.include) is None:
+            adapter_pattern = _first_match(name, adapter.quant_exclude)
+            spec_pattern = _first_match(name, spec.exclude)
             if region_on and not any(path.startswith(p + ".") for p in prefixes):
                 ok, reason, detail = False, OUTSIDE, f"not inside {', '.join(classes)}"
             elif adapter_pattern is not None:
@@ -309,12 +361,11 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
         if ok and (module.in_features % info.divisor or module.out_features % info.divisor):
             ok, reason = False, not_divisible(info.divisor)
             detail = f"in_features={module.in_features}, out_features={module.out_features}"
-        if ok and info.weight_dtype is not None and module.weight.dtype != info.weight_dtype:
-            ok, reason = False, DTYPE
-            detail = f"{spec.scheme} needs {info.weight_dtype} weights, has {module.weight.dtype}"
+        if ok and info.weight_dtypes and weight.dtype not in info.weight_dtypes:
+            ok, reason = False, wrong_dtype(info.weight_dtypes)
+            detail = f"{spec.scheme} needs {' or '.join(map(str, info.weight_dtypes))} weights, has {weight.dtype}"
         decisions.append(LayerDecision(path=path, in_features=module.in_features, out_features=module.out_features,
-                                       dtype=str(module.weight.dtype).removeprefix("torch."), quantized=ok,
-                                       reason=reason, detail=detail))
+                                       dtype=_dtype_name(weight.dtype), quantized=ok, reason=reason, detail=detail))
     return QuantizeReport(scheme=spec.scheme, region=classes if region_on else (), layers=tuple(decisions))
 
 
@@ -333,7 +384,12 @@ def _root_only(module: torch.nn.Module, fqn: str) -> bool:
 
 
 class QuantizedLayer:
-    """One Linear whose weight torchao replaced. `remove()` puts the original back when it was kept."""
+    """One Linear whose weight torchao replaced. `remove()` puts the original back when it was kept.
+
+    If torchao fails, or leaves the weight a plain tensor (it skips layers it cannot take, yet still installs
+    a new Parameter with requires_grad=False and its extra_repr), the layer is put back exactly as it was and
+    the constructor raises: a layer counted as quantized must be quantized.
+    """
 
     def __init__(self, module: torch.nn.Linear, path: str, config: Any, keep_original: str | None) -> None:
         from torchao.quantization import quantize_
@@ -351,27 +407,31 @@ class QuantizedLayer:
             self._weight = weight  # the Parameter itself: restored as the very same object
         elif keep_original == "cpu":
             self._weight = weight.detach().to("cpu", copy=True)
-        quantize_(module, config, filter_fn=_root_only)
-        # What torchao put into the instance dict (its extra_repr), to be undone exactly on removal.
-        self._added = [k for k in module.__dict__ if k not in before]
-        self._replaced = {k: v for k, v in before.items() if module.__dict__.get(k) is not v}
-        if module.weight is weight:
+        try:
+            quantize_(module, config, filter_fn=_root_only)
+        except BaseException:
+            self._note_changes(module, before)
+            self._restore(module, weight)  # the original Parameter is at hand here, kept or not
+            raise
+        self._note_changes(module, before)
+        if _is_plain(module.weight):
+            got = type(module.weight).__name__
+            self._restore(module, weight)
             raise HookError(
-                f"{path}: torchao left the weight {tuple(weight.shape)} {weight.dtype} unquantized with {type(config).__name__}; "
-                "hookkit's layer rules missed a torchao requirement. Exclude it (Quantize.exclude) and report this."
+                f"{path}: expected torchao ({type(config).__name__}) to replace the weight {tuple(weight.shape)} "
+                f"{weight.dtype} with a quantized tensor, got a plain {got}: torchao skipped the layer for a "
+                "requirement hookkit's layer rules missed. The layer was restored as it was. Exclude it "
+                f"(hookkit.Quantize(exclude=({pattern_path(path)!r},))) and report this to hookkit."
             )
 
-    def remove(self) -> None:
-        module = self._module
-        if module is None:
-            return
+    def _note_changes(self, module: torch.nn.Linear, before: dict[str, Any]) -> None:
+        """What torchao put into the instance dict (its extra_repr), to be undone exactly on removal."""
+        self._added = [k for k in module.__dict__ if k not in before]
+        self._replaced = {k: v for k, v in before.items() if module.__dict__.get(k) is not v}
+
+    def _restore(self, module: torch.nn.Linear, weight: torch.nn.Parameter) -> None:
+        """Put `weight` and the bias back and undo torchao's instance-dict changes; the layer is done with."""
         self._module = None
-        if self._weight is None:
-            logger.debug("{} stays quantized (keep_original=None)", self.path)
-            return
-        weight = self._weight
-        if not isinstance(weight, torch.nn.Parameter):
-            weight = torch.nn.Parameter(weight.to(self._device), requires_grad=self._requires_grad)
         module._parameters["weight"] = weight
         if module._parameters.get("bias") is not self._bias:
             module._parameters["bias"] = self._bias
@@ -380,12 +440,52 @@ class QuantizedLayer:
         module.__dict__.update(self._replaced)
         self._weight = self._bias = None
 
+    def remove(self) -> None:
+        module = self._module
+        if module is None:
+            return
+        if self._weight is None:
+            self._module = None
+            logger.debug("{} stays quantized (keep_original=None)", self.path)
+            return
+        weight = self._weight
+        if not isinstance(weight, torch.nn.Parameter):
+            weight = torch.nn.Parameter(weight.to(self._device), requires_grad=self._requires_grad)
+        self._restore(module, weight)
+
 
 def _refusal(scheme: str, count: int, what: str) -> str:
     return (f"{what}: {count} Linear weights of the transformer were quantized in place ({scheme}) and their originals "
             f"were not kept, so they cannot be restored. Nothing was removed. Enable with "
             f"hookkit.Quantize(scheme={scheme!r}, keep_original='cpu') (or 'device') so that removal restores "
             "them, or reload the model.")
+
+
+def _nothing_chosen(report: QuantizeReport, transformer: torch.nn.Module) -> SpecError:
+    """The refusal of a spec that would quantize no layer: quantizing nothing is a mistake worth saying."""
+    counts = report.counts()
+    listed = ", ".join(f"{n} {reason}" for reason, n in counts.items())
+    hint = ""
+    if ALREADY_QUANTIZED in counts:
+        hint += (f"{counts[ALREADY_QUANTIZED]} of its Linear weights are already quantized (by an earlier "
+                 "apply_quantize or hookkit.enable, or a model loaded with a quantization config): remove that "
+                 "quantization or reload the model to quantize anew. ")
+    dtypes = SCHEMES[report.scheme].weight_dtypes
+    if dtypes and wrong_dtype(dtypes) in counts:
+        hint += (f"Cast the transformer to {' or '.join(_dtype_name(d) for d in dtypes)} first "
+                 f"(pipe.to(torch.{_dtype_name(dtypes[0])})). ")
+    return SpecError(
+        f"Quantize.scheme: {report.scheme!r} would quantize none of the {len(report.layers)} Linear layers of "
+        f"{type(transformer).__name__} ({listed}). {hint}Widen the selection (region='all', include=..., "
+        "filter_fn=...) or choose another scheme; hookkit.hooks.quantize.select_layers(transformer, spec) "
+        "lists every layer with its reason."
+    )
+
+
+def _checked_config(transformer: torch.nn.Module, report: QuantizeReport) -> Any:
+    """The hardware check of every chosen layer's device, then torchao's config: before any weight is touched."""
+    check_hardware(report.scheme, (module_at(transformer, d.path).weight.device for d in report.chosen))
+    return make_config(report.scheme)
 
 
 class QuantizeHandle:
@@ -403,20 +503,18 @@ class QuantizeHandle:
             self.layers.pop().remove()
 
 
-def _quantize_chosen(transformer: torch.nn.Module, report: QuantizeReport, keep_original: str | None) -> tuple[Any, list[QuantizedLayer]]:
-    """Hardware check first, then each chosen Linear; on failure, restore what was done and re-raise."""
-    modules = {d.path: module_at(transformer, d.path) for d in report.chosen}
-    check_hardware(report.scheme, (m.weight.device for m in modules.values()))
-    config = make_config(report.scheme)
+def _quantize_chosen(transformer: torch.nn.Module, report: QuantizeReport, config: Any,
+                     keep_original: str | None) -> list[QuantizedLayer]:
+    """Each chosen Linear in turn; on failure, restore what was done and re-raise."""
     done: list[QuantizedLayer] = []
     try:
-        for path, module in modules.items():
-            done.append(QuantizedLayer(module, path, config, keep_original))
+        for d in report.chosen:
+            done.append(QuantizedLayer(module_at(transformer, d.path), d.path, config, keep_original))
     except BaseException:
         while done:
             done.pop().remove()
         raise
-    return config, done
+    return done
 
 
 def apply_quantize(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeHandle:
@@ -427,7 +525,9 @@ def apply_quantize(transformer: torch.nn.Module, spec: Quantize, adapter: Adapte
         handle.remove()  # restores the original weights
     """
     report = select_layers(transformer, spec, adapter)
-    _, layers = _quantize_chosen(transformer, report, spec.keep_original)
+    if not report.chosen:
+        raise _nothing_chosen(report, transformer)
+    layers = _quantize_chosen(transformer, report, _checked_config(transformer, report), spec.keep_original)
     logger.info("quantized {} of {} Linear layers with {}", len(layers), len(report.layers), spec.scheme)
     return QuantizeHandle(report, layers, spec.keep_original)
 
@@ -443,6 +543,24 @@ class _Session:
     config: Any
 
 
+def _few(paths: list[str], limit: int = 6) -> str:
+    if not paths:
+        return "none"
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
+
+
+def _selection_changed(planned: list[str], now: list[str]) -> str:
+    """Why attach refuses a selection that differs from the plan's, listing the difference."""
+    only_planned = [p for p in planned if p not in set(now)]
+    only_now = [p for p in now if p not in set(planned)]
+    return (f"hookkit.quantize: expected attach to choose the {len(planned)} Linear layers build_plan chose, got "
+            f"{len(now)} (chosen only by build_plan: {_few(only_planned)}; only now: {_few(only_now)}). "
+            "Quantize.filter_fn must be deterministic and pure (the same answer for the same module and path, no "
+            "state), and the transformer must not change while hookkit.enable runs. Nothing was quantized; fix the "
+            "filter_fn and enable again.")
+
+
 class _QuantizeFeature:
     name = "quantize"
     fields = ("quantize",)
@@ -452,30 +570,22 @@ class _QuantizeFeature:
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         report = select_layers(ctx.transformer, ctx.spec.quantize, ctx.adapter)
-        if not report.chosen:  # quantizing nothing is a mistake worth saying, not a silent no-op
-            counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().items())
-            hint = ("Cast the transformer to bfloat16 first (pipe.to(torch.bfloat16)). " if DTYPE in report.counts()
-                    else "")
-            raise SpecError(
-                f"Quantize.scheme: {report.scheme!r} would quantize none of the {len(report.layers)} Linear layers of "
-                f"{type(ctx.transformer).__name__} ({counts}). {hint}Widen the selection (region='all', include=..., "
-                "filter_fn=...) or choose another scheme; hookkit.hooks.quantize.select_layers(transformer, spec) "
-                "lists every layer with its reason."
-            )
+        if not report.chosen:
+            raise _nothing_chosen(report, ctx.transformer)
         return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
                            params=(("scheme", report.scheme),)) for d in report.chosen]
 
     def _session(self, handle: "Handle") -> _Session:
+        """Made at the first quantize attach, before any weight changes: selection check, hardware, config."""
         session = handle.resources.get(_RESOURCE)
         if session is None:
             spec: Quantize = handle.spec.quantize
             report = select_layers(handle.transformer, spec, handle.adapter)
             planned = [a.target for a in handle.plan.attachments if a.feature == self.name]
-            if planned != [d.path for d in report.chosen]:
-                raise HookError("hookkit.quantize: the transformer's Linear layers changed between build_plan and attach; "
-                                "enable again.")
-            check_hardware(spec.scheme, (module_at(handle.transformer, p).weight.device for p in planned))
-            session = _Session(report=report, config=make_config(spec.scheme))
+            now = [d.path for d in report.chosen]
+            if planned != now:
+                raise HookError(_selection_changed(planned, now))
+            session = _Session(report=report, config=_checked_config(handle.transformer, report))
             handle.resources[_RESOURCE] = session
             logger.info("quantizing {} of {} Linear layers with {}", len(planned), len(report.layers), spec.scheme)
         return session
@@ -494,17 +604,17 @@ class _QuantizeFeature:
 
     def summarize(self, handle: "Handle") -> FeatureSummary | None:
         session: _Session | None = handle.resources.get(_RESOURCE)
-        # No session: no layer was chosen, nothing was quantized, so the model still shows why.
-        report = session.report if session is not None else select_layers(handle.transformer, handle.spec.quantize,
-                                                                             handle.adapter)
-        data = report.to_data()
+        if session is None:  # a live handle always has one, unless a removal failed midway and cleared it
+            return None
+        data = session.report.to_data()
         data["keep_original"] = handle.spec.quantize.keep_original
-        return FeatureSummary(name=self.name, data=data, text=report.render())
+        return FeatureSummary(name=self.name, data=data, text=session.report.render())
 
 
 FEATURE = _QuantizeFeature()
 
 __all__ = [
-    "FEATURE", "LayerDecision", "QuantizeHandle", "QuantizeReport", "QuantizedLayer", "SCHEMES", "SchemeInfo",
-    "apply_quantize", "check_hardware", "layer_filter", "make_config", "select_layers", "unsupported_reason",
+    "ALREADY_QUANTIZED", "FEATURE", "LORA", "LayerDecision", "QuantizeHandle", "QuantizeReport", "QuantizedLayer",
+    "SCHEMES", "SchemeInfo", "apply_quantize", "check_hardware", "layer_filter", "make_config", "pattern_path",
+    "select_layers", "unsupported_reason", "wrong_dtype",
 ]
