@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Iterator
 
 import pytest
 import torch
@@ -24,3 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _deterministic() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _silent_library() -> Iterator[None]:
+    """Every test starts and ends with hookkit silent (its default), even one that ran `hookkit -v ...`."""
+    import hookkit
+
+    yield
+    hookkit.set_verbosity(None)

@@ -8,9 +8,15 @@ from torch._dynamo.utils import counters
 
 import hookkit
 from hookkit import zoo
-from hookkit.errors import SpecError, UnsupportedError
+from hookkit.errors import EnableError, SpecError, UnsupportedError
 from hookkit.hooks import HookRegistry, registry_names
-from hookkit.hooks.compile import GraphRunner, regional_paths, signature
+from hookkit.hooks.compile import (
+    GraphRunner,
+    apply_compile,
+    compile_kwargs,
+    regional_paths,
+    signature,
+)
 
 FAST = dict(backend="aot_eager")
 
@@ -53,6 +59,22 @@ def test_whole_reduce_overhead_also_clones_the_transformer_output() -> None:
         ("", "hookkit.compile.step_mark"), ("", "hookkit.compile.inner"), ("", "hookkit.compile.clone")]
 
 
+def test_regional_cudagraphs_backend_adds_the_step_mark_like_reduce_overhead() -> None:
+    """torch's "cudagraphs" backend replays cudagraph trees too, so it needs the same boundary mark."""
+    pipe = zoo.tiny_pipeline("qwenimage")
+    plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(backend="cudagraphs")))
+    assert plan.targets("compile") == [("", "hookkit.compile.step_mark")] + [
+        (f"transformer_blocks.{i}", "hookkit.compile.inner") for i in range(3)
+    ]
+
+
+def test_whole_cudagraphs_backend_also_clones_the_transformer_output() -> None:
+    pipe = zoo.tiny_pipeline("qwenimage")
+    plan = hookkit.build_plan(pipe, hookkit.Spec(compile=hookkit.Compile(regional=False, backend="cudagraphs")))
+    assert plan.targets("compile") == [
+        ("", "hookkit.compile.step_mark"), ("", "hookkit.compile.inner"), ("", "hookkit.compile.clone")]
+
+
 def test_step_mark_hook_marks_a_cudagraph_step_at_every_transformer_call(monkeypatch: pytest.MonkeyPatch) -> None:
     marks: list[int] = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
@@ -82,17 +104,28 @@ def test_regional_compile_matches_eager_and_removal_restores_the_blocks(name: st
     assert torch.equal(run(pipe, name), reference)
 
 
-def test_no_recompilation_from_one_step_or_call_to_the_next() -> None:
+def test_regional_compile_puts_a_compiled_callable_inside_each_blocks_hooks() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
+    for path in regional_paths(handle.adapter, pipe.transformer):
+        registry = HookRegistry.of(pipe.transformer.get_submodule(path), create=False)
+        # `_inner` is what the hook chain calls last: torch.compile's wrapper of the block's own forward
+        assert registry._inner is not registry.original_forward
+        assert registry._inner._torchdynamo_orig_callable == registry.original_forward
+
+
+def test_the_first_call_builds_three_graphs_and_later_calls_none() -> None:
+    """Dynamo really compiles: one graph for the double block, two for the single block (its first instance
+    gets a contiguous hidden_states, later ones a view of the concatenated stream with another stride)."""
     pipe = zoo.tiny_pipeline("flux")
     hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
     torch._dynamo.reset()
     counters.clear()
     run(pipe, steps=1)
-    graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == 3
     run(pipe, steps=4)
     run(pipe, steps=3)
-    assert counters["stats"]["unique_graphs"] == graphs
-    assert sum(counters["recompiles"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 3  # no step or call recompiles
 
 
 def test_whole_transformer_compile_wraps_the_transformer_inside_the_clock() -> None:
@@ -104,6 +137,39 @@ def test_whole_transformer_compile_wraps_the_transformer_inside_the_clock() -> N
     assert handle.state.calls == 3  # the clock hook still runs outside the compiled transformer
     handle.remove()
     assert registry_names(pipe.transformer) == () and "forward" not in pipe.transformer.__dict__
+
+
+def test_a_failing_torch_compile_leaves_every_module_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = zoo.tiny_pipeline("flux")
+
+    def snapshot() -> dict[str, list[tuple[str, int]]]:
+        return {path: [(k, id(v)) for k, v in m.__dict__.items()] for path, m in pipe.transformer.named_modules()}
+
+    before = snapshot()
+    real_compile, calls = torch.compile, []
+
+    def compile_failing_on_the_third_region(fn, **kwargs):
+        calls.append(fn)
+        if len(calls) == 3:
+            raise RuntimeError("torch.compile failed on the 3rd region")
+        return real_compile(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_failing_on_the_third_region)
+    with pytest.raises(RuntimeError, match="torch.compile failed on the 3rd region"):
+        hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
+    assert len(calls) == 3
+    assert snapshot() == before  # the rollback removed the 2 compiled regions and the clock; the 3rd was never touched
+
+
+def test_apply_compile_is_enable_so_a_later_enable_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = apply_compile(pipe.transformer, hookkit.Compile(**FAST))
+    assert hookkit.handle_of(pipe.transformer) is handle
+    assert registry_names(pipe.transformer) == ("hookkit.clock",)
+    with pytest.raises(EnableError, match="hookkit is already enabled on this FluxTransformer2DModel"):
+        hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    handle.remove()
+    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__ for m in pipe.transformer.modules())
 
 
 def test_cache_needs_regional_compilation() -> None:
@@ -118,6 +184,16 @@ def test_transformer_graphs_refuse_cudagraph_modes() -> None:
         hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
 
 
+def test_transformer_graphs_refuse_the_cudagraphs_backend() -> None:
+    spec = hookkit.Spec(compile=hookkit.Compile(backend="cudagraphs", cuda_graphs="transformer"))
+    with pytest.raises(SpecError) as err:
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+    assert str(err.value) == (
+        "Compile.backend: expected 'inductor', 'eager' or 'aot_eager' with cuda_graphs='transformer' (hookkit "
+        "captures the whole transformer itself; the 'cudagraphs' backend would capture graphs inside that capture), "
+        "got 'cudagraphs'. Use Compile(cuda_graphs='transformer') or Compile(backend='cudagraphs') alone.")
+
+
 def test_transformer_graphs_need_memo_where_the_prologue_builds_tensors() -> None:
     spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))
     with pytest.raises(SpecError, match=r"Spec.memo: expected True with Compile\(cuda_graphs='transformer'\) on "
@@ -128,8 +204,23 @@ def test_transformer_graphs_need_memo_where_the_prologue_builds_tensors() -> Non
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_transformer_graphs_need_cuda() -> None:
     spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))
-    with pytest.raises(UnsupportedError, match="needs a CUDA device"):
+    with pytest.raises(UnsupportedError) as err:
         hookkit.enable(zoo.tiny_pipeline("flux"), spec)
+    assert str(err.value) == ("Compile.cuda_graphs='transformer' needs a CUDA device; none is available (the "
+                              "transformer is on cpu). Use cuda_graphs='none' on this machine.")
+
+
+def test_transformer_graphs_refuse_a_transformer_left_on_the_cpu_of_a_cuda_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA device is not enough: a graph captured around CPU work would replay stale output."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    spec = hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer"))
+    with pytest.raises(UnsupportedError) as err:
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+    assert str(err.value) == (
+        "Compile.cuda_graphs='transformer' needs a CUDA device: expected every parameter and buffer of "
+        "FluxTransformer2DModel on cuda, got cpu. Move the pipeline first (pipe.to(\"cuda\")), then call "
+        "hookkit.enable.")
 
 
 # --- GraphRunner bookkeeping with a stand-in capture backend ---------------------------------------------
@@ -267,16 +358,34 @@ def test_transformer_graphs_with_a_dynamic_cache_are_refused_with_the_alternativ
         hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
 
 
-def test_quantized_models_get_torchaos_inductor_options_scoped_to_hookkits_compile() -> None:
-    from hookkit.hooks.compile import QUANTIZED_INDUCTOR_OPTIONS, compile_kwargs
+BASE = {"fullgraph": True, "dynamic": None}
 
-    plain = compile_kwargs(hookkit.Compile(mode="reduce-overhead"))
-    assert plain == {"fullgraph": True, "dynamic": None, "backend": "inductor", "mode": "reduce-overhead"}
-    quantized = compile_kwargs(hookkit.Compile(mode="reduce-overhead"), quantized=True)
-    assert "mode" not in quantized
-    assert quantized["options"] == {"triton.cudagraphs": True, **QUANTIZED_INDUCTOR_OPTIONS}
-    assert compile_kwargs(hookkit.Compile(), quantized=True)["options"] == QUANTIZED_INDUCTOR_OPTIONS
-    assert "options" not in compile_kwargs(hookkit.Compile(backend="aot_eager"), quantized=True)
+
+def test_unquantized_models_pass_the_mode_to_torch_compile() -> None:
+    assert compile_kwargs(hookkit.Compile()) == {**BASE, "backend": "inductor"}
+    assert compile_kwargs(hookkit.Compile(mode="default")) == {**BASE, "backend": "inductor"}
+    assert compile_kwargs(hookkit.Compile(mode="reduce-overhead")) == {
+        **BASE, "backend": "inductor", "mode": "reduce-overhead"}
+
+
+@pytest.mark.parametrize(("mode", "mode_options"), [
+    (None, {}),
+    ("default", {}),
+    ("reduce-overhead", {"triton.cudagraphs": True}),  # hookkit's step mark keeps these cudagraph trees safe
+    ("max-autotune", {"max_autotune": True, "triton.cudagraphs": True, "coordinate_descent_tuning": True}),
+    ("max-autotune-no-cudagraphs", {"max_autotune": True, "coordinate_descent_tuning": True}),
+])
+def test_quantized_models_get_the_modes_own_options_plus_torchaos_scoped_to_hookkits_compile(
+        mode: str | None, mode_options: dict) -> None:
+    """A call takes a mode or options: the mode is spelled as torch's options for it
+    (torch._inductor.list_mode_options), then torchao's int-mm fusion is added."""
+    assert compile_kwargs(hookkit.Compile(mode=mode), quantized=True) == {
+        **BASE, "backend": "inductor", "options": {**mode_options, "force_fuse_int_mm_with_mul": True}}
+
+
+def test_modes_and_options_are_left_out_for_backends_other_than_inductor() -> None:
+    spec = hookkit.Compile(mode="reduce-overhead", backend="aot_eager")
+    assert compile_kwargs(spec) == compile_kwargs(spec, quantized=True) == {**BASE, "backend": "aot_eager"}
 
 
 # --- on a GPU (skipped without CUDA) -------------------------------------------------------------------------
@@ -295,6 +404,7 @@ def _cuda_run(pipe, steps: int = 6, **extra) -> torch.Tensor:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_transformer_graphs_replay_what_eager_computes() -> None:
     pipe = _cuda_pipeline()
     reference = _cuda_run(pipe)
@@ -307,6 +417,7 @@ def test_gpu_transformer_graphs_replay_what_eager_computes() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_dbcache_under_transformer_graphs_matches_dbcache_without_graphs() -> None:
     cache = hookkit.DBCache(fn_blocks=1, steps_mask=MASK, mask_policy="static", taylorseer_order=0)
     pipe = _cuda_pipeline()
@@ -323,6 +434,7 @@ def test_gpu_dbcache_under_transformer_graphs_matches_dbcache_without_graphs() -
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_regional_reduce_overhead_runs_and_matches_eager() -> None:
     pipe = _cuda_pipeline()
     reference = _cuda_run(pipe)

@@ -7,7 +7,8 @@ never becomes a graph break and a clone is never compiled away. (`block.compile(
 into the graph instead; see `hookkit.hooks.registry`.) CogVideoX works too: its class has no
 `_repeated_blocks`, the adapter names the class.
 
-CUDA-graph safety (`mode="reduce-overhead"`): a CUDA-graph output lives in memory that the next replay
+CUDA-graph safety (`mode="reduce-overhead"` or `"max-autotune"`, or `backend="cudagraphs"`, which uses the
+same cudagraph trees: `uses_cudagraph_trees`): a CUDA-graph output lives in memory that the next replay
 of the same graph overwrites. Stock regional reduce-overhead fails on Flux with "accessing tensor output
 of CUDAGraphs that has been overwritten" because the cudagraph tree never learns where one transformer
 call ends. hookkit marks that boundary (`torch.compiler.cudagraph_mark_step_begin()`) in a pre hook on
@@ -31,7 +32,8 @@ residuals live in persistent slots, and the statistics are kept by the graph hoo
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Hashable
+import itertools
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
 
 import attrs
 import torch
@@ -44,6 +46,9 @@ from hookkit.hooks.registry import HookRegistry, ModelHook
 from hookkit.plan import Attachment, PlanContext, Removable, add_hook, module_at
 from hookkit.specs import Compile, Spec
 from hookkit.summary import FeatureSummary, table
+
+if TYPE_CHECKING:
+    from hookkit.handle import Handle
 
 NAME = "compile"
 INNER = "hookkit.compile.inner"
@@ -191,27 +196,38 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
 
 #: From torchao's recommended inductor settings for quantized models (`recommended_inductor_config_setter`),
 #: passed to *hookkit's own* `torch.compile` calls instead of changing the process-wide config. Its
-#: coordinate-descent tuning is left out: on Flux-dev it kept compilation running past 4 minutes on an H200.
+#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) did not finish
+#: within 4 minutes on an H200 (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
+#: it would without quantization: the chosen mode means the same for quantized and unquantized models.
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
-#: what torch.compile's modes mean as inductor options (a call takes a mode or options, not both)
-_MODE_OPTIONS: dict[str, dict[str, Any]] = {
-    "reduce-overhead": {"triton.cudagraphs": True},
-    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
-    "max-autotune-no-cudagraphs": {"max_autotune": True},
-}
 
 
 def compile_kwargs(spec: Compile, quantized: bool = False) -> dict[str, Any]:
-    """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call."""
+    """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call.
+
+    A torch.compile call takes a mode or options, not both, so for a quantized model the mode is spelled
+    as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g. reduce-overhead's
+    `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned for).
+    """
     kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
     if spec.backend != "inductor":  # modes and options are inductor's
         return kwargs
     mode = None if spec.mode in (None, "default") else spec.mode
     if quantized:
-        kwargs["options"] = {**_MODE_OPTIONS.get(mode or "", {}), **QUANTIZED_INDUCTOR_OPTIONS}
+        # imported here: importing inductor is slow, and only quantized models need it
+        from torch._inductor import list_mode_options
+
+        kwargs["options"] = {**list_mode_options(mode or "default"), **QUANTIZED_INDUCTOR_OPTIONS}
     elif mode is not None:
         kwargs["mode"] = mode
     return kwargs
+
+
+def uses_cudagraph_trees(spec: Compile) -> bool:
+    """Whether torch.compile replays cudagraph trees: inductor's CUDA-graph modes, or the "cudagraphs"
+    backend (torch/_dynamo/backends/cudagraphs.py runs `torch._inductor.cudagraph_trees` too). Their
+    outputs are graph memory, so they need hookkit's step mark (and output clone when whole)."""
+    return spec.backend == "cudagraphs" or spec.mode in ("reduce-overhead", "max-autotune")
 
 
 def check_spec(spec: Spec) -> None:
@@ -230,6 +246,13 @@ def check_spec(spec: Spec) -> None:
                 f"Compile.mode: expected None, 'default' or 'max-autotune-no-cudagraphs' with "
                 f"cuda_graphs='transformer' (hookkit captures the graph itself), got {c.mode!r}."
             )
+        if c.backend == "cudagraphs":
+            raise SpecError(
+                "Compile.backend: expected 'inductor', 'eager' or 'aot_eager' with cuda_graphs='transformer' "
+                "(hookkit captures the whole transformer itself; the 'cudagraphs' backend would capture graphs "
+                "inside that capture), got 'cudagraphs'. Use Compile(cuda_graphs='transformer') or "
+                "Compile(backend='cudagraphs') alone."
+            )
         cache = spec.cache
         if cache is not None and (cache.steps_mask is None or cache.mask_policy != "static" or cache.taylorseer_order):
             raise SpecError(
@@ -239,6 +262,25 @@ def check_spec(spec: Spec) -> None:
                 f"taylorseer_order={cache.taylorseer_order}. For dynamic decisions use "
                 "Compile(mode='reduce-overhead') (CUDA graphs per block)."
             )
+
+
+def check_on_cuda(transformer: torch.nn.Module) -> None:
+    """`cuda_graphs="transformer"` captures the transformer's kernels: every parameter and buffer must be on
+    a CUDA device, or the captured graph would miss the CPU work and every replay return stale output."""
+    devices = sorted({str(t.device) for t in itertools.chain(transformer.parameters(), transformer.buffers())})
+    if devices and all(d.startswith("cuda") for d in devices):
+        return
+    found = ", ".join(devices) or "no parameters"
+    if not torch.cuda.is_available():
+        raise UnsupportedError(
+            f"Compile.cuda_graphs='transformer' needs a CUDA device; none is available (the transformer is on "
+            f"{found}). Use cuda_graphs='none' on this machine."
+        )
+    raise UnsupportedError(
+        f"Compile.cuda_graphs='transformer' needs a CUDA device: expected every parameter and buffer of "
+        f"{type(transformer).__name__} on cuda, got {found}. Move the pipeline first (pipe.to(\"cuda\")), then "
+        "call hookkit.enable."
+    )
 
 
 class _CompileFeature:
@@ -259,13 +301,10 @@ class _CompileFeature:
                 f"prologue builds tensors from Python data every call: adapter memo_scope="
                 f"{ctx.adapter.memo_scope!r}), got False. Use Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."
             )
-        if spec.cuda_graphs == "transformer" and not torch.cuda.is_available():
-            raise UnsupportedError(
-                "Compile.cuda_graphs='transformer' needs a CUDA device; none is available. "
-                "Use cuda_graphs='none' on this machine."
-            )
+        if spec.cuda_graphs == "transformer":
+            check_on_cuda(ctx.transformer)
         out: list[Attachment] = []
-        cuda_graph_trees = spec.mode in ("reduce-overhead", "max-autotune")
+        cuda_graph_trees = uses_cudagraph_trees(spec)
         targets = regional_paths(ctx.adapter, ctx.transformer) if spec.regional else [""]
         if cuda_graph_trees:
             out.append(Attachment(feature=NAME, target="", name=STEP_MARK))
@@ -313,9 +352,12 @@ class _InnerCompile:
     """Installs `torch.compile(original forward)` as a module's inner callable; removal restores it."""
 
     def __init__(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
-        registry = HookRegistry.of(module)
+        # Compile before `HookRegistry.of` creates a registry: if torch.compile raises, the module's
+        # `__dict__` is untouched (enable's rollback never sees this attachment).
+        existing = HookRegistry.of(module, create=False)
+        compiled = torch.compile(existing.original_forward if existing is not None else module.forward, **kwargs)
+        HookRegistry.of(module).set_inner(compiled)
         self.module: torch.nn.Module | None = module
-        registry.set_inner(torch.compile(registry.original_forward, **kwargs))
 
     def remove(self) -> None:
         if self.module is None:
@@ -329,8 +371,13 @@ class _InnerCompile:
 FEATURE = _CompileFeature()
 
 
-def apply_compile(transformer: torch.nn.Module, spec: Compile, adapter: AdapterSpec | None = None) -> Any:
+def apply_compile(transformer: torch.nn.Module, spec: Compile, adapter: AdapterSpec | None = None) -> Handle:
     """Compile `transformer` as `spec` says, without a pipeline; returns the handle (`.remove()` undoes it).
+
+    This *is* `hookkit.enable(transformer, Spec(compile=spec))`: it also installs the clock hook, so a later
+    `hookkit.enable` on the same transformer raises "already enabled" (put every feature in one Spec
+    instead), and after `apply_quantize` it compiles without torchao's inductor options (the Spec it
+    enables has no `quantize`; `hookkit.enable(pipe, Spec(quantize=..., compile=...))` passes them).
 
     Example::
 
