@@ -1,6 +1,7 @@
 """Adapters: declarative per-model descriptions of a diffusion transformer.
 
-An adapter says which transformer class it is for (exact class name, never a prefix), which block lists
+An adapter says which transformer class it is for (exact class name, never a prefix; a dotted path
+"pkg.module.Class" names one class exactly and wins over a bare name), which block lists
 run in which order, what each block class takes and returns, which classes are repeated (for regional
 compilation), which Linear layers must never be quantized, how CFG is run, and where per-step index
 tensors are built. Adapters are data: one TOML file per model family in `adapters/`, loaded and
@@ -12,7 +13,9 @@ block registry in `diffusers.hooks._helpers`) when that is possible.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -45,6 +48,22 @@ def _tuple(value: Any) -> Any:
 def _strings(where: str, field: str, value: Any, allow_empty: bool = True) -> None:
     if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value) or (not allow_empty and not value):
         raise _fail(where, field, value, "a list of non-empty strings" + ("" if allow_empty else " (at least one)"))
+
+
+def _names_class(entry: str, cls: type) -> bool:
+    """True when the dotted path `entry` ("pkg.module.Class") resolves to `cls` itself (not a same-named class)."""
+    module_name, _, name = entry.rpartition(".")
+    if name != cls.__name__:
+        return False
+    if module_name == cls.__module__ and name == cls.__qualname__:
+        return True
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # an unimportable path names no class of this process
+            return False
+    return getattr(module, name, None) is cls
 
 
 @attrs.frozen(kw_only=True)
@@ -126,9 +145,19 @@ class AdapterSpec:
 
     # -- matching -------------------------------------------------------------------------------------
     def matches(self, transformer: torch.nn.Module) -> bool:
-        """Exact class match: `type(transformer).__name__` (or its dotted path) is listed. No prefixes."""
+        """Exact class match: the class name, or a dotted path naming this very class, is listed. No prefixes."""
+        return self.match_level(transformer) > 0
+
+    def match_level(self, transformer: torch.nn.Module) -> int:
+        """2: a dotted path names `type(transformer)` itself; 1: its bare class name is listed; 0: no match.
+
+        A dotted path ("pkg.module.Class", re-exports such as "diffusers.FluxTransformer2DModel" included)
+        is more specific than a bare name, so it wins when two adapters claim one class name.
+        """
         cls = type(transformer)
-        return cls.__name__ in self.transformer or f"{cls.__module__}.{cls.__qualname__}" in self.transformer
+        if any(_names_class(entry, cls) for entry in self.transformer if "." in entry):
+            return 2
+        return 1 if cls.__name__ in self.transformer else 0
 
     def block_lists(self, transformer: torch.nn.Module) -> list[tuple[BlockListSpec, torch.nn.ModuleList]]:
         """The transformer's block lists in execution order, each with its spec (after `check`)."""
@@ -146,20 +175,26 @@ class AdapterSpec:
             if not isinstance(modules, torch.nn.ModuleList):
                 raise _fail(where, "blocks.attr", block.attr, f"an nn.ModuleList attribute of {cls_name}",
                             f"{cls_name} has {type(modules).__name__ if modules is not None else 'no such attribute'}.")
+            checked: set[type] = set()
             for i, module in enumerate(modules):
-                if type(module).__name__ not in block.classes:
+                module_cls = type(module)
+                if module_cls.__name__ not in block.classes:
                     raise _fail(where, f"blocks[{block.attr}].classes", list(block.classes),
-                                f"to list the class of {block.attr}.{i}", f"It is {type(module).__name__!r}.")
-            for module_cls in {type(m) for m in modules}:
-                params = inspect.signature(module_cls.forward).parameters
-                for field, arg in (("hidden_arg", block.hidden_arg), ("encoder_arg", block.encoder_arg)):
-                    if arg is not None and arg not in params:
-                        raise _fail(where, f"blocks[{block.attr}].{field}", arg,
-                                    f"an argument of {module_cls.__name__}.forward ({list(params)[1:]})")
+                                f"to list the class of {block.attr}.{i}", f"It is {module_cls.__name__!r}.")
+                if module_cls not in checked:
+                    checked.add(module_cls)
+                    _check_block_class(where, block, f"{block.attr}.{i}", module_cls)
         present = {type(m).__name__ for m in transformer.modules()}
-        missing = [c for c in self.repeated_blocks if c not in present]
+        variants = {c for b in self.blocks for c in b.classes}
+        # A block class listed as a variant (e.g. HunyuanVideo's token-replace blocks) may be absent from
+        # one configuration of the model; anything else named in repeated_blocks must occur in it.
+        missing = [c for c in self.repeated_blocks if c not in present and c not in variants]
         if missing:
-            raise _fail(where, "repeated_blocks", missing, f"classes that occur inside {cls_name}")
+            raise _fail(where, "repeated_blocks", missing, f"classes that occur inside {cls_name}",
+                        "Remove them, or list them as a `class` of a [[blocks]] table if they are block variants.")
+        if self.repeated_blocks and not present.intersection(self.repeated_blocks):
+            raise _fail(where, "repeated_blocks", list(self.repeated_blocks),
+                        f"at least one class that occurs inside {cls_name}", "Name the classes of its blocks.")
 
     # -- data -----------------------------------------------------------------------------------------
     @classmethod
@@ -173,7 +208,7 @@ class AdapterSpec:
             raise _fail(where, unknown[0], data[unknown[0]], f"one of the known keys {sorted(known)}", "Remove or rename it.")
         for key in ("name", "transformer", "blocks"):
             if key not in data:
-                raise _fail(where, key, None, "to be present")
+                raise _fail(where, key, None, "to be present", f"Add `{key} = ...` (see the files in adapters/).")
         block_known = {f.name for f in attrs.fields(BlockListSpec)} | {"class"}
         blocks = []
         raw_blocks = data["blocks"]
@@ -184,8 +219,11 @@ class AdapterSpec:
                 raise _fail(where, "blocks", raw, "a [[blocks]] table")
             bad = sorted(set(raw) - block_known)
             if bad:
-                raise _fail(where, f"blocks.{bad[0]}", raw[bad[0]], f"one of {sorted(block_known)}")
+                raise _fail(where, f"blocks.{bad[0]}", raw[bad[0]], f"one of {sorted(block_known)}", "Remove or rename it.")
             raw = dict(raw)
+            if "class" in raw and "classes" in raw:
+                raise _fail(where, f"blocks[{raw.get('attr', '?')}].classes", raw["classes"],
+                            "to be absent, since 'class' is given", "Keep one of 'class' and 'classes'.")
             if "class" in raw:
                 raw["classes"] = raw.pop("class")
             if "attr" not in raw or "classes" not in raw:
@@ -200,9 +238,66 @@ class AdapterSpec:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise AdapterError(f"adapter file {str(path)!r} does not exist.") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise AdapterError(f"adapter file {str(path)!r} is not valid TOML: {exc}.") from None
+        except OSError as exc:  # a directory, no permission, ...
+            raise AdapterError(f"adapter file {str(path)!r} cannot be read ({exc.strerror}); pass the path of a "
+                               ".toml file.") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _block_metadata(block_cls: type) -> Any | None:
+    """diffusers' `TransformerBlockRegistry` entry for exactly `block_cls` (never a subclass), or None."""
+    try:
+        from diffusers.hooks._helpers import TransformerBlockRegistry
+    except ImportError:  # pragma: no cover - diffusers always has it at >= 0.35
+        return None
+    try:
+        return TransformerBlockRegistry.get(block_cls)
+    except ValueError:  # not registered
+        return None
+
+
+def _registered_returns(meta: Any) -> list[str]:
+    """The stream at each return position of a block, from its `TransformerBlockMetadata`."""
+    indices = {"hidden_states": meta.return_hidden_states_index,
+               "encoder_hidden_states": meta.return_encoder_hidden_states_index}
+    returns = [""] * (1 + max(i for i in indices.values() if i is not None))
+    for stream, index in indices.items():
+        if index is not None:
+            returns[index] = stream
+    return returns
+
+
+def _check_block_class(where: str, block: BlockListSpec, path: str, block_cls: type) -> None:
+    """Argument names against the signature, return order against diffusers' metadata where it has some.
+
+    A wrong return order silently mixes the two streams up, so it is caught here, at enable time, rather
+    than as a shape error (or worse, none) deep inside a forward.
+    """
+    name = block_cls.__name__
+    params = inspect.signature(block_cls.forward).parameters
+    for field, arg in (("hidden_arg", block.hidden_arg), ("encoder_arg", block.encoder_arg)):
+        if arg is not None and arg not in params:
+            raise _fail(where, f"blocks[{block.attr}].{field}", arg,
+                        f"an argument of {name}.forward ({list(params)[1:]}) for {path}",
+                        f"Set {field} to the name {name}.forward gives that stream.")
+    meta = _block_metadata(block_cls)
+    if meta is None:
+        return
+    registered = _registered_returns(meta)
+    if list(block.returns) != registered:
+        raise _fail(where, f"blocks[{block.attr}].returns", list(block.returns),
+                    f"{registered}, the return order diffusers registers for {name} ({path})",
+                    f"Set returns = {registered}.")
+    for field, ours, theirs, used in (
+        ("hidden_arg", block.hidden_arg, meta.hidden_states_argument_name, True),
+        ("encoder_arg", block.encoder_arg, meta.encoder_hidden_states_argument_name,
+         block.encoder_arg is not None and meta.return_encoder_hidden_states_index is not None),
+    ):
+        if used and theirs in params and ours != theirs:
+            raise _fail(where, f"blocks[{block.attr}].{field}", ours,
+                        f"{theirs!r}, the argument diffusers registers for {name} ({path})", f"Set {field} = {theirs!r}.")
 
 
 # --- the registry ----------------------------------------------------------------------------------------
@@ -231,11 +326,15 @@ class _Registry:
         self._loaded = False
 
     def _load_shipped(self) -> None:
+        # Marked loaded only once every file loaded: a broken file raises on every call, never leaving a
+        # registry that silently lacks the adapters after it.
         if self._loaded:
             return
-        self._loaded = True
         for path in sorted(adapters_dir().glob("*.toml")):
-            self._add(AdapterSpec.from_toml(path), replace=False)
+            adapter = AdapterSpec.from_toml(path)
+            if adapter.name not in self._adapters:  # a retry after an error keeps what loaded before it
+                self._add(adapter, replace=False)
+        self._loaded = True
 
     def _add(self, adapter: AdapterSpec, replace: bool) -> None:
         for other in self._adapters.values():
@@ -303,11 +402,23 @@ def get_adapter(name: str) -> AdapterSpec:
 
 
 def resolve_adapter(transformer: torch.nn.Module) -> AdapterSpec:
-    """The adapter for `transformer`'s exact class; derived from diffusers metadata if none is registered."""
-    for adapter in _REGISTRY.all().values():
-        if adapter.matches(transformer):
-            adapter.check(transformer)
-            return adapter
+    """The adapter for `transformer`'s exact class; derived from diffusers metadata if none is registered.
+
+    An adapter naming the class by dotted path beats one naming it by bare name (a same-named class of
+    another module is another model); two at the same level are ambiguous and raise rather than pick one.
+    """
+    levels = {name: adapter.match_level(transformer) for name, adapter in _REGISTRY.all().items()}
+    best = max(levels.values(), default=0)
+    if best:
+        names = sorted(name for name, level in levels.items() if level == best)
+        if len(names) > 1:
+            raise AdapterError(
+                f"adapters {names} all claim {type(transformer).__module__}.{type(transformer).__qualname__}; "
+                f"expected exactly one. Unregister all but one (hookkit.unregister_adapter(name))."
+            )
+        adapter = get_adapter(names[0])
+        adapter.check(transformer)
+        return adapter
     derived = derive_adapter(transformer)
     derived.check(transformer)
     logger.info("derived adapter for {} from diffusers metadata", type(transformer).__name__)
@@ -317,11 +428,10 @@ def resolve_adapter(transformer: torch.nn.Module) -> AdapterSpec:
 def derive_adapter(transformer: torch.nn.Module) -> AdapterSpec:
     """Build an adapter from `_repeated_blocks` and diffusers' `TransformerBlockRegistry`, or raise."""
     cls_name = type(transformer).__name__
-    repeated = tuple(getattr(transformer, "_repeated_blocks", ()) or ())
-    try:
-        from diffusers.hooks._helpers import TransformerBlockRegistry
-    except ImportError:  # pragma: no cover - diffusers always has it at >= 0.35
-        TransformerBlockRegistry = None  # type: ignore[assignment]
+    declared = getattr(transformer, "_repeated_blocks", None) or ()
+    present = {type(m).__name__ for m in transformer.modules()}
+    # diffusers may name classes that only some configurations build; those are no region of this model
+    repeated = tuple(c for c in ((declared,) if isinstance(declared, str) else declared) if c in present)
     blocks: list[BlockListSpec] = []
     for attr, child in transformer.named_children():
         if not isinstance(child, torch.nn.ModuleList) or len(child) == 0:
@@ -332,23 +442,14 @@ def derive_adapter(transformer: torch.nn.Module) -> AdapterSpec:
         block_cls = classes.pop()
         if repeated and block_cls.__name__ not in repeated:
             continue
-        meta = None
-        if TransformerBlockRegistry is not None:
-            try:
-                meta = TransformerBlockRegistry.get(block_cls)
-            except ValueError:
-                meta = None
+        meta = _block_metadata(block_cls)
         if meta is None:
             continue
-        returns = ["", ""]
-        returns[meta.return_hidden_states_index] = "hidden_states"
-        if meta.return_encoder_hidden_states_index is not None:
-            returns[meta.return_encoder_hidden_states_index] = "encoder_hidden_states"
         params = inspect.signature(block_cls.forward).parameters
         encoder_arg = meta.encoder_hidden_states_argument_name if meta.encoder_hidden_states_argument_name in params else None
         blocks.append(BlockListSpec(
             attr=attr, classes=(block_cls.__name__,), hidden_arg=meta.hidden_states_argument_name,
-            encoder_arg=encoder_arg, returns=tuple(r for r in returns if r),
+            encoder_arg=encoder_arg, returns=tuple(_registered_returns(meta)),
         ))
     if not blocks:
         raise AdapterError(

@@ -7,6 +7,7 @@ round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, ClassVar
 
 import attrs
@@ -46,9 +47,8 @@ def _float(minimum: float, allow_none: bool = False, strict: bool = False) -> Ca
 
 def _choice(*allowed: Any) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed):
-            raise spec_error(_owner(inst), attr.name, value, f"one of {allowed}")
-        if value not in allowed:
+        # `0 == False` and `1 == True`: an int must not pass for a bool choice, nor a bool for an int one
+        if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
             raise spec_error(_owner(inst), attr.name, value, f"one of {allowed}")
 
     return check
@@ -90,6 +90,11 @@ MASK_POLICIES: dict[str, tuple[tuple[int, int], ...]] = {
 }
 
 
+def _is_int(value: Any) -> bool:
+    """An integer (numpy's included) that is not a bool; 1.0 is no step flag."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if value is None:
         return
@@ -97,7 +102,7 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         if value not in MASK_POLICIES:
             raise spec_error(_owner(inst), attr.name, value, f"one of {tuple(MASK_POLICIES)} or a list of 0/1")
         return
-    if not isinstance(value, tuple) or not value or any(v not in (0, 1) or isinstance(v, bool) for v in value):
+    if not isinstance(value, tuple) or not value or any(not _is_int(v) or v not in (0, 1) for v in value):
         raise spec_error(_owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
 
 
@@ -251,7 +256,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     for key, value in data.items():
         if key not in names:
             raise spec_error(cls.__name__, key, value, f"a known field: {sorted(names)}", "Remove or rename the key.")
-    try:
-        return cls(**data)
-    except TypeError as exc:  # a missing required field
-        raise spec_error(cls.__name__, "<fields>", data, f"all required fields ({exc})") from None
+    for field in attrs.fields(cls):
+        if field.default is attrs.NOTHING and field.name not in data:
+            raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "
+                            f"{data!r}. Add the key {field.name!r}.")
+    return cls(**data)

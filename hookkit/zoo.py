@@ -39,7 +39,7 @@ FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "qwenimage": dict(),
     "cogvideox": dict(),  # CogVideoX-2b
     "wan": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, text_dim=4096),  # Wan2.1 1.3B
-    "sd3": dict(),
+    "sd3": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=192),  # SD3 Medium
     "hunyuanvideo": dict(),
 }
 
@@ -148,6 +148,8 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
                 width: int | None = None, **extra: Any) -> dict[str, Any]:
     """Keyword arguments for a call of `tiny_pipeline(name)`: random prompt embeddings, a seeded generator,
     small output, latents returned (no decode) unless `output_type` is given."""
+    if name not in _PIPELINES:
+        raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
     g = torch.Generator().manual_seed(1234 + seed)
     cfg = TINY_CONFIGS[name]
     kw: dict[str, Any] = dict(num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
@@ -164,12 +166,10 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
         kw.update(prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=9, guidance_scale=6.0)
-    elif name == "wan":
+    else:  # wan
         kw.update(prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=5, guidance_scale=5.0)
-    else:
-        raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
     kw.update(extra)
     return kw
 
@@ -188,6 +188,9 @@ def _scale8_vae_kl(latent_channels: int) -> torch.nn.Module:
     ).eval()
 
 
+_FULL_PIPELINES = ("cogvideox", "flux", "qwenimage")
+
+
 def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
     """A pipeline around the full-size transformer of `name` (random weights) with a small VAE of the right
     scale factor. Build it under `torch.device("cuda")` and `torch.set_default_dtype(torch.bfloat16)`;
@@ -195,6 +198,8 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
     from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLQwenImage, CogVideoXDDIMScheduler,
                            CogVideoXPipeline, FlowMatchEulerDiscreteScheduler, FluxPipeline, QwenImagePipeline)
 
+    if name not in _FULL_PIPELINES:  # before building billions of parameters
+        raise AdapterError(f"no full-size pipeline builder for {name!r}; known: {list(_FULL_PIPELINES)}.")
     transformer = full_transformer(name, **transformer_overrides)
     if name == "flux":
         vae = _scale8_vae_kl(16)
@@ -206,15 +211,13 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
                                      temperal_downsample=[False, True, True]).eval()
         pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
                                  text_encoder=None, tokenizer=None, transformer=transformer)
-    elif name == "cogvideox":
+    else:  # cogvideox
         vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
                                      up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
                                      latent_channels=16, layers_per_block=1, norm_num_groups=2,
                                      temporal_compression_ratio=4).eval()
         pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
                                  scheduler=CogVideoXDDIMScheduler())
-    else:
-        raise AdapterError(f"no full-size pipeline builder for {name!r}; known: ['cogvideox', 'flux', 'qwenimage'].")
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -222,6 +225,8 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
 def full_call_kwargs(name: str, steps: int = 28, height: int = 1024, width: int = 1024, seed: int = 0,
                      device: str = "cuda", dtype: torch.dtype = torch.bfloat16, **extra: Any) -> dict[str, Any]:
     """Call arguments for `full_pipeline(name)`: random prompt embeddings of the real shapes, latent output."""
+    if name not in _FULL_PIPELINES:
+        raise AdapterError(f"no full-size pipeline builder for {name!r}; known: {list(_FULL_PIPELINES)}.")
     g = torch.Generator(device="cpu").manual_seed(1234 + seed)
     kw: dict[str, Any] = dict(num_inference_steps=steps, height=height, width=width, output_type="latent",
                               generator=torch.Generator(device=device).manual_seed(seed))

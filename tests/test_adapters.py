@@ -12,6 +12,7 @@ import hookkit
 from hookkit import zoo
 from hookkit.adapters import adapters_dir, derive_adapter
 from hookkit.errors import AdapterError
+from hookkit.hooks.quantize import select_layers
 
 SHIPPED = {
     "flux": ("FluxTransformer2DModel", ("transformer_blocks", "single_transformer_blocks")),
@@ -156,3 +157,261 @@ def test_a_block_without_an_encoder_argument_leaves_encoder_arg_out(tmp_path: Pa
 def test_returning_the_encoder_stream_needs_its_argument_name() -> None:
     with pytest.raises(AdapterError, match=r"encoder_arg' expected an argument name, since the block returns the encoder stream"):
         hookkit.BlockListSpec(attr="b", classes=["B"], returns=["encoder_hidden_states", "hidden_states"]).validate("x")
+
+
+# --- return order and argument names are checked against diffusers' block metadata ----------------------
+
+
+def _flux_with_block(**changes) -> hookkit.AdapterSpec:
+    """The shipped flux adapter with its first [[blocks]] table changed."""
+    data = _flux_dict()
+    data["blocks"][0].update(changes)
+    return hookkit.AdapterSpec.from_dict({**data, "name": "flux-edited"}, source="edited")
+
+
+def test_a_return_order_diffusers_contradicts_fails_at_enable_with_the_block_path() -> None:
+    adapter = _flux_with_block(returns=["hidden_states", "encoder_hidden_states"])
+    transformer = zoo.tiny_transformer("flux")
+    with pytest.raises(AdapterError) as info:
+        hookkit.enable(transformer, hookkit.Spec(), adapter=adapter)
+    assert str(info.value) == (
+        "adapter 'flux-edited' (edited): field 'blocks[transformer_blocks].returns' expected ['encoder_hidden_states', "
+        "'hidden_states'], the return order diffusers registers for FluxTransformerBlock (transformer_blocks.0), got "
+        "['hidden_states', 'encoder_hidden_states']. Set returns = ['encoder_hidden_states', 'hidden_states']."
+    )
+    assert [m for m in transformer.modules() if "forward" in m.__dict__] == []  # nothing was attached
+
+
+def test_an_encoder_arg_diffusers_contradicts_is_rejected() -> None:
+    adapter = _flux_with_block(encoder_arg="temb")
+    with pytest.raises(AdapterError, match=r"field 'blocks\[transformer_blocks\].encoder_arg' expected 'encoder_hidden_states', "
+                                           r"the argument diffusers registers for FluxTransformerBlock \(transformer_blocks.0\), "
+                                           r"got 'temb'. Set encoder_arg = 'encoder_hidden_states'."):
+        adapter.check(zoo.tiny_transformer("flux"))
+
+
+def test_an_argument_missing_from_forward_names_the_block_path_and_the_fix() -> None:
+    adapter = _flux_with_block(hidden_arg="x")
+    with pytest.raises(AdapterError) as info:
+        adapter.check(zoo.tiny_transformer("flux"))
+    assert str(info.value) == (
+        "adapter 'flux-edited' (edited): field 'blocks[transformer_blocks].hidden_arg' expected an argument of "
+        "FluxTransformerBlock.forward (['hidden_states', 'encoder_hidden_states', 'temb', 'image_rotary_emb', "
+        "'joint_attention_kwargs']) for transformer_blocks.0, got 'x'. Set hidden_arg to the name "
+        "FluxTransformerBlock.forward gives that stream."
+    )
+
+
+# --- repeated_blocks -----------------------------------------------------------------------------------
+
+
+def test_hunyuanvideo_adapter_covers_the_token_replace_blocks_of_image_to_video() -> None:
+    plain = zoo.tiny_transformer("hunyuanvideo")
+    token_replace = zoo.tiny_transformer("hunyuanvideo", image_condition_type="token_replace")
+    assert type(token_replace.transformer_blocks[0]).__name__ == "HunyuanVideoTokenReplaceTransformerBlock"
+    assert hookkit.resolve_adapter(token_replace).name == "hunyuanvideo"
+    spec = hookkit.Quantize(scheme="int8_weight_only")
+    chosen = {name: {d.path for d in select_layers(t, spec).chosen} for name, t in
+              (("plain", plain), ("token_replace", token_replace))}
+    assert len(chosen["plain"]) == 34
+    assert chosen["token_replace"] == chosen["plain"]
+
+
+def test_a_repeated_class_the_model_lacks_must_be_a_block_variant() -> None:
+    adapter = hookkit.AdapterSpec.from_dict({**_flux_dict(), "name": "flux-typo", "repeated_blocks": ["FluxBlock"]},
+                                            source="typo")
+    with pytest.raises(AdapterError) as info:
+        adapter.check(zoo.tiny_transformer("flux"))
+    assert str(info.value) == (
+        "adapter 'flux-typo' (typo): field 'repeated_blocks' expected classes that occur inside FluxTransformer2DModel, "
+        "got ['FluxBlock']. Remove them, or list them as a `class` of a [[blocks]] table if they are block variants."
+    )
+
+
+# --- matching: bare names, dotted paths, ambiguity --------------------------------------------------------
+
+
+def _flux_named(name: str, *classes: str) -> hookkit.AdapterSpec:
+    return hookkit.AdapterSpec.from_dict({**_flux_dict(), "name": name, "transformer": list(classes)})
+
+
+def test_a_dotted_path_names_the_class_itself_not_a_same_named_one() -> None:
+    transformer = zoo.tiny_transformer("flux")
+    Impostor = type("FluxTransformer2DModel", (FluxTransformer2DModel,), {"__module__": "elsewhere"})
+    impostor = Impostor(**zoo.TINY_CONFIGS["flux"])
+    for path in ("diffusers.FluxTransformer2DModel", "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"):
+        adapter = _flux_named("dotted", path)
+        assert adapter.match_level(transformer) == 2
+        assert adapter.match_level(impostor) == 0
+    assert _flux_named("dotted", "elsewhere.FluxTransformer2DModel").match_level(transformer) == 0
+    assert hookkit.get_adapter("flux").match_level(transformer) == 1
+
+
+def test_an_adapter_registered_by_dotted_path_wins_over_the_shipped_bare_name() -> None:
+    adapter = hookkit.register_adapter(_flux_named("my-flux", "diffusers.FluxTransformer2DModel"))
+    try:
+        assert hookkit.resolve_adapter(zoo.tiny_transformer("flux")) is adapter
+    finally:
+        hookkit.unregister_adapter("my-flux")
+    assert hookkit.resolve_adapter(zoo.tiny_transformer("flux")).name == "flux"
+
+
+def test_two_adapters_claiming_one_class_by_different_paths_are_ambiguous() -> None:
+    hookkit.register_adapter(_flux_named("a", "diffusers.FluxTransformer2DModel"))
+    hookkit.register_adapter(_flux_named("b", "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"))
+    try:
+        with pytest.raises(AdapterError, match=r"^adapters \['a', 'b'\] all claim diffusers.models.transformers."
+                                               r"transformer_flux.FluxTransformer2DModel; expected exactly one. "
+                                               r"Unregister all but one"):
+            hookkit.resolve_adapter(zoo.tiny_transformer("flux"))
+    finally:
+        hookkit.unregister_adapter("a")
+        hookkit.unregister_adapter("b")
+
+
+def test_flux2_is_not_flux_and_gets_diffusers_metadata_with_one_stream_single_blocks() -> None:
+    from diffusers import Flux2Transformer2DModel
+
+    flux2 = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=8,
+                                    num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(2, 2, 2, 2))
+    adapter = hookkit.resolve_adapter(flux2)
+    assert adapter.name == "derived:Flux2Transformer2DModel"
+    assert [(b.attr, b.classes, b.returns) for b in adapter.blocks] == [
+        ("transformer_blocks", ("Flux2TransformerBlock",), ("encoder_hidden_states", "hidden_states")),
+        ("single_transformer_blocks", ("Flux2SingleTransformerBlock",), ("hidden_states",)),
+    ]
+
+
+# --- derived adapters ------------------------------------------------------------------------------------
+
+
+def test_a_derived_adapter_drops_repeated_classes_the_model_does_not_build() -> None:
+    Variant = type("FluxVariant", (FluxTransformer2DModel,),
+                   {"_repeated_blocks": ["FluxTransformerBlock", "FluxSingleTransformerBlock", "FluxOnlyInSomeConfigs"]})
+    adapter = hookkit.resolve_adapter(Variant(**zoo.TINY_CONFIGS["flux"]))
+    assert adapter.repeated_blocks == ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+
+
+def test_without_repeated_blocks_every_registered_block_list_is_derived() -> None:
+    transformer = zoo.tiny_transformer("sd3")
+    assert transformer._repeated_blocks == []
+    adapter = derive_adapter(transformer)
+    assert [(b.attr, b.classes, b.returns) for b in adapter.blocks] == [
+        ("transformer_blocks", ("JointTransformerBlock",), ("encoder_hidden_states", "hidden_states"))]
+    assert adapter.repeated_blocks == ("JointTransformerBlock",)
+
+
+# --- TOML loading ---------------------------------------------------------------------------------------
+
+
+def test_a_blocks_table_with_both_class_and_classes_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "both.toml"
+    path.write_text('name = "both"\ntransformer = ["X"]\n[[blocks]]\nattr = "b"\nclass = "B"\nclasses = ["C"]\n')
+    with pytest.raises(AdapterError, match=r"field 'blocks\[b\].classes' expected to be absent, since 'class' is given, "
+                                           r"got \['C'\]. Keep one of 'class' and 'classes'."):
+        hookkit.AdapterSpec.from_toml(path)
+
+
+def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
+    with pytest.raises(AdapterError, match=rf"^adapter file '{tmp_path}' cannot be read \(Is a directory\); pass the path"):
+        hookkit.register_adapter(tmp_path)
+
+
+def test_a_missing_required_key_says_how_to_add_it() -> None:
+    with pytest.raises(AdapterError) as info:
+        hookkit.AdapterSpec.from_dict({"name": "x", "blocks": [{"attr": "b", "class": "B"}]})
+    assert str(info.value) == "adapter 'x' (dict): field 'transformer' expected to be present, got None. " \
+                              "Add `transformer = ...` (see the files in adapters/)."
+
+
+# --- zoo -------------------------------------------------------------------------------------------------
+
+
+def test_tiny_sd3_and_hunyuanvideo_run_a_forward() -> None:
+    """The two families without a tiny pipeline: their configs build models that run."""
+    sd3 = zoo.tiny_transformer("sd3")
+    out = sd3(hidden_states=torch.randn(1, 4, 16, 16), encoder_hidden_states=torch.randn(1, 5, 16),
+              pooled_projections=torch.randn(1, 16), timestep=torch.tensor([10.0]), return_dict=False)[0]
+    assert out.shape == (1, 4, 16, 16)
+    hunyuan = zoo.tiny_transformer("hunyuanvideo")
+    out = hunyuan(hidden_states=torch.randn(1, 4, 3, 4, 4), timestep=torch.tensor([10]),
+                  encoder_hidden_states=torch.randn(1, 6, 16), encoder_attention_mask=torch.ones(1, 6),
+                  pooled_projections=torch.randn(1, 8), guidance=torch.tensor([3500.0]), return_dict=False)[0]
+    assert out.shape == (1, 4, 3, 4, 4)
+
+
+def test_call_kwargs_of_a_model_without_a_tiny_pipeline_is_an_adapter_error() -> None:
+    with pytest.raises(AdapterError, match=r"^no built-in tiny pipeline 'mochi'; known: \['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
+        zoo.call_kwargs("mochi")
+
+
+def test_full_call_kwargs_refuse_a_model_without_a_full_pipeline() -> None:
+    with pytest.raises(AdapterError, match=r"^no full-size pipeline builder for 'wan'; known: \['cogvideox', 'flux', 'qwenimage'\]"):
+        zoo.full_call_kwargs("wan", device="cpu")
+
+
+def test_full_sd3_is_the_published_sd3_medium_architecture() -> None:
+    with torch.device("meta"):
+        sd3 = zoo.full_transformer("sd3")
+    assert (len(sd3.transformer_blocks), sd3.inner_dim) == (24, 1536)
+    assert sum(p.numel() for p in sd3.parameters()) == 2_028_328_000
+
+
+def test_a_broken_adapter_file_raises_on_every_lookup_not_just_the_first(tmp_path: Path, monkeypatch) -> None:
+    """A registry left half-loaded after the first error would silently lack every adapter after the bad file."""
+    from hookkit import adapters
+
+    (tmp_path / "a.toml").write_text((adapters_dir() / "flux.toml").read_text())
+    (tmp_path / "b.toml").write_text('name = "b"\n')
+    (tmp_path / "c.toml").write_text((adapters_dir() / "wan.toml").read_text())
+    monkeypatch.setattr(adapters, "adapters_dir", lambda: tmp_path)
+    registry = adapters._Registry()
+    for _ in range(2):
+        with pytest.raises(AdapterError, match=rf"^adapter 'b' \({tmp_path / 'b.toml'}\): field 'transformer' expected to be present"):
+            registry.all()
+    (tmp_path / "b.toml").unlink()
+    assert sorted(registry.all()) == ["flux", "wan"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"transformer": 5}, "field 'transformer' expected a list of non-empty strings (at least one), got 5."),
+        ({"blocks": []}, "field 'blocks' expected at least one [[blocks]] table (BlockListSpec), got ()."),
+        ({"blocks": [{"attr": "b", "class": []}]}, "field 'blocks[b].classes' expected a list of non-empty strings "
+                                                   "(at least one), got ()."),
+        ({"blocks": [{"attr": "b", "class": "B", "hidden_arg": 3}]}, "field 'blocks[b].hidden_arg' expected an "
+                                                                      "argument name, got 3."),
+        ({"cfg": "twice"}, "field 'cfg' expected one of ('batched', 'separate') (one batched call per step, or one "
+                           "call per CFG branch), got 'twice'."),
+        ({"quant_exclude": "proj_out"}, None),  # one string is a list of one
+    ],
+)
+def test_malformed_values_name_the_field_what_was_expected_and_what_came(change: dict, message: str | None) -> None:
+    data = {"name": "m", "transformer": ["X"], "blocks": [{"attr": "b", "class": "B"}], **change}
+    if message is None:
+        assert hookkit.AdapterSpec.from_dict(data).quant_exclude == ("proj_out",)
+        return
+    with pytest.raises(AdapterError) as info:
+        hookkit.AdapterSpec.from_dict(data)
+    assert str(info.value) == f"adapter 'm' (dict): {message}"
+
+
+def test_registering_a_name_twice_needs_replace(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "mine"\ntransformer = ["Mine"]\n[[blocks]]\nattr = "b"\nclass = "B"\n')
+    first = hookkit.register_adapter(path)
+    try:
+        with pytest.raises(AdapterError, match=r"^an adapter named 'mine' is already registered \(.*mine.toml\); "
+                                               r"pass replace=True"):
+            hookkit.register_adapter(path)
+        second = hookkit.register_adapter(hookkit.AdapterSpec.from_toml(path), replace=True)
+        assert hookkit.get_adapter("mine") is second and second is not first
+    finally:
+        hookkit.unregister_adapter("mine")
+
+
+def test_register_adapter_takes_a_path_or_a_spec_only() -> None:
+    with pytest.raises(AdapterError, match=r"^register_adapter: expected a path to a .toml file or a "
+                                           r"hookkit.AdapterSpec, got \{'name': 'x'\}."):
+        hookkit.register_adapter({"name": "x"})  # type: ignore[arg-type]

@@ -97,3 +97,47 @@ def test_named_masks_scale_to_other_step_counts_and_keep_first_and_last() -> Non
 def test_explicit_masks_pad_with_compute_and_cut() -> None:
     assert resolve_steps_mask((1, 0), 4) == (1, 0, 1, 1)
     assert resolve_steps_mask((1, 0, 0, 0, 1), 3) == (1, 0, 0)
+
+
+def test_an_int_does_not_pass_for_a_bool_choice() -> None:
+    """`0 == False`: without a type check, Compile(dynamic=0) would slip through as 'not dynamic'."""
+    with pytest.raises(SpecError) as info:
+        hookkit.Compile(dynamic=0)
+    assert str(info.value) == "Compile.dynamic: expected one of (None, True, False), got 0."
+    assert hookkit.Compile(dynamic=False).dynamic is False
+
+
+@pytest.mark.parametrize("mask", [[1.0, 0.0], [True, False]])
+def test_step_mask_flags_are_the_ints_0_and_1(mask: list) -> None:
+    with pytest.raises(SpecError, match=r"^DBCache.steps_mask: expected a non-empty list of 0 \(may cache\) / 1 \(compute\)"):
+        hookkit.DBCache(steps_mask=mask)
+
+
+def test_from_dict_names_a_missing_required_field() -> None:
+    with pytest.raises(SpecError) as info:
+        hookkit.Spec.from_dict({"quantize": {"region": "all"}})
+    assert str(info.value) == ("Quantize.scheme: expected a value (the field is required), got none in "
+                               "{'region': 'all'}. Add the key 'scheme'.")
+
+
+def test_every_field_round_trips_through_json() -> None:
+    import json
+
+    spec = hookkit.Spec(
+        cache=hookkit.DBCache(fn_blocks=2, bn_blocks=1, threshold=0.3, warmup_steps=2, warmup_interval=2,
+                              max_cached_steps=5, max_continuous_cached_steps=2, max_accumulated_diff=0.5,
+                              steps_mask="fast", mask_policy="static", taylorseer_order=2),
+        quantize=hookkit.Quantize(scheme="fp8_row", region="all", exclude=["proj_out"], include=["x_embedder"],
+                                  min_features=64, keep_original="cpu"),
+        compile=hookkit.Compile(regional=False, mode="max-autotune", fullgraph=False, dynamic=True,
+                                cuda_graphs="transformer", backend="aot_eager"),
+        sync_free=True, memo=True,
+    )
+    data = json.loads(json.dumps(spec.to_dict()))
+    assert data["quantize"]["include"] == ["x_embedder"]
+    assert hookkit.Spec.from_dict(data) == spec
+
+
+def test_a_named_mask_at_half_the_steps_reads_every_other_step() -> None:
+    # "fast" over 28 steps computes 0-4, 8, 12, 16, 21, 26, 27; at 14 steps, step i reads step 2i
+    assert resolve_steps_mask("fast", 14) == (1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 1)
