@@ -224,6 +224,19 @@ def test_taylorseer_order_2_reproduces_a_quadratic_residual_trajectory_exactly()
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_taylorseer_order_2_with_only_two_computed_steps_extrapolates_linearly() -> None:
+    tembs = [1.0 + k for k in range(5)]  # linear: exact only if the two points give a first-order extrapolation
+    model, handle = stub(None)
+    reference = drive(model, handle, tembs)
+    handle.remove()
+    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
+        steps_mask=[1, 1, 0, 0, 0], mask_policy="static", taylorseer_order=2)), adapter=STUB_ADAPTER)
+    out = drive(model, handle, tembs)
+    assert steps(handle) == ([0, 1], [2, 3, 4])
+    for a, b in zip(out, reference):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
 # --- errors -------------------------------------------------------------------------------------------------
 
 
@@ -246,6 +259,20 @@ def test_an_explicit_mask_needs_no_number_of_steps() -> None:
         for _ in range(3):
             model(torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64), torch.tensor(1.0))
     assert steps(handle) == ([0, 2], [1])  # beyond the mask: compute
+
+
+def test_a_bare_transformer_call_outside_a_generation_is_refused() -> None:
+    # without `handle.generation()` nothing resets the cache: a second generation would reuse the first's residual
+    model, _handle = stub(hookkit.DBCache(threshold=100.0, warmup_steps=0))
+    hidden, encoder = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: expected every transformer call inside a "
+                                        r"generation.*Wrap each denoising loop .*handle.generation\(num_steps=N\)"):
+        model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_apply_dbcache_refuses_a_spec_that_is_not_a_dbcache() -> None:
+    with pytest.raises(SpecError, match=r"apply_dbcache.spec: expected a hookkit.DBCache, got 'fast'. Pass one"):
+        apply_dbcache(StubTransformer(), "fast", adapter=STUB_ADAPTER)
 
 
 def test_apply_dbcache_works_on_a_bare_transformer_and_remove_undoes_it() -> None:
@@ -281,6 +308,31 @@ def test_threshold_zero_is_bitwise_equal_to_uncached(name: str, branches: set[in
     assert all(b["cached"] == [] and b["computed"] == [0, 1, 2, 3] for b in data["branches"].values())
 
 
+def recorded_transformer_call(pipe, name: str) -> tuple[tuple, dict]:
+    """The arguments of the pipeline's first transformer call (one 1-step generation)."""
+    calls = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, k: calls.append((a, dict(k))), with_kwargs=True)
+    run(pipe, name, steps=1)
+    hook.remove()
+    return calls[0]
+
+
+@pytest.mark.parametrize("name", ["flux", "qwenimage", "cogvideox", "wan"])
+def test_a_cached_step_on_unchanged_inputs_reproduces_the_computed_step(name: str) -> None:
+    # Same inputs twice: the stored middle residual is exactly what the middle blocks would add again, so the
+    # cached call equals the computed one up to rounding, with both streams handed to the Bn block in the
+    # block's own return order. (Dropping the encoder residual moves Flux/Qwen/CogVideoX by 1e-3 to 1e-2.)
+    pipe = zoo.tiny_pipeline(name)
+    args, kwargs = recorded_transformer_call(pipe, name)
+    handle = hookkit.enable(pipe.transformer, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=1, bn_blocks=1, steps_mask=[1, 0], mask_policy="static")))
+    with torch.no_grad(), handle.generation(num_steps=2, calls_per_step=1):
+        computed = pipe.transformer(*args, **kwargs)[0]
+        cached = pipe.transformer(*args, **kwargs)[0]
+    assert steps(handle) == ([0], [1])
+    torch.testing.assert_close(cached, computed, rtol=0, atol=1e-5)
+
+
 def test_static_mask_on_flux_runs_exactly_the_masked_steps() -> None:
     pipe = zoo.tiny_pipeline("flux")
     reference = run(pipe, "flux", steps=6)
@@ -311,12 +363,31 @@ def test_cfg_branches_keep_separate_state() -> None:
 
 
 def test_state_resets_at_every_pipeline_call() -> None:
+    # a threshold no diff reaches caches every step that has a residual to reuse: had the first call's residual
+    # survived, the second call would cache its step 0 too
     pipe = zoo.tiny_pipeline("flux")
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0, 1], mask_policy="static")))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=0)))
     first = run(pipe, "flux", steps=3)
     second = run(pipe, "flux", steps=3)
     assert torch.equal(first, second)
-    assert steps(handle) == ([0, 2], [1])
+    assert steps(handle) == ([0], [1, 2])
+
+
+def test_two_pipelines_interleaved_keep_their_own_cache_state() -> None:
+    spec = hookkit.DBCache(threshold=100.0, warmup_steps=1)  # step 0 computes, every later step caches
+    pipe, other = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux", seed=1)
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=spec))
+    other_handle = hookkit.enable(other, hookkit.Spec(cache=spec))
+    alone = run(pipe, "flux", steps=4)
+
+    def run_other(_pipe, i, t, kwargs):  # a whole generation of the other pipeline after each of this one's steps
+        run(other, "flux", steps=3)
+        return {}
+
+    interleaved = run(pipe, "flux", steps=4, callback_on_step_end=run_other)
+    assert torch.equal(interleaved, alone)
+    assert steps(handle) == ([0], [1, 2, 3])
+    assert steps(other_handle) == ([0], [1, 2])
 
 
 def test_removal_restores_every_block_exactly() -> None:
@@ -346,6 +417,13 @@ def test_summary_has_per_branch_steps_diffs_and_percentiles() -> None:
     assert "| Branch | Steps | Cached Steps | Diffs P00 |" in summary.text
     assert "branch 0 cached steps: [1, 4]" in summary.text
     assert "block calls run: 17 of 25 (68.0%)" in summary.text
+
+
+def test_summary_before_any_transformer_call_is_empty() -> None:
+    _model, handle = stub(hookkit.DBCache(threshold=0.2))
+    summary = handle.summary().features["dbcache"]
+    assert (summary.data["branches"], summary.data["transformer_calls"], summary.data["block_calls"]) == ({}, 0, 0)
+    assert summary.text.endswith("\nno transformer call in this generation yet")
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -412,3 +490,55 @@ def test_runs_inside_hookkit_compile_with_the_same_decisions_and_outputs() -> No
     assert steps(handle) == ([0, 2, 4], [1, 3])
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
     handle.remove()
+
+
+# --- whole-transformer CUDA graphs (the bridge, with a CPU stand-in for capture and replay) ----------------
+
+
+class GraphLikeBackend:
+    """Stands in for CUDA graph capture on the CPU. 'capture' runs fn once (hooks run, the decision forced);
+    'replay' re-runs it on the same static buffers, writing the same slots, but like a real replay, which runs
+    no Python, it leaves no trace in the bridge's bookkeeping."""
+
+    def __init__(self, bridge) -> None:
+        self.bridge = bridge
+        self.captures = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        forced = self.bridge.forced
+        output = fn()
+
+        def replay() -> None:
+            last = {index: list(slots) for index, slots in self.bridge.last.items()}
+            self.bridge.forced = forced
+            try:
+                fresh = fn()
+            finally:
+                self.bridge.forced, self.bridge.last = None, last
+            for static, new in zip(torch.utils._pytree.tree_leaves(output), torch.utils._pytree.tree_leaves(fresh)):
+                static.copy_(new)
+
+        return replay, output
+
+
+def test_transformer_graphs_capture_a_cached_step_on_the_residual_of_its_own_resolution() -> None:
+    from hookkit.hooks.compile import GRAPH, GraphHook, GraphRunner
+    from hookkit.hooks.dbcache import graph_bridge
+
+    cache = hookkit.DBCache(steps_mask=[1, 1, 0, 1, 0, 0], mask_policy="static", taylorseer_order=0)
+    eager_pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = run(eager_pipe, "flux", steps=6)
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    bridge = graph_bridge(handle)
+    backend = GraphLikeBackend(bridge)
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge))
+    run(pipe, "flux", steps=2)  # a short warm-up call: the 32x32 computed-step graph only (mask [1, 1])
+    run(pipe, "flux", steps=6, height=48, width=48)  # 48x48: its own two graphs, its slots written last
+    # back at 32x32: the computed step replays, then the cached-step graph is captured; it must read the
+    # 32x32 slot (the 48x48 one raised a shape error before)
+    assert torch.equal(run(pipe, "flux", steps=6), reference)
+    assert backend.captures == 4
+    assert steps(handle) == ([0, 1, 3], [2, 4, 5])

@@ -37,7 +37,8 @@ break in a block and no recompilation from one step to the next.
 
 CFG: state is kept per `handle.state.branch` (0, 1 for pipelines that call the transformer twice per step,
 such as Qwen-Image with true_cfg_scale > 1 or Wan); batched CFG is one call, hence one branch. All state is
-per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call.
+per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call (on a bare
+transformer at every `with handle.generation():`; a transformer call outside any generation raises).
 
 Statistics (`handle.summary()`): per branch the computed and cached steps, every measured diff and its
 percentiles, and the number of block calls that actually ran. `plot_cache_diffs(handle, "diffs.png")`
@@ -347,6 +348,15 @@ class _Shared:
         state = self.handle.state
         cs = state.features.get(NAME)
         if cs is None:
+            if state.generation == 0:
+                # No generation was ever started: nothing would ever reset the cache, so one generation's
+                # residuals (and step count) would carry into the next.
+                raise SpecError(
+                    f"DBCache on {type(self.handle.transformer).__name__}: expected every transformer call inside a "
+                    "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
+                    "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
+                    "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
+                )
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
         return cs
 
@@ -395,6 +405,8 @@ class DBCacheMiddleHook(ModelHook):
         if graph is not None and graph.forced is not None:
             cs.force(state.step, state.branch, graph.forced)
             cached = graph.forced
+            if cached:  # the graph being captured must read the slots of this geometry
+                graph.use_slots(cs.branch, state.branch, hidden, self.io.encoder(args, kwargs))
         else:
             block0 = cs.block0_hidden
             fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
@@ -431,8 +443,9 @@ class GraphBridge:
     case for a static mask (and warmup), which is what this mode requires. The graph runner keys its graphs
     by `(branch, cached)` besides the input signature, forces that decision while a graph is warmed up and
     captured (hooks then record nothing), and reports every call with `replayed()`, which keeps the
-    statistics. Residuals live in persistent slots (one per branch and stream) that the computed-step graph
-    writes and the cached-step graph reads, so their addresses never change across replays or calls.
+    statistics. Residuals live in persistent slots (one per branch, stream and shape) that the computed-step
+    graph writes and the cached-step graph of the same shape reads, so their addresses never change across
+    replays or calls.
     """
 
     def __init__(self, shared: _Shared) -> None:
@@ -469,6 +482,19 @@ class GraphBridge:
             out.append(slot.copy_(y))
         self.last[branch] = out
         return out[0], out[1]  # type: ignore[return-value]
+
+    def use_slots(self, branch: _Branch, index: int, hidden: torch.Tensor, encoder: Any) -> None:
+        """Point `branch` at its slots shaped like this call's streams, for a cached-step graph being captured.
+
+        `replayed` can only point it at the slots written last, and a replayed computed-step graph writes
+        the slots of its own geometry without telling Python: after a call at another resolution those
+        would be the wrong ones.
+        """
+        for stream, like in enumerate((hidden, encoder)):
+            if isinstance(like, torch.Tensor):
+                slot = self.slots.get((index, stream, tuple(like.shape), like.dtype, like.device))
+                if slot is not None:
+                    branch.residual[stream] = slot
 
     def replayed(self, decision: tuple[int, bool]) -> None:
         """Account for one transformer call served by a graph (statistics, and which residuals exist)."""
@@ -689,10 +715,11 @@ def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = No
 
     Same as `hookkit.enable(transformer, hookkit.Spec(cache=spec), adapter=adapter)`: the cache needs the
     per-call clock (step and CFG branch) that `enable` installs. Wrap each generation of a bare transformer
-    in `with handle.generation(num_steps=N):`.
+    in `with handle.generation(num_steps=N):` (a call outside one raises: nothing would reset the cache).
     """
     from hookkit.handle import enable
 
     if not isinstance(spec, DBCache):
-        raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}.")
+        raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}. "
+                        "Pass one, e.g. hookkit.DBCache().")
     return enable(transformer, Spec(cache=spec), adapter=adapter)
