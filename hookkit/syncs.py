@@ -3,7 +3,8 @@
 `profile_syncs(pipe, **call_kwargs)` runs the pipeline once with `torch.cuda.set_sync_debug_mode("warn")`
 on for the denoising steps after the first `skip_first_steps` (the one-off setup copies of step 0 are not
 what a sync-free loop is about). hookkit's clock switches it: on after step `skip_first_steps - 1`'s
-`scheduler.step`, off after the last step's. Each "called a synchronizing CUDA operation" warning is caught
+`scheduler.step`, off after the last step's (off also before and after those, whatever mode the caller had set;
+it is restored at the end). Each "called a synchronizing CUDA operation" warning is caught
 with its Python stack and attributed to the first frame outside torch (and outside any torch-function
 mode's pass-through), then counted per step and per place, like seed 003's table:
 
@@ -189,6 +190,9 @@ class _ProfileListener(SchedulerListener):
         self.recorder = recorder
         self.skip = skip
         self.switch = switch
+        #: denoising steps finished in the profiled call; None until its `set_timesteps` (the only steps that were
+        #: profiled: the handle's state may be a stale one if the clock never saw this call)
+        self.steps_done: int | None = None
 
     def _set(self, on: bool) -> None:
         if self.recorder.active != on:
@@ -196,10 +200,13 @@ class _ProfileListener(SchedulerListener):
             self.switch(on)
 
     def after_set_timesteps(self, scheduler: Any) -> None:
+        self.steps_done = 0
         self._set(self.skip == 0)
 
     def after_step(self, scheduler: Any) -> None:
         done = self.handle.state.step + 1  # steps finished once this one returns (the clock advances next)
+        if self.steps_done is not None:
+            self.steps_done = done
         if done == self.skip:
             self._set(True)
         num_steps = self.handle.state.num_steps
@@ -214,7 +221,8 @@ def _profile(pipe: Any, skip_first_steps: int, call_kwargs: dict[str, Any],
     from hookkit.specs import Spec
 
     if isinstance(skip_first_steps, bool) or not isinstance(skip_first_steps, int) or skip_first_steps < 0:
-        raise SpecError(f"profile_syncs.skip_first_steps: expected an int >= 0, got {skip_first_steps!r}.")
+        raise SpecError(f"profile_syncs.skip_first_steps: expected an int >= 0, got {skip_first_steps!r}. Pass 0 to "
+                        "profile every step, or 1 (the default) to leave out step 0's one-off setup copies.")
     handle = handle_of(pipe)
     temporary = None
     if handle is None:
@@ -225,20 +233,28 @@ def _profile(pipe: Any, skip_first_steps: int, call_kwargs: dict[str, Any],
             "steps. Disable it and enable it on the pipeline (hookkit.enable(pipe, spec)).")
     previous = get_mode()
     recorder = SyncRecorder(step_of=lambda: handle.state.step)
-    listener = _ProfileListener(handle, recorder, skip_first_steps,
-                                lambda on: set_mode("warn" if on else previous))
+    # off (0) outside the profiled steps whatever the caller had set: "error" would raise at step 0's setup copies
+    listener = _ProfileListener(handle, recorder, skip_first_steps, lambda on: set_mode("warn" if on else 0))
     handle.scheduler_listeners.append(listener)
     try:
+        if previous != 0:
+            set_mode(0)
         with recorder.capture():
             output = pipe(**call_kwargs)
-        steps_run = handle.state.step
     finally:
         recorder.active = False
         set_mode(previous)
         handle.scheduler_listeners.remove(listener)
         if temporary is not None:
             temporary.remove()
-    return recorder.report(type(pipe).__name__, range(skip_first_steps, steps_run), skip_first_steps, output)
+    if listener.steps_done is None:  # the debug mode was never switched on: a report would claim a sync-free loop
+        scheduler = getattr(pipe, "scheduler", None)
+        raise UnsupportedError(
+            f"profile_syncs: expected {type(pipe).__name__}'s call to start its loop with pipe.scheduler.set_timesteps "
+            f"(where hookkit's clock starts counting steps), got a call that never did (pipe.scheduler: "
+            f"{type(scheduler).__name__}), so no step was profiled. Profile a pipeline whose denoising loop uses "
+            "pipe.scheduler (set_timesteps, then step once per step).")
+    return recorder.report(type(pipe).__name__, range(skip_first_steps, listener.steps_done), skip_first_steps, output)
 
 
 def profile_syncs(pipe: Any, skip_first_steps: int = 1, **call_kwargs: Any) -> SyncReport:

@@ -8,6 +8,7 @@ Qwen-Image with `zero_cond_t=True`, through the pipeline and on a bare transform
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -131,12 +132,50 @@ def test_tensor_modified_in_place_is_rebuilt() -> None:
     assert table.stats()["rebuilt"] == 1
 
 
-def test_inference_mode_tensors_are_memoized_without_a_version_check() -> None:
+def test_tensor_made_to_require_grad_is_rebuilt() -> None:
+    table = MemoTable()
+    with MemoMode(table):
+        first = torch.tensor([1.0])
+        first.requires_grad_()  # no version bump, but stock would hand the next caller a tensor without grad
+        second = torch.tensor([1.0])
+    assert second is not first and second.requires_grad is False
+    assert table.stats()["rebuilt"] == 1
+
+
+def test_under_inference_mode_calls_share_one_tensor_that_keeps_a_version_counter() -> None:
     table = MemoTable()
     with torch.inference_mode(), MemoMode(table):
         a = torch.tensor([1, 2])
         b = torch.tensor([1, 2])
-    assert a is b and a.is_inference()
+        a.add_(10)  # allowed on a normal tensor in inference mode, and counted
+        c = torch.tensor([1, 2])
+    assert a is b and a.is_inference() is False
+    assert c is not a and c.tolist() == [1, 2]
+    assert table.stats() == {"hits": 1, "misses": 1, "rebuilt": 1, "passed": 0, "overflow": 0, "entries": 1}
+
+
+def test_tensor_memoized_under_inference_mode_serves_a_later_call_with_autograd() -> None:
+    table = MemoTable()
+    with torch.inference_mode(), MemoMode(table):
+        first = torch.tensor([2.0])
+    weight = torch.ones(1, requires_grad=True)
+    with MemoMode(table):
+        again = torch.tensor([2.0])
+    (weight * again).sum().backward()  # an inference tensor here: "Inference tensors cannot be saved for backward"
+    assert again is first and weight.grad.tolist() == [2.0]
+
+
+def test_numpy_data_is_not_memoized() -> None:
+    # torch.as_tensor shares a numpy array's memory: the array may change between calls
+    table = MemoTable()
+    array = np.array([1, 2])
+    with MemoMode(table):
+        before = torch.as_tensor(array)
+        array[0] = 5
+        after = torch.as_tensor(array)
+        scalars = torch.tensor([np.int64(1), np.int64(2)])
+    assert before.tolist() == [5, 2] and after.tolist() == [5, 2] and scalars.tolist() == [1, 2]
+    assert table.stats() == {"hits": 0, "misses": 0, "rebuilt": 0, "passed": 3, "overflow": 0, "entries": 0}
 
 
 def test_full_table_keeps_its_entries_and_builds_new_values_unstored() -> None:
@@ -322,6 +361,21 @@ def test_qwenimage_zero_cond_t_pipeline_is_bitwise_equal_and_builds_modulate_ind
     # one torch.tensor per transformer call (the all-ones prompt mask is dropped by the pipeline, so
     # compute_text_seq_len_from_mask's as_tensor does not run); built once in 8 calls over two generations
     assert (data["misses"], data["hits"], data["rebuilt"], data["passed"], data["entries"]) == (1, 7, 0, 0, 1)
+
+
+def test_qwenimage_pipeline_under_inference_mode_is_bitwise_equal() -> None:
+    pipe = zoo.tiny_pipeline("qwenimage", zero_cond_t=True)
+    with torch.inference_mode():
+        stock = pipe(**zoo.call_kwargs("qwenimage", steps=3)).images
+    handle = hookkit.enable(pipe, hookkit.Spec(memo=True))
+    try:
+        with torch.inference_mode():
+            hooked = pipe(**zoo.call_kwargs("qwenimage", steps=3)).images
+        data = handle.summary().features["memo"].data
+    finally:
+        handle.remove()
+    assert torch.equal(stock, hooked)
+    assert (data["misses"], data["hits"], data["rebuilt"]) == (1, 2, 0)
 
 
 def test_qwenimage_mode_is_on_in_the_prologue_and_off_in_blocks_and_epilogue() -> None:

@@ -185,6 +185,8 @@ def test_step_index_search_is_answered_on_the_host_and_bitwise_equal(scheduler_c
     stock, hooked, data = stock_and_hooked(pipe, cog_kwargs)
     assert torch.equal(stock, hooked)
     assert data["cpu_tables"] is False and data["host_step_index"] == 1 and data["mapped_args"] == 0
+    # the search ran on the host copy of the schedule (on the CPU too: the path a GPU takes)
+    assert data["host_copies"] == 1
     assert pipe.scheduler.begin_index is None  # as stock leaves it
 
 
@@ -216,7 +218,8 @@ def test_host_search_finds_what_the_device_search_finds(first: int, sigmas: list
     try:
         assert _first_step_index(stock_pipe.scheduler, first, sigmas) == expected
         assert _first_step_index(hooked_pipe.scheduler, first, sigmas) == expected
-        assert handle.summary().features["sync"].data["host_step_index"] == 1
+        data = handle.summary().features["sync"].data
+        assert (data["host_step_index"], data["host_copies"]) == (1, 1)
         assert hooked_pipe.scheduler.begin_index is None
     finally:
         handle.remove()

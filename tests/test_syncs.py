@@ -175,6 +175,8 @@ class FakeDebugMode:
     def hook(self, module: torch.nn.Module, args: Any) -> None:
         if self.mode == "warn":
             torch_op()
+        elif self.mode == "error":  # what PyTorch does in sync debug mode "error"
+            raise RuntimeError("called a synchronizing CUDA operation")
 
 
 def profile_flux(pipe: Any, fake: FakeDebugMode, skip: int = 1, steps: int = 4) -> SyncReport:
@@ -193,6 +195,14 @@ def test_profile_covers_the_steps_after_the_first_and_restores_the_mode() -> Non
     assert [(n, l.file, l.function, l.code) for n, l in report.per_location()] == [(3, __file__, "hook", "torch_op()")]
     assert fake.calls == ["warn", 0, 0]  # on after step 0, off after step 3, and the final restore
     assert registry_names(pipe.transformer) == ()  # the clock attached for the call is gone again
+
+
+def test_profile_runs_unprofiled_steps_with_the_mode_off_even_if_the_caller_set_error() -> None:
+    pipe, fake = zoo.tiny_pipeline("flux"), FakeDebugMode()
+    fake.mode = "error"  # e.g. a test suite that fails on any sync; step 0 is not profiled, so it must not raise
+    report = profile_flux(pipe, fake)
+    assert report.per_step() == {1: 1, 2: 1, 3: 1}
+    assert fake.calls == [0, "warn", 0, "error"]  # off for step 0, on for 1..3, off, the caller's mode restored
 
 
 def test_profiling_does_not_change_the_output() -> None:
@@ -227,6 +237,33 @@ def test_profile_refuses_a_handle_on_the_bare_transformer() -> None:
             _profile(pipe, 1, zoo.call_kwargs("flux"), FakeDebugMode().set, FakeDebugMode().get)
     finally:
         handle.remove()
+
+
+class LoopWithoutClock:
+    """Pipeline-shaped (`transformer`, `components`) but without a `scheduler`: its loop (another pipeline's) never
+    calls a `set_timesteps` hookkit patched, so hookkit sees transformer calls and no denoising steps."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.transformer = inner.transformer
+        self.components = {"transformer": inner.transformer}
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.inner(**kwargs)
+
+
+def test_profile_refuses_a_loop_whose_steps_hookkit_cannot_see() -> None:
+    # a report here would say "0 syncs in steps 1..2" for a loop that was never profiled
+    inner, fake = zoo.tiny_pipeline("flux"), FakeDebugMode()
+    hook = inner.transformer.transformer_blocks[0].register_forward_pre_hook(fake.hook)
+    try:
+        with pytest.raises(UnsupportedError, match=r"profile_syncs: expected LoopWithoutClock's call to start its loop "
+                                                   r"with pipe.scheduler.set_timesteps .* got a call that never did"):
+            _profile(LoopWithoutClock(inner), 1, zoo.call_kwargs("flux", steps=4), fake.set, fake.get)
+    finally:
+        hook.remove()
+    assert fake.calls == [0]  # never switched on; restored
+    assert registry_names(inner.transformer) == ()
 
 
 def test_profile_rejects_a_negative_skip() -> None:

@@ -20,9 +20,12 @@ interception costs nothing where the work is. `torch.arange`/`full`/`zeros` are 
 a kernel and never wait for the host, so memoizing them would save a launch and share more tensors.
 
 Contract: a memoized tensor is shared by every call that asks for the same value. Callers must not
-modify it in place. An in-place change is detected (the tensor's version counter moves) and the entry is
-rebuilt at the next lookup, but a caller that still holds the tensor sees the change. Inference-mode
-tensors have no version counter, so for those the contract is not checked. The table lives in
+modify it in place. An in-place change is detected (the tensor's version counter moves), as is
+`requires_grad_()`, and the entry is rebuilt at the next lookup, but a caller that still holds the tensor
+sees the change. Stored tensors are built outside inference mode, even under `torch.inference_mode()`:
+inference tensors have no version counter (the check would be blind there), and one memoized in inference
+mode would raise "Inference tensors cannot be saved for backward" when a later call runs with autograd.
+Used inside inference mode they behave as stock (results are inference tensors). The table lives in
 `handle.resources` and stays valid across pipeline calls because it is keyed by value. Entries are never
 evicted while the handle lives: a CUDA graph captured over the prologue (whole-transformer graphs) reads
 the memoized tensor's memory at every replay, so freeing it would be silent corruption. Past
@@ -144,9 +147,9 @@ def _device_key(device: Any) -> torch.device:
     return resolved
 
 
-def _version(tensor: torch.Tensor) -> int | None:
-    """The version counter (moves on every in-place change); None for inference tensors, which have none."""
-    return None if tensor.is_inference() else tensor._version
+def _unchanged(tensor: torch.Tensor, version: int) -> bool:
+    """False once a caller modified the shared tensor: in place (its version counter moved) or `requires_grad_()`."""
+    return tensor._version == version and not tensor.requires_grad
 
 
 # --- the table and the mode --------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ class MemoStats:
     hits: int = 0
     #: calls that built a tensor and stored it
     misses: int = 0
-    #: entries rebuilt because their tensor had been modified in place
+    #: entries rebuilt because their tensor had been modified in place (or made to require grad)
     rebuilt: int = 0
     #: factory calls seen but not memoizable (non-plain data, other arguments)
     passed: int = 0
@@ -173,7 +176,7 @@ class MemoTable:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: dict[Hashable, tuple[torch.Tensor, int | None]] = {}
+        self._entries: dict[Hashable, tuple[torch.Tensor, int]] = {}
         self.counts = MemoStats()
 
     def __len__(self) -> int:
@@ -203,7 +206,7 @@ class MemoTable:
         found = self._entries.get(key)
         if found is not None:
             tensor, version = found
-            if _version(tensor) == version:
+            if _unchanged(tensor, version):
                 self.counts.hits += 1
                 return tensor
             self.counts.rebuilt += 1
@@ -212,8 +215,9 @@ class MemoTable:
             return func(*args, **kwargs)
         else:
             self.counts.misses += 1
-        tensor = func(*args, **kwargs)
-        self._entries[key] = (tensor, _version(tensor))
+        with torch.inference_mode(False):  # a normal tensor: it has a version counter, and autograd may use it later
+            tensor = func(*args, **kwargs)
+        self._entries[key] = (tensor, tensor._version)
         return tensor
 
     def clear(self) -> None:
@@ -322,7 +326,8 @@ def _first_block_path(adapter: "AdapterSpec", transformer: torch.nn.Module) -> s
     blocks = flat_blocks(adapter, transformer)
     if not blocks:
         raise AdapterError(f"adapter {adapter.name!r}: field 'blocks' expected at least one block in "
-                           f"{type(transformer).__name__}, got none; memo needs the first block to end its scope.")
+                           f"{type(transformer).__name__}, got none (memo ends its scope at the first block). "
+                           "Declare the transformer's block lists in the adapter's `blocks`, or leave memo off.")
     return blocks[0][0]
 
 
@@ -335,7 +340,8 @@ def apply_memo(transformer: torch.nn.Module, adapter: "AdapterSpec | None" = Non
     from hookkit.adapters import resolve_adapter
 
     if not isinstance(transformer, torch.nn.Module):
-        raise HookError(f"apply_memo.transformer: expected a torch.nn.Module, got {type(transformer).__name__}.")
+        raise HookError(f"apply_memo.transformer: expected a torch.nn.Module, got {type(transformer).__name__}. "
+                        "Pass the transformer itself (pipe.transformer).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
     scope = ModeScope(MemoMode(table if table is not None else MemoTable()))
     path = _first_block_path(adapter, transformer)

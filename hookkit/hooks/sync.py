@@ -97,10 +97,6 @@ class HostSchedule:
         self._host: torch.Tensor | None = None
         self._on_copy = on_copy
 
-    @property
-    def copied(self) -> bool:
-        return self._host is not None
-
     def host(self) -> torch.Tensor:
         """The whole storage as a 1-D host tensor, read from the device on first use only."""
         if self._host is None:
@@ -200,12 +196,19 @@ class SyncListener(SchedulerListener):
                 and state.step < state.num_steps)
 
     def host_value(self, value: Any) -> Any:
-        """`value` as the host sees it without a device read (a number, a host tensor), or None."""
+        """`value` as the host sees it without a device read (a number, a host tensor), or None.
+
+        A view of the schedule is mapped before a CPU tensor is taken as it is, so that a CPU pipeline runs
+        the same path (and the same host copy) as a GPU one: the CPU tests check what runs on the GPU.
+        """
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
+        mapped = self._map(value)
+        if mapped is not None:
+            return mapped
         if isinstance(value, torch.Tensor) and value.device.type == "cpu":
             return value
-        return self._map(value)
+        return None
 
     # -- SchedulerListener ------------------------------------------------------------------------------
     def after_set_timesteps(self, scheduler: Any) -> None:
