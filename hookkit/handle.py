@@ -6,8 +6,12 @@ after which the pipeline is exactly as before (its output bitwise equal to a nev
 
 Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first
 transformer call; hookkit patches that method *on the scheduler instance* (never the class) and starts a
-fresh `CallState` there. `scheduler.step` ends a denoising step. A bare transformer has no scheduler:
-use `with handle.generation(): ...` around each generation.
+fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that starts part-way (img2img:
+`set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
+A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
+
+One call at a time per handle: the clock is not thread-safe (nor is a diffusers pipeline), and a call of the
+same pipeline started from inside its own loop (a callback) restarts the per-call state of the outer one.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
-from hookkit.errors import AdapterError, EnableError, SpecError, UnsupportedError
+from hookkit.errors import AdapterError, EnableError, HookError, SpecError, UnsupportedError
 from hookkit.hooks.methods import MethodPatch
 from hookkit.hooks.registry import HookRegistry, ModelHook
 from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook
@@ -37,7 +41,7 @@ class _ClockHook(ModelHook):
         self.handle = handle
 
     def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-        self.handle._clock.on_transformer_call()
+        self.handle._on_transformer_call()
         return args, kwargs
 
 
@@ -57,7 +61,8 @@ class SchedulerListener:
         return args, kwargs
 
     def after_step(self, scheduler: Any) -> None:
-        """After `step` (also when it raised), before the clock advances; in reverse registration order."""
+        """After `step` (also when it or a later listener's `before_step` raised), before the clock advances; in
+        reverse registration order, for every listener whose `before_step` returned."""
 
 
 class _CoreFeature:
@@ -81,11 +86,14 @@ class _CoreFeature:
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
         if attachment.name == "hookkit.generation":
+            handle._scheduler = scheduler
+
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
                     handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                    handle._begin_pending = True
                     for listener in tuple(handle.scheduler_listeners):
                         listener.after_set_timesteps(scheduler)
                     return result
@@ -94,13 +102,14 @@ class _CoreFeature:
 
         def make_step(original: Callable[..., Any]) -> Callable[..., Any]:
             def step(*args: Any, **kwargs: Any) -> Any:
-                listeners = tuple(handle.scheduler_listeners)
-                for listener in listeners:
-                    args, kwargs = listener.before_step(scheduler, args, kwargs)
+                entered: list[SchedulerListener] = []
                 try:
+                    for listener in tuple(handle.scheduler_listeners):
+                        args, kwargs = listener.before_step(scheduler, args, kwargs)
+                        entered.append(listener)
                     result = original(*args, **kwargs)
-                finally:
-                    for listener in reversed(listeners):
+                finally:  # undo what each listener's before_step did, also when a later one raised
+                    for listener in reversed(entered):
                         listener.after_step(scheduler)
                 handle._clock.on_scheduler_step()
                 return result
@@ -118,8 +127,8 @@ def features() -> list[Feature]:
     return [_CoreFeature(), *registered_features()]
 
 
-def _split_target(target: Any) -> tuple[Any | None, torch.nn.Module]:
-    """(pipeline or None, transformer) from whatever `enable` was given."""
+def _split_target(target: Any, caller: str = "hookkit.enable") -> tuple[Any | None, torch.nn.Module]:
+    """(pipeline or None, transformer) from whatever `enable` (or `caller`) was given."""
     if isinstance(target, torch.nn.Module):
         return None, target
     transformer = getattr(target, "transformer", None)
@@ -132,7 +141,7 @@ def _split_target(target: Any) -> tuple[Any | None, torch.nn.Module]:
             )
         return target, transformer
     raise EnableError(
-        f"hookkit.enable: expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got "
+        f"{caller}: expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got "
         f"{type(target).__name__}. Pass pipe (e.g. a FluxPipeline) or pipe.transformer."
     )
 
@@ -144,6 +153,13 @@ class Handle:
         self.plan = plan
         self.transformer: torch.nn.Module = transformer
         self.pipeline = pipeline
+        #: the pipeline's class name, for the summary (also after `remove()` has let go of the pipeline)
+        self._pipeline_class: str | None = type(pipeline).__name__ if pipeline is not None else None
+        #: the scheduler whose `set_timesteps`/`step` the core patched (None on a bare transformer)
+        self._scheduler: Any | None = None
+        self._in_generation = False
+        #: True from `set_timesteps` to the first transformer call, where `num_steps` takes the begin index in
+        self._begin_pending = False
         calls_per_step = None if any(a.name == "hookkit.step" for a in plan.attachments) else (
             2 if plan.adapter.cfg == "separate" else 1)
         self._clock = Clock(calls_per_step)
@@ -169,9 +185,32 @@ class Handle:
         """The current (or last finished) generation's state."""
         return self._clock.state
 
+    def _on_transformer_call(self) -> None:
+        """Clock hook: check the scheduler is still the patched one, settle `num_steps`, count the call."""
+        scheduler = self._scheduler
+        if scheduler is not None:
+            current = getattr(self.pipeline, "scheduler", None)
+            if current is not scheduler:
+                # its set_timesteps/step are unpatched: per-call state would never reset and steps never advance
+                raise HookError(
+                    f"{type(self.pipeline).__name__}.scheduler: expected the {type(scheduler).__name__} hookkit patched "
+                    f"at enable, got another {type(current).__name__} (the scheduler was replaced after "
+                    "hookkit.enable). Call hookkit.disable(pipe) before replacing the scheduler and "
+                    "hookkit.enable(pipe, spec) after."
+                )
+            state = self._clock.state
+            if self._begin_pending and state.num_steps is not None:
+                # img2img/inpaint pipelines start the loop part-way (`set_begin_index` after `set_timesteps`)
+                self._begin_pending = False
+                begin = getattr(scheduler, "begin_index", None)
+                if isinstance(begin, int) and 0 < begin <= state.num_steps:
+                    state.num_steps -= begin
+        self._clock.on_transformer_call()
+
     def new_generation(self, num_steps: int | None = None) -> CallState:
         """Start a fresh generation: per-call state of every feature is dropped, hooks are reset."""
         state = self._clock.new_generation(num_steps)
+        self._begin_pending = False
         for module in self._hooked_modules:
             registry = HookRegistry.of(module, create=False)
             if registry is not None:
@@ -188,14 +227,22 @@ class Handle:
         if self.pipeline is not None and calls_per_step is not None:
             raise SpecError("Handle.generation.calls_per_step: expected None with a pipeline (its scheduler counts "
                             f"steps), got {calls_per_step!r}. Drop the argument.")
+        if calls_per_step is not None and (isinstance(calls_per_step, bool) or not isinstance(calls_per_step, int)
+                                           or calls_per_step < 1):
+            raise SpecError(f"Handle.generation.calls_per_step: expected an int >= 1, got {calls_per_step!r}. Pass 1 "
+                            "for batched CFG (or none), 2 for CFG as two transformer calls per step.")
+        if self._in_generation:
+            # the inner block would replace the outer one's state, and the outer would go on counting into it
+            raise HookError("Handle.generation: expected no generation in progress, got a nested "
+                            "`with handle.generation():`. Generations do not nest: end the outer block first.")
         saved = self._clock.calls_per_step
         if calls_per_step is not None:
-            if isinstance(calls_per_step, bool) or not isinstance(calls_per_step, int) or calls_per_step < 1:
-                raise SpecError(f"Handle.generation.calls_per_step: expected an int >= 1, got {calls_per_step!r}.")
             self._clock.calls_per_step = calls_per_step
+        self._in_generation = True
         try:
             yield self.new_generation(num_steps)
         finally:
+            self._in_generation = False
             self._clock.calls_per_step = saved
 
     # -- attach / remove --------------------------------------------------------------------------------
@@ -208,8 +255,11 @@ class Handle:
             # the modules whose hooks `new_generation` resets, resolved once rather than at every call
             targets = dict.fromkeys(a.target for a, _ in self._attached if not a.target.startswith("pipeline."))
             self._hooked_modules = [self.transformer.get_submodule(t) if t else self.transformer for t in targets]
-        except BaseException:
-            self._detach_all()
+        except BaseException as exc:
+            try:
+                self._detach_all()
+            except BaseException as cleanup:  # the cause is `exc`: keep it, note what rollback could not undo
+                exc.add_note(f"hookkit: undoing the partial attach also failed: {type(cleanup).__name__}: {cleanup}")
             raise
 
     def _detach_all(self) -> None:
@@ -239,6 +289,7 @@ class Handle:
         logger.info("hookkit disabled on {}", self.plan.transformer_class)
         self.transformer = None  # type: ignore[assignment]
         self.pipeline = None
+        self._scheduler = None
 
     # -- summary ----------------------------------------------------------------------------------------
     def summary(self) -> Summary:
@@ -252,10 +303,9 @@ class Handle:
                     result = summarize(self) if summarize is not None else None
                     if result is not None:
                         stats[result.name] = result
-        pipeline = type(self.pipeline).__name__ if self.pipeline is not None else None
         return Summary(
             adapter=self.adapter.name, adapter_source=self.adapter.source, transformer=self.plan.transformer_class,
-            pipeline=pipeline, spec=self.spec.to_dict(), hooks=rows, generations=self._clock.generations,
+            pipeline=self._pipeline_class, spec=self.spec.to_dict(), hooks=rows, generations=self._clock.generations,
             features=stats,
         )
 
@@ -310,7 +360,10 @@ def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None
 
 def handle_of(target: Any) -> Handle | None:
     """The live handle of a hooked pipeline or transformer, or None."""
-    _, transformer = _split_target(target)
+    _, transformer = _split_target(target, caller="hookkit.handle_of")
+    inner = getattr(transformer, "_orig_mod", None)  # `torch.compile(transformer)` after enable: look inside
+    if isinstance(inner, torch.nn.Module):
+        transformer = inner
     registry = HookRegistry.of(transformer, create=False)
     hook = registry.get(CLOCK_HOOK) if registry is not None else None
     return hook.handle if isinstance(hook, _ClockHook) else None
@@ -318,7 +371,11 @@ def handle_of(target: Any) -> Handle | None:
 
 def disable(target: Any) -> None:
     """Remove everything hookkit attached to `target` (pipeline or transformer)."""
+    _split_target(target, caller="hookkit.disable")
     handle = handle_of(target)
     if handle is None:
-        raise EnableError(f"hookkit is not enabled on this {type(target).__name__}; nothing to disable.")
+        raise EnableError(
+            f"hookkit.disable: expected a {type(target).__name__} hookkit is enabled on, got one it is not enabled on "
+            "(never enabled, or already disabled). Nothing to undo: call disable once per enable."
+        )
     handle.remove()

@@ -1,8 +1,8 @@
 """Spec + adapter -> a plan (pure data) -> attachments.
 
 `build_plan` only reads: it resolves which hooks go where and returns a `Plan` you can print, compare
-and test as data. `attach_plan` then performs it, collecting one removable per attachment; if any step
-fails, everything attached so far is removed in reverse order and the error is re-raised.
+and test as data. `enable` then performs it (`Handle._attach`), collecting one removable per attachment; if
+any step fails, everything attached so far is removed in reverse order and the error is re-raised.
 """
 
 from __future__ import annotations

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 import hookkit
 from hookkit import zoo
 from hookkit.errors import EnableError, HookError, SpecError
+from hookkit.handle import SchedulerListener
 from hookkit.hooks import ModelHook, registry_names
-from hookkit.plan import Attachment
+from hookkit.plan import Attachment, add_hook
 
 
 def run(pipe, name: str, steps: int = 3, **extra) -> torch.Tensor:
@@ -51,12 +55,23 @@ def test_disable_without_enable_raises() -> None:
         hookkit.disable(zoo.tiny_pipeline("flux"))
 
 
+def test_disabling_twice_says_it_was_already_disabled() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe)
+    hookkit.disable(pipe)
+    with pytest.raises(EnableError, match=r"^hookkit.disable: expected a FluxPipeline hookkit is enabled on, got one "
+                                          r"it is not enabled on \(never enabled, or already disabled\)"):
+        hookkit.disable(pipe)
+
+
 def test_two_pipelines_of_one_class_stay_independent() -> None:
     a, b = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    class_methods = [vars(type(a.scheduler))[m] for m in ("set_timesteps", "step")]
     handle = hookkit.enable(a)
     assert registry_names(b.transformer) == ()
     assert "set_timesteps" not in b.scheduler.__dict__
     assert type(a) is type(b) and type(a).__call__ is type(b).__call__
+    assert [vars(type(a.scheduler))[m] for m in ("set_timesteps", "step")] == class_methods
     run(b, "flux")
     assert handle.state.generation == 0  # b's call did not touch a's state
     run(a, "flux")
@@ -207,6 +222,8 @@ def test_two_transformer_pipelines_are_refused_with_the_workaround() -> None:
 def test_enable_rejects_things_it_cannot_hook() -> None:
     with pytest.raises(EnableError, match="expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got str"):
         hookkit.enable("flux")
+    with pytest.raises(EnableError, match="^hookkit.disable: expected a diffusers pipeline .* got str"):
+        hookkit.disable("flux")
 
 
 def test_library_is_silent_by_default(capfd: pytest.CaptureFixture[str]) -> None:
@@ -250,3 +267,197 @@ def test_every_pipeline_call_resets_the_hooks_on_hooked_modules() -> None:
     run(pipe, "flux")
     run(pipe, "flux")
     assert len(resets) == 2
+
+
+class _Feature:
+    """A stand-in technique for attach-failure tests: attaches what `attach_one` does, one per target."""
+
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, name: str, targets: list[str], attach_one) -> None:
+        self.name, self.targets, self.attach_one = name, targets, attach_one
+
+    def enabled(self, spec) -> bool:
+        return True
+
+    def plan(self, ctx) -> list[Attachment]:
+        return [Attachment(feature=self.name, target=t, name=f"test.{self.name}") for t in self.targets]
+
+    def attach(self, handle, attachment):
+        return self.attach_one(handle, attachment)
+
+
+def _with_features(monkeypatch: pytest.MonkeyPatch, *extra: _Feature) -> None:
+    from hookkit import handle as handle_mod
+
+    real = handle_mod.features
+    monkeypatch.setattr(handle_mod, "features", lambda: [*real(), *extra])
+
+
+def test_a_feature_whose_add_hook_fails_leaves_no_wrapper_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_hook creates the block's registry first; the refused hook must take it away again."""
+    pipe = zoo.tiny_pipeline("flux")
+    before = snapshot(pipe)
+    _with_features(monkeypatch, _Feature("bad", ["transformer_blocks.0"], lambda h, a: add_hook(
+        h.transformer.get_submodule(a.target), a.name, object())))  # type: ignore[arg-type]
+    with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook, got object"):
+        hookkit.enable(pipe)
+    assert snapshot(pipe) == before
+
+
+def test_keyboard_interrupt_mid_attach_leaves_the_pipeline_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    before = snapshot(pipe)
+
+    def attach_one(handle, attachment):
+        if attachment.target == "transformer_blocks.1":
+            raise KeyboardInterrupt
+        return add_hook(handle.transformer.get_submodule(attachment.target), attachment.name, ModelHook())
+
+    _with_features(monkeypatch, _Feature("slow", ["transformer_blocks.0", "transformer_blocks.1"], attach_one))
+    with pytest.raises(KeyboardInterrupt):
+        hookkit.enable(pipe)
+    assert snapshot(pipe) == before
+    assert hookkit.handle_of(pipe) is None
+
+
+def test_a_rollback_that_fails_keeps_the_original_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Stuck:
+        def remove(self) -> None:
+            raise RuntimeError("stuck")
+
+    def refuse(handle, attachment):
+        raise HookError("cannot attach here")
+
+    _with_features(monkeypatch, _Feature("stuck", [""], lambda h, a: Stuck()), _Feature("broken", [""], refuse))
+    pipe = zoo.tiny_pipeline("flux")
+    with pytest.raises(HookError, match="cannot attach here") as info:
+        hookkit.enable(pipe)
+    assert info.value.__notes__ == ["hookkit: undoing the partial attach also failed: RuntimeError: stuck"]
+    assert registry_names(pipe.transformer) == () and "step" not in pipe.scheduler.__dict__
+
+
+def test_listeners_whose_before_step_ran_are_undone_when_a_later_one_raises() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe)
+    log: list[str] = []
+
+    class Swaps(SchedulerListener):
+        def before_step(self, scheduler, args, kwargs):
+            log.append("swaps.before")
+            return args, kwargs
+
+        def after_step(self, scheduler) -> None:
+            log.append("swaps.after")
+
+    class Raises(SchedulerListener):
+        def before_step(self, scheduler, args, kwargs):
+            raise RuntimeError("listener failed")
+
+        def after_step(self, scheduler) -> None:
+            log.append("raises.after")
+
+    handle.scheduler_listeners.extend([Swaps(), Raises()])
+    with pytest.raises(RuntimeError, match="listener failed"):
+        run(pipe, "flux", steps=2)
+    assert log == ["swaps.before", "swaps.after"]
+
+
+def test_summary_after_remove_still_names_the_pipeline() -> None:
+    handle = hookkit.enable(zoo.tiny_pipeline("flux"))
+    handle.remove()
+    summary = handle.summary()
+    assert summary.pipeline == "FluxPipeline"
+    assert str(summary).splitlines()[0] == "hookkit summary: FluxTransformer2DModel in FluxPipeline"
+
+
+def test_generations_do_not_nest() -> None:
+    transformer = zoo.tiny_transformer("wan")
+    handle = hookkit.enable(transformer)
+    x = torch.randn(1, 16, 1, 4, 4)
+    kw = dict(timestep=torch.tensor([500]), encoder_hidden_states=torch.randn(1, 4, 16))
+    with handle.generation(calls_per_step=1) as outer:
+        with pytest.raises(HookError, match=r"expected no generation in progress, got a nested .*end the outer block"):
+            with handle.generation():
+                pass
+        transformer(x, **kw)
+        transformer(x, **kw)
+        assert handle.state is outer and (outer.generation, outer.step, outer.calls) == (1, 1, 2)
+    with handle.generation() as state:  # wan's default again: two calls per step
+        transformer(x, **kw)
+        transformer(x, **kw)
+        assert (state.generation, state.step, state.branch) == (2, 0, 1)
+
+
+def test_replacing_the_scheduler_after_enable_is_a_clear_error() -> None:
+    """The new scheduler is unpatched: state would never reset and steps never advance. Disable still undoes all."""
+    pipe = zoo.tiny_pipeline("flux")
+    old = pipe.scheduler
+    hookkit.enable(pipe)
+    pipe.scheduler = type(old).from_config(old.config)
+    with pytest.raises(HookError, match=r"FluxPipeline.scheduler: expected the FlowMatchEulerDiscreteScheduler hookkit "
+                                        r"patched at enable, got another .*Call hookkit.disable\(pipe\) before"):
+        run(pipe, "flux")
+    hookkit.disable(pipe)
+    assert {"set_timesteps", "step"} & set(old.__dict__) == set()
+    assert registry_names(pipe.transformer) == ()
+
+
+def test_img2img_num_steps_counts_only_the_steps_that_run() -> None:
+    """With strength 0.5 the pipeline starts half-way (`set_begin_index`): 2 of the 4 scheduled steps run."""
+    from diffusers import FluxImg2ImgPipeline
+
+    pipe = FluxImg2ImgPipeline(**zoo.tiny_pipeline("flux").components)
+    handle = hookkit.enable(pipe)
+    kw = zoo.call_kwargs("flux", steps=4)
+    pipe(image=torch.rand(1, 3, kw["height"], kw["width"]), strength=0.5, **kw)
+    assert (handle.state.num_steps, handle.state.step, handle.state.calls) == (2, 2, 2)
+
+
+def test_disable_finds_a_transformer_compiled_after_enable() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe)
+    transformer = pipe.transformer
+    pipe.transformer = torch.compile(transformer, backend="eager")
+    assert hookkit.handle_of(pipe) is handle
+    hookkit.disable(pipe)
+    assert registry_names(transformer) == () and "forward" not in transformer.__dict__
+
+
+def test_a_scheduler_shared_with_an_enabled_pipeline_is_refused_and_nothing_is_left() -> None:
+    a, b = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    b.scheduler = a.scheduler
+    hookkit.enable(a)
+    with pytest.raises(HookError, match=r"set_timesteps: expected a method hookkit has not patched, .*shared with a "
+                                        r"pipeline hookkit is enabled on. Give each pipeline its own"):
+        hookkit.enable(b)
+    assert registry_names(b.transformer) == () and "forward" not in b.transformer.__dict__
+
+
+def test_a_scheduler_method_the_user_set_on_the_instance_comes_back() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    stock = pipe.scheduler.step
+    calls: list[int] = []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        return stock(*args, **kwargs)
+
+    pipe.scheduler.step = step
+    handle = hookkit.enable(pipe)
+    run(pipe, "flux", steps=2)
+    assert (len(calls), handle.state.step) == (2, 2)
+    hookkit.disable(pipe)
+    assert pipe.scheduler.__dict__["step"] is step
+
+
+def test_a_disabled_pipeline_is_collected_while_its_handle_lives() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(warmup_steps=1)))
+    run(pipe, "flux")
+    hookkit.disable(pipe)
+    refs = [weakref.ref(o) for o in (pipe, pipe.transformer, pipe.scheduler)]
+    del pipe
+    gc.collect()  # diffusers pipelines hold reference cycles of their own
+    assert [r() for r in refs] == [None, None, None]
+    assert handle.summary().generations == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 import weakref
@@ -190,6 +191,64 @@ def test_reset_reaches_every_hook() -> None:
 def test_registering_a_non_hook_is_a_clear_error() -> None:
     with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook, got function"):
         HookRegistry.of(linear()).register("f", lambda *a: a)  # type: ignore[arg-type]
+
+
+def test_a_register_that_fails_leaves_a_fresh_module_untouched() -> None:
+    """`HookRegistry.of` installs the wrapper; a refused hook must not leave it (nor the registry) behind."""
+    m = linear()
+    before = dict(m.__dict__)
+    with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook"):
+        HookRegistry.of(m).register("f", lambda *a: a)  # type: ignore[arg-type]
+    assert m.__dict__ == before
+
+
+def test_a_hook_whose_on_attach_raises_is_not_left_in_the_chain() -> None:
+    class Refuses(ModelHook):
+        def on_attach(self, module):
+            raise RuntimeError("cannot attach to this module")
+
+    log: list[str] = []
+    m = linear()
+    reg = HookRegistry.of(m)
+    reg.register("a", Recorder("a", log))
+    with pytest.raises(RuntimeError, match="cannot attach to this module"):
+        reg.register("bad", Refuses(), position=0)
+    m(torch.ones(1, 4))
+    assert reg.names == ("a",)
+    assert log == ["pre:a", "post:a"]
+    fresh = linear()
+    before = dict(fresh.__dict__)
+    with pytest.raises(RuntimeError, match="cannot attach to this module"):
+        HookRegistry.of(fresh).register("bad", Refuses())
+    assert fresh.__dict__ == before
+
+
+def test_an_uninstalled_registry_refuses_new_hooks_instead_of_ignoring_them() -> None:
+    m = linear()
+    reg = HookRegistry.of(m)
+    reg.register("a", ModelHook())
+    reg.remove("a")
+    with pytest.raises(HookError, match=r"register\('b'\): expected a registry still installed .*HookRegistry.of\(module\)"):
+        reg.register("b", ModelHook())
+    with pytest.raises(HookError, match=r"set_inner: expected a registry still installed"):
+        reg.set_inner(lambda *a: a)
+    assert "forward" not in m.__dict__ and registry_names(m) == ()
+
+
+def test_deepcopy_of_a_hooked_module_is_refused_and_works_after_removal() -> None:
+    """A copy would share the wrapper `forward` and silently run the original module's hooks and weights."""
+    m = linear()
+    reg = HookRegistry.of(m)
+    reg.register("add", AddOne())
+    with pytest.raises(HookError, match=r"copy.deepcopy\(Linear\): expected a module without hookkit hooks, got one carrying \['add'\]"):
+        copy.deepcopy(m)
+    reg.remove("add")
+    clone = copy.deepcopy(m)
+    with torch.no_grad():
+        clone.weight.zero_()
+        clone.bias.zero_()
+    assert torch.equal(clone(torch.ones(1, 4)), torch.zeros(1, 4))
+    assert "forward" not in clone.__dict__
 
 
 def test_hooks_around_an_inner_callable_run_outside_it() -> None:

@@ -24,8 +24,10 @@ class MethodPatch:
             raise HookError(f"{type(obj).__name__}.{name}: expected a method to patch, found {original!r}.")
         if getattr(original, _MARK, False):
             raise HookError(
-                f"{type(obj).__name__}.{name} is already patched by hookkit; call hookkit.disable() on the "
-                "pipeline that owns it first."
+                f"{type(obj).__name__}.{name}: expected a method hookkit has not patched, got one a live hookkit "
+                "handle patched: this object is shared with a pipeline hookkit is enabled on. Give each pipeline its "
+                "own (e.g. pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)), or disable "
+                "hookkit on the other pipeline first."
             )
         self.obj: Any = obj
         self.name = name

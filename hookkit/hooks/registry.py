@@ -6,6 +6,7 @@ The first hook on a module puts two entries into `module.__dict__`: `forward` (a
 chain) and `_hookkit_registry`. Removing the last hook deletes both, so the module is exactly as it was:
 `module.forward` is the class's again (or whatever instance `forward` it had before), nothing is left in
 `module.__dict__`, and no reference cycle keeps it alive. Nothing is ever set on a class.
+`copy.deepcopy` of a hooked module raises: the copy would run this module's hooks (remove them first).
 
 Hooks run in registry order, which is explicit data (`registry.names`): for hooks `[a, b]`,
 `a.pre_forward -> b.pre_forward -> forward -> b.post_forward -> a.post_forward`. `position=` on
@@ -106,39 +107,52 @@ class HookRegistry:
 
     # -- registration ---------------------------------------------------------------------------------
     def register(self, name: str, hook: ModelHook, position: int | None = None) -> ModelHook:
-        """Insert `hook` under `name` at `position` (default: innermost, i.e. last)."""
-        if not isinstance(hook, ModelHook):
-            raise HookError(
-                f"register({name!r}): expected a hookkit.hooks.ModelHook, got {type(hook).__name__}. "
-                "Subclass ModelHook and override pre_forward/post_forward/new_forward."
-            )
-        if name in self._hooks:
-            raise HookError(
-                f"{type(self._module).__name__}: a hook named {name!r} is already registered "
-                f"(hooks: {list(self._hooks)}). Remove it first (registry.remove({name!r})) or choose another name."
-            )
-        items = list(self._hooks.items())
-        if position is None:
-            position = len(items)
-        if not (isinstance(position, int) and 0 <= position <= len(items)):
-            raise HookError(f"register({name!r}): position must be an int in [0, {len(items)}], got {position!r}.")
-        items.insert(position, (name, hook))
-        self._hooks = dict(items)
-        self._chain = tuple(self._hooks.values())
-        hook.on_attach(self._module)
+        """Insert `hook` under `name` at `position` (default: innermost, i.e. last).
+
+        All or nothing: if it raises (a bad argument, or `hook.on_attach` failing), the chain is as before,
+        and a registry that `HookRegistry.of` has just created for it is uninstalled again.
+        """
+        self._check_live(f"register({name!r})")
+        inserted = False
+        try:
+            if not isinstance(hook, ModelHook):
+                raise HookError(
+                    f"register({name!r}): expected a hookkit.hooks.ModelHook, got {type(hook).__name__}. "
+                    "Subclass ModelHook and override pre_forward/post_forward/new_forward."
+                )
+            if name in self._hooks:
+                raise HookError(
+                    f"{type(self._module).__name__}: a hook named {name!r} is already registered "
+                    f"(hooks: {list(self._hooks)}). Remove it first (registry.remove({name!r})) or choose another name."
+                )
+            items = list(self._hooks.items())
+            if position is None:
+                position = len(items)
+            if not (isinstance(position, int) and 0 <= position <= len(items)):
+                raise HookError(f"register({name!r}): position must be an int in [0, {len(items)}], got {position!r}.")
+            items.insert(position, (name, hook))
+            self._set_hooks(dict(items))
+            inserted = True
+            hook.on_attach(self._module)
+        except BaseException:
+            if inserted:
+                self._set_hooks({k: v for k, v in self._hooks.items() if k != name})
+            self._uninstall_if_idle()
+            raise
         return hook
 
     def remove(self, name: str) -> ModelHook:
         """Remove the hook `name` (from anywhere in the chain). The last removal restores the module."""
+        self._check_live(f"remove({name!r})")
         if name not in self._hooks:
             raise HookError(
                 f"{type(self._module).__name__}: no hook named {name!r} (hooks: {list(self._hooks)})."
             )
-        hook = self._hooks.pop(name)
-        self._chain = tuple(self._hooks.values())
-        hook.on_detach(self._module)
-        if not self._hooks and self._inner is self._original_forward:
-            self._uninstall()
+        module = self._module
+        hook = self._hooks[name]
+        self._set_hooks({k: v for k, v in self._hooks.items() if k != name})
+        self._uninstall_if_idle()
+        hook.on_detach(module)
         return hook
 
     def set_inner(self, fn: Callable[..., Any] | None) -> None:
@@ -147,9 +161,9 @@ class HookRegistry:
         Hooks registered here then run *outside* `fn`. Used by regional compilation so that decisions and
         copies are not traced into the graph.
         """
+        self._check_live("set_inner")
         self._inner = self._original_forward if fn is None else fn
-        if not self._hooks and fn is None:
-            self._uninstall()
+        self._uninstall_if_idle()
 
     @property
     def original_forward(self) -> Callable[..., Any]:
@@ -159,6 +173,31 @@ class HookRegistry:
     def reset(self) -> None:
         for hook in self._chain:
             hook.reset()
+
+    def _set_hooks(self, hooks: dict[str, ModelHook]) -> None:
+        self._hooks = hooks
+        self._chain = tuple(hooks.values())
+
+    def _check_live(self, what: str) -> None:
+        """A registry whose last hook went has let go of its module: using it would silently do nothing."""
+        if self._module is None:
+            raise HookError(
+                f"HookRegistry.{what}: expected a registry still installed on its module, got one that was uninstalled "
+                "when its last hook was removed. Get the module's current one with HookRegistry.of(module)."
+            )
+
+    def _uninstall_if_idle(self) -> None:
+        if self._module is not None and not self._hooks and self._inner is self._original_forward:
+            self._uninstall()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HookRegistry:
+        # `copy.deepcopy` copies the wrapper `forward` in `module.__dict__` by reference (functions are atomic),
+        # so the copy would silently run *this* module's hooks and weights. Refuse instead.
+        name = type(self._module).__name__ if self._module is not None else "module"
+        raise HookError(
+            f"copy.deepcopy({name}): expected a module without hookkit hooks, got one carrying {list(self._hooks)}. "
+            "Remove hookkit first (handle.remove() or hookkit.disable(...)), copy, then enable it again."
+        )
 
     # -- execution ------------------------------------------------------------------------------------
     def _run(self, index: int, args: Args, kwargs: Kwargs) -> Any:
@@ -202,7 +241,10 @@ class HookRegistry:
 
 
 def _dead_forward(*args: Any, **kwargs: Any) -> Any:
-    raise HookError("this HookRegistry was uninstalled; get a fresh one with HookRegistry.of(module).")
+    raise HookError(
+        "hookkit forward wrapper: expected to be called while its hooks are installed, got a call after they were "
+        "all removed (a `module.forward` captured while hookkit was enabled). Call the module itself, module(...)."
+    )
 
 
 def registry_names(module: torch.nn.Module) -> tuple[str, ...]:
