@@ -23,13 +23,12 @@ import json
 import os
 import statistics
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
-
-
+from hookkit.bench import psnr, timed
 
 
 def setup_variant(name: str, pipe: Any, memo: bool = False) -> Callable[[], None]:
@@ -86,7 +85,7 @@ def main() -> None:
     with torch.device("cuda"):
         pipe = zoo.full_pipeline(args.model)
     torch.set_default_dtype(torch.float32)
-    kw = lambda: zoo.full_call_kwargs(args.model, steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+    kw = lambda: zoo.full_call_kwargs(args.model, steps=args.steps, height=args.size, width=args.size)
 
     rows: list[dict[str, Any]] = []
     reference: torch.Tensor | None = None

@@ -27,12 +27,12 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
-
+from hookkit.bench import psnr, timed
 
 
 def synchronize() -> None:
@@ -98,8 +98,9 @@ def step_profile(pipe: Any, kw: Callable[[], dict[str, Any]]) -> list[dict[str, 
 
 def run_mode(mode: str, pipe: Any, spec: Any, args: argparse.Namespace,
              kw: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    import hookkit
     from torch._dynamo.utils import counters
+
+    import hookkit
 
     teardown = compile_blocks(pipe, args.compile_mode) if mode == "compiled" else (lambda: None)
     summary_data: dict[str, Any] = {}
@@ -258,13 +259,13 @@ def main() -> None:
     torch.manual_seed(0)
     if args.cpu_smoke:
         pipe = zoo.tiny_pipeline("flux")
-        kw = lambda: zoo.call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+        kw = lambda: zoo.call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)
     else:
         torch.set_default_dtype(torch.bfloat16)
         with torch.device("cuda"):
             pipe = zoo.full_pipeline("flux")
         torch.set_default_dtype(torch.float32)
-        kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+        kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
     rows = []

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hookkit import bench  # noqa: E402
+from hookkit import bench
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     ctx = bench.RunContext(pipe=pipe, opts=opts)
     bench.CONFIGS[args.config].setup(ctx)
     output_type = bench.output_type_for(opts)
-    call = lambda: bench.output_of(pipe(**bench.call_kwargs(pipe, opts, output_type)))  # noqa: E731
+    call = lambda: bench.output_of(pipe(**bench.call_kwargs(pipe, opts, output_type)))
     warm = [round(bench.timed(call, device)[0], 3) for _ in range(args.warmup)]
     wall = bench.timed(call, device)[0]
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hookkit.bench import psnr, timed  # noqa: E402 - shared helpers
+from hookkit.bench import psnr, timed
 
 REFERENCE_BF16_REGIONAL_S = 3.81  # DESIGN.md, H200, Flux-dev 1024², 28 steps
 GOAL = 0.75
@@ -91,7 +91,7 @@ def main() -> None:
     with torch.device("cuda"):
         pipe = zoo.full_pipeline("flux", **overrides)
     torch.set_default_dtype(torch.float32)
-    kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)  # noqa: E731
+    kw = lambda: zoo.full_call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"Flux-dev arch ({'quick: ' + str(overrides) if overrides else 'full'}), {args.size}², {args.steps} steps",
           flush=True)

@@ -22,14 +22,14 @@ import json
 import os
 import statistics
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from hookkit.bench import timed  # noqa: E402 - shared helpers
-
 import hookkit
 from hookkit import zoo
+from hookkit.bench import timed
 from hookkit.syncs import SyncReport, profile_syncs
 from hookkit.testing import assert_no_host_sync
 

@@ -198,7 +198,7 @@ class AdapterSpec:
 
     # -- data -----------------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "dict") -> "AdapterSpec":
+    def from_dict(cls, data: dict[str, Any], source: str = "dict") -> AdapterSpec:
         if not isinstance(data, dict):
             raise _fail(source, "<root>", data, "a table")
         known = {f.name for f in attrs.fields(cls)} - {"source"}
@@ -232,7 +232,7 @@ class AdapterSpec:
         return cls(**{**data, "blocks": blocks, "source": source})
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "AdapterSpec":
+    def from_toml(cls, path: str | Path) -> AdapterSpec:
         path = Path(path)
         try:
             data = tomllib.loads(path.read_text())

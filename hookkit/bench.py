@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -904,6 +905,16 @@ def default_timeout() -> float:
 
 
 __all__ = [
-    "CONFIGS", "BenchConfig", "ModelOptions", "ROW_KEYS", "available_fields", "call_kwargs",
-    "load_pipeline", "markdown_table", "measure", "psnr", "run_matrix", "select_configs",
+    "CONFIGS",
+    "ROW_KEYS",
+    "BenchConfig",
+    "ModelOptions",
+    "available_fields",
+    "call_kwargs",
+    "load_pipeline",
+    "markdown_table",
+    "measure",
+    "psnr",
+    "run_matrix",
+    "select_configs",
 ]

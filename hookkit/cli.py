@@ -16,8 +16,9 @@ import argparse
 import logging
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -388,7 +389,6 @@ def _progress_line(message: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import json
 
     if args.quality:  # main() hands `bench --quality` to the quality harness before parsing
         raise SpecError("--quality: expected `hookkit [-v] bench --quality [options]`, got it after other options.")

@@ -17,7 +17,7 @@ selection shows up legibly in `handle.summary()`. Combine them with `all_of`, `a
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

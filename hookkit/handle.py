@@ -17,13 +17,20 @@ same pipeline started from inside its own loop (a callback) restarts the per-cal
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
-from hookkit.errors import AdapterError, EnableError, HookError, SpecError, UnsupportedError
+from hookkit.errors import (
+    AdapterError,
+    EnableError,
+    HookError,
+    SpecError,
+    UnsupportedError,
+)
 from hookkit.hooks.methods import MethodPatch
 from hookkit.hooks.registry import HookRegistry, ModelHook
 from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook
@@ -37,7 +44,7 @@ CLOCK_HOOK = "hookkit.clock"
 class _ClockHook(ModelHook):
     """Outermost hook on the transformer: counts calls into steps and branches; marks "enabled"."""
 
-    def __init__(self, handle: "Handle") -> None:
+    def __init__(self, handle: Handle) -> None:
         self.handle = handle
 
     def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
@@ -81,7 +88,7 @@ class _CoreFeature:
             out.append(Attachment(feature="core", target="pipeline.scheduler.step", name="hookkit.step"))
         return out
 
-    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
         if attachment.name == CLOCK_HOOK:
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
@@ -116,7 +123,7 @@ class _CoreFeature:
             return step
         return MethodPatch(scheduler, "step", make_step)
 
-    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+    def summarize(self, handle: Handle) -> FeatureSummary | None:
         return None
 
 

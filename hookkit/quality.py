@@ -31,8 +31,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -409,7 +410,7 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
                 seeds: Iterable[int] = (0, 1, 2, 3), steps: int = 28, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, cfg_scale: float = 1.0, weights: str | Path | None = None,
                 classifier_weights: str | Path | None = None, warmup: int = 1,
-                log: Callable[[str], None] | None = print) -> "QualityReport":
+                log: Callable[[str], None] | None = print) -> QualityReport:
     """Run the reference and every configuration over classes x seeds; compare each with the reference.
 
     `classes` default to all of `hookkit.trained.CLASSES`; each (class, seed) is one pipeline call of batch 1.

@@ -8,7 +8,8 @@ round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import attrs
 
@@ -235,7 +236,7 @@ class Spec:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Spec":
+    def from_dict(cls, data: dict[str, Any]) -> Spec:
         """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them."""
         if not isinstance(data, dict):
             raise spec_error("Spec", "<dict>", data, "a dict of feature name -> settings")

@@ -8,7 +8,8 @@ into the next, not even after an exception halfway through. Features keep their 
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 

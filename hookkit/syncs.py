@@ -31,7 +31,8 @@ import re
 import sys
 import traceback
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -159,7 +160,7 @@ class SyncRecorder:
             self.events.append(SyncEvent(step=self._step_of(), location=self.attribute(stack)))
 
     @contextlib.contextmanager
-    def capture(self) -> Iterator["SyncRecorder"]:
+    def capture(self) -> Iterator[SyncRecorder]:
         """Within: every sync warning is recorded (never shown, never deduplicated); others are shown as usual."""
         with warnings.catch_warnings():
             warnings.filterwarnings("always", message=re.escape(SYNC_WARNING))
@@ -185,7 +186,7 @@ class SyncRecorder:
 class _ProfileListener(SchedulerListener):
     """Switches the debug mode from the clock: on after step `skip - 1`, off after the last step."""
 
-    def __init__(self, handle: "Handle", recorder: SyncRecorder, skip: int, switch: Callable[[bool], None]) -> None:
+    def __init__(self, handle: Handle, recorder: SyncRecorder, skip: int, switch: Callable[[bool], None]) -> None:
         self.handle = handle
         self.recorder = recorder
         self.skip = skip

@@ -7,7 +7,8 @@ full-size architectures for GPU benchmarks. No downloads, ever.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -100,7 +101,11 @@ def _flux(transformer: torch.nn.Module) -> Any:
 
 
 def _qwenimage(transformer: torch.nn.Module) -> Any:
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+    )
 
     vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
                                  latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
@@ -109,7 +114,11 @@ def _qwenimage(transformer: torch.nn.Module) -> Any:
 
 
 def _cogvideox(transformer: torch.nn.Module) -> Any:
-    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        CogVideoXDDIMScheduler,
+        CogVideoXPipeline,
+    )
 
     vae = AutoencoderKLCogVideoX(
         in_channels=3, out_channels=3,
@@ -195,8 +204,15 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
     """A pipeline around the full-size transformer of `name` (random weights) with a small VAE of the right
     scale factor. Build it under `torch.device("cuda")` and `torch.set_default_dtype(torch.bfloat16)`;
     call it with `output_type="latent"` (the small VAE is not the real one)."""
-    from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLQwenImage, CogVideoXDDIMScheduler,
-                           CogVideoXPipeline, FlowMatchEulerDiscreteScheduler, FluxPipeline, QwenImagePipeline)
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        AutoencoderKLQwenImage,
+        CogVideoXDDIMScheduler,
+        CogVideoXPipeline,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        QwenImagePipeline,
+    )
 
     if name not in _FULL_PIPELINES:  # before building billions of parameters
         raise AdapterError(f"no full-size pipeline builder for {name!r}; known: {list(_FULL_PIPELINES)}.")

@@ -42,8 +42,8 @@ def test_demo_prints_summary_timings_and_bitwise_equality_after_disable() -> Non
     out = proc.stdout
     assert "hookkit summary: FluxTransformer2DModel in FluxPipeline" in out
     assert "| core    | hookkit.clock" in out
-    assert re.search(r"^\| plain diffusers \| \d+\.\d{4} +\| 1\.00x", out, re.M)
-    assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.M)
+    assert re.search(r"^\| plain diffusers \| \d+\.\d{4} +\| 1\.00x", out, re.MULTILINE)
+    assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.MULTILINE)
     assert "after hookkit.disable: output bitwise equal to the plain run: True" in out
     assert "plain   1/1" in proc.stderr  # diffusers' progress bar, labelled per run
     assert "[dbcache]" in out
@@ -68,8 +68,8 @@ def test_generate_plain_writes_a_png_of_the_requested_size(tmp_path: Path, capsy
     assert "- Input: 48x32, 2 steps, batch 1, seed 0" in stdout
     assert f"- Saved: {out}" in stdout
     for label in ("Load Time", "Enable Time", "Warmup Time", "Inference Time"):
-        assert re.search(rf"^- {label}: \d+\.\d\ds", stdout, re.M), label
-    assert re.search(r"^- Device: CPU \(\d+ threads?\), float32$", stdout, re.M)
+        assert re.search(rf"^- {label}: \d+\.\d\ds", stdout, re.MULTILINE), label
+    assert re.search(r"^- Device: CPU \(\d+ threads?\), float32$", stdout, re.MULTILINE)
 
 
 def test_generate_default_file_name_says_model_size_and_optimization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -127,7 +127,7 @@ def test_generate_memo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     out = tmp_path / "m.png"
     code, stdout, _ = generate(capsys, "qwenimage", "--steps", "3", "--memo", "--out", str(out))
     assert code == 0 and out.is_file()
-    assert re.search(r"^- Memoized Tensors: \d+ hits, \d+ misses \(prologue scope\)$", stdout, re.M)
+    assert re.search(r"^- Memoized Tensors: \d+ hits, \d+ misses \(prologue scope\)$", stdout, re.MULTILINE)
 
 
 def test_generate_sync_free_on_a_video_model_writes_a_gif(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

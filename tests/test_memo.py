@@ -16,7 +16,14 @@ from torch import nn
 import hookkit
 from hookkit import AdapterSpec, BlockListSpec, zoo
 from hookkit.hooks import registry_names
-from hookkit.hooks.memo import MemoMode, MemoTable, apply_memo, freeze, push_mode, remove_mode
+from hookkit.hooks.memo import (
+    MemoMode,
+    MemoTable,
+    apply_memo,
+    freeze,
+    push_mode,
+    remove_mode,
+)
 
 
 def memo_active() -> bool:

@@ -12,7 +12,16 @@ import torch
 import hookkit
 from hookkit import zoo
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
-from hookkit.filters import Predicate, all_of, any_of, by_name, divisible_by, is_linear, min_features, not_
+from hookkit.filters import (
+    Predicate,
+    all_of,
+    any_of,
+    by_name,
+    divisible_by,
+    is_linear,
+    min_features,
+    not_,
+)
 from hookkit.hooks import registry_names
 from hookkit.hooks.quantize import (
     ALREADY_QUANTIZED,

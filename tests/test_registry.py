@@ -124,7 +124,7 @@ def test_removing_the_last_hook_restores_the_module_exactly() -> None:
 
 def test_an_instance_forward_that_was_there_before_comes_back() -> None:
     m = linear()
-    custom = lambda x: x * 2  # noqa: E731
+    custom = lambda x: x * 2
     m.forward = custom
     reg = HookRegistry.of(m)
     reg.register("a", ModelHook())

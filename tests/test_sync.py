@@ -7,7 +7,8 @@ should (counts) and changes nothing (bitwise-equal latents against stock).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import diffusers
 import pytest
@@ -17,7 +18,12 @@ import hookkit
 from hookkit import zoo
 from hookkit.errors import SpecError
 from hookkit.hooks import registry_names
-from hookkit.hooks.sync import CPU_TABLE_SCHEDULERS, HostSchedule, TimestepReadMode, apply_sync_free
+from hookkit.hooks.sync import (
+    CPU_TABLE_SCHEDULERS,
+    HostSchedule,
+    TimestepReadMode,
+    apply_sync_free,
+)
 
 
 def cog_kwargs(steps: int = 4, **extra: Any) -> dict[str, Any]:

@@ -19,7 +19,15 @@ import hookkit
 from hookkit import zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.hooks import registry_names
-from hookkit.syncs import SYNC_WARNING, SyncEvent, SyncLocation, SyncRecorder, SyncReport, _profile, profile_syncs
+from hookkit.syncs import (
+    SYNC_WARNING,
+    SyncEvent,
+    SyncLocation,
+    SyncRecorder,
+    SyncReport,
+    _profile,
+    profile_syncs,
+)
 from hookkit.testing import assert_no_host_sync
 
 TORCH_DIR = os.path.dirname(torch.__file__)

@@ -13,7 +13,7 @@ from typing import Any
 
 from hookkit.hooks.registry import HookRegistry, ModelHook, registry_names
 
-__all__ = ["HookRegistry", "ModelHook", "registry_names", "registered_features"]
+__all__ = ["HookRegistry", "ModelHook", "registered_features", "registry_names"]
 
 
 #: Technique modules in attach order (after the core clock). Each defines `FEATURE`. Quantization first

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import attrs
 import torch

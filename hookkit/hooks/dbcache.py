@@ -65,8 +65,9 @@ import contextlib
 import functools
 import inspect
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -75,7 +76,14 @@ from loguru import logger
 from hookkit.adapters import BlockListSpec
 from hookkit.errors import AdapterError, SpecError, UnsupportedError
 from hookkit.hooks.registry import Args, Kwargs, ModelHook
-from hookkit.plan import Attachment, PlanContext, Removable, add_hook, flat_blocks, module_at
+from hookkit.plan import (
+    Attachment,
+    PlanContext,
+    Removable,
+    add_hook,
+    flat_blocks,
+    module_at,
+)
 from hookkit.specs import DBCache, Spec, resolve_steps_mask
 from hookkit.summary import FeatureSummary, Summary, table
 
@@ -338,7 +346,7 @@ class _CallState:
 class _Shared:
     """What all DBCache hooks of one handle share: the handle (for its clock and state) and the layout."""
 
-    def __init__(self, handle: "Handle", layout: _Layout) -> None:
+    def __init__(self, handle: Handle, layout: _Layout) -> None:
         self.handle = handle
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
@@ -510,7 +518,7 @@ class GraphBridge:
         cs.transformer_calls += 1
 
 
-def graph_bridge(handle: "Handle") -> GraphBridge | None:
+def graph_bridge(handle: Handle) -> GraphBridge | None:
     """Install (once) and return the bridge of a handle with DBCache, or None without DBCache."""
     found = handle.resources.get(NAME)
     if found is None:
@@ -548,7 +556,7 @@ class _DBCacheFeature:
                                   params=(("first", i == first), ("last", i == last))))
         return out
 
-    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
         shared, specs = self._shared(handle)
         module = module_at(handle.transformer, attachment.target)
         io = _BlockIO(module, specs[attachment.target], attachment.target)
@@ -557,7 +565,7 @@ class _DBCacheFeature:
         hook = DBCacheMiddleHook(shared, io, first=attachment.param("first"), last=attachment.param("last"))
         return add_hook(module, MIDDLE_HOOK, hook)
 
-    def _shared(self, handle: "Handle") -> tuple[_Shared, dict[str, BlockListSpec]]:
+    def _shared(self, handle: Handle) -> tuple[_Shared, dict[str, BlockListSpec]]:
         """The hooks' shared object, made at the first attachment and kept in `handle.resources`."""
         found = handle.resources.get(NAME)
         if found is None:
@@ -571,7 +579,7 @@ class _DBCacheFeature:
             )
         return found
 
-    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+    def summarize(self, handle: Handle) -> FeatureSummary | None:
         found = handle.resources.get(NAME)
         if found is None:
             return None
@@ -653,7 +661,7 @@ def _render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_cache_diffs(source: "Handle | Summary | FeatureSummary | dict[str, Any]", path: str | Path) -> Path:
+def plot_cache_diffs(source: Handle | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
     """Write a PNG of each branch's diff per step against the threshold, cached steps shaded.
 
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
@@ -710,7 +718,7 @@ def _plot_data(source: Any) -> dict[str, Any]:
 # --- public API ---------------------------------------------------------------------------------------------
 
 
-def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = None) -> "Handle":
+def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = None) -> Handle:
     """Turn DBCache on for a bare transformer (or a pipeline); returns the handle (`.remove()` undoes it).
 
     Same as `hookkit.enable(transformer, hookkit.Spec(cache=spec), adapter=adapter)`: the cache needs the

@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import array
 import struct
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -57,7 +58,14 @@ from torch.overrides import TorchFunctionMode
 
 from hookkit.errors import AdapterError, HookError
 from hookkit.hooks.registry import Args, Kwargs, ModelHook
-from hookkit.plan import Attachment, PlanContext, Removable, add_hook, flat_blocks, module_at
+from hookkit.plan import (
+    Attachment,
+    PlanContext,
+    Removable,
+    add_hook,
+    flat_blocks,
+    module_at,
+)
 from hookkit.specs import Spec
 from hookkit.summary import FeatureSummary, table
 
@@ -322,7 +330,7 @@ class MemoHandle:
         self.table.clear()
 
 
-def _first_block_path(adapter: "AdapterSpec", transformer: torch.nn.Module) -> str:
+def _first_block_path(adapter: AdapterSpec, transformer: torch.nn.Module) -> str:
     blocks = flat_blocks(adapter, transformer)
     if not blocks:
         raise AdapterError(f"adapter {adapter.name!r}: field 'blocks' expected at least one block in "
@@ -331,7 +339,7 @@ def _first_block_path(adapter: "AdapterSpec", transformer: torch.nn.Module) -> s
     return blocks[0][0]
 
 
-def apply_memo(transformer: torch.nn.Module, adapter: "AdapterSpec | None" = None,
+def apply_memo(transformer: torch.nn.Module, adapter: AdapterSpec | None = None,
                table: MemoTable | None = None) -> MemoHandle:
     """Memoize host-data index tensors in `transformer`'s prologue (entry to first block); no handle needed.
 
@@ -358,7 +366,7 @@ def apply_memo(transformer: torch.nn.Module, adapter: "AdapterSpec | None" = Non
 # --- feature ---------------------------------------------------------------------------------------------------
 
 
-def _inactive_reason(spec: Spec, adapter: "AdapterSpec") -> str | None:
+def _inactive_reason(spec: Spec, adapter: AdapterSpec) -> str | None:
     """Why memo attaches nothing for this spec and adapter, or None when it attaches."""
     if adapter.memo_scope == "none":
         return f"adapter {adapter.name!r} declares memo_scope='none' (no per-step host-data tensors known)"
@@ -383,7 +391,7 @@ class _MemoFeature:
         return [Attachment(feature=NAME, target="", name=PROLOGUE_HOOK, params=(("first_block", path),)),
                 Attachment(feature=NAME, target=path, name=FIRST_BLOCK_HOOK)]
 
-    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
         scope: ModeScope | None = handle.resources.get(NAME)
         if scope is None:
             scope = handle.resources[NAME] = ModeScope(MemoMode(MemoTable()))
@@ -395,7 +403,7 @@ class _MemoFeature:
         return add_hook(module_at(handle.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
                         position=0)
 
-    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+    def summarize(self, handle: Handle) -> FeatureSummary | None:
         scope: ModeScope | None = handle.resources.get(NAME)
         if scope is None:
             reason = _inactive_reason(handle.spec, handle.adapter) or "nothing attached"

@@ -7,7 +7,8 @@ nothing). The class is never touched, so two pipelines of one class stay indepen
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hookkit.errors import HookError
 

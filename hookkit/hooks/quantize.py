@@ -54,7 +54,8 @@ over memory); compiled, the quantization fuses into the preceding ops.
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -167,7 +168,10 @@ def make_config(scheme: str) -> Any:
         return Int8WeightOnlyConfig(version=2, set_inductor_config=False)
     # The MX configs have no set_inductor_config field: their handlers leave inductor alone.
     try:
-        from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig, NVFP4DynamicActivationNVFP4WeightConfig
+        from torchao.prototype.mx_formats import (
+            MXDynamicActivationMXWeightConfig,
+            NVFP4DynamicActivationNVFP4WeightConfig,
+        )
     except ImportError as exc:
         raise UnsupportedError(
             f"Quantize.scheme={scheme!r}: expected a torchao with the prototype MX formats "
@@ -575,7 +579,7 @@ class _QuantizeFeature:
         return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
                            params=(("scheme", report.scheme),)) for d in report.chosen]
 
-    def _session(self, handle: "Handle") -> _Session:
+    def _session(self, handle: Handle) -> _Session:
         """Made at the first quantize attach, before any weight changes: selection check, hardware, config."""
         session = handle.resources.get(_RESOURCE)
         if session is None:
@@ -590,19 +594,19 @@ class _QuantizeFeature:
             logger.info("quantizing {} of {} Linear layers with {}", len(planned), len(report.layers), spec.scheme)
         return session
 
-    def attach(self, handle: "Handle", attachment: Attachment) -> QuantizedLayer:
+    def attach(self, handle: Handle, attachment: Attachment) -> QuantizedLayer:
         session = self._session(handle)
         module = module_at(handle.transformer, attachment.target)
         return QuantizedLayer(module, attachment.target, session.config, handle.spec.quantize.keep_original)
 
-    def check_removable(self, handle: "Handle") -> None:
+    def check_removable(self, handle: Handle) -> None:
         """Called by `Handle.remove` before anything is removed: refuse when weights cannot be restored."""
         spec: Quantize = handle.spec.quantize
         session: _Session | None = handle.resources.get(_RESOURCE)
         if spec.keep_original is None and session is not None and session.report.chosen:
             raise EnableError(_refusal(spec.scheme, len(session.report.chosen), "hookkit.disable"))
 
-    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+    def summarize(self, handle: Handle) -> FeatureSummary | None:
         session: _Session | None = handle.resources.get(_RESOURCE)
         if session is None:  # a live handle always has one, unless a removal failed midway and cleared it
             return None
@@ -614,7 +618,21 @@ class _QuantizeFeature:
 FEATURE = _QuantizeFeature()
 
 __all__ = [
-    "ALREADY_QUANTIZED", "FEATURE", "LORA", "LayerDecision", "QuantizeHandle", "QuantizeReport", "QuantizedLayer",
-    "SCHEMES", "SchemeInfo", "apply_quantize", "check_hardware", "layer_filter", "make_config", "pattern_path",
-    "select_layers", "unsupported_reason", "wrong_dtype",
+    "ALREADY_QUANTIZED",
+    "FEATURE",
+    "LORA",
+    "SCHEMES",
+    "LayerDecision",
+    "QuantizeHandle",
+    "QuantizeReport",
+    "QuantizedLayer",
+    "SchemeInfo",
+    "apply_quantize",
+    "check_hardware",
+    "layer_filter",
+    "make_config",
+    "pattern_path",
+    "select_layers",
+    "unsupported_reason",
+    "wrong_dtype",
 ]

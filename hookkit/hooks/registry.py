@@ -24,7 +24,8 @@ compiles that way so that decisions (caching) and copies (CUDA-graph safety) sta
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class ModelHook:
 
     replaces_forward: bool = False
 
-    def on_attach(self, module: torch.nn.Module) -> None:  # noqa: D401 - hook API
+    def on_attach(self, module: torch.nn.Module) -> None:
         """Called once, after the hook is in the chain."""
 
     def on_detach(self, module: torch.nn.Module) -> None:
@@ -84,7 +85,7 @@ class HookRegistry:
 
     # -- lookup ---------------------------------------------------------------------------------------
     @staticmethod
-    def of(module: torch.nn.Module, create: bool = True) -> "HookRegistry | None":
+    def of(module: torch.nn.Module, create: bool = True) -> HookRegistry | None:
         """The registry of `module`; created (and the wrapper installed) on first use when `create`."""
         registry = module.__dict__.get(_REGISTRY_ATTR)
         if registry is None and create:

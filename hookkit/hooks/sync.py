@@ -41,7 +41,8 @@ thread's mode stack until the next transformer call, `set_timesteps`, or removal
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -168,7 +169,7 @@ class TimestepReadMode(TorchFunctionMode):
 class SyncListener(SchedulerListener):
     """The scheduler side: records the schedule, maps `step()` arguments, answers step-index searches."""
 
-    def __init__(self, handle: "Handle", cpu_tables: bool) -> None:
+    def __init__(self, handle: Handle, cpu_tables: bool) -> None:
         self.handle = handle
         self.cpu_tables = cpu_tables
         self.stats = SyncStats()
@@ -299,8 +300,8 @@ class SyncReadsHook(ModelHook):
 
 
 class _ListenerRemoval:
-    def __init__(self, handle: "Handle", listener: SyncListener) -> None:
-        self.handle: "Handle | None" = handle
+    def __init__(self, handle: Handle, listener: SyncListener) -> None:
+        self.handle: Handle | None = handle
         self.listener = listener
 
     def remove(self) -> None:
@@ -338,7 +339,7 @@ class _SyncFeature:
         out.append(Attachment(feature=NAME, target="", name=READS_HOOK))
         return out
 
-    def attach(self, handle: "Handle", attachment: Attachment) -> Removable:
+    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
         if attachment.name == LISTENER:
             listener = handle.resources[NAME] = SyncListener(handle, cpu_tables=attachment.param("cpu_tables", False))
             handle.scheduler_listeners.append(listener)
@@ -364,7 +365,7 @@ class _SyncFeature:
 
         return MethodPatch(scheduler, "_init_step_index", make)
 
-    def summarize(self, handle: "Handle") -> FeatureSummary | None:
+    def summarize(self, handle: Handle) -> FeatureSummary | None:
         listener: SyncListener | None = handle.resources.get(NAME)
         if listener is None:
             return None
@@ -383,7 +384,7 @@ class _SyncFeature:
 FEATURE = _SyncFeature()
 
 
-def apply_sync_free(pipe: Any) -> "Handle":
+def apply_sync_free(pipe: Any) -> Handle:
     """Make `pipe`'s denoising loop sync-free; returns the handle (`.remove()` undoes it).
 
     Same as `hookkit.enable(pipe, hookkit.Spec(sync_free=True))`: the feature needs the per-call clock and the
