@@ -1,7 +1,7 @@
-"""CogVideoX without host syncs in the denoising loop, and regional compilation it cannot do stock (seed 003).
+"""CogVideoX without host syncs in the denoising loop, and regional compilation it cannot do stock.
 
 CogVideoX's loop hands a CUDA timestep to a DDIM scheduler whose tables live on the CPU: every lookup, and
-dynamic CFG's `t.item()`, waits for the GPU to drain its queue (79 stalls in 20 steps). `Spec(sync_free=True)`
+dynamic CFG's `t.item()`, waits for the GPU to drain its queue (3-4 a step on CogVideoX-2b on an H200: BENCHMARKS.md). `Spec(sync_free=True)`
 answers those reads from a host copy of the schedule: same values, same output, no stall. And
 `CogVideoXTransformer3DModel` has no `_repeated_blocks`, so stock `compile_repeated_blocks()` refuses;
 hookkit's adapter names the repeated block class, so `Compile(regional=True)` works.

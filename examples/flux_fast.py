@@ -1,11 +1,11 @@
 """Flux, fast: DBCache + (on a GPU) fp8 quantization and regional compilation, then an exact undo.
 
 Runs anywhere with no downloads: a tiny Flux pipeline built from config with random weights (on the CPU),
-fed random prompt embeddings. On an SM89+ GPU (H100/H200, RTX 4090) it adds torchao fp8 dynamic per-row
-quantization and regional `torch.compile`; elsewhere it says what it would add.
+fed random prompt embeddings. On a CUDA GPU it adds regional `torch.compile`, and on an SM89+ one
+(H100/H200, RTX 4090) also torchao fp8 dynamic per-row quantization; elsewhere it says what it would add.
 
 Random weights never trigger dynamic caching (their residuals change too much between steps), so the cache
-runs on cache-dit's static "fast" step mask: 11 of 28 steps computed, the rest reuse the cached residual of
+runs on the static "fast" step mask (cache-dit's, step for step): 11 of 28 steps computed, the rest reuse the cached residual of
 the middle blocks. With trained weights, use the dynamic default (`hookkit.DBCache()`).
 
     python examples/flux_fast.py [--steps 28]

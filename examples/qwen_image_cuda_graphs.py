@@ -1,9 +1,9 @@
-"""Qwen-Image with CUDA graphs and no model edits (seed 000), and memoized index tensors (seed 004).
+"""Qwen-Image with CUDA graphs and no model edits, and memoized index tensors.
 
 Stock regional `mode="reduce-overhead"` fails on Qwen-Image with "accessing tensor output of CUDAGraphs
 that has been overwritten" unless the modeling code clones its inputs. hookkit marks the transformer-call
 boundary outside the compiled blocks instead, and `cuda_graphs="transformer"` captures one CUDA graph per
-transformer call. Qwen-Image also rebuilds `modulate_index` with `torch.tensor(list, device=cuda)` at every
+transformer call signature. Qwen-Image with `zero_cond_t=True` also rebuilds `modulate_index` with `torch.tensor(list, device=cuda)` at every
 step (a synchronizing copy); `Spec(memo=True)` builds it once.
 
 On a CUDA device this example runs both CUDA-graph variants and times them against the plain pipeline.

@@ -13,6 +13,8 @@ from loguru import logger
 
 logger.disable("hookkit")
 _sink_id: int | None = None
+#: hookkit's stand-in for loguru's default handler (id 0), see `_take_over_default_handler`
+_default_id: int | None = None
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -29,6 +31,7 @@ def set_verbosity(level: str | None) -> None:
         return
     if not isinstance(level, str) or level.upper() not in _LEVELS:
         raise spec_error("set_verbosity", "level", level, f"one of {_LEVELS} or None")
+    _take_over_default_handler()
     logger.enable("hookkit")
     _sink_id = logger.add(
         sys.stderr,
@@ -36,6 +39,20 @@ def set_verbosity(level: str | None) -> None:
         filter=lambda record: record["name"].startswith("hookkit"),
         format="<green>hookkit</green> | <level>{level: <7}</level> | {message}",
     )
+
+
+def _take_over_default_handler() -> None:
+    """loguru's default handler (stderr, every level) would print each enabled hookkit message a second time
+    and ignore `level`. If it is still installed, replace it by the same handler minus hookkit's records;
+    handlers an application added itself are left alone."""
+    global _default_id
+    if _default_id is not None:
+        return
+    try:
+        logger.remove(0)
+    except ValueError:  # already removed: the application configures loguru itself
+        return
+    _default_id = logger.add(sys.stderr, level="DEBUG", filter=lambda record: not record["name"].startswith("hookkit"))
 
 
 if os.environ.get("HOOKKIT_LOG"):

@@ -622,7 +622,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: $OUT/quality or ./out/quality)")
     p.add_argument("--no-plot", action="store_true", help="skip quality.png (no matplotlib needed)")
     p.add_argument("--quick", action="store_true",
-                   help="2 classes x 1 seed, hookkit F1B0 + TaylorSeer 1 (the DBCache default) and FirstBlockCache "
+                   help="2 classes x 1 seed, hookkit F1B0 + TaylorSeer 1 at threshold 0.12 and FirstBlockCache "
                         "at 0.12 only: a fast check")
     return p
 

@@ -242,9 +242,23 @@ def test_set_verbosity_logs_attach_and_detach_only(capfd: pytest.CaptureFixture[
         hookkit.disable(pipe)
     finally:
         hookkit.set_verbosity(None)
-    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("hookkit")]
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hookkit")]
     assert len(lines) == 2
     assert "enabled on FluxTransformer2DModel" in lines[0] and "disabled on FluxTransformer2DModel" in lines[1]
+    # once each: loguru's default handler must not print them a second time
+    assert (err.count("enabled on FluxTransformer2DModel"), err.count("disabled on FluxTransformer2DModel")) == (1, 1)
+
+
+def test_set_verbosity_level_filters_what_is_printed(capfd: pytest.CaptureFixture[str]) -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.set_verbosity("WARNING")  # attach/detach lines are INFO and DEBUG
+    try:
+        hookkit.enable(pipe)
+        hookkit.disable(pipe)
+    finally:
+        hookkit.set_verbosity(None)
+    assert "hookkit" not in capfd.readouterr().err
 
 
 def test_set_verbosity_rejects_unknown_levels() -> None:

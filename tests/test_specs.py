@@ -82,10 +82,11 @@ def test_lists_become_tuples_so_specs_stay_hashable() -> None:
     assert hash(hookkit.DBCache(steps_mask=[1, 0])) == hash(hookkit.DBCache(steps_mask=(1, 0)))
 
 
-def test_fast_mask_computes_11_of_28_steps() -> None:
-    mask = resolve_steps_mask("fast", 28)
-    assert len(mask) == 28 and sum(mask) == 11
-    assert mask[:4] == (1, 1, 1, 1) and mask[-2:] == (1, 1)
+def test_named_masks_at_28_steps_are_cache_dits_bin_for_bin() -> None:
+    # cache_dit.steps_mask(mask_policy=..., total_steps=28) of cache-dit 1.5.3, written out
+    expected = {"slow": "1111111101110011100110010001", "medium": "1111110110001100011000110001",
+                "fast": "1111110100010000100000100001", "ultra": "1111001000001000000100000001"}
+    assert {name: "".join(map(str, resolve_steps_mask(name, 28))) for name in expected} == expected
 
 
 def test_named_masks_scale_to_other_step_counts_and_keep_first_and_last() -> None:
@@ -139,5 +140,6 @@ def test_every_field_round_trips_through_json() -> None:
 
 
 def test_a_named_mask_at_half_the_steps_reads_every_other_step() -> None:
-    # "fast" over 28 steps computes 0-4, 8, 12, 16, 21, 26, 27; at 14 steps, step i reads step 2i
-    assert resolve_steps_mask("fast", 14) == (1, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 1)
+    # "fast" over 28 steps computes 0-5, 7, 11, 16, 22, 27; at 14 steps, step i reads step 2i, and the
+    # last step always computes
+    assert resolve_steps_mask("fast", 14) == (1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1)
