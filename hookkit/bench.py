@@ -657,8 +657,9 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
             latencies.append(seconds)
         row["latencies_s"] = latencies
         # a graph compiled after the warm-up means the timed runs include compilation: the median is suspect
-        row["compiled_graphs"] = _dynamo_graphs() - graphs_before
-        row["graphs_compiled_while_timed"] = _dynamo_graphs() - graphs_warm
+        graphs_after = _dynamo_graphs()
+        row["compiled_graphs"] = graphs_after - graphs_before
+        row["graphs_compiled_while_timed"] = graphs_after - graphs_warm
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
         row["features"] = _summary_data(ctx.handle) if ctx.features is None else ctx.features()

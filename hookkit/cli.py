@@ -165,21 +165,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- generate --------------------------------------------------------------------------------------------
 
 
-def _cache_only_flags(args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
-    """(flag, value, default) of every flag that means something only with --cache."""
-    return [("--cache-mask", args.cache_mask, None), ("--cache-mode", args.cache_mode, "dynamic"),
-            ("--cache-fn", args.cache_fn, 1), ("--cache-bn", args.cache_bn, 0),
-            ("--cache-threshold", args.cache_threshold, 0.12), ("--cache-warmup", args.cache_warmup, None),
-            ("--cache-max-continuous", args.cache_max_continuous, None),
-            ("--cache-taylorseer", args.cache_taylorseer, None)]
+#: defaults of the flags that mean something only with --cache: argparse's defaults and the check below
+#: that refuses them without --cache read this one table
+CACHE_FLAG_DEFAULTS: dict[str, Any] = {
+    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": 0.12,
+    "cache_warmup": None, "cache_max_continuous": None, "cache_taylorseer": None,
+}
 
 
 def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
     """The `Spec` the generate flags ask for (validated by the specs themselves)."""
     if not args.cache:
-        for flag, value, default in _cache_only_flags(args):
+        for dest, default in CACHE_FLAG_DEFAULTS.items():
+            value = getattr(args, dest)
             if value != default:
-                raise SpecError(f"{flag} {value}: only with --cache. Add --cache.")
+                raise SpecError(f"--{dest.replace('_', '-')} {value}: only with --cache. Add --cache.")
     if args.compile_mode is not None and not (args.compile or args.cuda_graphs):
         raise SpecError(f"--compile-mode {args.compile_mode}: only with --compile or --cuda-graphs. Add --compile.")
     cache = None
@@ -455,17 +455,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
     p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12, TaylorSeer order 1 unless set below)")
-    p.add_argument("--cache-mask", default=None, choices=sorted(MASK_POLICIES), metavar="POLICY",
+    p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
-    p.add_argument("--cache-mode", default="dynamic", choices=("dynamic", "static"),
+    p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
                    help="masked steps: cache when the residual change is small (dynamic) or always (static)")
-    p.add_argument("--cache-fn", type=int, default=1, help="first blocks always computed")
-    p.add_argument("--cache-bn", type=int, default=0, help="last blocks always computed")
-    p.add_argument("--cache-threshold", type=float, default=0.12, help="relative L1 residual threshold")
-    p.add_argument("--cache-warmup", type=int, default=None, help="steps always computed first (default 8, 0 with a mask)")
-    p.add_argument("--cache-max-continuous", type=int, default=None,
+    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed")
+    p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed")
+    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold")
+    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default 8, 0 with a mask)")
+    p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
                    help="cached steps in a row (default 3, -1 with a mask)")
-    p.add_argument("--cache-taylorseer", type=int, default=None, choices=[0, 1, 2],
+    p.add_argument("--cache-taylorseer", type=int, default=CACHE_FLAG_DEFAULTS["cache_taylorseer"], choices=[0, 1, 2],
                    help="TaylorSeer order of cached residuals (default: DBCache's, 0 with a mask)")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")

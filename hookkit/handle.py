@@ -33,7 +33,7 @@ from hookkit.errors import (
 )
 from hookkit.hooks.methods import MethodPatch
 from hookkit.hooks.registry import HookRegistry, ModelHook
-from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook
+from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook, module_at
 from hookkit.specs import Spec
 from hookkit.state import CallState, Clock
 from hookkit.summary import FeatureSummary, HookRow, Summary
@@ -261,7 +261,7 @@ class Handle:
                 logger.debug("attached {} to {}", attachment.name, attachment.target or "<transformer>")
             # the modules whose hooks `new_generation` resets, resolved once rather than at every call
             targets = dict.fromkeys(a.target for a, _ in self._attached if not a.target.startswith("pipeline."))
-            self._hooked_modules = [self.transformer.get_submodule(t) if t else self.transformer for t in targets]
+            self._hooked_modules = [module_at(self.transformer, t) for t in targets]
         except BaseException as exc:
             try:
                 self._detach_all()
