@@ -521,7 +521,7 @@ class QualityReport:
         out = []
         for r in self.rows:
             if r.status != "ok":
-                out.append([r.name, r.family, *["—"] * 8, f"{r.status}: {r.note}".replace("|", "/")])
+                out.append([r.name, r.family, *["—"] * 8, f"{r.status}: {r.note}"])
                 continue
             is_ref = r.kind == "reference"
             psnr_cell = "reference" if is_ref else ("inf (bitwise equal)" if r.psnr_db is None else f"{r.psnr_db:.2f}")

@@ -20,7 +20,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return str(value).replace("|", "/")  # a "|" inside a cell (an error message, say) would split it
 
 
 @attrs.frozen(kw_only=True)

@@ -254,3 +254,10 @@ def test_a_full_size_model_that_cannot_fit_is_refused_before_it_is_built(monkeyp
                                                r"cpu has 20.0 GB available. Run it on a GPU with enough memory, "
                                                r"or drop --full for the tiny model.$"):
         bench.load_pipeline(bench.ModelOptions(name="flux", full=True, device="cpu"))
+
+
+def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
+    row = bench._empty_row(bench.CONFIGS["hookkit"], "failed", "RuntimeError: a | b")
+    header, _, line = bench.markdown_table([row]).splitlines()
+    assert line.count("|") == header.count("|")
+    assert "failed: RuntimeError: a / b" in line
