@@ -33,7 +33,15 @@ from hookkit.errors import (
 )
 from hookkit.hooks.methods import MethodPatch
 from hookkit.hooks.registry import HookRegistry, ModelHook
-from hookkit.plan import Attachment, Feature, Plan, PlanContext, Removable, add_hook, module_at
+from hookkit.plan import (
+    Attachment,
+    Feature,
+    Plan,
+    PlanContext,
+    Removable,
+    add_hook,
+    module_at,
+)
 from hookkit.specs import Spec
 from hookkit.state import CallState, Clock
 from hookkit.summary import FeatureSummary, HookRow, Summary

@@ -39,8 +39,9 @@ import attrs
 import torch
 
 import hookkit
+from hookkit._plot import pyplot
 from hookkit.bench import DTYPES, environment, resolve_device, timed
-from hookkit.errors import HookkitError, SpecError, UnsupportedError
+from hookkit.errors import HookkitError, SpecError
 from hookkit.summary import table
 
 __all__ = [
@@ -541,16 +542,7 @@ class QualityReport:
 
     def plot(self, path: str | Path) -> Path:
         """Speed-up in block calls against PSNR and SSIM, one curve per method family (needs matplotlib)."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise UnsupportedError(
-                "QualityReport.plot needs matplotlib, which is not installed. Install it with "
-                "`pip install hookkit[plot]` (or `pip install matplotlib`), or skip the plot (--no-plot)."
-            ) from None
+        plt = pyplot("QualityReport.plot", ", or skip the plot (--no-plot)")
         rows = [r for r in self.rows if r.status == "ok" and r.kind != "reference"]
         finite = [r.psnr_db for r in rows if r.psnr_db is not None]
         cap = (max(finite) if finite else 40.0) + 5.0  # where bitwise-equal rows are drawn
@@ -652,9 +644,8 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
             configs = [known[n] for n in wanted]
         device = str(resolve_device(args.device))
         dtype = DTYPES[args.dtype]
-        if not args.no_plot and importlib.util.find_spec("matplotlib") is None:  # say so before the sweep
-            raise UnsupportedError("--quality writes quality.png with matplotlib, which is not installed. Install "
-                                   "it (`pip install hookkit[plot]`) or add --no-plot.")
+        if not args.no_plot:  # say so before the sweep, not after it
+            pyplot("hookkit bench --quality (quality.png)", ", or add --no-plot")
         report = run_quality(configs, classes=classes, seeds=seeds, steps=args.steps, device=device, dtype=dtype,
                              cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier)
         out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"

@@ -221,3 +221,15 @@ def test_configurations_that_decide_differently_have_different_names() -> None:
     assert names == ["hookkit-F1B0-TS1-mask-fast-dynamic-R0.08", "hookkit-F1B0-TS1-mask-fast-dynamic-R0.2",
                      "hookkit-F1B0-TS1-mask-fast-static", "hookkit-F1B0-TS1-W0-R0.12", "hookkit-F1B0-TS1-MC3-R0.12",
                      "hookkit-F1B0-TS1-R0.12"]
+
+
+def test_quality_main_says_matplotlib_is_missing_before_the_sweep(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    monkeypatch.setattr(quality, "run_quality", lambda *a, **k: pytest.fail("the sweep ran"))
+    assert quality.quality_main(["--quick"]) == 2
+    assert ("hookkit bench --quality: error: hookkit bench --quality (quality.png) needs matplotlib, which is not "
+            "installed. Install it with `pip install hookkit[plot]` (or `pip install matplotlib`), or add --no-plot."
+            in capsys.readouterr().err)

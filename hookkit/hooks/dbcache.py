@@ -667,16 +667,9 @@ def plot_cache_diffs(source: Handle | Summary | FeatureSummary | dict[str, Any],
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
     """
     data = _plot_data(source)
-    try:
-        import matplotlib
+    from hookkit._plot import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UnsupportedError(
-            "plot_cache_diffs needs matplotlib, which is not installed. Install it with `pip install hookkit[plot]` "
-            "(or `pip install matplotlib`)."
-        ) from None
+    plt = pyplot("plot_cache_diffs")
     branches = data["branches"]
     fig, axes = plt.subplots(max(1, len(branches)), 1, figsize=(8, 3 * max(1, len(branches))), squeeze=False)
     for ax, (index, b) in zip(axes[:, 0], branches.items() or [(0, None)]):
