@@ -36,16 +36,18 @@ queue1() {
 }
 
 # followup: why fp8 + regional compile at 512² is slower than eager (profile, more warm-up, fp8 under each
-# compile mode), the GPU tests written after run 6, and the matrix rows run 6 left out (Qwen-Image full
-# compile, memo and bookkeeping rows, cache-dit told the call's CFG; Flux bookkeeping rows; fp8 + graphs).
+# compile mode), the GPU tests written after run 6, the matrix rows run 6 left out (Qwen-Image full
+# compile, memo and bookkeeping rows, cache-dit told the call's CFG; Flux bookkeeping rows; fp8 + graphs), and
+# the DBCache "fast" rows again with the step masks that now equal cache-dit's, beside a cache-dit row.
 followup0() {
   for c in hookkit-fp8+compile hookkit-compile; do
     python3 benchmarks/profile_config.py --model flux --size 512 --config "$c" --warmup 3 > "$W/res/profile-$c.log" 2>&1
   done
   RUNS="--runs 5 --warmup 2 --steps 28 --full" bench flux-512-more flux 512 \
     "eager,regional-compile,hookkit-compile,hookkit-fp8+compile,hookkit-fp8+cuda-graphs,hookkit-cuda-graphs,\
-hookkit,hookkit-cache,hookkit-memo,hookkit-sync-free"
-  bench flux-1024-more flux 1024 "eager,hookkit-fp8+cuda-graphs,hookkit-memo,hookkit-sync-free"
+hookkit,hookkit-cache,hookkit-memo,hookkit-sync-free,hookkit-cache-fast,hookkit-cache-fast+compile"
+  bench flux-1024-more flux 1024 \
+    "eager,hookkit-fp8+cuda-graphs,hookkit-memo,hookkit-sync-free,cache-dit,hookkit-cache-fast,hookkit-cache-fast+compile"
 }
 
 followup1() {
@@ -53,7 +55,8 @@ followup1() {
   python3 benchmarks/quant_flux.py --size 512 --variants bf16-regional,fp8-regional,fp8-ro,fp8-graph \
     > "$W/res/quant512.log" 2>&1
   bench qwen-1024-more qwenimage 1024 \
-    "eager,cache-dit,hookkit,hookkit-cache,hookkit-memo,hookkit-fp8+cuda-graphs,full-compile,full-compile-ro"
+    "eager,cache-dit,hookkit-cache-fast,hookkit-cache-fast+compile,hookkit,hookkit-cache,hookkit-memo,\
+hookkit-fp8+cuda-graphs,full-compile,full-compile-ro"
 }
 
 case "${1:-}" in
