@@ -166,6 +166,28 @@ def test_hookkit_rows_run_exactly_when_their_features_are_installed() -> None:
             assert (config.unavailable(cuda, HAVE) is None) == (config.fields <= HAVE), config.name
 
 
+def test_each_hookkit_row_declares_exactly_the_spec_fields_it_turns_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fields` decides whether a row runs here; a row that turned on an undeclared feature would fail late."""
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    defaults = hookkit.Spec()
+    for config in bench.CONFIGS.values():
+        if config.kind == "hookkit":
+            config.setup(bench.RunContext(pipe=None, opts=None))
+            on = {f for f in ("cache", "quantize", "compile", "memo", "sync_free")
+                  if getattr(specs[-1], f) != getattr(defaults, f)}
+            assert on == set(config.fields), config.name
+
+
+def test_the_fastest_row_combines_a_static_mask_fp8_and_transformer_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    bench.CONFIGS["hookkit-fp8+cache-fast+cuda-graphs"].setup(bench.RunContext(pipe=None, opts=None))
+    spec = specs[0]
+    assert (spec.cache.steps_mask, spec.cache.mask_policy, spec.cache.taylorseer_order) == ("fast", "static", 0)
+    assert (spec.quantize.scheme, spec.compile.cuda_graphs, spec.memo) == ("fp8_row", "transformer", True)
+
+
 def test_psnr() -> None:
     ref = torch.zeros(2, 3, 4, 4)
     assert bench.psnr(ref, ref.clone(), peak=1.0) == math.inf
