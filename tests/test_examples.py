@@ -31,7 +31,7 @@ def test_flux_fast() -> None:
     assert f"cached steps: {len(cached)} of 12: {cached}" in out
     assert re.search(r"^plain: \d+\.\d{3} s, hookkit: \d+\.\d{3} s \(\d+\.\d\dx\); PSNR vs plain: \d+\.\d\d dB$", out, re.MULTILINE)
     assert "bitwise equal to the plain run after hookkit.disable: True" in out
-    assert "no CUDA device: on one, this example would add hookkit.Compile(regional=True)" in out
+    assert "no CUDA device: on one, this example would add hookkit.Compile(regional=True, cuda_graphs='transformer')" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU path of the example")
