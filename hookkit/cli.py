@@ -55,9 +55,13 @@ def _model_options(args: argparse.Namespace, name: str) -> ModelOptions:
         if args.threads < 1:
             raise SpecError(f"--threads: expected an int >= 1, got {args.threads}.")
         torch.set_num_threads(args.threads)
+    if args.prompt is not None and args.model_path is None:
+        raise SpecError(f"--prompt {args.prompt!r}: only with --model-path (a local pipeline with text encoders); "
+                        "tiny and --full models get random prompt embeddings. Drop --prompt or add --model-path.")
+    prompt = ModelOptions.prompt_default() if args.prompt is None else args.prompt
     return ModelOptions(name=name, full=args.full, model_path=args.model_path, device=args.device, dtype=args.dtype,
                         steps=args.steps, height=args.height, width=args.width, batch=args.batch, seed=args.seed,
-                        threads=args.threads, prompt=args.prompt)
+                        threads=args.threads, prompt=prompt)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -72,8 +76,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when visible)")
     p.add_argument("--dtype", default=None, choices=sorted(bench.DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--prompt", default=ModelOptions.prompt_default(),
-                   help="text prompt, for a --model-path pipeline with text encoders (others get random embeddings)")
+    p.add_argument("--prompt", default=None,
+                   help=f"text prompt, only with --model-path (default {ModelOptions.prompt_default()!r}; a folder "
+                        "without text encoders, tiny and --full models get random embeddings)")
 
 
 def _progress(pipe: Any, desc: str, leave: bool = True) -> None:

@@ -202,9 +202,10 @@ def test_json_is_strict_even_for_non_finite_statistics() -> None:
     assert json.loads(text) == {"psnr_db": None, "features": {"dbcache": {"diffs": [0.5, "inf", "nan"]}}}
 
 
-def test_model_options_round_trip_through_the_bench_one_flags() -> None:
-    opts = bench.ModelOptions(name="wan", full=True, device="cpu", dtype="bfloat16", steps=5, height=48, width=64,
-                              batch=2, seed=3, threads=1, prompt="a red fox in the snow")
+@pytest.mark.parametrize("extra", [{"full": True}, {"model_path": "/models/wan", "prompt": "a red fox in the snow"}])
+def test_model_options_round_trip_through_the_bench_one_flags(extra: dict) -> None:
+    opts = bench.ModelOptions(name="wan", device="cpu", dtype="bfloat16", steps=5, height=48, width=64,
+                              batch=2, seed=3, threads=1, **extra)
     args = cli.build_parser().parse_args(["bench-one", "--config", "eager", "--out-dir", "x", *opts.to_argv()])
     threads = torch.get_num_threads()
     try:

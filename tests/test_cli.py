@@ -104,6 +104,54 @@ def test_generate_cache_with_static_mask_reports_cached_steps(tmp_path: Path, ca
     assert "- Optimization: DBCache_F1B0_W0MC-1_R0.12_SCM-fast-static" in stdout
 
 
+def test_generate_every_cache_flag_reaches_the_dbcache_spec() -> None:
+    args = cli.build_parser().parse_args([
+        "generate", "flux", "--cache", "--cache-fn", "2", "--cache-bn", "1", "--cache-threshold", "0.3",
+        "--cache-warmup", "2", "--cache-max-continuous", "1", "--cache-taylorseer", "2", "--cache-mask", "medium"])
+    assert cli.spec_from_args(args).cache == hookkit.DBCache(
+        fn_blocks=2, bn_blocks=1, threshold=0.3, warmup_steps=2, max_continuous_cached_steps=1, taylorseer_order=2,
+        steps_mask="medium", mask_policy="dynamic")
+
+
+def test_generate_runs_with_every_cache_flag_and_names_them_in_the_tag(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-fn", "2", "--cache-bn", "1",
+                               "--cache-threshold", "0.3", "--cache-warmup", "2", "--cache-max-continuous", "1",
+                               "--cache-taylorseer", "2", "--out", str(tmp_path / "c.png"))
+    assert code == 0 and (tmp_path / "c.png").is_file()
+    assert "- Optimization: DBCache_F2B1_W2MC1_R0.3_TS2\n" in stdout
+
+
+def test_generate_same_seed_same_image_other_seed_other_image(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    paths = {name: tmp_path / f"{name}.png" for name in ("a", "b", "c")}
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--seed", seed, "--out", str(paths[name]))
+        assert code == 0 and f"batch 1, seed {seed}" in stdout
+    pixels = {name: Image.open(path).tobytes() for name, path in paths.items()}
+    assert pixels["a"] == pixels["b"]
+    assert pixels["a"] != pixels["c"]
+
+
+@pytest.mark.parametrize(("warmup", "line"), [("0", "(0 runs)"), ("1", "(1 run)"), ("2", "(2 runs)")])
+def test_generate_warmup_runs_are_counted_in_the_summary(warmup: str, line: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--warmup", warmup, "--out", str(tmp_path / "w.png"))
+    assert code == 0
+    assert re.search(rf"^- Warmup Time: \d+\.\d\ds {re.escape(line)}$", stdout, re.MULTILINE)
+
+
+def test_generate_threads_and_dtype_show_in_the_device_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    threads = torch.get_num_threads()
+    try:
+        code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--threads", "1", "--dtype", "bfloat16",
+                                   "--device", "cpu", "--out", str(tmp_path / "t.png"))
+    finally:
+        torch.set_num_threads(threads)  # --threads applies to this process
+    assert code == 0 and (tmp_path / "t.png").is_file()
+    assert "- Device: CPU (1 thread), bfloat16" in stdout
+
+
 def test_generate_dynamic_cache_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--out", str(out))
@@ -190,6 +238,10 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
     (["flux", "--model-path", "/nonexistent"], "--model-path: expected a local pipeline folder"),
     (["flux", "--model-path", "/"], "--model-path '/': expected a diffusers pipeline folder with a readable "
                                     "model_index.json"),
+    (["flux", "--prompt", "a red fox"], "--prompt 'a red fox': only with --model-path (a local pipeline with text "
+                                        "encoders); tiny and --full models get random prompt embeddings. Drop "
+                                        "--prompt or add --model-path."),
+    (["flux", "--threads", "0"], "--threads: expected an int >= 1, got 0."),
 ])
 def test_generate_errors_exit_2_with_a_clear_message(argv: list[str], message: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
