@@ -51,13 +51,13 @@ def _quiet_third_party() -> None:
 
 
 def _model_options(args: argparse.Namespace, name: str) -> ModelOptions:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SpecError(f"--threads: expected an int >= 1, got {args.threads}.")
-        torch.set_num_threads(args.threads)
     if args.prompt is not None and args.model_path is None:
         raise SpecError(f"--prompt {args.prompt!r}: only with --model-path (a local pipeline with text encoders); "
                         "tiny and --full models get random prompt embeddings. Drop --prompt or add --model-path.")
+    if args.threads is not None:  # last: an error above leaves the process's thread count alone
+        if args.threads < 1:
+            raise SpecError(f"--threads: expected an int >= 1, got {args.threads}.")
+        torch.set_num_threads(args.threads)
     prompt = ModelOptions.prompt_default() if args.prompt is None else args.prompt
     return ModelOptions(name=name, full=args.full, model_path=args.model_path, device=args.device, dtype=args.dtype,
                         steps=args.steps, height=args.height, width=args.width, batch=args.batch, seed=args.seed,
