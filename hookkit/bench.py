@@ -466,6 +466,13 @@ def _cache_dit(ctx: RunContext) -> None:
     ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
 
 
+def _cache_dit_compile(ctx: RunContext) -> None:
+    """cache-dit as above, then stock regional compilation of the blocks inside cache-dit's wrapper (DESIGN.md's
+    "cache-dit + regional compile"): the peer's fastest configuration on the same mask."""
+    _cache_dit(ctx)
+    _stock_regional_compile(None)(ctx)
+
+
 def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
     """cache-dit's `CacheStats` of the last call in the shape of hookkit's DBCache summary data (cached and
     computed step indices per CFG branch), so that the table's notes read the same for both."""
@@ -519,6 +526,8 @@ def _configs() -> dict[str, BenchConfig]:
                     description="diffusers FirstBlockCache, threshold 0.12"),
         BenchConfig(name="cache-dit", kind="peer", setup=_cache_dit, needs_module="cache_dit",
                     description="cache-dit DBCache F1B0, static 'fast' mask"),
+        BenchConfig(name="cache-dit+compile", kind="peer", setup=_cache_dit_compile, needs_module="cache_dit",
+                    description="cache-dit DBCache F1B0, static 'fast' mask + stock regional compile"),
         BenchConfig(name="hookkit", kind="hookkit", setup=_hookkit(lambda: S()),
                     description="hookkit.enable(pipe, Spec()): bookkeeping only (overhead)"),
         BenchConfig(name="hookkit-cache", kind="hookkit", setup=_hookkit(lambda: S(cache=_cache_dynamic())),

@@ -188,6 +188,16 @@ def test_the_fastest_row_combines_a_static_mask_fp8_and_transformer_graphs(monke
     assert (spec.quantize.scheme, spec.compile.cuda_graphs, spec.memo) == ("fp8_row", "transformer", True)
 
 
+def test_cache_dit_with_regional_compile_caches_the_mask_inside_compiled_blocks(tmp_path: Path) -> None:
+    pytest.importorskip("cache_dit")
+    torch._dynamo.reset()
+    opts = bench.ModelOptions(name="flux", steps=28)
+    row = bench.measure(bench.CONFIGS["cache-dit+compile"], opts, runs=1, warmup=1, out_dir=tmp_path)
+    mask = hookkit.specs.resolve_steps_mask("fast", 28)
+    assert (row["status"], row["kind"], row["compiled_graphs"], row["graphs_compiled_while_timed"]) == ("ok", "peer", 3, 0)
+    assert row["features"]["cache"]["branches"]["cond"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
+
+
 def test_psnr() -> None:
     ref = torch.zeros(2, 3, 4, 4)
     assert bench.psnr(ref, ref.clone(), peak=1.0) == math.inf
