@@ -2,7 +2,8 @@
 # GPU runs on an `nvidia-h200-x2` lease: two queues, one per GPU, in the background (setsid) so that they
 # outlive one 10-minute device command. `start [main|followup]` snapshots the working tree to /tmp/hkrun/repo
 # (later calls replace the tree) and launches both queues; `collect` copies logs, JSON and per-row results
-# to $OUT. `main` is session 2's run (BENCHMARKS.md, run 6); `followup` the rows it left for later.
+# to $OUT. `main` is session 2's run (BENCHMARKS.md, run 6); `followup` the rows it left for later (run 7);
+# `next` the peer comparison still to measure (below).
 #   bash benchmarks/h200x2_queues.sh start main   # then, in each later call:
 #   sleep 540; bash benchmarks/h200x2_queues.sh collect
 # Every `hookkit bench` row runs in its own process; rows are written as they finish (`--out-dir`).
@@ -59,17 +60,25 @@ followup1() {
 hookkit-fp8+cuda-graphs,full-compile,full-compile-ro"
 }
 
+# next: the peer's fastest configuration side by side with hookkit's (cache-dit + regional compile was only
+# measured in DESIGN.md), and the fastest hookkit row on Qwen-Image.
+PEERS="eager,cache-dit,cache-dit+compile,hookkit-cache-fast+compile,hookkit-fp8+cache-fast+cuda-graphs"
+next0() { bench flux-1024-peers flux 1024 "$PEERS"; bench flux-512-peers flux 512 "$PEERS"; }
+next1() { python3 -m pytest -m gpu tests/ -q -p no:cacheprovider > "$W/res/gpu_tests.log" 2>&1
+  bench qwen-1024-peers qwenimage 1024 "$PEERS"; }
+
 case "${1:-}" in
 start)
   rm -rf "$W"; mkdir -p "$W/res"; cp -r . "$W/repo"; cd "$W/repo" || exit 1
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1 OUT="$W/res"
   nvidia-smi -L > "$W/res/gpus.txt"
-  export W RUNS FLUX_1024 FLUX_512 QWEN_1024
-  export -f bench queue0 queue1 followup0 followup1
+  export W RUNS FLUX_1024 FLUX_512 QWEN_1024 PEERS
+  export -f bench queue0 queue1 followup0 followup1 next0 next1
   case "${2:-main}" in
     main) q0=queue0 q1=queue1 ;;
     followup) q0=followup0 q1=followup1 ;;
-    *) echo "unknown run ${2}; expected main or followup" >&2; exit 2 ;;
+    next) q0=next0 q1=next1 ;;
+    *) echo "unknown run ${2}; expected main, followup or next" >&2; exit 2 ;;
   esac
   CUDA_VISIBLE_DEVICES=0 setsid bash -c "$q0; echo done > \"\$W/res/q0.done\"" > "$W/res/q0.log" 2>&1 < /dev/null &
   CUDA_VISIBLE_DEVICES=1 setsid bash -c "$q1; echo done > \"\$W/res/q1.done\"" > "$W/res/q1.log" 2>&1 < /dev/null &
@@ -82,5 +91,5 @@ collect)
   for f in *.md *.err; do [ -s "$f" ] && { echo "== $f"; tail -n 25 "$f"; }; done
   tar czf "$OUT/res.tgz" --exclude='*.pt' .
   ;;
-*) echo "usage: $0 start [main|followup] | collect" >&2; exit 2 ;;
+*) echo "usage: $0 start [main|followup|next] | collect" >&2; exit 2 ;;
 esac
