@@ -22,6 +22,7 @@ from hookkit.filters import (
     min_features,
     not_,
 )
+from hookkit.hooks import quantize as quantize_module
 from hookkit.hooks import registry_names
 from hookkit.hooks.quantize import (
     ALREADY_QUANTIZED,
@@ -205,7 +206,7 @@ def test_fp8_row_and_mxfp8_need_bf16_weights_fp8_tensor_does_not() -> None:
     assert {p for p, reason in qwen.reasons().items() if reason == "dtype not bfloat16"} == EXPECTED_FP8_ROW["qwenimage"]
 
 
-def test_nvfp4_takes_bfloat16_or_float32_weights_and_names_both_for_float16() -> None:
+def test_nvfp4_takes_bfloat16_or_float32_weights_and_names_both_for_float16(monkeypatch: pytest.MonkeyPatch) -> None:
     # selection only: nvfp4 needs a Blackwell GPU to run, but which layers it would take is decided anywhere
     transformer = zoo.tiny_transformer("flux").to(torch.float16)
     report = select_layers(transformer, hookkit.Quantize(scheme="nvfp4"))
@@ -215,7 +216,9 @@ def test_nvfp4_takes_bfloat16_or_float32_weights_and_names_both_for_float16() ->
         == EXPECTED_FP8_ROW["flux"]
     decision = next(d for d in report.layers if d.path == "transformer_blocks.0.attn.to_q")
     assert (decision.dtype, decision.detail) == ("float16", "nvfp4 needs torch.bfloat16 or torch.float32 weights, has torch.float16")
-    with pytest.raises(SpecError) as err:  # build_plan checks no hardware: the dtype is what it refuses
+    # as on a Blackwell GPU: hardware that runs nvfp4, so the dtype is what the plan refuses
+    monkeypatch.setattr(quantize_module, "check_hardware", lambda scheme, devices: None)
+    with pytest.raises(SpecError) as err:
         hookkit.build_plan(transformer, hookkit.Spec(quantize=hookkit.Quantize(scheme="nvfp4")))
     assert "(10 outside the repeated blocks, 7 excluded by name, 39 dtype not bfloat16 or float32). Cast the " \
            "transformer to bfloat16 or float32 first (pipe.to(torch.bfloat16))." in str(err.value)
@@ -590,7 +593,8 @@ def test_summary_lists_every_linear_with_its_decision() -> None:
     handle.remove()
 
 
-def test_a_scheme_that_would_quantize_nothing_is_refused_with_the_reasons() -> None:
+def test_a_scheme_that_would_quantize_nothing_is_refused_with_the_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantize_module, "check_hardware", lambda scheme, devices: None)  # as on an H100
     pipe = zoo.tiny_pipeline("wan")
     pipe.transformer.to(torch.bfloat16)
     with pytest.raises(SpecError, match=r"'fp8_row' would quantize none of the 36 Linear layers of WanTransformer3DModel "
@@ -624,9 +628,24 @@ def test_a_filter_fn_that_changes_its_answer_between_plan_and_attach_is_refused_
     assert hookkit.handle_of(pipe) is None and registry_names(pipe.transformer) == ()
 
 
-def test_a_float32_model_is_told_to_cast_to_bfloat16_for_per_row_fp8() -> None:
+def test_a_float32_model_on_fp8_hardware_is_told_to_cast_to_bfloat16_for_per_row_fp8(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantize_module, "check_hardware", lambda scheme, devices: None)  # as on an H100
     with pytest.raises(SpecError, match=r"Cast the transformer to bfloat16 first"):
         hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's refusal")
+@pytest.mark.parametrize("scheme", ["fp8_row", "mxfp8"])
+def test_on_the_cpu_the_hardware_is_refused_before_the_dtype_or_shape(scheme: str) -> None:
+    """Casting a float32 CPU model to bfloat16 for fp8_row would only lead to the next error: say the real one."""
+    pipe = zoo.tiny_pipeline("flux")  # float32, 24-wide layers: neither fp8_row's dtype nor mxfp8's 32 fits
+    for call in (lambda: hookkit.build_plan(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme=scheme))),
+                 lambda: apply_quantize(pipe.transformer, hookkit.Quantize(scheme=scheme))):
+        with pytest.raises(UnsupportedError, match=rf"^Quantize.scheme='{scheme}' needs an NVIDIA GPU with compute "
+                                                    r"capability (8\.9|10\.0) or newer"):
+            call()
+    assert hookkit.handle_of(pipe) is None
 
 
 # --- removal -------------------------------------------------------------------------------------------------

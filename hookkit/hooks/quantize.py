@@ -33,6 +33,8 @@ dynamic activations needs CUDA compute capability 8.9+, NVFP4 and MX need 10.0+;
 cannot run raises `UnsupportedError` and nothing is quantized. A spec that chooses no layer (say fp8_row
 on float32 weights, or a transformer already quantized) is refused earlier, by `build_plan` and
 `apply_quantize`, with a `SpecError` counting the reasons: quantizing nothing is a mistake, not a no-op.
+That refusal checks the hardware first (on every candidate layer's device): on a CPU, fp8_row's answer is
+"needs a GPU with compute capability 8.9", not "cast to bfloat16", which would only lead to that error.
 If torchao still leaves a chosen layer unquantized (a requirement these rules missed), the layer is
 restored as it was and `HookError` names it.
 torchao's global inductor settings are never changed (`set_inductor_config=False` on every config that
@@ -465,8 +467,16 @@ def _refusal(scheme: str, count: int, what: str) -> str:
             "them, or reload the model.")
 
 
-def _nothing_chosen(report: QuantizeReport, transformer: torch.nn.Module) -> SpecError:
-    """The refusal of a spec that would quantize no layer: quantizing nothing is a mistake worth saying."""
+def _nothing_chosen(report: QuantizeReport, transformer: torch.nn.Module) -> Exception:
+    """The refusal of a spec that would quantize no layer: quantizing nothing is a mistake worth saying.
+
+    Hardware comes first: on a device that cannot run the scheme at all, the layers' dtype or shape is not the
+    fix (casting a CPU model to bfloat16 for fp8_row would only lead to the next error).
+    """
+    try:
+        check_hardware(report.scheme, (module_at(transformer, d.path).weight.device for d in report.layers))
+    except UnsupportedError as exc:
+        return exc
     counts = report.counts()
     listed = ", ".join(f"{n} {reason}" for reason, n in counts.items())
     hint = ""
