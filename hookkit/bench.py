@@ -205,6 +205,7 @@ def load_pipeline(opts: ModelOptions) -> Any:
     if opts.model_path is not None:
         pipe = _from_pretrained(opts, dtype)
     elif opts.full:
+        check_cpu_full(opts, device)
         check_fits(opts.name, device, dtype)
         torch.manual_seed(opts.seed)
         with torch.device(device), _default_dtype(dtype):
@@ -239,6 +240,18 @@ def _available_bytes(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 1 << 62
+
+
+def check_cpu_full(opts: ModelOptions, device: torch.device) -> None:
+    """Refuse `--full` on a CPU the user did not ask for: a full-size model that fits in RAM (CogVideoX, Wan)
+    would otherwise start minutes per denoising step with no sign of why. `--device cpu` runs it anyway."""
+    if device.type != "cpu" or opts.device is not None:
+        return
+    params = full_transformer_bytes(opts.name, torch.float32) / 4
+    raise UnsupportedError(
+        f"--full {opts.name}: no CUDA device is visible, and the full-size {opts.name} transformer "
+        f"({params / 1e9:.1f} B parameters) takes minutes per denoising step on the CPU. Run it on a CUDA GPU, drop "
+        "--full for the tiny model, or pass --device cpu to run it on the CPU anyway.")
 
 
 def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:

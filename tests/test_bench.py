@@ -289,6 +289,17 @@ def test_a_full_size_model_that_cannot_fit_is_refused_before_it_is_built(monkeyp
         bench.load_pipeline(bench.ModelOptions(name="flux", full=True, device="cpu"))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_full_size_on_a_cpu_nobody_asked_for_is_refused_before_it_is_built() -> None:
+    from hookkit.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match=r"^--full wan: no CUDA device is visible, and the full-size wan "
+                                               r"transformer \(1\.4 B parameters\) takes minutes per denoising step "
+                                               r"on the CPU\. Run it on a CUDA GPU, drop --full for the tiny model, or "
+                                               r"pass --device cpu to run it on the CPU anyway\.$"):
+        bench.load_pipeline(bench.ModelOptions(name="wan", full=True))
+
+
 def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
     row = bench._empty_row(bench.CONFIGS["hookkit"], "failed", "RuntimeError: a | b")
     header, _, line = bench.markdown_table([row]).splitlines()
