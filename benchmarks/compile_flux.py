@@ -79,8 +79,10 @@ def main() -> None:
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
 
-    from hookkit import zoo
+    from hookkit import bench, zoo
 
+    bench.require_cuda("compile_flux.py", "On the CPU, benchmarks/regional_dispatch.py measures the host cost of "
+                       "regional compilation.")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         pipe = zoo.full_pipeline(args.model)

@@ -3,6 +3,7 @@
     python benchmarks/dbcache_flux.py                  # 1024², 28 steps, eager and regional compile
     python benchmarks/dbcache_flux.py --quick          # 256², 8 steps, 2 runs: a fast check
     python benchmarks/dbcache_flux.py --modes compiled --runs 7 --mask fast --fn 1 --bn 0
+    python benchmarks/dbcache_flux.py --cpu-smoke      # CPU: checks the script with the tiny Flux
 
 Random weights, bf16, batch 1, FluxPipeline with random prompt embeddings (1, 512, 4096) and pooled (1, 768),
 latents out. Random weights never pass a dynamic threshold, so the cache runs on a static mask (default the
@@ -261,6 +262,9 @@ def main() -> None:
         pipe = zoo.tiny_pipeline("flux")
         kw = lambda: zoo.call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)
     else:
+        from hookkit import bench
+
+        bench.require_cuda("dbcache_flux.py", "--cpu-smoke checks the script on the CPU with the tiny Flux.")
         torch.set_default_dtype(torch.bfloat16)
         with torch.device("cuda"):
             pipe = zoo.full_pipeline("flux")

@@ -33,6 +33,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="tiny model on this machine's default device, 4 steps")
     args = p.parse_args()
 
+    if not args.tiny:
+        bench.require_cuda("profile_config.py", "--tiny checks the script on the CPU with the tiny model.")
     opts = bench.ModelOptions(name=args.model, steps=4) if args.tiny else bench.ModelOptions(
         name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
     device = bench.resolve_device(opts.device)

@@ -85,8 +85,9 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
 
     import hookkit
-    from hookkit import zoo
+    from hookkit import bench, zoo
 
+    bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only --summary.")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         pipe = zoo.full_pipeline("flux", **overrides)

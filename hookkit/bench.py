@@ -242,6 +242,14 @@ def _available_bytes(device: torch.device) -> int:
     return 1 << 62
 
 
+def require_cuda(script: str, instead: str) -> None:
+    """End a GPU-only benchmark script without a CUDA device with one clear line (exit 1), not a traceback from
+    deep inside a model build; `instead` says what runs here."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script}: needs a CUDA device (full-size architectures on the GPU); none is visible. "
+                         f"{instead}")
+
+
 def check_cpu_full(opts: ModelOptions, device: torch.device) -> None:
     """Refuse `--full` on a CPU the user did not ask for: a full-size model that fits in RAM (CogVideoX, Wan)
     would otherwise start minutes per denoising step with no sign of why. `--device cpu` runs it anyway."""

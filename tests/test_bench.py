@@ -300,6 +300,15 @@ def test_full_size_on_a_cpu_nobody_asked_for_is_refused_before_it_is_built() -> 
         bench.load_pipeline(bench.ModelOptions(name="wan", full=True))
 
 
+def test_a_gpu_benchmark_script_without_cuda_ends_with_one_line_saying_what_runs_instead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as end:
+        bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only.")
+    assert end.value.code == ("quant_flux.py: needs a CUDA device (full-size architectures on the GPU); none is "
+                              "visible. On the CPU: hookkit generate flux --quant int8_weight_only.")
+
+
 def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
     row = bench._empty_row(bench.CONFIGS["hookkit"], "failed", "RuntimeError: a | b")
     header, _, line = bench.markdown_table([row]).splitlines()
