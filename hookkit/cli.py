@@ -254,7 +254,8 @@ def _feature_lines(summary: Any) -> list[str]:
                          f"{data['host_reads']}, schedule copies: {data.get('host_copies', '?')}")
         elif name == "compile" and "regions" in data:
             lines.append(f"Compiled: {data['regions']} regions, mode {data.get('mode', 'default')}"
-                         + (f", CUDA graphs: {data['cuda_graphs']}" if data.get("cuda_graphs", "none") != "none" else ""))
+                         + (f", CUDA graphs: {data['cuda_graphs']}" if data.get("cuda_graphs", "none") != "none" else "")
+                         + (" (no CUDA graphs on this device)" if data.get("cudagraph_trees") is False else ""))
         else:
             first = feature.text.strip().splitlines()[0] if feature.text.strip() else ""
             lines.append(f"{name}: {first}")

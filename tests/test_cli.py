@@ -202,6 +202,16 @@ def test_generate_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert f"- Compiled: {blocks} regions, mode default" in stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's summary line")
+def test_generate_reduce_overhead_on_the_cpu_says_no_cuda_graphs_run(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--compile", "--compile-mode", "reduce-overhead",
+                               "--out", str(tmp_path / "r.png"))
+    assert code == 0
+    blocks = zoo.TINY_CONFIGS["flux"]["num_layers"] + zoo.TINY_CONFIGS["flux"]["num_single_layers"]
+    assert f"- Compiled: {blocks} regions, mode reduce-overhead (no CUDA graphs on this device)\n" in stdout
+
+
 def test_generate_model_path_loads_a_local_folder_without_text_encoders(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "tiny-flux"

@@ -84,6 +84,16 @@ def test_step_mark_hook_marks_a_cudagraph_step_at_every_transformer_call(monkeyp
     assert len(marks) == 3
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's summary")
+def test_reduce_overhead_on_the_cpu_says_in_the_summary_that_no_cuda_graphs_run() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead", backend="aot_eager")))
+    feature = handle.summary().features["compile"]
+    assert feature.data["cudagraph_trees"] is False
+    assert "| CUDA graph trees | no: the transformer is on cpu, where torch.compile runs without CUDA graphs |" \
+        in feature.text
+
+
 def test_clone_hook_returns_fresh_tensors_with_equal_values() -> None:
     from hookkit.hooks.compile import CloneOutputsHook
 

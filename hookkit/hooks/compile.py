@@ -341,6 +341,12 @@ class _CompileFeature:
         }
         rows = [["regions compiled", len(regions) if spec.regional else "whole transformer"],
                 ["mode", data["mode"]], ["fullgraph", spec.fullgraph]]
+        if uses_cudagraph_trees(spec):
+            # torch accepts reduce-overhead on the CPU and compiles without CUDA graphs: say so, once, here
+            device = next(handle.transformer.parameters()).device
+            data["cudagraph_trees"] = device.type == "cuda"
+            rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
+                         f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
         runner = handle.resources.get("compile.graphs")
         if runner is not None:
             data["graphs_captured"] = len(runner.captured)
