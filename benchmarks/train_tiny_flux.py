@@ -20,7 +20,7 @@ What it does, in order (all seeded; see hookkit/trained/__init__.py for the mode
 
 Writes to --out (default $OUT, else ./out), a flat folder of 6 files: model.safetensors (~10 MB),
 classifier.safetensors, loss.png, samples.png, MODEL_CARD.md, train_log.json. Copy them into
-hookkit/trained/. CUDA runs use bf16 autocast; CUDA kernels are not bitwise deterministic, so a rerun is
+hookkit/trained/. CUDA runs train in fp32 with TF32 matmuls (`--precision bf16`: bf16 autocast); CUDA kernels are not bitwise deterministic, so a rerun is
 close to, not identical with, the shipped weights. `--max-train-seconds` stops the transformer loop early
 (and says so in the log and the model card) should a slow machine run past the 10-minute budget.
 """

@@ -376,7 +376,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _print_report(data: dict[str, Any], json_path: str | None) -> None:
     env, model = data["environment"], data["model"]
     kind = "full-size" if model["full"] else "local" if model["model_path"] else "tiny"
-    print(f"hookkit bench: {model['name']} ({kind}), {model['height'] or 'default'}x{model['width'] or 'default'}, "
+    size = ("the model's default size" if model["height"] is None and model["width"] is None else
+            f"{model['height'] or 'default'}x{model['width'] or 'default'}")
+    print(f"hookkit bench: {model['name']} ({kind}), {size}, "
           f"{model['steps']} steps, batch {model['batch']}, {model['dtype']}, {env['device']}; torch {env['torch']}, "
           f"diffusers {env['diffusers']}; median of {data['runs']} runs after {data['warmup']} warm-up; "
           f"memory: {data['memory']}; PSNR on {'latents' if model['output'] == 'latent' else 'decoded images'}")

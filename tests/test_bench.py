@@ -58,6 +58,7 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
         assert second["identical"] is True
 
     lines = proc.stdout.splitlines()
+    assert lines[0].startswith("hookkit bench: flux (tiny), the model's default size, 6 steps, batch 1, float32, CPU")
     header = next(i for i, line in enumerate(lines) if line.startswith("| config "))
     assert [cell.strip() for cell in lines[header].split("|")[1:-1]] == [
         "config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)", "notes"]
