@@ -156,7 +156,8 @@ def check_model(opts: ModelOptions) -> None:
         raise SpecError(f"MODEL: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}.")
     if opts.model_path is None and opts.name not in tiny_models():
         raise UnsupportedError(
-            f"MODEL {opts.name!r}: no tiny pipeline for {opts.name} yet (random-weight pipelines exist for "
+            f"MODEL {opts.name!r}: no {'full-size' if opts.full else 'tiny'} pipeline for {opts.name} yet (random-weight "
+            f"pipelines, tiny and --full, exist for "
             f"{list(tiny_models())}). Pass --model-path with a local {opts.name} checkpoint folder instead."
         )
     if opts.full and opts.model_path is not None:

@@ -238,8 +238,10 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["flux", "--device", "cuda"], "--device cuda: no CUDA device is visible"),
-    (["sd3"], "no tiny pipeline for sd3 yet (random-weight pipelines exist for ['cogvideox', 'flux', 'qwenimage', 'wan'])"),
+    (["sd3"], "no tiny pipeline for sd3 yet (random-weight pipelines, tiny and --full, exist for ['cogvideox', "
+              "'flux', 'qwenimage', 'wan'])"),
     (["hunyuanvideo"], "no tiny pipeline for hunyuanvideo yet"),
+    (["hunyuanvideo", "--full"], "no full-size pipeline for hunyuanvideo yet"),
     (["nosuchmodel"], "MODEL: expected a shipped adapter name"),
     (["flux", "--cache-mask", "fast"], "--cache-mask fast: only with --cache"),
     (["flux", "--steps", "0"], "--steps: expected an int >= 1, got 0"),
