@@ -475,3 +475,88 @@ def test_a_disabled_pipeline_is_collected_while_its_handle_lives() -> None:
     gc.collect()  # diffusers pipelines hold reference cycles of their own
     assert [r() for r in refs] == [None, None, None]
     assert handle.summary().generations == 1
+
+
+# --- living with other libraries' forward wrappers (accelerate offload, diffusers hooks) ------------------
+
+
+def test_a_forward_wrapper_added_after_enable_keeps_working_through_and_after_disable() -> None:
+    """accelerate's offload and diffusers' hooks capture `module.forward` and put it back when they detach."""
+    pipe = zoo.tiny_pipeline("flux")
+    reference = run(pipe, "flux")
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    transformer = pipe.transformer
+    captured, calls = transformer.forward, []
+
+    def other_library(*args, **kwargs):
+        calls.append(1)
+        return captured(*args, **kwargs)
+
+    transformer.forward = other_library
+    hookkit.disable(pipe)
+    assert transformer.__dict__["forward"] is other_library  # not removed from under the other library
+    assert torch.equal(run(pipe, "flux", steps=3), reference) and len(calls) == 3
+    transformer.forward = captured  # the other library detaches: hookkit's wrapper now passes straight through
+    assert torch.equal(run(pipe, "flux", steps=3), reference)
+
+
+def test_disable_does_not_revive_a_wrapper_its_library_removed_while_hookkit_was_enabled() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    reference = run(pipe, "flux")
+    transformer = pipe.transformer
+    captured, calls = transformer.forward, []
+    transformer.forward = lambda *args, **kwargs: calls.append(1) or captured(*args, **kwargs)
+    hookkit.enable(pipe, hookkit.Spec())
+    del transformer.forward  # the other library detaches, restoring what it captured (the class's forward)
+    hookkit.disable(pipe)
+    assert "forward" not in transformer.__dict__
+    assert torch.equal(run(pipe, "flux"), reference) and calls == []
+
+
+def test_diffusers_first_block_cache_enabled_after_hookkit_survives_hookkit_disable() -> None:
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    pipe = zoo.tiny_pipeline("flux")
+    stock = run(zoo.tiny_pipeline("flux"), "flux")
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=1e9))  # caches every step after the first
+    hookkit.disable(pipe)
+    assert not torch.equal(run(pipe, "flux"), stock)  # diffusers' cache still on, and no HookError
+    pipe.transformer.disable_cache()
+    assert torch.equal(run(pipe, "flux"), stock)
+
+
+# --- copies of hooked objects -----------------------------------------------------------------------------
+
+
+def test_a_deepcopy_of_the_hooked_scheduler_is_independent_and_unpatched() -> None:
+    """LTX-2 and SkyReels-V2 deepcopy `self.scheduler` inside `__call__`: the copy must not drive the original."""
+    import copy
+
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))
+    twin = copy.deepcopy(pipe.scheduler)
+    pipe.scheduler.set_timesteps(4)
+    generations = handle.state.generation
+    twin.set_timesteps(10)
+    assert len(pipe.scheduler.timesteps) == 4 and len(twin.timesteps) == 10
+    assert handle.state.generation == generations  # the copy's calls are not hookkit's
+    assert all(not getattr(twin.__dict__.get(name), "__hookkit_patch__", False) for name in twin.__dict__)
+    hookkit.disable(pipe)
+    hookkit.enable(type(pipe)(**{**pipe.components, "scheduler": twin}), hookkit.Spec())  # not "shared"
+
+
+def test_pickling_a_hooked_transformer_or_scheduler_is_refused_with_the_fix() -> None:
+    import pickle
+
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec())
+    with pytest.raises(HookError, match=r"^pickle of FluxTransformer2DModel: expected a module without hookkit "
+                                        r"hooks, .*Save its weights instead \(module.state_dict\(\), save_pretrained\)"):
+        pickle.dumps(pipe.transformer)
+    with pytest.raises(HookError, match=r"^pickle of FlowMatchEulerDiscreteScheduler: expected an object without "
+                                        r"hookkit patches"):
+        pickle.dumps(pipe.scheduler)
+    hookkit.disable(pipe)
+    pickle.dumps(pipe.scheduler)
+    pickle.dumps(pipe.transformer)

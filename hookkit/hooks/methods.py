@@ -2,10 +2,16 @@
 
 A patch writes one entry into `obj.__dict__` and `remove()` restores what was there before (usually:
 nothing). The class is never touched, so two pipelines of one class stay independent.
+
+The entry is a `PatchedMethod` object rather than a closure because pipelines copy schedulers
+(`copy.deepcopy(self.scheduler)` in LTX-2's audio loop, SkyReels-V2's diffusion forcing): a function is copied by
+reference, so the copy would drive the original scheduler and hookkit's per-call state. A copy gets its own,
+unpatched method instead; pickling a patched object is refused with the fix.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +20,33 @@ from hookkit.errors import HookError
 
 _MISSING = object()
 _MARK = "__hookkit_patch__"
+
+
+class PatchedMethod:
+    """The callable hookkit puts in `obj.__dict__[name]`: runs `fn`, copies as the unpatched method."""
+
+    __hookkit_patch__ = True
+
+    def __init__(self, fn: Callable[..., Any], original: Callable[..., Any], obj: Any, name: str, saved: Any) -> None:
+        functools.update_wrapper(self, original)
+        self._fn, self._obj, self._name, self._saved = fn, obj, name, saved
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        twin = memo.get(id(self._obj))  # copy.deepcopy makes the object's copy before copying its __dict__
+        if twin is None:
+            raise HookError(f"copy.deepcopy of hookkit's patched {type(self._obj).__name__}.{self._name} alone: "
+                            "expected it copied with its object. Copy the object instead.")
+        if self._saved is _MISSING:  # what the copy would have had without hookkit: the class's method
+            return getattr(type(twin), self._name).__get__(twin, type(twin))
+        return copy.deepcopy(self._saved, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise HookError(f"pickle of {type(self._obj).__name__}: expected an object without hookkit patches, got "
+                        f"{self._name} patched by a live hookkit handle. Remove hookkit first (handle.remove() or "
+                        "hookkit.disable(...)), then pickle.")
 
 
 class MethodPatch:
@@ -33,16 +66,17 @@ class MethodPatch:
         self.obj: Any = obj
         self.name = name
         self._saved = obj.__dict__.get(name, _MISSING)
-        wrapper = functools.wraps(original)(make_wrapper(original))
-        setattr(wrapper, _MARK, True)
-        obj.__dict__[name] = wrapper
+        self._wrapper = PatchedMethod(make_wrapper(original), original, obj, name, self._saved)
+        obj.__dict__[name] = self._wrapper
 
     def remove(self) -> None:
+        """Restore what was there, unless something replaced hookkit's patch since (then leave theirs alone)."""
         if self.obj is None:
             return
         d = self.obj.__dict__
-        if self._saved is _MISSING:
-            d.pop(self.name, None)
-        else:
-            d[self.name] = self._saved
+        if d.get(self.name) is self._wrapper:
+            if self._saved is _MISSING:
+                d.pop(self.name, None)
+            else:
+                d[self.name] = self._saved
         self.obj = None

@@ -81,6 +81,7 @@ class HookRegistry:
         self._saved_forward = module.__dict__.get("forward", _MISSING)
         self._original_forward: Callable[..., Any] = module.forward
         self._inner: Callable[..., Any] = self._original_forward
+        self._wrapper: Callable[..., Any] | None = None
         self._install()
 
     # -- lookup ---------------------------------------------------------------------------------------
@@ -217,6 +218,16 @@ class HookRegistry:
     def _call_from(self, index: int, *args: Any, **kwargs: Any) -> Any:
         return self._run(index, args, kwargs)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickle (torch.save(module)) would otherwise fail on the wrapper `forward` with an error naming the
+        # model's class method, not hookkit
+        name = type(self._module).__name__ if self._module is not None else "module"
+        raise HookError(
+            f"pickle of {name}: expected a module without hookkit hooks, got one carrying {list(self._hooks)}. "
+            "Save its weights instead (module.state_dict(), save_pretrained), or remove hookkit first "
+            "(handle.remove() or hookkit.disable(...))."
+        )
+
     # -- install / uninstall -------------------------------------------------------------------------
     def _install(self) -> None:
         module = self._module
@@ -226,18 +237,33 @@ class HookRegistry:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self._run(0, args, kwargs)
 
+        module.__dict__[_REGISTRY_ATTR] = self  # first: pickle meets it (and its clear error) before `forward`
         module.__dict__["forward"] = forward
-        module.__dict__[_REGISTRY_ATTR] = self
+        self._wrapper = forward
 
     def _uninstall(self) -> None:
+        """Give the module its forward back, unless another library has wrapped or replaced hookkit's since.
+
+        accelerate's offload hooks and diffusers' own hooks capture `module.forward` when they attach and put it
+        back when they detach. If one attached after hookkit, its wrapper stays (removing it would silently turn
+        it off) and hookkit's wrapper, which it holds, becomes a pass-through to the forward hookkit wrapped. If one
+        detached after hookkit attached, it already restored what it captured: putting hookkit's saved forward
+        back would revive its stale wrapper. Either way `module.__dict__["forward"]` is not hookkit's any more and
+        is left as it is.
+        """
         d = self._module.__dict__
-        if self._saved_forward is _MISSING:
-            d.pop("forward", None)
-        else:
-            d["forward"] = self._saved_forward
+        ours = d.get("forward") is self._wrapper
+        if ours:
+            if self._saved_forward is _MISSING:
+                d.pop("forward", None)
+            else:
+                d["forward"] = self._saved_forward
+            # Nobody else holds the wrapper: drop every reference to the module so nothing here keeps it alive
+            # (a `module.forward` captured while enabled and called now gets a clear error).
+            self._original_forward = self._inner = _dead_forward
+        # else: another library holds the wrapper; with no hooks left it passes through to the original forward.
         d.pop(_REGISTRY_ATTR, None)
-        # Drop every reference to the module so that nothing here keeps it alive.
-        self._original_forward = self._inner = _dead_forward
+        self._wrapper = None
         self._module = None  # type: ignore[assignment]
 
 
