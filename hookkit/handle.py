@@ -196,6 +196,11 @@ class Handle:
         return self.plan.spec
 
     @property
+    def in_generation(self) -> bool:
+        """Whether a `with handle.generation():` block is open (what a bare transformer's calls need)."""
+        return self._in_generation
+
+    @property
     def state(self) -> CallState:
         """The current (or last finished) generation's state."""
         return self._clock.state

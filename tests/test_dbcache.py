@@ -16,7 +16,7 @@ from torch import nn
 
 import hookkit
 from hookkit import AdapterSpec, BlockListSpec, zoo
-from hookkit.errors import SpecError, UnsupportedError
+from hookkit.errors import HookError, SpecError, UnsupportedError
 from hookkit.hooks import HookRegistry, registry_names
 from hookkit.hooks.dbcache import apply_dbcache, plot_cache_diffs
 from hookkit.plan import flat_blocks
@@ -268,6 +268,28 @@ def test_a_bare_transformer_call_outside_a_generation_is_refused() -> None:
     with pytest.raises(SpecError, match=r"DBCache on StubTransformer: expected every transformer call inside a "
                                         r"generation.*Wrap each denoising loop .*handle.generation\(num_steps=N\)"):
         model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_a_bare_transformer_call_after_its_generation_block_is_refused_too() -> None:
+    # the finished generation's state stays readable (summary), but a call outside a block must not continue it
+    model, handle = stub(hookkit.DBCache(threshold=100.0, warmup_steps=0))
+    drive(model, handle, [1.0, 2.0])
+    hidden, encoder = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: expected every transformer call inside a "
+                                        r"generation"):
+        model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
+    assert steps(handle) == ([0], [1])
+
+
+def test_more_calls_than_the_generation_has_steps_are_refused() -> None:
+    model, handle = stub(hookkit.DBCache(threshold=100.0, warmup_steps=0))
+    hidden, encoder = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    with handle.generation(num_steps=2):
+        for _ in range(2):
+            model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
+        with pytest.raises(HookError, match=r"expected a transformer call inside the denoising loop, got one after "
+                                            r"its last step \(2 of 2 done\)"):
+            model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
 
 
 def test_apply_dbcache_refuses_a_spec_that_is_not_a_dbcache() -> None:
@@ -542,3 +564,17 @@ def test_transformer_graphs_capture_a_cached_step_on_the_residual_of_its_own_res
     assert torch.equal(run(pipe, "flux", steps=6), reference)
     assert backend.captures == 4
     assert steps(handle) == ([0, 1, 3], [2, 4, 5])
+
+
+def test_a_pipeline_sharing_the_transformer_with_its_own_scheduler_is_refused_not_silently_cached() -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    other = type(pipe)(**{**pipe.components, "scheduler": FlowMatchEulerDiscreteScheduler.from_config(
+        pipe.scheduler.config)})
+    run(pipe, "flux", steps=6)
+    with pytest.raises(HookError, match=r"got one after its last step \(6 of 6 done\) with no new "
+                                        r"scheduler.set_timesteps on the scheduler hookkit patched"):
+        run(other, "flux", steps=6)
+    run(pipe, "flux", steps=6)  # the hooked pipeline itself goes on working

@@ -38,7 +38,9 @@ break in a block and no recompilation from one step to the next.
 CFG: state is kept per `handle.state.branch` (0, 1 for pipelines that call the transformer twice per step,
 such as Qwen-Image with true_cfg_scale > 1 or Wan); batched CFG is one call, hence one branch. All state is
 per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call (on a bare
-transformer at every `with handle.generation():`; a transformer call outside any generation raises).
+transformer at every `with handle.generation():`; a transformer call outside any generation raises, and so does
+one after the generation's last step, which only a caller hookkit never saw start can make: another pipeline
+sharing the transformer with its own scheduler, or `pipe.transformer(...)` after a pipeline call).
 
 Statistics (`handle.summary()`): per branch the computed and cached steps, every measured diff and its
 percentiles, and the number of block calls that actually ran. `plot_cache_diffs(handle, "diffs.png")`
@@ -74,7 +76,7 @@ import torch
 from loguru import logger
 
 from hookkit.adapters import BlockListSpec
-from hookkit.errors import AdapterError, SpecError, UnsupportedError
+from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
 from hookkit.hooks.registry import Args, Kwargs, ModelHook
 from hookkit.plan import (
     Attachment,
@@ -353,18 +355,30 @@ class _Shared:
         self.graph: GraphBridge | None = None
 
     def call_state(self) -> _CallState:
-        state = self.handle.state
+        handle = self.handle
+        state = handle.state
+        outside = not handle.in_generation if handle.pipeline is None else state.generation == 0
+        if outside:
+            # Nothing would reset the cache: one generation's residuals (and step count) would carry into the next.
+            raise SpecError(
+                f"DBCache on {type(handle.transformer).__name__}: expected every transformer call inside a "
+                "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
+                "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
+                "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
+            )
+        if state.num_steps is not None and state.step >= state.num_steps:
+            # The loop ended, yet the transformer runs on: its caller's scheduler never told hookkit a new call began
+            raise HookError(
+                f"DBCache on {type(handle.transformer).__name__}: expected a transformer call inside the denoising loop, "
+                f"got one after its last step ({state.num_steps} of {state.num_steps} done) with no new "
+                "scheduler.set_timesteps on the scheduler hookkit patched. The caller is another pipeline sharing this "
+                "transformer with its own scheduler (e.g. Pipeline(**pipe.components, scheduler=...), or from_pipe "
+                "followed by a scheduler swap), or pipe.transformer called directly after a pipeline call; the cache "
+                "would reuse the finished generation's residuals. Call the pipeline hookkit is enabled on, or disable "
+                "it there and enable it on the pipeline you call."
+            )
         cs = state.features.get(NAME)
         if cs is None:
-            if state.generation == 0:
-                # No generation was ever started: nothing would ever reset the cache, so one generation's
-                # residuals (and step count) would carry into the next.
-                raise SpecError(
-                    f"DBCache on {type(self.handle.transformer).__name__}: expected every transformer call inside a "
-                    "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
-                    "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
-                    "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
-                )
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
         return cs
 
