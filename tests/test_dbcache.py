@@ -578,3 +578,58 @@ def test_a_pipeline_sharing_the_transformer_with_its_own_scheduler_is_refused_no
                                         r"scheduler.set_timesteps on the scheduler hookkit patched"):
         run(other, "flux", steps=6)
     run(pipe, "flux", steps=6)  # the hooked pipeline itself goes on working
+
+
+def _tiny_sd3_pipeline():
+    """SD3 (no tiny SD3 pipeline ships in the zoo): the tiny transformer, a tiny VAE, no text encoders."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    vae = zoo._tiny_vae_kl(4)
+    vae.register_to_config(shift_factor=0.0, scaling_factor=1.0)
+    pipe = StableDiffusion3Pipeline(transformer=zoo.tiny_transformer("sd3"), scheduler=FlowMatchEulerDiscreteScheduler(),
+                                    vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                                    text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _sd3_kwargs(steps: int, **extra) -> dict:
+    g = torch.Generator().manual_seed(0)
+    embeds = {k: torch.randn(*shape, generator=g) for k, shape in (
+        ("prompt_embeds", (1, 8, 16)), ("negative_prompt_embeds", (1, 8, 16)),
+        ("pooled_prompt_embeds", (1, 16)), ("negative_pooled_prompt_embeds", (1, 16)))}
+    return dict(embeds, height=32, width=32, num_inference_steps=steps, guidance_scale=5.0, output_type="latent",
+                generator=torch.Generator().manual_seed(0), **extra)
+
+
+def test_sd3_skip_layer_guidance_skipping_the_first_middle_block_decides_at_the_next_one() -> None:
+    # the extra guidance call skips block 1, DBCache's first middle block with fn_blocks=1: it is its own branch
+    slg = dict(skip_guidance_layers=[1], skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0)
+    pipe = _tiny_sd3_pipeline()
+    with torch.no_grad():
+        reference = pipe(**_sd3_kwargs(6, **slg))[0]
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1)))  # warm-up 8: computes all
+        assert torch.equal(pipe(**_sd3_kwargs(6, **slg))[0], reference)
+        assert branch(handle, 1)["computed"] == [1, 2, 3, 4, 5]  # SLG starts at step 1 in diffusers
+        hookkit.disable(pipe)
+        mask = [1, 0, 0, 0, 0, 1]
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, steps_mask=mask,
+                                                                           mask_policy="static")))
+        out = pipe(**_sd3_kwargs(6, **{**slg, "skip_layer_guidance_stop": 0.8}))[0]
+    assert out.shape == reference.shape
+    assert steps(handle, 0) == ([0, 5], [1, 2, 3, 4]) and steps(handle, 1) == ([1], [2, 3, 4])
+
+
+def test_a_static_mask_computes_a_step_whose_batch_changed_since_the_stored_residual() -> None:
+    """diffusers' SD3CFGCutoffCallback turns CFG off part-way: the batch halves within one call."""
+    from diffusers.callbacks import SD3CFGCutoffCallback
+
+    pipe = _tiny_sd3_pipeline()
+    cutoff = dict(callback_on_step_end=SD3CFGCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=4))
+    with torch.no_grad():
+        reference = pipe(**_sd3_kwargs(10, **cutoff))[0]
+        mask = [1, 1, 1, 1, 1, 0, 0, 1, 0, 1]  # step 5 is the first batch-1 step: nothing of that shape is stored
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=mask, mask_policy="static")))
+        out = pipe(**_sd3_kwargs(10, **cutoff))[0]
+    assert out.shape == reference.shape == (1, 4, 16, 16)
+    assert steps(handle) == ([0, 1, 2, 3, 4, 5, 7, 9], [6, 8])

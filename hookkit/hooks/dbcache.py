@@ -255,6 +255,15 @@ class _Branch:
             self.run = 0
 
 
+def _fits(branch: _Branch, middle: tuple[torch.Tensor, Any]) -> bool:
+    """Whether the branch's stored residuals have the shapes of this call's middle inputs."""
+    hidden, encoder = middle
+    if branch.residual[0] is None or branch.residual[0].shape != hidden.shape:
+        return False
+    stored = branch.residual[1]
+    return stored is None or not isinstance(encoder, torch.Tensor) or stored.shape == encoder.shape
+
+
 class _CallState:
     """Everything DBCache keeps during one pipeline call (lives in `handle.state.features["dbcache"]`)."""
 
@@ -281,20 +290,25 @@ class _CallState:
         self.branch = _Branch()
         self.branch_index = 0
         self.step = 0
-        #: the hidden input of block 0 (only when diffs are needed) and of the first middle block
+        #: the hidden input of block 0 (only when diffs are needed) and of the first middle block, and the
+        #: transformer call (`handle.state.calls`) block 0 ran in and the one the current decision is for
         self.block0_hidden: torch.Tensor | None = None
+        self.block0_call = -1
+        self.decided_call = -1
         self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
         self.block_calls = 0
         self.transformer_calls = 0
 
-    def decide(self, step: int, branch_index: int, fn_residual: torch.Tensor | None) -> bool:
+    def decide(self, step: int, branch_index: int, fn_residual: torch.Tensor | None,
+               middle: tuple[torch.Tensor, Any] | None = None) -> bool:
         """Whether this call (step, branch) reuses the middle residual. Records the outcome.
 
-        `fn_residual`: Fn output minus the input of block 0, or None when no rule can need it.
+        `fn_residual`: Fn output minus the input of block 0, or None when no rule can need it. `middle`: the
+        first middle block's (hidden, encoder) inputs, whose shapes the stored residuals must have.
         """
         branch = self.branch_at(branch_index)
         self.branch, self.branch_index, self.step = branch, branch_index, step
-        cached = self._rules(step, branch, fn_residual)
+        cached = self._rules(step, branch, fn_residual, middle)
         if not cached and fn_residual is not None:
             branch.fn_ref = fn_residual
         branch.record(step, cached)
@@ -315,10 +329,13 @@ class _CallState:
         self.branch, self.branch_index, self.step = self.branch_at(branch_index), branch_index, step
         self.skip = cached
 
-    def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None) -> bool:
+    def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
+               middle: tuple[torch.Tensor, Any] | None = None) -> bool:
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
             return False
+        if middle is not None and not _fits(branch, middle):
+            return False  # the batch or geometry changed within the call (e.g. CFG cut off part-way): compute
         mask = self.mask
         if mask is not None:
             if step >= len(mask) or mask[step] == 1:
@@ -392,26 +409,38 @@ class DBCacheEntryHook(ModelHook):
         self.io = io
 
     def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
-        self.shared.call_state().block0_hidden = self.io.hidden(args, kwargs)
+        cs = self.shared.call_state()
+        cs.block0_hidden, cs.block0_call = self.io.hidden(args, kwargs), self.shared.handle.state.calls
         return args, kwargs
 
 
 class DBCacheMiddleHook(ModelHook):
-    """On every middle block. Runs the block or returns its inputs; the first one decides for the call (its
-    inputs are the Fn output), the last one stores the residuals (computed step) or adds them (cached step)."""
+    """On every middle block. Runs the block or returns its inputs; the first one that runs in a transformer call
+    decides for the call (its inputs are the Fn output), the last one stores the residuals (computed step) or adds
+    them (cached step).
+
+    "The first one that runs", not the first by position: SD3's skip-layer guidance makes an extra transformer
+    call that skips some blocks (`skip_layers`); when the first middle block is among them, that call decides
+    (as its own CFG branch) at the next middle block instead of inheriting the previous call's decision.
+    """
 
     replaces_forward = True
 
-    def __init__(self, shared: _Shared, io: _BlockIO, first: bool, last: bool) -> None:
+    def __init__(self, shared: _Shared, io: _BlockIO, last: bool) -> None:
         self.shared = shared
         self.io = io
-        self.first = first
         self.last = last
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         cs = self.shared.call_state()
-        if self.first:
+        call = self.shared.handle.state.calls
+        if cs.decided_call != call:
+            cs.decided_call = call
             self._decide(cs, args, kwargs)
+        if self.last:
+            # a pass through the middle blocks ends here; the next decides again (graph warm-up and capture run
+            # one transformer call more than once)
+            cs.decided_call = -1
         if cs.skip:
             output = self.io.identity(args, kwargs)
             return self._apply(cs, output) if self.last else output
@@ -430,9 +459,9 @@ class DBCacheMiddleHook(ModelHook):
             if cached:  # the graph being captured must read the slots of this geometry
                 graph.use_slots(cs.branch, state.branch, hidden, self.io.encoder(args, kwargs))
         else:
-            block0 = cs.block0_hidden
+            block0 = cs.block0_hidden if cs.block0_call == state.calls else None
             fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
-            cached = cs.decide(state.step, state.branch, fn_residual)
+            cached = cs.decide(state.step, state.branch, fn_residual, (hidden, self.io.encoder(args, kwargs)))
         if not cached:
             cs.middle_in = (hidden, self.io.encoder(args, kwargs))
         cs.block0_hidden = None
@@ -567,7 +596,7 @@ class _DBCacheFeature:
         first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
         for i in range(first, last + 1):
             out.append(Attachment(feature=NAME, target=blocks[i][0], name=MIDDLE_HOOK,
-                                  params=(("first", i == first), ("last", i == last))))
+                                  params=(("last", i == last),)))
         return out
 
     def attach(self, handle: Handle, attachment: Attachment) -> Removable:
@@ -576,7 +605,7 @@ class _DBCacheFeature:
         io = _BlockIO(module, specs[attachment.target], attachment.target)
         if attachment.name == ENTRY_HOOK:
             return add_hook(module, ENTRY_HOOK, DBCacheEntryHook(shared, io))
-        hook = DBCacheMiddleHook(shared, io, first=attachment.param("first"), last=attachment.param("last"))
+        hook = DBCacheMiddleHook(shared, io, last=attachment.param("last"))
         return add_hook(module, MIDDLE_HOOK, hook)
 
     def _shared(self, handle: Handle) -> tuple[_Shared, dict[str, BlockListSpec]]:
