@@ -7,6 +7,9 @@ round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numbers
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -154,14 +157,33 @@ def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tu
             base += [1] * compute + [0] * cache
         if num_steps == len(base):
             return tuple(base)
-        # Scale: step i of num_steps reads the 28-step mask at the same relative position; first and last
-        # steps always compute.
-        scaled = [base[min(len(base) - 1, int(i * len(base) / num_steps))] for i in range(num_steps)]
-        if scaled:
-            scaled[0] = 1
-            scaled[-1] = 1
-        return tuple(scaled)
+        return _scale_mask(base, num_steps)
     return tuple(mask[:num_steps]) + (1,) * max(0, num_steps - len(mask))
+
+
+def _scale_mask(base: list[int], n: int) -> tuple[int, ...]:
+    """`base` (28 steps) stretched to `n` steps: the same share of computed steps, spread as in `base`.
+
+    The cumulative count of computed steps along the schedule is what scales: `base`'s (linear between steps)
+    read at the same relative positions and multiplied by the new total; step i computes where the rounded
+    count goes up. So "fast" stays denser early and sparser late at any step count, and a faster policy never
+    computes more steps than a slower one (sampling single steps of `base` did: "fast" computed 3 of 9 steps
+    but 7 of 10). The first and last steps always compute.
+    """
+    m, total = len(base), sum(base)
+    prefix = [0]
+    for b in base:
+        prefix.append(prefix[-1] + b)
+
+    def computed_before(x: Fraction) -> Fraction:
+        j = int(x)
+        return Fraction(prefix[m]) if j >= m else prefix[j] + base[j] * (x - j)
+
+    target = max(1, math.floor(Fraction(total * n, m) + Fraction(1, 2)))
+    counts = [math.floor(computed_before(Fraction(i * m, n)) * target / total + Fraction(1, 2)) for i in range(n + 1)]
+    scaled = [1 if counts[i + 1] > counts[i] else 0 for i in range(n)]
+    scaled[0] = scaled[-1] = 1
+    return tuple(scaled)
 
 
 # --- Quantize --------------------------------------------------------------------------------------------

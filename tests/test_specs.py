@@ -139,7 +139,17 @@ def test_every_field_round_trips_through_json() -> None:
     assert hookkit.Spec.from_dict(data) == spec
 
 
-def test_a_named_mask_at_half_the_steps_reads_every_other_step() -> None:
-    # "fast" over 28 steps computes 0-5, 7, 11, 16, 22, 27; at 14 steps, step i reads step 2i, and the
-    # last step always computes
-    assert resolve_steps_mask("fast", 14) == (1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1)
+def test_a_named_mask_at_half_the_steps_keeps_its_share_and_spread_of_computed_steps() -> None:
+    # "fast" over 28 steps computes 0-5, 7, 11, 16, 22, 27 (11); at 14 steps: 6 (11 x 14/28 = 5.5, rounded up),
+    # dense first and sparse later, the last step computed
+    assert "".join(map(str, resolve_steps_mask("fast", 14))) == "11110000100001"
+
+
+@pytest.mark.parametrize("num_steps", range(2, 61))
+def test_a_faster_named_mask_never_computes_more_steps_than_a_slower_one(num_steps: int) -> None:
+    computed = [sum(resolve_steps_mask(name, num_steps)) for name in ("slow", "medium", "fast", "ultra")]
+    assert computed == sorted(computed, reverse=True)
+    for name, share in (("slow", 18), ("medium", 15), ("fast", 11), ("ultra", 8)):
+        mask = resolve_steps_mask(name, num_steps)
+        assert mask[0] == mask[-1] == 1
+        assert abs(sum(mask) - share * num_steps / 28) <= 2  # the 28-step share, plus the forced first/last
