@@ -56,8 +56,24 @@ class _ClockHook(ModelHook):
         self.handle = handle
 
     def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-        self.handle._on_transformer_call()
+        self.handle._on_transformer_call(args, kwargs)
         return args, kwargs
+
+
+def _start_in_schedule(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """Where a loop that sliced `scheduler.timesteps` without `set_begin_index` starts (video-to-video pipelines:
+    `timesteps[t_start * order:]`), read without touching the device: the first call's timestep argument is a view
+    of the schedule's storage (`t.expand(batch)`), and its offset in that storage is the index."""
+    timesteps = getattr(scheduler, "timesteps", None)
+    if not isinstance(timesteps, torch.Tensor) or timesteps.dim() != 1 or timesteps.numel() == 0:
+        return None
+    storage = timesteps.untyped_storage().data_ptr()
+    for value in (*args, *kwargs.values()):
+        if (isinstance(value, torch.Tensor) and value.device == timesteps.device and value.dtype == timesteps.dtype
+                and value.untyped_storage().data_ptr() == storage):
+            offset = value.storage_offset() - timesteps.storage_offset()
+            return offset if 0 <= offset < timesteps.numel() else None
+    return None
 
 
 class SchedulerListener:
@@ -205,7 +221,7 @@ class Handle:
         """The current (or last finished) generation's state."""
         return self._clock.state
 
-    def _on_transformer_call(self) -> None:
+    def _on_transformer_call(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
         """Clock hook: check the scheduler is still the patched one, settle `num_steps`, count the call."""
         scheduler = self._scheduler
         if scheduler is not None:
@@ -223,6 +239,8 @@ class Handle:
                 # img2img/inpaint pipelines start the loop part-way (`set_begin_index` after `set_timesteps`)
                 self._begin_pending = False
                 begin = getattr(scheduler, "begin_index", None)
+                if not isinstance(begin, int):
+                    begin = _start_in_schedule(scheduler, args, kwargs or {})
                 if isinstance(begin, int) and 0 < begin <= state.num_steps:
                     state.num_steps -= begin
         self._clock.on_transformer_call()

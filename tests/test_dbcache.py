@@ -633,3 +633,26 @@ def test_a_static_mask_computes_a_step_whose_batch_changed_since_the_stored_resi
         out = pipe(**_sd3_kwargs(10, **cutoff))[0]
     assert out.shape == reference.shape == (1, 4, 16, 16)
     assert steps(handle) == ([0, 1, 2, 3, 4, 5, 7, 9], [6, 8])
+
+
+def test_video_to_video_sizes_the_mask_for_the_steps_that_run() -> None:
+    """WanVideoToVideoPipeline slices `scheduler.timesteps` without `set_begin_index`: strength 0.5 of 20 steps
+    runs 10, and a 20-step mask would cache the last step that runs."""
+    import numpy as np
+    from diffusers import WanVideoToVideoPipeline
+    from PIL import Image
+
+    tiny = zoo.tiny_pipeline("wan")
+    pipe = WanVideoToVideoPipeline(**{k: v for k, v in tiny.components.items()
+                                      if k in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")})
+    pipe.set_progress_bar_config(disable=True)
+    video = [Image.fromarray((np.random.RandomState(i).rand(16, 16, 3) * 255).astype("uint8")) for i in range(5)]
+    kwargs = zoo.call_kwargs("wan", steps=20)
+    kwargs.pop("num_frames")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    with torch.no_grad():
+        pipe(**kwargs, video=video, strength=0.5)
+    mask = hookkit.specs.resolve_steps_mask("fast", 10)
+    assert handle.state.num_steps == 10
+    assert handle.summary().features["dbcache"].data["mask"] == list(mask)
+    assert steps(handle) == ([i for i, m in enumerate(mask) if m], [i for i, m in enumerate(mask) if not m])
