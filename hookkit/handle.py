@@ -121,6 +121,7 @@ class _CoreFeature:
 
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
+                    handle._check_transformer()
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
                     handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
@@ -129,7 +130,7 @@ class _CoreFeature:
                         listener.after_set_timesteps(scheduler)
                     return result
                 return set_timesteps
-            return MethodPatch(scheduler, "set_timesteps", make)
+            return MethodPatch(scheduler, "set_timesteps", make, owner=handle)
 
         def make_step(original: Callable[..., Any]) -> Callable[..., Any]:
             def step(*args: Any, **kwargs: Any) -> Any:
@@ -220,6 +221,18 @@ class Handle:
     def state(self) -> CallState:
         """The current (or last finished) generation's state."""
         return self._clock.state
+
+    def _check_transformer(self) -> None:
+        """At every pipeline call: the pipeline must still run the transformer hookkit hooked."""
+        current = getattr(self.pipeline, "transformer", None)
+        if current is not self.transformer:
+            # the new transformer carries no hooks: the call would run plain while the handle reports enabled
+            raise HookError(
+                f"{type(self.pipeline).__name__}.transformer: expected the {type(self.transformer).__name__} hookkit "
+                f"hooked at enable, got another {type(current).__name__} (the transformer was replaced after "
+                "hookkit.enable). Call hookkit.disable(pipe) (it still undoes everything on the old one) before "
+                "replacing the transformer and hookkit.enable(pipe, spec) after."
+            )
 
     def _on_transformer_call(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
         """Clock hook: check the scheduler is still the patched one, settle `num_steps`, count the call."""
@@ -388,6 +401,11 @@ def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None
             f"hookkit is already enabled on this {type(transformer).__name__}; call hookkit.disable(...) (or "
             "handle.remove()) before enabling again with another spec."
         )
+    if pipeline is not None and handle_of(pipeline) is not None:
+        raise EnableError(
+            f"hookkit is already enabled on this {type(pipeline).__name__} (on the transformer it had then: "
+            "pipe.transformer was replaced since); call hookkit.disable(pipe) first, then enable again."
+        )
     plan = _plan(pipeline, transformer, spec if spec is not None else Spec(), adapter)
     handle = Handle(plan, transformer, pipeline)
     handle._attach({f.name: f for f in features()})
@@ -404,7 +422,13 @@ def handle_of(target: Any) -> Handle | None:
         transformer = inner
     registry = HookRegistry.of(transformer, create=False)
     hook = registry.get(CLOCK_HOOK) if registry is not None else None
-    return hook.handle if isinstance(hook, _ClockHook) else None
+    if isinstance(hook, _ClockHook):
+        return hook.handle
+    if not isinstance(target, torch.nn.Module):  # a pipeline whose transformer was replaced after enable
+        owner = getattr(vars(getattr(target, "scheduler", None) or object()).get("set_timesteps"), "owner", None)
+        if isinstance(owner, Handle) and owner.pipeline is target:
+            return owner
+    return None
 
 
 def disable(target: Any) -> None:

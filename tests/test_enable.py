@@ -560,3 +560,23 @@ def test_pickling_a_hooked_transformer_or_scheduler_is_refused_with_the_fix() ->
     hookkit.disable(pipe)
     pickle.dumps(pipe.scheduler)
     pickle.dumps(pipe.transformer)
+
+
+def test_replacing_the_transformer_after_enable_is_refused_at_the_next_call_and_disable_still_undoes_all() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    run(pipe, "flux")  # a call sets the pipeline's own call attributes (_guidance_scale, ...): not hookkit's
+    before = snapshot(pipe)
+    old = pipe.transformer
+    hookkit.enable(pipe, hookkit.Spec(sync_free=True))
+    pipe.transformer = zoo.tiny_pipeline("flux").transformer  # e.g. another fine-tune loaded in its place
+    with pytest.raises(HookError, match=r"^FluxPipeline.transformer: expected the FluxTransformer2DModel hookkit "
+                                        r"hooked at enable, got another FluxTransformer2DModel \(the transformer was "
+                                        r"replaced after hookkit.enable\)"):
+        run(pipe, "flux")
+    with pytest.raises(EnableError, match=r"^hookkit is already enabled on this FluxPipeline \(on the transformer it had then"):
+        hookkit.enable(pipe, hookkit.Spec())
+    hookkit.disable(pipe)  # found through the scheduler's patch: the old transformer and the scheduler are restored
+    assert registry_names(old) == () and "forward" not in old.__dict__
+    pipe.transformer = old
+    assert snapshot(pipe) == before
+    hookkit.enable(pipe, hookkit.Spec())

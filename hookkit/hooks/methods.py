@@ -27,9 +27,12 @@ class PatchedMethod:
 
     __hookkit_patch__ = True
 
-    def __init__(self, fn: Callable[..., Any], original: Callable[..., Any], obj: Any, name: str, saved: Any) -> None:
+    def __init__(self, fn: Callable[..., Any], original: Callable[..., Any], obj: Any, name: str, saved: Any,
+                 owner: Any = None) -> None:
         functools.update_wrapper(self, original)
         self._fn, self._obj, self._name, self._saved = fn, obj, name, saved
+        #: who made the patch (the core's scheduler patches: their `Handle`), for finding it from the object
+        self.owner = owner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
@@ -52,7 +55,8 @@ class PatchedMethod:
 class MethodPatch:
     """Replace `obj.name` on the instance with `make_wrapper(original)`; undo with `remove()`."""
 
-    def __init__(self, obj: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def __init__(self, obj: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 owner: Any = None) -> None:
         original = getattr(obj, name, None)
         if not callable(original):
             raise HookError(f"{type(obj).__name__}.{name}: expected a method to patch, found {original!r}.")
@@ -66,7 +70,7 @@ class MethodPatch:
         self.obj: Any = obj
         self.name = name
         self._saved = obj.__dict__.get(name, _MISSING)
-        self._wrapper = PatchedMethod(make_wrapper(original), original, obj, name, self._saved)
+        self._wrapper = PatchedMethod(make_wrapper(original), original, obj, name, self._saved, owner)
         obj.__dict__[name] = self._wrapper
 
     def remove(self) -> None:
