@@ -425,7 +425,8 @@ def handle_of(target: Any) -> Handle | None:
     if isinstance(hook, _ClockHook):
         return hook.handle
     if not isinstance(target, torch.nn.Module):  # a pipeline whose transformer was replaced after enable
-        owner = getattr(vars(getattr(target, "scheduler", None) or object()).get("set_timesteps"), "owner", None)
+        patched = getattr(getattr(target, "scheduler", None), "__dict__", {}).get("set_timesteps")
+        owner = getattr(patched, "owner", None)
         if isinstance(owner, Handle) and owner.pipeline is target:
             return owner
     return None
