@@ -122,6 +122,7 @@ class _CoreFeature:
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
                     handle._check_transformer()
+                    handle._check_modules()
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
                     handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
@@ -197,6 +198,8 @@ class Handle:
         self._clock = Clock(calls_per_step)
         self._attached: list[tuple[Attachment, Removable]] = []
         self._hooked_modules: list[torch.nn.Module] = []
+        #: (path, module) of every module carrying hookkit hooks, checked at each call for replacement
+        self._hooked_paths: list[tuple[str, torch.nn.Module]] = []
         #: objects features keep for the handle's lifetime (compiled callables, quantization reports)
         self.resources: dict[str, Any] = {}
         #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
@@ -221,6 +224,22 @@ class Handle:
     def state(self) -> CallState:
         """The current (or last finished) generation's state."""
         return self._clock.state
+
+    def _check_modules(self) -> None:
+        """At every generation: the hooked blocks must still be the transformer's (a replaced block runs unhooked:
+        DBCache would silently stop skipping it, compilation would silently not apply)."""
+        for path, module in self._hooked_paths:
+            try:
+                current: Any = self.transformer.get_submodule(path)
+            except AttributeError:
+                current = None
+            if current is not module:
+                found = type(current).__name__ if current is not None else "no module"
+                raise HookError(
+                    f"{type(self.transformer).__name__}.{path}: expected the {type(module).__name__} hookkit hooked at "
+                    f"enable, got {found} (replaced after hookkit.enable); its hooks no longer run. Call "
+                    "hookkit.disable before replacing modules of the transformer and hookkit.enable after."
+                )
 
     def _check_transformer(self) -> None:
         """At every pipeline call: the pipeline must still run the transformer hookkit hooked."""
@@ -286,6 +305,7 @@ class Handle:
             # the inner block would replace the outer one's state, and the outer would go on counting into it
             raise HookError("Handle.generation: expected no generation in progress, got a nested "
                             "`with handle.generation():`. Generations do not nest: end the outer block first.")
+        self._check_modules()
         saved = self._clock.calls_per_step
         if calls_per_step is not None:
             self._clock.calls_per_step = calls_per_step
@@ -306,6 +326,8 @@ class Handle:
             # the modules whose hooks `new_generation` resets, resolved once rather than at every call
             targets = dict.fromkeys(a.target for a, _ in self._attached if not a.target.startswith("pipeline."))
             self._hooked_modules = [module_at(self.transformer, t) for t in targets]
+            self._hooked_paths = [(t, m) for t, m in zip(targets, self._hooked_modules)
+                                  if t and HookRegistry.of(m, create=False) is not None]
         except BaseException as exc:
             try:
                 self._detach_all()
@@ -324,6 +346,7 @@ class Handle:
                 errors.append(exc)
         self.resources.clear()
         self._hooked_modules = []
+        self._hooked_paths = []
         if errors:
             raise errors[0]
 

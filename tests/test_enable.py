@@ -580,3 +580,17 @@ def test_replacing_the_transformer_after_enable_is_refused_at_the_next_call_and_
     pipe.transformer = old
     assert snapshot(pipe) == before
     hookkit.enable(pipe, hookkit.Spec())
+
+
+def test_replacing_a_hooked_block_after_enable_is_refused_at_the_next_call() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    old = pipe.transformer.transformer_blocks[1]
+    pipe.transformer.transformer_blocks[1] = zoo.tiny_pipeline("flux").transformer.transformer_blocks[1]
+    with pytest.raises(HookError, match=r"^FluxTransformer2DModel.transformer_blocks.1: expected the "
+                                        r"FluxTransformerBlock hookkit hooked at enable, got FluxTransformerBlock "
+                                        r"\(replaced after hookkit.enable\); its hooks no longer run"):
+        run(pipe, "flux")
+    pipe.transformer.transformer_blocks[1] = old
+    run(pipe, "flux")
+    hookkit.disable(pipe)
