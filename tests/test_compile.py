@@ -451,3 +451,33 @@ def test_gpu_regional_reduce_overhead_runs_and_matches_eager() -> None:
     hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(mode="reduce-overhead")))
     for _ in range(2):
         torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-3, atol=1e-3)
+
+
+def test_dbcache_under_transformer_graphs_computes_a_step_whose_batch_changed_within_the_call() -> None:
+    """SD3's CFG cutoff halves the batch at step 5: no residual of batch 1 exists, so step 5 must be computed
+    (a cached-step graph captured then would add the batch-2 residual to batch-1 states)."""
+    from diffusers.callbacks import SD3CFGCutoffCallback
+    from test_dbcache import _sd3_kwargs, _tiny_sd3_pipeline
+
+    from hookkit.hooks.compile import GRAPH, GraphHook
+    from hookkit.hooks.dbcache import graph_bridge
+
+    cache = hookkit.DBCache(steps_mask=[1, 1, 1, 1, 1, 0, 0, 1, 0, 1], mask_policy="static", taylorseer_order=0)
+
+    def call(pipe) -> torch.Tensor:
+        cutoff = SD3CFGCutoffCallback(cutoff_step_ratio=None, cutoff_step_index=4)
+        with torch.no_grad():
+            return pipe(**_sd3_kwargs(10, callback_on_step_end=cutoff))[0]
+
+    eager_pipe = _tiny_sd3_pipeline()
+    eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = call(eager_pipe)
+    pipe = _tiny_sd3_pipeline()
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    bridge = graph_bridge(handle)
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(ReplayBackend(bridge)), bridge))
+    out = call(pipe)
+    assert out.shape == reference.shape == (1, 4, 16, 16)
+    assert torch.equal(out, reference)
+    assert _cache_stats(handle) == _cache_stats(eager)
+    assert _cache_stats(handle)[1] == {0: ([0, 1, 2, 3, 4, 5, 7, 9], [6, 8])}

@@ -179,10 +179,11 @@ class GraphHook(ModelHook):
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         if self.cache is None:
             return self.runner(call_next, args, kwargs)
-        decision = self.cache.decision()
+        shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+        decision = self.cache.decision(shapes)
         output = self.runner(call_next, args, kwargs, extra_key=decision,
                              capturing=lambda: self.cache.forcing(decision))
-        self.cache.replayed(decision)
+        self.cache.replayed(decision, shapes)
         return output
 
 

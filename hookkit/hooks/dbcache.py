@@ -67,7 +67,7 @@ import contextlib
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -295,6 +295,8 @@ class _CallState:
         self.block0_hidden: torch.Tensor | None = None
         self.block0_call = -1
         self.decided_call = -1
+        #: under whole-transformer graphs: input shapes of each branch's last computed step
+        self.graph_shapes: dict[int, Hashable] = {}
         self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
         self.block_calls = 0
         self.transformer_calls = 0
@@ -505,11 +507,16 @@ class GraphBridge:
         self.slots: dict[tuple[Any, ...], torch.Tensor] = {}
         self.last: dict[int, list[torch.Tensor | None]] = {}
 
-    def decision(self) -> tuple[int, bool]:
-        """(branch, cached) for the transformer call about to run; never reads the device."""
+    def decision(self, shapes: Hashable = None) -> tuple[int, bool]:
+        """(branch, cached) for the transformer call about to run; never reads the device.
+
+        `shapes`: of the call's tensor inputs. A step whose inputs differ from the branch's last computed step
+        (the batch halved by a CFG cutoff within the call) is computed: no residual of its geometry exists.
+        """
         state = self.shared.handle.state
         cs = self.shared.call_state()
-        return state.branch, cs._rules(state.step, cs.branch_at(state.branch), None)
+        cached = cs._rules(state.step, cs.branch_at(state.branch), None)
+        return state.branch, cached and cs.graph_shapes.get(state.branch) == shapes
 
     @contextlib.contextmanager
     def forcing(self, decision: tuple[int, bool]) -> Iterator[None]:
@@ -547,7 +554,7 @@ class GraphBridge:
                 if slot is not None:
                     branch.residual[stream] = slot
 
-    def replayed(self, decision: tuple[int, bool]) -> None:
+    def replayed(self, decision: tuple[int, bool], shapes: Hashable = None) -> None:
         """Account for one transformer call served by a graph (statistics, and which residuals exist)."""
         index, cached = decision
         state = self.shared.handle.state
@@ -556,6 +563,7 @@ class GraphBridge:
         branch.record(state.step, cached)
         if not cached:
             branch.residual = list(self.last.get(index, [None, None]))
+            cs.graph_shapes[index] = shapes
         layout = self.shared.layout
         cs.block_calls += layout.always_run if cached else layout.num_blocks
         cs.transformer_calls += 1
