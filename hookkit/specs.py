@@ -8,10 +8,9 @@ round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
-
 import numbers
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import attrs

@@ -452,20 +452,20 @@ class DBCacheMiddleHook(ModelHook):
         return output
 
     def _decide(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
-        hidden = self.io.hidden(args, kwargs)
+        hidden, encoder = self.io.hidden(args, kwargs), self.io.encoder(args, kwargs)
         state = self.shared.handle.state
         graph = self.shared.graph
         if graph is not None and graph.forced is not None:
             cs.force(state.step, state.branch, graph.forced)
             cached = graph.forced
             if cached:  # the graph being captured must read the slots of this geometry
-                graph.use_slots(cs.branch, state.branch, hidden, self.io.encoder(args, kwargs))
+                graph.use_slots(cs.branch, state.branch, hidden, encoder)
         else:
             block0 = cs.block0_hidden if cs.block0_call == state.calls else None
             fn_residual = hidden - block0 if block0 is not None and block0.shape == hidden.shape else None
-            cached = cs.decide(state.step, state.branch, fn_residual, (hidden, self.io.encoder(args, kwargs)))
+            cached = cs.decide(state.step, state.branch, fn_residual, (hidden, encoder))
         if not cached:
-            cs.middle_in = (hidden, self.io.encoder(args, kwargs))
+            cs.middle_in = (hidden, encoder)
         cs.block0_hidden = None
 
     def _store(self, cs: _CallState, output: Any) -> None:
