@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from hookkit.bench import psnr, timed
+from hookkit.tools.bench import psnr, timed
 
 
 def setup_variant(name: str, pipe: Any, memo: bool = False) -> Callable[[], None]:
     """Apply a variant; return its teardown."""
     import hookkit
-    from hookkit.hooks import HookRegistry
+    from hookkit.core.registry import HookRegistry
 
     if name == "eager":
         return lambda: None
@@ -79,7 +79,7 @@ def main() -> None:
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
 
-    from hookkit import bench, zoo
+    from hookkit.tools import bench, zoo
 
     bench.require_cuda("compile_flux.py", "On the CPU, benchmarks/regional_dispatch.py measures the host cost of "
                        "regional compilation.")

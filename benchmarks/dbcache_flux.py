@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hookkit.bench import psnr, timed
+from hookkit.tools.bench import psnr, timed
 
 
 def synchronize() -> None:
@@ -47,9 +47,9 @@ def compile_blocks(pipe: Any, mode: str) -> Callable[[], None]:
     With mode="reduce-overhead" an iteration boundary is marked at every transformer call (as
     `hookkit.Compile` does). Returns the teardown."""
     import hookkit
-    from hookkit.hooks import HookRegistry
-    from hookkit.hooks.compile import StepMarkHook
-    from hookkit.plan import add_hook, flat_blocks
+    from hookkit.core.registry import HookRegistry
+    from hookkit.techniques.compile.hooks import StepMarkHook
+    from hookkit.core.plan import add_hook, flat_blocks
 
     kwargs: dict[str, Any] = {"fullgraph": True} if mode == "default" else {"fullgraph": True, "mode": mode}
     registries = []
@@ -252,7 +252,7 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
 
     import hookkit
-    from hookkit import zoo
+    from hookkit.tools import zoo
 
     mask: Any = args.mask if not set(args.mask) <= {"0", "1"} else [int(c) for c in args.mask]
     spec = hookkit.DBCache(fn_blocks=args.fn, bn_blocks=args.bn, steps_mask=mask, mask_policy="static",
@@ -262,7 +262,7 @@ def main() -> None:
         pipe = zoo.tiny_pipeline("flux")
         kw = lambda: zoo.call_kwargs("flux", steps=args.steps, height=args.size, width=args.size)
     else:
-        from hookkit import bench
+        from hookkit.tools import bench
 
         bench.require_cuda("dbcache_flux.py", "--cpu-smoke checks the script on the CPU with the tiny Flux.")
         torch.set_default_dtype(torch.bfloat16)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from hookkit.hooks import HookRegistry, ModelHook
+from hookkit.core.registry import HookRegistry, ModelHook
 
 
 class Passthrough(ModelHook):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 
 STEPS = 28
 VARIANTS: dict[str, Callable[[], hookkit.Spec | None]] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hookkit import bench
+from hookkit.tools import bench
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hookkit.bench import psnr, timed
+from hookkit.tools.bench import psnr, timed
 
 REFERENCE_BF16_REGIONAL_S = 3.81  # DESIGN.md, H200, Flux-dev 1024², 28 steps
 GOAL = 0.75
@@ -85,7 +85,7 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
 
     import hookkit
-    from hookkit import bench, zoo
+    from hookkit.tools import bench, zoo
 
     bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only --summary.")
     torch.set_default_dtype(torch.bfloat16)

@@ -23,7 +23,7 @@ def measure(variant: str) -> None:
     import torch._dynamo.utils
 
     import hookkit
-    from hookkit import zoo
+    from hookkit.tools import zoo
 
     torch.manual_seed(0)
     pipe = zoo.tiny_pipeline("flux")

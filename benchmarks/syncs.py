@@ -5,7 +5,7 @@
     python benchmarks/syncs.py --models cogvideox --steps 20   # seed 003's setting (79 syncs in 20 steps stock)
 
 Per model: `hookkit.profile_syncs` on the stock pipeline (sync debug mode on for the steps after the first),
-then `hookkit.testing.assert_no_host_sync` with `Spec(memo=True, sync_free=True)`, the "count | where"
+then `hookkit.diagnostics.testing.assert_no_host_sync` with `Spec(memo=True, sync_free=True)`, the "count | where"
 tables of both, a second stock run as a determinism control, and bitwise equality of the latents. Then a
 scheduler matrix on a tiny CogVideoX pipeline on the GPU (float32): every scheduler hookkit maps, plus the
 step-index-searching ones, stock vs hookkit syncs per step and bitwise equality.
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 import hookkit
-from hookkit import zoo
-from hookkit.bench import timed
-from hookkit.syncs import SyncReport, profile_syncs
-from hookkit.testing import assert_no_host_sync
+from hookkit.tools import zoo
+from hookkit.tools.bench import timed
+from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
+from hookkit.diagnostics.testing import assert_no_host_sync
 
 SPEC = hookkit.Spec(memo=True, sync_free=True)
 MATRIX = ("CogVideoXDDIMScheduler", "DDIMScheduler", "CogVideoXDPMScheduler", "DDPMScheduler", "DDIMParallelScheduler",

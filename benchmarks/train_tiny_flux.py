@@ -4,7 +4,7 @@
     python3 benchmarks/train_tiny_flux.py --quick                      # CPU, a few iterations: end-to-end check
 
 What it does, in order (all seeded; see hookkit/trained/__init__.py for the model and its conventions):
-1. trains `ShapeClassifier` on procedural images (`hookkit.trained.shapes.render`, drawn on the fly) and
+1. trains `ShapeClassifier` on procedural images (`hookkit.tools.trained.shapes.render`, drawn on the fly) and
    measures it on a held-out set;
 2. trains a stock `FluxTransformer2DModel` (2 double + 4 single blocks, 192 hidden) with rectified flow
    matching exactly as FluxPipeline samples it: latents = (pixel_unshuffle(image) - shift) * scale, packed
@@ -14,7 +14,7 @@ What it does, in order (all seeded; see hookkit/trained/__init__.py for the mode
    `FluxPipeline._prepare_latent_image_ids`. Sigma ~ logit-normal(0, 1) (SD3/Flux) mixed with 20% uniform;
    the class is dropped to the null embedding 10% of the time (so true CFG works). AdamW, warm-up + cosine,
    EMA of the weights (the EMA weights are shipped, stored as float16);
-3. reloads the saved file with `hookkit.trained.load_pipeline` and samples it with the stock FluxPipeline at
+3. reloads the saved file with `hookkit.tools.trained.load_pipeline` and samples it with the stock FluxPipeline at
    28 steps: `samples.png` (rows = classes, columns = seeds 0..7) and the classifier's verdict on 10 classes
    x 20 seeds, including the 20 samples `tests/test_trained.py` checks (seeds 0 and 1 of every class).
 
@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable from a checkout without installing hookkit
     sys.path.insert(0, str(ROOT))
 
-from hookkit import trained
-from hookkit.trained import shapes
+from hookkit.tools import trained
+from hookkit.tools.trained import shapes
 
 SAMPLE_SEEDS = 8  # columns of samples.png
 EVAL_SEEDS = 20  # seeds per class for the recognition rate
@@ -311,7 +311,7 @@ def model_card(log: dict[str, Any]) -> str:
 {quick}
 A small model with the real Flux classes, trained so that hookkit's caching is judged on real denoising
 trajectories (random weights never cache dynamically). Made by `benchmarks/train_tiny_flux.py`; loaded by
-`hookkit.trained.load_pipeline()` into a stock `diffusers.FluxPipeline` (no text encoders).
+`hookkit.tools.trained.load_pipeline()` into a stock `diffusers.FluxPipeline` (no text encoders).
 
 ## Model
 - `FluxTransformer2DModel`: {cfg['num_layers']} double-stream + {cfg['num_single_layers']} single-stream blocks,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 
 
 def call_kwargs(steps: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:

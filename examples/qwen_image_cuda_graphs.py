@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import UnsupportedError
 
 

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
-from hookkit import errors, filters, testing
-from hookkit._log import set_verbosity
+from hookkit import errors
+from hookkit.diagnostics import testing
+from hookkit.techniques.quantize import filters
+from hookkit.core.log import set_verbosity
 from hookkit.adapters import (
     AdapterSpec,
     BlockListSpec,
@@ -19,9 +21,12 @@ from hookkit.adapters import (
     resolve_adapter,
     unregister_adapter,
 )
-from hookkit.handle import Handle, build_plan, disable, enable, handle_of
-from hookkit.specs import Compile, DBCache, Quantize, Spec
-from hookkit.syncs import SyncReport, profile_syncs
+from hookkit.core.handle import Handle, build_plan, disable, enable, handle_of
+from hookkit.spec import Spec
+from hookkit.techniques.cache.spec import DBCache
+from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.quantize.spec import Quantize
+from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 
 __version__ = "0.1.0.dev0"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from hookkit.cli import main
+from hookkit.tools.cli import main
 
 sys.exit(main())

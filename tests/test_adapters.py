@@ -9,10 +9,10 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.adapters import adapters_dir, derive_adapter
 from hookkit.errors import AdapterError
-from hookkit.hooks.quantize import select_layers
+from hookkit.techniques.quantize.torchao import select_layers
 
 SHIPPED = {
     "flux": ("FluxTransformer2DModel", ("transformer_blocks", "single_transformer_blocks")),
@@ -359,7 +359,7 @@ def test_full_sd3_is_the_published_sd3_medium_architecture() -> None:
 
 def test_a_broken_adapter_file_raises_on_every_lookup_not_just_the_first(tmp_path: Path, monkeypatch) -> None:
     """A registry left half-loaded after the first error would silently lack every adapter after the bad file."""
-    from hookkit import adapters
+    from hookkit.adapters import registry as adapters
 
     (tmp_path / "a.toml").write_text((adapters_dir() / "flux.toml").read_text())
     (tmp_path / "b.toml").write_text('name = "b"\n')

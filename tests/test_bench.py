@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hookkit
-from hookkit import bench, cli
+from hookkit.tools import bench, cli
 from hookkit.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
     assert eager["speedup"] == 1.0 and eager["identical"] is True and eager["psnr_db"] is None
     assert second["speedup"] == pytest.approx(eager["latency_s"] / second["latency_s"])
     if SECOND == "hookkit-cache-fast":
-        mask = hookkit.specs.resolve_steps_mask("fast", 6)
+        mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
         assert second["identical"] is False and math.isfinite(second["psnr_db"])
         assert second["features"]["dbcache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
     else:
@@ -194,7 +194,7 @@ def test_cache_dit_with_regional_compile_caches_the_mask_inside_compiled_blocks(
     torch._dynamo.reset()
     opts = bench.ModelOptions(name="flux", steps=28)
     row = bench.measure(bench.CONFIGS["cache-dit+compile"], opts, runs=1, warmup=1, out_dir=tmp_path)
-    mask = hookkit.specs.resolve_steps_mask("fast", 28)
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 28)
     assert (row["status"], row["kind"], row["compiled_graphs"], row["graphs_compiled_while_timed"]) == ("ok", "peer", 3, 0)
     assert row["features"]["cache"]["branches"]["cond"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
 
@@ -228,7 +228,7 @@ def test_model_options_round_trip_through_the_bench_one_flags(extra: dict) -> No
 def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
     """The prompt embeddings of --full are shaped by the transformer's config, read at call time (checked
     on the tiny config: the full one is 12B parameters)."""
-    transformer = hookkit.zoo.tiny_transformer("flux")
+    transformer = hookkit.tools.zoo.tiny_transformer("flux")
     pipe = type("P", (), {"transformer": transformer})()
     kwargs = bench.call_kwargs(pipe, bench.ModelOptions(name="flux", full=True, device="cpu", steps=3), "latent")
     assert kwargs["prompt_embeds"].shape == (1, bench.FULL_TEXT_TOKENS["flux"], transformer.config.joint_attention_dim)
@@ -244,7 +244,7 @@ def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
     ("wan", {"guidance_scale": 1.0}, False),                # guidance off: one call
 ])
 def test_cache_dit_is_told_whether_cfg_runs_as_separate_calls(name: str, extra: dict, separate: bool) -> None:
-    from hookkit import zoo
+    from hookkit.tools import zoo
 
     kwargs = zoo.call_kwargs(name, steps=2, **extra)
     if name == "qwenimage" and "true_cfg_scale" in extra:

@@ -1,6 +1,6 @@
 """The `hookkit` command line: `demo` and `generate` on tiny models, on the CPU, no downloads.
 
-`generate` runs in-process through `hookkit.cli.main(argv)` (the console script's entry point), which
+`generate` runs in-process through `hookkit.tools.cli.main(argv)` (the console script's entry point), which
 returns the exit code; `demo` runs as `python -m hookkit demo` in a subprocess, as a user would.
 """
 
@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import hookkit
-from hookkit import bench, cli, zoo
+from hookkit.tools import bench, cli, zoo
 
 HAVE = bench.available_fields()
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_generate_cache_with_static_mask_reports_cached_steps(tmp_path: Path, ca
     code, stdout, _ = generate(capsys, "flux", "--steps", "6", "--cache", "--cache-mask", "fast", "--cache-mode", "static",
                                "--out", str(out))
     assert code == 0 and out.is_file()
-    mask = hookkit.specs.resolve_steps_mask("fast", 6)
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
     cached = [i for i, m in enumerate(mask) if m == 0]
     assert f"- Cached Steps: {len(cached)} of 6 transformer steps, steps {cached}" in stdout
     assert "- Optimization: DBCache_F1B0_W0MC-1_R0.12_SCM-fast-static" in stdout
@@ -305,11 +305,11 @@ def test_console_script_entry_point_is_cli_main() -> None:
     import tomllib
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert data["project"]["scripts"]["hookkit"] == "hookkit.cli:main"
+    assert data["project"]["scripts"]["hookkit"] == "hookkit.tools.cli:main"
 
 
 def test_bench_quality_hands_over_to_the_quality_harness(capsys: pytest.CaptureFixture[str]) -> None:
-    from hookkit.cli import main
+    from hookkit.tools.cli import main
 
     assert main(["bench", "--quality", "--list"]) == 0
     out = capsys.readouterr().out

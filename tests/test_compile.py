@@ -7,10 +7,10 @@ import torch
 from torch._dynamo.utils import counters
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import EnableError, SpecError, UnsupportedError
-from hookkit.hooks import HookRegistry, registry_names
-from hookkit.hooks.compile import (
+from hookkit.core.registry import HookRegistry, registry_names
+from hookkit.techniques.compile.hooks import (
     GraphRunner,
     apply_compile,
     compile_kwargs,
@@ -95,7 +95,7 @@ def test_reduce_overhead_on_the_cpu_says_in_the_summary_that_no_cuda_graphs_run(
 
 
 def test_clone_hook_returns_fresh_tensors_with_equal_values() -> None:
-    from hookkit.hooks.compile import CloneOutputsHook
+    from hookkit.techniques.compile.hooks import CloneOutputsHook
 
     out = (torch.ones(2), torch.zeros(1))
     cloned = CloneOutputsHook().post_forward(torch.nn.Identity(), out)
@@ -314,8 +314,8 @@ MASK = (1, 1, 0, 1, 0, 0)
 
 def _graph_cached_pipeline(name: str, cache: hookkit.DBCache):
     """A pipeline with DBCache and a GraphHook driven by the stand-in backend (CUDA capture is GPU-only)."""
-    from hookkit.hooks.compile import GRAPH, GraphHook
-    from hookkit.hooks.dbcache import graph_bridge
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook
+    from hookkit.techniques.cache.hooks import graph_bridge
 
     pipe = zoo.tiny_pipeline(name)
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
@@ -459,8 +459,8 @@ def test_dbcache_under_transformer_graphs_computes_a_step_whose_batch_changed_wi
     from diffusers.callbacks import SD3CFGCutoffCallback
     from test_dbcache import _sd3_kwargs, _tiny_sd3_pipeline
 
-    from hookkit.hooks.compile import GRAPH, GraphHook
-    from hookkit.hooks.dbcache import graph_bridge
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook
+    from hookkit.techniques.cache.hooks import graph_bridge
 
     cache = hookkit.DBCache(steps_mask=[1, 1, 1, 1, 1, 0, 0, 1, 0, 1], mask_policy="static", taylorseer_order=0)
 

@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 import hookkit
-from hookkit import AdapterSpec, BlockListSpec, zoo
+from hookkit import AdapterSpec, BlockListSpec
+from hookkit.tools import zoo
 from hookkit.errors import HookError, SpecError, UnsupportedError
-from hookkit.hooks import HookRegistry, registry_names
-from hookkit.hooks.dbcache import apply_dbcache, plot_cache_diffs
-from hookkit.plan import flat_blocks
-from hookkit.specs import MASK_POLICIES
+from hookkit.core.registry import HookRegistry, registry_names
+from hookkit.techniques.cache.hooks import apply_dbcache, plot_cache_diffs
+from hookkit.core.plan import flat_blocks
+from hookkit.techniques.cache.spec import MASK_POLICIES
 
 # --- the stub ---------------------------------------------------------------------------------------------
 
@@ -545,8 +546,8 @@ class GraphLikeBackend:
 
 
 def test_transformer_graphs_capture_a_cached_step_on_the_residual_of_its_own_resolution() -> None:
-    from hookkit.hooks.compile import GRAPH, GraphHook, GraphRunner
-    from hookkit.hooks.dbcache import graph_bridge
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner
+    from hookkit.techniques.cache.hooks import graph_bridge
 
     cache = hookkit.DBCache(steps_mask=[1, 1, 0, 1, 0, 0], mask_policy="static", taylorseer_order=0)
     eager_pipe = zoo.tiny_pipeline("flux")
@@ -652,7 +653,7 @@ def test_video_to_video_sizes_the_mask_for_the_steps_that_run() -> None:
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     with torch.no_grad():
         pipe(**kwargs, video=video, strength=0.5)
-    mask = hookkit.specs.resolve_steps_mask("fast", 10)
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 10)
     assert handle.state.num_steps == 10
     assert handle.summary().features["dbcache"].data["mask"] == list(mask)
     assert steps(handle) == ([i for i, m in enumerate(mask) if m], [i for i, m in enumerate(mask) if not m])

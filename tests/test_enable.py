@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import EnableError, HookError, SpecError
-from hookkit.handle import SchedulerListener
-from hookkit.hooks import ModelHook, registry_names
-from hookkit.plan import Attachment, add_hook
+from hookkit.core.handle import SchedulerListener
+from hookkit.core.registry import ModelHook, registry_names
+from hookkit.core.plan import Attachment, add_hook
 
 
 def run(pipe, name: str, steps: int = 3, **extra) -> torch.Tensor:
@@ -97,7 +97,7 @@ def test_separate_cfg_calls_are_branches_of_one_step() -> None:
             seen.append((handle.state.step, handle.state.branch))
             return args, kwargs
 
-    from hookkit.hooks import HookRegistry
+    from hookkit.core.registry import HookRegistry
 
     HookRegistry.of(pipe.transformer).register("spy", Spy())
     kw = zoo.call_kwargs("qwenimage", steps=2, true_cfg_scale=4.0)
@@ -148,7 +148,7 @@ def test_calls_per_step_is_for_bare_transformers_only() -> None:
 
 
 def test_failed_attach_detaches_everything_in_reverse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit import handle as handle_mod
+    from hookkit.core import handle as handle_mod
 
     pipe = zoo.tiny_pipeline("flux")
     before = snapshot(pipe)
@@ -275,7 +275,7 @@ def test_every_pipeline_call_resets_the_hooks_on_hooked_modules() -> None:
             resets.append(1)
 
     hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0], mask_policy="static")))
-    from hookkit.hooks import HookRegistry
+    from hookkit.core.registry import HookRegistry
 
     HookRegistry.of(pipe.transformer.transformer_blocks[1]).register("stateful", Stateful())
     run(pipe, "flux")
@@ -302,7 +302,7 @@ class _Feature:
 
 
 def _with_features(monkeypatch: pytest.MonkeyPatch, *extra: _Feature) -> None:
-    from hookkit import handle as handle_mod
+    from hookkit.core import handle as handle_mod
 
     real = handle_mod.features
     monkeypatch.setattr(handle_mod, "features", lambda: [*real(), *extra])
@@ -314,7 +314,7 @@ def test_a_feature_whose_add_hook_fails_leaves_no_wrapper_behind(monkeypatch: py
     before = snapshot(pipe)
     _with_features(monkeypatch, _Feature("bad", ["transformer_blocks.0"], lambda h, a: add_hook(
         h.transformer.get_submodule(a.target), a.name, object())))  # type: ignore[arg-type]
-    with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook, got object"):
+    with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook, got object"):
         hookkit.enable(pipe)
     assert snapshot(pipe) == before
 

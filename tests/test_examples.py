@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookkit.specs import resolve_steps_mask
+from hookkit.techniques.cache.spec import resolve_steps_mask
 
 REPO = Path(__file__).resolve().parent.parent
 

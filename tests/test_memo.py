@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 import hookkit
-from hookkit import AdapterSpec, BlockListSpec, zoo
-from hookkit.hooks import registry_names
-from hookkit.hooks.memo import (
+from hookkit import AdapterSpec, BlockListSpec
+from hookkit.tools import zoo
+from hookkit.core.registry import registry_names
+from hookkit.techniques.memo import (
     MemoMode,
     MemoTable,
     apply_memo,

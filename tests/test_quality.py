@@ -1,4 +1,4 @@
-"""hookkit.quality: the metrics, the block counter, the configurations, and the harness end to end.
+"""hookkit.tools.quality: the metrics, the block counter, the configurations, and the harness end to end.
 
 The harness mechanics run on an untrained model in the shipped format (static masks and FirstBlockCache at
 an enormous threshold cache with any weights, so block counts are exact); one test runs it on the shipped
@@ -16,9 +16,9 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import hookkit
-from hookkit import quality, trained, zoo
+from hookkit.tools import quality, trained, zoo
 from hookkit.errors import SpecError
-from hookkit.quality import BlockCounter, QualityConfig
+from hookkit.tools.quality import BlockCounter, QualityConfig
 
 MISSING = trained.missing_weights()
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
-from hookkit.filters import (
+from hookkit.techniques.quantize.filters import (
     Predicate,
     all_of,
     any_of,
@@ -22,9 +22,9 @@ from hookkit.filters import (
     min_features,
     not_,
 )
-from hookkit.hooks import quantize as quantize_module
-from hookkit.hooks import registry_names
-from hookkit.hooks.quantize import (
+from hookkit.techniques.quantize import torchao as quantize_module
+from hookkit.core.registry import registry_names
+from hookkit.techniques.quantize.torchao import (
     ALREADY_QUANTIZED,
     EXCLUDED,
     LORA,
@@ -41,7 +41,7 @@ from hookkit.hooks.quantize import (
     unsupported_reason,
     wrong_dtype,
 )
-from hookkit.specs import QUANT_SCHEMES
+from hookkit.techniques.quantize.spec import QUANT_SCHEMES
 
 # --- helpers -----------------------------------------------------------------------------------------------
 
@@ -333,7 +333,7 @@ def test_an_already_quantized_transformer_is_not_quantized_again() -> None:
         "already quantized (by an earlier apply_quantize or hookkit.enable, or a model loaded with a quantization "
         "config): remove that quantization or reload the model to quantize anew. Widen the selection "
         "(region='all', include=..., filter_fn=...) or choose another scheme; "
-        "hookkit.hooks.quantize.select_layers(transformer, spec) lists every layer with its reason.")
+        "hookkit.techniques.quantize.torchao.select_layers(transformer, spec) lists every layer with its reason.")
     with pytest.raises(SpecError) as via_enable:
         hookkit.enable(transformer, hookkit.Spec(quantize=again))
     assert str(via_enable.value) == str(err.value)
@@ -400,23 +400,23 @@ def test_predicates_compose() -> None:
 def test_predicates_reject_bad_arguments_saying_what_to_pass() -> None:
     with pytest.raises(SpecError) as err:
         min_features(0)
-    assert str(err.value) == ("hookkit.filters.min_features: expected an int >= 1, got int 0. "
+    assert str(err.value) == ("hookkit.techniques.quantize.filters.min_features: expected an int >= 1, got int 0. "
                               "Pass a positive int, e.g. min_features(16).")
     with pytest.raises(SpecError) as err:
         divisible_by(True)
-    assert str(err.value) == ("hookkit.filters.divisible_by: expected an int >= 1, got bool True. "
+    assert str(err.value) == ("hookkit.techniques.quantize.filters.divisible_by: expected an int >= 1, got bool True. "
                               "Pass a positive int, e.g. divisible_by(16).")
     with pytest.raises(SpecError) as err:
         by_name()
-    assert str(err.value) == ("hookkit.filters.by_name: expected one or more non-empty pattern strings, got (). "
+    assert str(err.value) == ("hookkit.techniques.quantize.filters.by_name: expected one or more non-empty pattern strings, got (). "
                               "Pass fnmatch patterns on module paths, e.g. by_name('*.attn.*', 'proj_out').")
     with pytest.raises(SpecError) as err:
         all_of()
-    assert str(err.value) == ("hookkit.filters.all_of: expected at least one predicate, got none. "
+    assert str(err.value) == ("hookkit.techniques.quantize.filters.all_of: expected at least one predicate, got none. "
                               "Pass one or more, e.g. all_of(by_name('*.attn.*'), min_features(64)).")
     with pytest.raises(SpecError) as err:
         any_of("*.attn.*")  # type: ignore[arg-type]
-    assert str(err.value) == ("hookkit.filters.any_of: expected callables (module, fqn) -> bool, got str '*.attn.*'. "
+    assert str(err.value) == ("hookkit.techniques.quantize.filters.any_of: expected callables (module, fqn) -> bool, got str '*.attn.*'. "
                               "Wrap name patterns in by_name(...), e.g. any_of(by_name('*.attn.*')).")
 
 

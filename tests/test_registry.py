@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hookkit.errors import HookError
-from hookkit.hooks import HookRegistry, ModelHook, registry_names
+from hookkit.core.registry import HookRegistry, ModelHook, registry_names
 
 
 class Recorder(ModelHook):
@@ -189,7 +189,7 @@ def test_reset_reaches_every_hook() -> None:
 
 
 def test_registering_a_non_hook_is_a_clear_error() -> None:
-    with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook, got function"):
+    with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook, got function"):
         HookRegistry.of(linear()).register("f", lambda *a: a)  # type: ignore[arg-type]
 
 
@@ -197,7 +197,7 @@ def test_a_register_that_fails_leaves_a_fresh_module_untouched() -> None:
     """`HookRegistry.of` installs the wrapper; a refused hook must not leave it (nor the registry) behind."""
     m = linear()
     before = dict(m.__dict__)
-    with pytest.raises(HookError, match="expected a hookkit.hooks.ModelHook"):
+    with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook"):
         HookRegistry.of(m).register("f", lambda *a: a)  # type: ignore[arg-type]
     assert m.__dict__ == before
 

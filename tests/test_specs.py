@@ -7,7 +7,7 @@ import pytest
 
 import hookkit
 from hookkit.errors import SpecError
-from hookkit.specs import resolve_steps_mask
+from hookkit.techniques.cache.spec import resolve_steps_mask
 
 
 def test_specs_are_frozen() -> None:

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import SpecError
-from hookkit.hooks import registry_names
-from hookkit.hooks.sync import (
+from hookkit.core.registry import registry_names
+from hookkit.techniques.sync_free import (
     CPU_TABLE_SCHEDULERS,
     HostSchedule,
     TimestepReadMode,

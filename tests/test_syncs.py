@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.hooks import registry_names
-from hookkit.syncs import (
+from hookkit.core.registry import registry_names
+from hookkit.diagnostics.host_syncs import (
     SYNC_WARNING,
     SyncEvent,
     SyncLocation,
@@ -28,7 +28,7 @@ from hookkit.syncs import (
     _profile,
     profile_syncs,
 )
-from hookkit.testing import assert_no_host_sync
+from hookkit.diagnostics.testing import assert_no_host_sync
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 MESSAGE = SYNC_WARNING + " (Triggered internally at c10/cuda/CUDAFunctions.cpp:160.)"
@@ -283,7 +283,7 @@ def test_profile_rejects_a_negative_skip() -> None:
 
 
 def test_assert_no_host_sync_raises_with_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hookkit.testing.profile_syncs", lambda pipe, skip_first_steps, **kw: synthetic_report())
+    monkeypatch.setattr("hookkit.diagnostics.testing.profile_syncs", lambda pipe, skip_first_steps, **kw: synthetic_report())
     with pytest.raises(AssertionError) as info:
         assert_no_host_sync(object())
     assert "6 host syncs in the denoising loop" in str(info.value)
@@ -292,7 +292,7 @@ def test_assert_no_host_sync_raises_with_the_table(monkeypatch: pytest.MonkeyPat
 
 def test_assert_no_host_sync_refuses_a_run_with_no_profiled_step(monkeypatch: pytest.MonkeyPatch) -> None:
     empty = SyncReport(pipeline="FluxPipeline", steps=(), events=())
-    monkeypatch.setattr("hookkit.testing.profile_syncs", lambda pipe, skip_first_steps, **kw: empty)
+    monkeypatch.setattr("hookkit.diagnostics.testing.profile_syncs", lambda pipe, skip_first_steps, **kw: empty)
     with pytest.raises(AssertionError, match="nothing was profiled; run more than 1 steps"):
         assert_no_host_sync(object())
 

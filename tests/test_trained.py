@@ -1,4 +1,4 @@
-"""hookkit.trained: the shipped small Flux model, its conventions (what FluxPipeline feeds it and decodes), and
+"""hookkit.tools.trained: the shipped small Flux model, its conventions (what FluxPipeline feeds it and decodes), and
 the shipped classifier.
 
 Convention tests use untrained weights written to a temporary file; the tests marked "shipped" need the
@@ -17,9 +17,9 @@ import pytest
 import torch
 from diffusers import FluxPipeline, FluxTransformer2DModel
 
-from hookkit import trained
+from hookkit.tools import trained
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.trained import shapes
+from hookkit.tools.trained import shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 MISSING = trained.missing_weights()
@@ -60,7 +60,7 @@ def test_class_index_takes_names_and_indices() -> None:
     assert trained.class_index("blue ring") == 9
     assert trained.class_index(3) == 3
     for bad in ("purple circle", 10, -1, True):
-        with pytest.raises(SpecError, match="hookkit.trained class"):
+        with pytest.raises(SpecError, match="hookkit.tools.trained class"):
             trained.class_index(bad)
 
 

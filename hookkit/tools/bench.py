@@ -1,6 +1,6 @@
 """Build, run and time pipelines: the machinery behind `hookkit generate` and `hookkit bench`.
 
-Models come from `hookkit.zoo` (tiny on the CPU, or the full-size architecture with `full=True`, random
+Models come from `hookkit.tools.zoo` (tiny on the CPU, or the full-size architecture with `full=True`, random
 weights, random prompt embeddings: no downloads) or from a local folder (`model_path`).
 
 `hookkit bench` measures a matrix of configurations -- stock diffusers (eager, regional and full compile),
@@ -31,9 +31,9 @@ import attrs
 import torch
 
 import hookkit
-from hookkit import zoo
+from hookkit.tools import zoo
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.summary import table
+from hookkit.core.summary import table
 
 #: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
 FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512}
@@ -44,14 +44,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def available_fields() -> frozenset[str]:
-    """`Spec` fields some installed technique implements (the modules listed in `hookkit.hooks.TECHNIQUES`)."""
-    from hookkit.hooks import registered_features
+    """`Spec` fields some installed technique implements (the modules listed in `hookkit.core.feature.TECHNIQUES`)."""
+    from hookkit.core.feature import registered_features
 
     return frozenset(f for feature in registered_features() for f in getattr(feature, "fields", ()))
 
 
 def tiny_models() -> tuple[str, ...]:
-    """Model families `hookkit.zoo` can build a whole tiny pipeline for."""
+    """Model families `hookkit.tools.zoo` can build a whole tiny pipeline for."""
     return tuple(sorted(zoo._PIPELINES))
 
 

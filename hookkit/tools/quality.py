@@ -1,6 +1,6 @@
 """Quality harness: caching methods judged on the real denoising trajectories of a trained model.
 
-For each class and seed, the shipped trained model (`hookkit.trained`, a stock FluxPipeline) runs once
+For each class and seed, the shipped trained model (`hookkit.tools.trained`, a stock FluxPipeline) runs once
 uncached (the reference) and once per configuration; every configuration is reported against the
 reference:
 
@@ -15,12 +15,12 @@ A configuration is a hookkit `Spec` (enabled with `hookkit.enable(pipe, spec)`, 
 cache-dit's DBCache (skipped, with the reason, when `cache_dit` does not import). Every configuration
 gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
 
-    from hookkit import quality
+    from hookkit.tools import quality
     report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
     print(report.markdown())
     report.write("out/quality")          # quality.md, quality.json, quality.png
 
-or `python -m hookkit.quality --out out/quality` (the function behind `hookkit bench --quality`).
+or `python -m hookkit.tools.quality --out out/quality` (the function behind `hookkit bench --quality`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ import attrs
 import torch
 
 import hookkit
-from hookkit._plot import pyplot
-from hookkit.bench import DTYPES, environment, resolve_device, timed
+from hookkit.diagnostics.plot import pyplot
+from hookkit.tools.bench import DTYPES, environment, resolve_device, timed
 from hookkit.errors import HookkitError, SpecError
-from hookkit.summary import table
+from hookkit.core.summary import table
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3)
-MASK_POLICIES: tuple[str, ...] = tuple(hookkit.specs.MASK_POLICIES)
+MASK_POLICIES: tuple[str, ...] = tuple(hookkit.techniques.cache.spec.MASK_POLICIES)
 
 #: `setup(pipe)` applies a method to a freshly loaded pipeline and returns the callable that undoes it.
 Setup = Callable[[Any], Callable[[], None]]
@@ -127,7 +127,7 @@ class BlockCounter:
 
     def __init__(self, transformer: torch.nn.Module) -> None:
         from hookkit.adapters import resolve_adapter
-        from hookkit.plan import flat_blocks
+        from hookkit.core.plan import flat_blocks
 
         self.blocks = [block for _, _, block in flat_blocks(resolve_adapter(transformer), transformer)]
         self.calls = 0
@@ -214,12 +214,12 @@ class QualityConfig:
         if self.requires is not None and importlib.util.find_spec(self.requires) is None:
             return f"`import {self.requires}` fails (not installed)"
         if self.spec is not None:
-            from hookkit.bench import available_fields
+            from hookkit.tools.bench import available_fields
 
             wanted = {k for k, v in self.spec.to_dict().items() if v not in (None, False)}
             missing = sorted(wanted - available_fields())
             if missing:
-                return f"no installed hookkit feature implements Spec.{missing[0]} (hookkit.hooks.TECHNIQUES)"
+                return f"no installed hookkit feature implements Spec.{missing[0]} (hookkit.core.feature.TECHNIQUES)"
         return None
 
 
@@ -368,7 +368,7 @@ def _hookkit_block_calls(handle: Any) -> int | None:
 def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, device: torch.device,
          dtype: torch.dtype, cfg_scale: float, weights: str | Path | None, warmup: int) -> dict[str, Any]:
     """Run every sample (batch 1) under `config` on a freshly loaded pipeline."""
-    from hookkit import trained
+    from hookkit.tools import trained
 
     pipe = trained.load_pipeline(device=device, dtype=dtype, path=weights)
     handle = None
@@ -414,10 +414,10 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
                 log: Callable[[str], None] | None = print) -> QualityReport:
     """Run the reference and every configuration over classes x seeds; compare each with the reference.
 
-    `classes` default to all of `hookkit.trained.CLASSES`; each (class, seed) is one pipeline call of batch 1.
+    `classes` default to all of `hookkit.tools.trained.CLASSES`; each (class, seed) is one pipeline call of batch 1.
     A configuration that cannot run here is a "skipped" row, one that raises a "failed" row, with the reason.
     """
-    from hookkit import trained
+    from hookkit.tools import trained
 
     log = log or (lambda message: None)
     labels = [trained.class_index(c) for c in (classes if classes is not None else range(trained.NUM_CLASSES))]

@@ -50,16 +50,16 @@ from loguru import logger
 from torch.overrides import TorchFunctionMode
 
 from hookkit.errors import SpecError
-from hookkit.handle import SchedulerListener
-from hookkit.hooks.memo import ModeScope
-from hookkit.hooks.methods import MethodPatch
-from hookkit.hooks.registry import Args, Kwargs, ModelHook
-from hookkit.plan import Attachment, PlanContext, Removable, add_hook
-from hookkit.specs import Spec
-from hookkit.summary import FeatureSummary, table
+from hookkit.core.handle import SchedulerListener
+from hookkit.techniques.memo import ModeScope
+from hookkit.core.methods import MethodPatch
+from hookkit.core.registry import Args, Kwargs, ModelHook
+from hookkit.core.plan import Attachment, PlanContext, Removable, add_hook
+from hookkit.spec import Spec
+from hookkit.core.summary import FeatureSummary, table
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 NAME = "sync"
 LISTENER = "hookkit.sync.scheduler"
@@ -390,6 +390,6 @@ def apply_sync_free(pipe: Any) -> Handle:
     Same as `hookkit.enable(pipe, hookkit.Spec(sync_free=True))`: the feature needs the per-call clock and the
     scheduler patches that `enable` installs.
     """
-    from hookkit.handle import enable
+    from hookkit.core.handle import enable
 
     return enable(pipe, Spec(sync_free=True))

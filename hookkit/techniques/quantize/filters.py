@@ -4,7 +4,7 @@
 Each builder returns a `Predicate`: a plain callable with a readable `repr`, so that a user's own
 selection shows up legibly in `handle.summary()`. Combine them with `all_of`, `any_of` and `not_`::
 
-    from hookkit.filters import all_of, by_name, divisible_by, min_features, not_
+    from hookkit.techniques.quantize.filters import all_of, by_name, divisible_by, min_features, not_
 
     attention_only = all_of(by_name("*.attn.*"), not_(by_name("*.to_out.*")), divisible_by(16), min_features(64))
     hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=attention_only)))
@@ -46,18 +46,18 @@ class Predicate:
 
 def _check_filters(where: str, filters: tuple[LayerFilter, ...]) -> None:
     if not filters:
-        raise SpecError(f"hookkit.filters.{where}: expected at least one predicate, got none. "
+        raise SpecError(f"hookkit.techniques.quantize.filters.{where}: expected at least one predicate, got none. "
                         f"Pass one or more, e.g. {where}(by_name('*.attn.*'), min_features(64)).")
     for f in filters:
         if not callable(f):
-            raise SpecError(f"hookkit.filters.{where}: expected callables (module, fqn) -> bool, got "
+            raise SpecError(f"hookkit.techniques.quantize.filters.{where}: expected callables (module, fqn) -> bool, got "
                             f"{type(f).__name__} {f!r}. Wrap name patterns in by_name(...), e.g. "
                             f"{where}(by_name('*.attn.*')).")
 
 
 def _positive_int(where: str, n: object) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise SpecError(f"hookkit.filters.{where}: expected an int >= 1, got {type(n).__name__} {n!r}. "
+        raise SpecError(f"hookkit.techniques.quantize.filters.{where}: expected an int >= 1, got {type(n).__name__} {n!r}. "
                         f"Pass a positive int, e.g. {where}(16).")
     return n
 
@@ -70,7 +70,7 @@ def is_linear() -> Predicate:
 def by_name(*patterns: str) -> Predicate:
     """True when the module path matches any `fnmatch` pattern (`*` also matches dots: `*.attn.*`)."""
     if not patterns or not all(isinstance(p, str) and p for p in patterns):
-        raise SpecError(f"hookkit.filters.by_name: expected one or more non-empty pattern strings, got {patterns!r}. "
+        raise SpecError(f"hookkit.techniques.quantize.filters.by_name: expected one or more non-empty pattern strings, got {patterns!r}. "
                         "Pass fnmatch patterns on module paths, e.g. by_name('*.attn.*', 'proj_out').")
 
     def match(module: torch.nn.Module, fqn: str) -> bool:

@@ -14,11 +14,11 @@ import torch
 
 from hookkit.adapters import AdapterSpec
 from hookkit.errors import HookError
-from hookkit.hooks.registry import HookRegistry, ModelHook
-from hookkit.specs import Spec
+from hookkit.core.registry import HookRegistry, ModelHook
+from hookkit.spec import Spec
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 
 @attrs.frozen(kw_only=True)

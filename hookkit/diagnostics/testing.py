@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hookkit.syncs import SyncReport, profile_syncs
+from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 
 __all__ = ["assert_no_host_sync"]
 

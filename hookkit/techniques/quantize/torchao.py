@@ -65,13 +65,14 @@ from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
-from hookkit.filters import Predicate
-from hookkit.plan import Attachment, PlanContext, module_at
-from hookkit.specs import QUANT_SCHEMES, Quantize, Spec
-from hookkit.summary import FeatureSummary, path_template, render_indices, table
+from hookkit.techniques.quantize.filters import Predicate
+from hookkit.core.plan import Attachment, PlanContext, module_at
+from hookkit.spec import Spec
+from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
+from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 QUANTIZE_HOOK = "hookkit.quantize"
 _RESOURCE = "quantize"
@@ -136,7 +137,7 @@ SCHEMES: dict[str, SchemeInfo] = {
                         description="MX float8 e4m3 weights and dynamic activations (e8m0 block scales of 32)"),
 }
 if tuple(SCHEMES) != QUANT_SCHEMES:  # specs.py validates the names, this table implements them
-    raise ImportError(f"hookkit.hooks.quantize.SCHEMES {tuple(SCHEMES)} != hookkit.specs.QUANT_SCHEMES {QUANT_SCHEMES}")
+    raise ImportError(f"hookkit.techniques.quantize.torchao.SCHEMES {tuple(SCHEMES)} != hookkit.techniques.quantize.spec.QUANT_SCHEMES {QUANT_SCHEMES}")
 
 _GPUS = {(8, 9): "Ada, Hopper or Blackwell, e.g. L4, L40S, H100, H200, B200",
          (10, 0): "Blackwell, e.g. B200, GB200, RTX PRO 6000"}
@@ -491,7 +492,7 @@ def _nothing_chosen(report: QuantizeReport, transformer: torch.nn.Module) -> Exc
     return SpecError(
         f"Quantize.scheme: {report.scheme!r} would quantize none of the {len(report.layers)} Linear layers of "
         f"{type(transformer).__name__} ({listed}). {hint}Widen the selection (region='all', include=..., "
-        "filter_fn=...) or choose another scheme; hookkit.hooks.quantize.select_layers(transformer, spec) "
+        "filter_fn=...) or choose another scheme; hookkit.techniques.quantize.torchao.select_layers(transformer, spec) "
         "lists every layer with its reason."
     )
 

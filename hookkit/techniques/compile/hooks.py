@@ -4,7 +4,7 @@ Regional (`Compile(regional=True)`): every module of the adapter's repeated bloc
 `torch.compile(block.forward)` as the *inner* callable of its hook registry. Hooks on those blocks
 (DBCache decisions, clones) therefore run outside the compiled region, in eager Python, so a decision
 never becomes a graph break and a clone is never compiled away. (`block.compile()` would trace the hooks
-into the graph instead; see `hookkit.hooks.registry`.) CogVideoX works too: its class has no
+into the graph instead; see `hookkit.core.registry`.) CogVideoX works too: its class has no
 `_repeated_blocks`, the adapter names the class.
 
 CUDA-graph safety (`mode="reduce-overhead"` or `"max-autotune"`, or `backend="cudagraphs"`, which uses the
@@ -26,7 +26,7 @@ kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *insid
 run on replay; DBCache therefore works in this mode with decisions known before the call (a static step
 mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
 residuals live in persistent slots, and the statistics are kept by the graph hook
-(`hookkit.hooks.dbcache.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
+(`hookkit.techniques.cache.hooks.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.hooks.registry import HookRegistry, ModelHook
-from hookkit.plan import Attachment, PlanContext, Removable, add_hook, module_at
-from hookkit.specs import Compile, Spec
-from hookkit.summary import FeatureSummary, table
+from hookkit.core.registry import HookRegistry, ModelHook
+from hookkit.core.plan import Attachment, PlanContext, Removable, add_hook, module_at
+from hookkit.spec import Spec
+from hookkit.techniques.compile.spec import Compile
+from hookkit.core.summary import FeatureSummary, table
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 NAME = "compile"
 INNER = "hookkit.compile.inner"
@@ -327,7 +328,7 @@ class _CompileFeature:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
             return add_hook(module, STEP_MARK, StepMarkHook())
-        from hookkit.hooks.dbcache import graph_bridge
+        from hookkit.techniques.cache.hooks import graph_bridge
 
         runner = GraphRunner(CudaGraphBackend())
         handle.resources["compile.graphs"] = runner
@@ -389,9 +390,9 @@ def apply_compile(transformer: torch.nn.Module, spec: Compile, adapter: AdapterS
 
     Example::
 
-        handle = hookkit.hooks.compile.apply_compile(pipe.transformer, hookkit.Compile(mode="reduce-overhead"))
+        handle = hookkit.techniques.compile.hooks.apply_compile(pipe.transformer, hookkit.Compile(mode="reduce-overhead"))
     """
-    from hookkit.handle import enable
+    from hookkit.core.handle import enable
 
     if adapter is None:
         adapter = resolve_adapter(transformer)

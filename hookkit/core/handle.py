@@ -31,9 +31,9 @@ from hookkit.errors import (
     SpecError,
     UnsupportedError,
 )
-from hookkit.hooks.methods import MethodPatch
-from hookkit.hooks.registry import HookRegistry, ModelHook
-from hookkit.plan import (
+from hookkit.core.methods import MethodPatch
+from hookkit.core.registry import HookRegistry, ModelHook
+from hookkit.core.plan import (
     Attachment,
     Feature,
     Plan,
@@ -42,9 +42,9 @@ from hookkit.plan import (
     add_hook,
     module_at,
 )
-from hookkit.specs import Spec
-from hookkit.state import CallState, Clock
-from hookkit.summary import FeatureSummary, HookRow, Summary
+from hookkit.spec import Spec
+from hookkit.core.state import CallState, Clock
+from hookkit.core.summary import FeatureSummary, HookRow, Summary
 
 CLOCK_HOOK = "hookkit.clock"
 
@@ -155,7 +155,7 @@ class _CoreFeature:
 
 def features() -> list[Feature]:
     """Every feature in attach order. Later features wrap earlier ones (compile goes last)."""
-    from hookkit.hooks import registered_features
+    from hookkit.core.feature import registered_features
 
     return [_CoreFeature(), *registered_features()]
 

@@ -13,7 +13,7 @@ mode's pass-through), then counted per step and per place, like seed 003's table
 
 Step k is from the end of step k-1's `scheduler.step` to the end of step k's. GPU only; the bookkeeping
 (`SyncRecorder`: warning capture -> attribution -> aggregation -> `SyncReport`) runs anywhere and is what
-the CPU tests feed with synthetic warnings and stacks. `hookkit.testing.assert_no_host_sync` asserts on it.
+the CPU tests feed with synthetic warnings and stacks. `hookkit.diagnostics.testing.assert_no_host_sync` asserts on it.
 
 The debug mode sees what PyTorch routes through its sync check (`memcpy_and_sync`, `stream_synchronize`):
 `.item()`, `.cpu()`/`.tolist()` of device tensors, `nonzero`, `bool()` of a device tensor, indexing with a
@@ -38,11 +38,11 @@ import attrs
 import torch
 
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.handle import SchedulerListener
-from hookkit.summary import table
+from hookkit.core.handle import SchedulerListener
+from hookkit.core.summary import table
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 #: the start of the warning PyTorch emits in sync debug mode "warn"
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -218,8 +218,8 @@ class _ProfileListener(SchedulerListener):
 def _profile(pipe: Any, skip_first_steps: int, call_kwargs: dict[str, Any],
              set_mode: Callable[[Any], None], get_mode: Callable[[], Any]) -> SyncReport:
     """`profile_syncs` with the debug-mode switch injected (the CPU tests pass a fake one)."""
-    from hookkit.handle import enable, handle_of
-    from hookkit.specs import Spec
+    from hookkit.core.handle import enable, handle_of
+    from hookkit.spec import Spec
 
     if isinstance(skip_first_steps, bool) or not isinstance(skip_first_steps, int) or skip_first_steps < 0:
         raise SpecError(f"profile_syncs.skip_first_steps: expected an int >= 0, got {skip_first_steps!r}. Pass 0 to "

@@ -1,29 +1,21 @@
-"""Adapters: declarative per-model descriptions of a diffusion transformer.
+"""The adapter schema: `AdapterSpec` and `BlockListSpec`, loaded from TOML and validated into frozen attrs.
 
 An adapter says which transformer class it is for (exact class name, never a prefix; a dotted path
-"pkg.module.Class" names one class exactly and wins over a bare name), which block lists
-run in which order, what each block class takes and returns, which classes are repeated (for regional
-compilation), which Linear layers must never be quantized, how CFG is run, and where per-step index
-tensors are built. Adapters are data: one TOML file per model family in `adapters/`, loaded and
-validated into frozen attrs classes. `register_adapter()` adds one at run time.
-
-A transformer with no adapter gets one derived from diffusers' own metadata (`_repeated_blocks` and the
-block registry in `diffusers.hooks._helpers`) when that is possible.
+"pkg.module.Class" names one class exactly and wins over a bare name), which block lists run in which
+order, what each block class takes and returns, which classes are repeated (for regional compilation),
+which Linear layers must never be quantized, how CFG is run, and where per-step index tensors are built.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 import tomllib
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
-from loguru import logger
 
 from hookkit.errors import AdapterError
 
@@ -298,167 +290,3 @@ def _check_block_class(where: str, block: BlockListSpec, path: str, block_cls: t
         if used and theirs in params and ours != theirs:
             raise _fail(where, f"blocks[{block.attr}].{field}", ours,
                         f"{theirs!r}, the argument diffusers registers for {name} ({path})", f"Set {field} = {theirs!r}.")
-
-
-# --- the registry ----------------------------------------------------------------------------------------
-
-CUSTOM_ADAPTER_HELP = (
-    "Write an adapter: a TOML file with `name`, `transformer = [\"<ExactClassName>\"]` and one [[blocks]] table "
-    "per nn.ModuleList of blocks in execution order (attr, class, hidden_arg, encoder_arg, returns), then call "
-    "hookkit.register_adapter(path). See examples/custom_adapter.py and the files in adapters/."
-)
-
-
-def adapters_dir() -> Path:
-    """Where the shipped adapter files are: inside the installed package, or `adapters/` of a checkout."""
-    packaged = Path(str(resources.files("hookkit"))) / "_adapters"
-    if packaged.is_dir():
-        return packaged
-    checkout = Path(__file__).resolve().parent.parent / "adapters"
-    if checkout.is_dir():
-        return checkout
-    raise AdapterError(f"no shipped adapters found (looked in {packaged} and {checkout}); reinstall hookkit.")
-
-
-class _Registry:
-    def __init__(self) -> None:
-        self._adapters: dict[str, AdapterSpec] = {}
-        self._loaded = False
-
-    def _load_shipped(self) -> None:
-        # Marked loaded only once every file loaded: a broken file raises on every call, never leaving a
-        # registry that silently lacks the adapters after it.
-        if self._loaded:
-            return
-        for path in sorted(adapters_dir().glob("*.toml")):
-            adapter = AdapterSpec.from_toml(path)
-            if adapter.name not in self._adapters:  # a retry after an error keeps what loaded before it
-                self._add(adapter, replace=False)
-        self._loaded = True
-
-    def _add(self, adapter: AdapterSpec, replace: bool) -> None:
-        for other in self._adapters.values():
-            if other.name == adapter.name:
-                continue
-            clash = set(other.transformer) & set(adapter.transformer)
-            if clash:
-                raise AdapterError(
-                    f"adapter {adapter.name!r} ({adapter.source}) claims {sorted(clash)}, already claimed by adapter "
-                    f"{other.name!r} ({other.source}). Give it another `transformer` list or remove {other.name!r} first."
-                )
-        if adapter.name in self._adapters and not replace:
-            raise AdapterError(
-                f"an adapter named {adapter.name!r} is already registered ({self._adapters[adapter.name].source}); "
-                "pass replace=True to register_adapter to override it."
-            )
-        self._adapters[adapter.name] = adapter
-
-    def register(self, adapter: AdapterSpec, replace: bool) -> AdapterSpec:
-        self._load_shipped()
-        self._add(adapter, replace)
-        logger.info("registered adapter {} for {}", adapter.name, list(adapter.transformer))
-        return adapter
-
-    def unregister(self, name: str) -> None:
-        self._load_shipped()
-        if name not in self._adapters:
-            raise AdapterError(f"no adapter named {name!r}; registered: {sorted(self._adapters)}.")
-        del self._adapters[name]
-
-    def all(self) -> dict[str, AdapterSpec]:
-        self._load_shipped()
-        return dict(self._adapters)
-
-
-_REGISTRY = _Registry()
-
-
-def register_adapter(path_or_spec: str | Path | AdapterSpec, *, replace: bool = False) -> AdapterSpec:
-    """Register an adapter (a TOML path or an `AdapterSpec`) for a transformer family at run time."""
-    if isinstance(path_or_spec, AdapterSpec):
-        adapter = path_or_spec
-    elif isinstance(path_or_spec, (str, Path)):
-        adapter = AdapterSpec.from_toml(path_or_spec)
-    else:
-        raise AdapterError(f"register_adapter: expected a path to a .toml file or a hookkit.AdapterSpec, got {path_or_spec!r}.")
-    return _REGISTRY.register(adapter, replace)
-
-
-def unregister_adapter(name: str) -> None:
-    """Remove a registered adapter by name (shipped ones too, until the process ends)."""
-    _REGISTRY.unregister(name)
-
-
-def list_adapters() -> dict[str, AdapterSpec]:
-    """All registered adapters by name, the shipped ones included."""
-    return _REGISTRY.all()
-
-
-def get_adapter(name: str) -> AdapterSpec:
-    adapters = _REGISTRY.all()
-    if name not in adapters:
-        raise AdapterError(f"no adapter named {name!r}; shipped and registered: {sorted(adapters)}.")
-    return adapters[name]
-
-
-def resolve_adapter(transformer: torch.nn.Module) -> AdapterSpec:
-    """The adapter for `transformer`'s exact class; derived from diffusers metadata if none is registered.
-
-    An adapter naming the class by dotted path beats one naming it by bare name (a same-named class of
-    another module is another model); two at the same level are ambiguous and raise rather than pick one.
-    """
-    levels = {name: adapter.match_level(transformer) for name, adapter in _REGISTRY.all().items()}
-    best = max(levels.values(), default=0)
-    if best:
-        names = sorted(name for name, level in levels.items() if level == best)
-        if len(names) > 1:
-            raise AdapterError(
-                f"adapters {names} all claim {type(transformer).__module__}.{type(transformer).__qualname__}; "
-                f"expected exactly one. Unregister all but one (hookkit.unregister_adapter(name))."
-            )
-        adapter = get_adapter(names[0])
-        adapter.check(transformer)
-        return adapter
-    derived = derive_adapter(transformer)
-    derived.check(transformer)
-    logger.info("derived adapter for {} from diffusers metadata", type(transformer).__name__)
-    return derived
-
-
-def derive_adapter(transformer: torch.nn.Module) -> AdapterSpec:
-    """Build an adapter from `_repeated_blocks` and diffusers' `TransformerBlockRegistry`, or raise."""
-    cls_name = type(transformer).__name__
-    declared = getattr(transformer, "_repeated_blocks", None) or ()
-    present = {type(m).__name__ for m in transformer.modules()}
-    # diffusers may name classes that only some configurations build; those are no region of this model
-    repeated = tuple(c for c in ((declared,) if isinstance(declared, str) else declared) if c in present)
-    blocks: list[BlockListSpec] = []
-    for attr, child in transformer.named_children():
-        if not isinstance(child, torch.nn.ModuleList) or len(child) == 0:
-            continue
-        classes = {type(m) for m in child}
-        if len(classes) != 1:
-            continue
-        block_cls = classes.pop()
-        if repeated and block_cls.__name__ not in repeated:
-            continue
-        meta = _block_metadata(block_cls)
-        if meta is None:
-            continue
-        params = inspect.signature(block_cls.forward).parameters
-        encoder_arg = meta.encoder_hidden_states_argument_name if meta.encoder_hidden_states_argument_name in params else None
-        blocks.append(BlockListSpec(
-            attr=attr, classes=(block_cls.__name__,), hidden_arg=meta.hidden_states_argument_name,
-            encoder_arg=encoder_arg, returns=tuple(_registered_returns(meta)),
-        ))
-    if not blocks:
-        raise AdapterError(
-            f"no adapter for {cls_name} and none can be derived: it has no block list whose class diffusers "
-            f"registers in TransformerBlockRegistry{' and names in _repeated_blocks' if repeated else ''}. "
-            + CUSTOM_ADAPTER_HELP
-        )
-    return AdapterSpec(
-        name=f"derived:{cls_name}", transformer=(cls_name,), blocks=tuple(blocks),
-        repeated_blocks=repeated or tuple(dict.fromkeys(c for b in blocks for c in b.classes)),
-        source="derived from diffusers metadata",
-    )

@@ -4,7 +4,7 @@
     hookkit generate flux --cache ...    one generation with the chosen optimizations, saved to a file
     hookkit bench --configs eager,...    a matrix of configurations, one process each, as a markdown table
 
-Everything runs without downloads: models are built from config with random weights (`hookkit.zoo`),
+Everything runs without downloads: models are built from config with random weights (`hookkit.tools.zoo`),
 tiny on the CPU or full size with `--full`, unless `--model-path` names a local pipeline folder.
 A flag whose feature this machine or installation lacks fails with hookkit's own error message and exit
 code 2, never a traceback.
@@ -23,11 +23,13 @@ from typing import Any
 import torch
 
 import hookkit
-from hookkit import bench
-from hookkit.bench import ModelOptions
+from hookkit.tools import bench
+from hookkit.tools.bench import ModelOptions
 from hookkit.errors import HookkitError, SpecError
-from hookkit.specs import COMPILE_MODES, MASK_POLICIES, QUANT_SCHEMES
-from hookkit.summary import table
+from hookkit.techniques.cache.spec import MASK_POLICIES
+from hookkit.techniques.compile.spec import COMPILE_MODES
+from hookkit.techniques.quantize.spec import QUANT_SCHEMES
+from hookkit.core.summary import table
 
 EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 
@@ -108,7 +110,7 @@ def demo_spec(have: frozenset[str]) -> hookkit.Spec:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hookkit import zoo
+    from hookkit.tools import zoo
 
     for flag, value in (("--steps", args.steps), ("--runs", args.runs), ("--threads", args.threads),
                         ("--height", args.height), ("--width", args.width)):
@@ -496,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="print one table from several --json files of the same model and settings (runs nothing)")
     p.add_argument("--quality", action="store_true",
-                   help="speed-up vs quality on hookkit's trained tiny Flux instead (takes hookkit.quality's options: "
+                   help="speed-up vs quality on hookkit's trained tiny Flux instead (takes hookkit.tools.quality's options: "
                         "`hookkit bench --quality --help`)")
     _add_model_args(p)
     p.set_defaults(func=cmd_bench, argv=None)
@@ -528,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hookkit.set_verbosity("INFO")
         else:
             _quiet_third_party()
-        from hookkit.quality import quality_main
+        from hookkit.tools.quality import quality_main
 
         return quality_main([a for a in argv[lead + 1:] if a != "--quality"])
     parser = build_parser()

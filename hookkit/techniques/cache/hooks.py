@@ -49,7 +49,7 @@ draws the diffs against the threshold (needs matplotlib: `pip install hookkit[pl
 Example::
 
     import hookkit
-    from hookkit.hooks.dbcache import plot_cache_diffs
+    from hookkit.techniques.cache.hooks import plot_cache_diffs
 
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0,
                                                                       steps_mask="fast", mask_policy="static")))
@@ -77,8 +77,8 @@ from loguru import logger
 
 from hookkit.adapters import BlockListSpec
 from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
-from hookkit.hooks.registry import Args, Kwargs, ModelHook
-from hookkit.plan import (
+from hookkit.core.registry import Args, Kwargs, ModelHook
+from hookkit.core.plan import (
     Attachment,
     PlanContext,
     Removable,
@@ -86,11 +86,12 @@ from hookkit.plan import (
     flat_blocks,
     module_at,
 )
-from hookkit.specs import DBCache, Spec, resolve_steps_mask
-from hookkit.summary import FeatureSummary, Summary, table
+from hookkit.spec import Spec
+from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.core.summary import FeatureSummary, Summary, table
 
 if TYPE_CHECKING:
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 NAME = "dbcache"
 ENTRY_HOOK = "hookkit.dbcache.entry"
@@ -718,7 +719,7 @@ def plot_cache_diffs(source: Handle | Summary | FeatureSummary | dict[str, Any],
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
     """
     data = _plot_data(source)
-    from hookkit._plot import pyplot
+    from hookkit.diagnostics.plot import pyplot
 
     plt = pyplot("plot_cache_diffs")
     branches = data["branches"]
@@ -769,7 +770,7 @@ def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = No
     per-call clock (step and CFG branch) that `enable` installs. Wrap each generation of a bare transformer
     in `with handle.generation(num_steps=N):` (a call outside one raises: nothing would reset the cache).
     """
-    from hookkit.handle import enable
+    from hookkit.core.handle import enable
 
     if not isinstance(spec, DBCache):
         raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}. "

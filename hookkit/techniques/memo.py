@@ -37,7 +37,7 @@ into the graph), so memo attaches nothing. If the first block was compiled by ot
 (`Module.compile()`, e.g. diffusers' `compile_repeated_blocks`), the closing hook would be traced into its
 graph; memo then stands aside for that call.
 
-    from hookkit.hooks.memo import apply_memo
+    from hookkit.techniques.memo import apply_memo
     memo = apply_memo(pipe.transformer)     # or hookkit.enable(pipe, hookkit.Spec(memo=True))
     pipe(...)
     print(memo.table.stats())               # hits, misses, ...
@@ -57,8 +57,8 @@ from loguru import logger
 from torch.overrides import TorchFunctionMode
 
 from hookkit.errors import AdapterError, HookError
-from hookkit.hooks.registry import Args, Kwargs, ModelHook
-from hookkit.plan import (
+from hookkit.core.registry import Args, Kwargs, ModelHook
+from hookkit.core.plan import (
     Attachment,
     PlanContext,
     Removable,
@@ -66,12 +66,12 @@ from hookkit.plan import (
     flat_blocks,
     module_at,
 )
-from hookkit.specs import Spec
-from hookkit.summary import FeatureSummary, table
+from hookkit.spec import Spec
+from hookkit.core.summary import FeatureSummary, table
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.handle import Handle
+    from hookkit.core.handle import Handle
 
 NAME = "memo"
 PROLOGUE_HOOK = "hookkit.memo.prologue"

@@ -5,7 +5,7 @@ trained model's do not. No trained weights can be downloaded here, so hookkit tr
 
 - the transformer is a stock `diffusers.FluxTransformer2DModel` (2 double-stream + 4 single-stream
   blocks, 6 heads x 32 = 192 hidden units), trained with rectified flow matching on procedurally drawn
-  32x32 images of ten classes (`CLASSES`: a shape in a colour; `hookkit.trained.shapes`);
+  32x32 images of ten classes (`CLASSES`: a shape in a colour; `hookkit.tools.trained.shapes`);
 - it runs in the stock `FluxPipeline` with `text_encoder=None`: a class is a fixed random
   `prompt_embeds` (1, 4, 64) and `pooled_prompt_embeds` (1, 64), stored with the weights; one extra
   "null" class (index `NUM_CLASSES`) is the unconditional embedding for true CFG;
@@ -14,7 +14,7 @@ trained model's do not. No trained weights can be downloaded here, so hookkit tr
 - a small CNN (`ShapeClassifier`), trained alongside on the procedural images, says whether a generated
   image still shows the class it was asked for.
 
-    from hookkit import trained
+    from hookkit.tools import trained
     pipe = trained.load_pipeline()                                   # CPU, float32
     images = pipe(**trained.call_kwargs(["red circle", 3], seeds=[0, 1])).images   # (2, 3, 32, 32) in [0, 1]
     predicted = trained.load_classifier()(images).argmax(-1)
@@ -38,7 +38,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.trained.shapes import CLASSES
+from hookkit.tools.trained.shapes import CLASSES
 
 __all__ = [
     "CLASSES",
@@ -200,10 +200,10 @@ def class_index(cls: int | str) -> int:
     """The label of a class given by index or by name ("red circle")."""
     if isinstance(cls, str):
         if cls not in CLASSES:
-            raise SpecError(f"hookkit.trained class: expected one of {list(CLASSES)} or an index, got {cls!r}.")
+            raise SpecError(f"hookkit.tools.trained class: expected one of {list(CLASSES)} or an index, got {cls!r}.")
         return CLASSES.index(cls)
     if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < NUM_CLASSES:
-        raise SpecError(f"hookkit.trained class: expected an index in [0, {NUM_CLASSES}) or a name, got {cls!r}.")
+        raise SpecError(f"hookkit.tools.trained class: expected an index in [0, {NUM_CLASSES}) or a name, got {cls!r}.")
     return cls
 
 
@@ -218,14 +218,14 @@ def missing_weights() -> str | None:
     missing = [p.name for p in (MODEL_FILE, CLASSIFIER_FILE) if not p.is_file()]
     if not missing:
         return None
-    return f"hookkit.trained: {' and '.join(missing)} not found in {HERE}. {_TRAIN_HINT}"
+    return f"hookkit.tools.trained: {' and '.join(missing)} not found in {HERE}. {_TRAIN_HINT}"
 
 
 def _weights_path(path: str | Path | None, default: Path) -> Path:
     p = Path(path) if path is not None else default
     if not p.is_file():
         where = "" if path is None else f" (path={str(path)!r})"
-        raise UnsupportedError(f"hookkit.trained: weights file {p} not found{where}. {_TRAIN_HINT}")
+        raise UnsupportedError(f"hookkit.tools.trained: weights file {p} not found{where}. {_TRAIN_HINT}")
     return p
 
 
@@ -237,7 +237,7 @@ def read_metadata(path: str | Path | None = None) -> dict[str, Any]:
     with safe_open(str(p), framework="pt") as f:
         raw = f.metadata() or {}
     if raw.get("format") != FORMAT:
-        raise UnsupportedError(f"hookkit.trained: {p} is not a {FORMAT} file (metadata format={raw.get('format')!r}). "
+        raise UnsupportedError(f"hookkit.tools.trained: {p} is not a {FORMAT} file (metadata format={raw.get('format')!r}). "
                                f"Re-train with benchmarks/train_tiny_flux.py.")
     return {k: json.loads(v) if k != "format" else v for k, v in raw.items()}
 
@@ -345,7 +345,7 @@ def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int =
     """
     labels = [class_index(c) for c in classes]
     if len(labels) != len(seeds):
-        raise SpecError(f"hookkit.trained.call_kwargs.seeds: expected one seed per class ({len(labels)}), "
+        raise SpecError(f"hookkit.tools.trained.call_kwargs.seeds: expected one seed per class ({len(labels)}), "
                         f"got {len(seeds)}.")
     conditions = load_conditions(path)
     embeds, pooled = conditions.select(labels, device, dtype)

@@ -1,0 +1,70 @@
+"""`Spec`: everything to turn on for one transformer, composed of the techniques' own specs.
+
+Specs are pure data. Hooks read them and never change them; per-call state lives in the handle.
+A bad value raises `hookkit.errors.SpecError` naming the field, the value and what is allowed. Every spec
+round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from hookkit.core.validate import boolean, instance_of
+from hookkit.errors import SpecError, spec_error
+from hookkit.techniques.cache.spec import DBCache
+from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.quantize.spec import Quantize
+
+_FEATURES: dict[str, type] = {"cache": DBCache, "quantize": Quantize, "compile": Compile}
+
+
+@attrs.frozen(kw_only=True)
+class Spec:
+    """Everything to turn on for one transformer. Every feature is optional; `Spec()` turns on nothing
+    but the per-call bookkeeping (and is still a valid, removable attachment)."""
+
+    cache: DBCache | None = attrs.field(default=None, validator=instance_of(DBCache, "a hookkit.DBCache"))
+    quantize: Quantize | None = attrs.field(default=None, validator=instance_of(Quantize, "a hookkit.Quantize"))
+    compile: Compile | None = attrs.field(default=None, validator=instance_of(Compile, "a hookkit.Compile"))
+    sync_free: bool = attrs.field(default=False, validator=boolean)
+    memo: bool = attrs.field(default=False, validator=boolean)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (lists for tuples), the inverse of `Spec.from_dict`."""
+        out: dict[str, Any] = {}
+        for field in attrs.fields(Spec):
+            value = getattr(self, field.name)
+            if attrs.has(type(value)):
+                value = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(value, recurse=False).items()}
+            out[field.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Spec:
+        """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them."""
+        if not isinstance(data, dict):
+            raise spec_error("Spec", "<dict>", data, "a dict of feature name -> settings")
+        kwargs: dict[str, Any] = {}
+        names = {f.name for f in attrs.fields(Spec)}
+        for key, value in data.items():
+            if key not in names:
+                raise spec_error("Spec", key, value, f"a known feature: {sorted(names)}", "Remove or rename the key.")
+            feature = _FEATURES.get(key)
+            if feature is not None and isinstance(value, dict):
+                value = _build(feature, value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in attrs.fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            raise spec_error(cls.__name__, key, value, f"a known field: {sorted(names)}", "Remove or rename the key.")
+    for field in attrs.fields(cls):
+        if field.default is attrs.NOTHING and field.name not in data:
+            raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "
+                            f"{data!r}. Add the key {field.name!r}.")
+    return cls(**data)

@@ -1,0 +1,32 @@
+"""The `Quantize` spec: which torchao scheme, on which Linear layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+
+from hookkit.core.validate import choice, int_field, str_tuple, to_tuple
+from hookkit.errors import spec_error
+
+QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "int8_weight_only", "nvfp4", "mxfp8")
+
+
+@attrs.frozen(kw_only=True)
+class Quantize:
+    """torchao weight quantization of the transformer's Linear layers, selected by the adapter and rules."""
+
+    NAME: ClassVar[str] = "quantize"
+    scheme: str = attrs.field(validator=choice(*QUANT_SCHEMES))
+    region: str = attrs.field(default="repeated_blocks", validator=choice("repeated_blocks", "all"))
+    exclude: tuple[str, ...] = attrs.field(default=(), converter=to_tuple, validator=str_tuple)
+    include: tuple[str, ...] = attrs.field(default=(), converter=to_tuple, validator=str_tuple)
+    min_features: int = attrs.field(default=0, validator=int_field(0))
+    filter_fn: Callable[..., bool] | None = attrs.field(default=None, eq=False)
+    keep_original: str | None = attrs.field(default=None, validator=choice(None, "cpu", "device"))
+
+    @filter_fn.validator
+    def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not callable(value):
+            raise spec_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
