@@ -25,6 +25,7 @@ from hookkit.core.handle import Handle, build_plan, disable, enable, handle_of
 from hookkit.spec import Spec
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.parallel import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 
@@ -34,6 +35,7 @@ __all__ = [
     "AdapterSpec",
     "BlockListSpec",
     "Compile",
+    "ContextParallel",
     "DBCache",
     "Handle",
     "Quantize",

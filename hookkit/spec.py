@@ -15,9 +15,11 @@ from hookkit.core.validate import boolean, instance_of
 from hookkit.errors import SpecError, spec_error
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.parallel import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 
-_FEATURES: dict[str, type] = {"cache": DBCache, "quantize": Quantize, "compile": Compile}
+_FEATURES: dict[str, type] = {"cache": DBCache, "quantize": Quantize, "compile": Compile,
+                               "parallel": ContextParallel}
 
 
 @attrs.frozen(kw_only=True)
@@ -30,6 +32,9 @@ class Spec:
     compile: Compile | None = attrs.field(default=None, validator=instance_of(Compile, "a hookkit.Compile"))
     sync_free: bool = attrs.field(default=False, validator=boolean)
     memo: bool = attrs.field(default=False, validator=boolean)
+    #: context parallelism through diffusers' `enable_parallelism` (under torchrun); see `hookkit.ContextParallel`
+    parallel: ContextParallel | None = attrs.field(default=None,
+                                                   validator=instance_of(ContextParallel, "a hookkit.ContextParallel"))
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (lists for tuples), the inverse of `Spec.from_dict`."""

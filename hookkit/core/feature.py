@@ -17,8 +17,9 @@ __all__ = ["HookRegistry", "ModelHook", "registered_features", "registry_names"]
 
 
 #: Technique modules in attach order (after the core clock). Each defines `FEATURE`. Quantization first
-#: (it swaps weights), compile last (it wraps the forwards the other hooks surround).
-TECHNIQUES: tuple[str, ...] = ("quantize.torchao", "memo", "sync_free", "cache.hooks", "compile.hooks")
+#: (it swaps weights), then context parallelism (diffusers' hooks around the transformer), compile last (it
+#: wraps the forwards the other hooks surround).
+TECHNIQUES: tuple[str, ...] = ("quantize.torchao", "parallel", "memo", "sync_free", "cache.hooks", "compile.hooks")
 
 
 def registered_features() -> list[Any]:

@@ -1,0 +1,194 @@
+"""One rank of the 2-process gloo runs of tests/test_parallel.py (not a test module: pytest starts it as a subprocess).
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=... python tests/cp_worker.py OUT_DIR SCENARIO
+
+Writes OUT_DIR/rank<N>.json with plain results the tests compare across ranks and against a single process.
+Every rank runs the same code on the same tiny Flux (same seed, same inputs). gloo's timeout is short, so a
+deadlock (ranks disagreeing on a cache decision) raises here within seconds instead of hanging.
+
+Test-harness workaround, not a fix: diffusers' `enable_parallelism` picks the device as
+`rank % torch.accelerator.device_count()`, which is 0 on a CPU build of torch; `one_accelerator_slot()` reports 1
+while the mesh is built (diffusers itself is not patched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GLOO_TIMEOUT_S = float(os.environ.get("HOOKKIT_TEST_GLOO_TIMEOUT", "20"))
+STEPS = 4
+
+
+@contextlib.contextmanager
+def one_accelerator_slot() -> Iterator[None]:
+    """`torch.accelerator.device_count()` is 1 inside (0 on CPU torch, which diffusers divides the rank by)."""
+    original = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = original  # type: ignore[assignment]
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def pipeline() -> Any:
+    from hookkit.tools import zoo
+
+    return zoo.tiny_pipeline("flux")
+
+
+def call(pipe: Any, **extra: Any) -> torch.Tensor:
+    from hookkit.tools import zoo
+
+    return pipe(**zoo.call_kwargs("flux", steps=STEPS, **extra)).images
+
+
+def parallelise(pipe: Any, ulysses: int = 2, ring: int = 1) -> None:
+    from diffusers import ContextParallelConfig
+
+    with one_accelerator_slot():
+        pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring))
+
+
+def cache_data(handle: Any) -> dict[str, Any]:
+    data = handle.summary().features["dbcache"].data
+    branch = data["branches"][0]
+    return {"cached": branch["cached"], "computed": branch["computed"],
+            "diffs": {str(k): v for k, v in branch["diffs"].items()}, "collectives": data["collectives"],
+            "parallel": data["parallel"]}
+
+
+def cached_run(spec: Any, order: str, parallel: bool = True) -> dict[str, Any]:
+    """A fresh pipeline, hookkit enabled before ("hookkit_first") or after ("cp_first") enable_parallelism."""
+    import hookkit
+
+    pipe = pipeline()
+    if parallel and order == "cp_first":
+        parallelise(pipe)
+    handle = hookkit.enable(pipe, spec)
+    if parallel and order == "hookkit_first":
+        parallelise(pipe)
+    out = call(pipe)
+    result = cache_data(handle)
+    result["digest"] = digest(out)
+    hookkit.disable(pipe)
+    return result
+
+
+def local_diff_at_step_1() -> float:
+    """This rank's own (unreduced) Fn diff at step 1, as a per-rank decision would see it: DBCache with the
+    detection switched off and a threshold every rank passes (all ranks cache alike: no deadlock)."""
+    import hookkit
+    from hookkit.techniques.cache import hooks
+
+    pipe = pipeline()
+    parallelise(pipe)
+    original = hooks.parallel_info
+    hooks.parallel_info = lambda module: None  # type: ignore[assignment]
+    try:
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=1)))
+        call(pipe)
+        diff = handle.summary().features["dbcache"].data["branches"][0]["diffs"][1]
+        hookkit.disable(pipe)
+    finally:
+        hooks.parallel_info = original  # type: ignore[assignment]
+    return diff
+
+
+def module_state(pipe: Any) -> dict[str, Any]:
+    """What removal must restore: instance `__dict__` keys of every module and attention processor."""
+    modules = {name or "<root>": sorted(m.__dict__) for name, m in pipe.transformer.named_modules()}
+    processors = {name: sorted(m.processor.__dict__) for name, m in pipe.transformer.named_modules()
+                  if getattr(m, "processor", None) is not None}
+    return {"modules": modules, "processors": processors}
+
+
+def scenario_ulysses() -> dict[str, Any]:
+    import hookkit
+
+    res: dict[str, Any] = {}
+    single = call(pipeline())
+
+    # diffusers' context parallelism alone against one process
+    pipe = pipeline()
+    parallelise(pipe)
+    cp = call(pipe)
+    res["cp_alone_max_abs"] = (cp - single).abs().max().item()
+    res["cp_alone_digest"] = digest(cp)
+
+    # hookkit Spec() (bookkeeping only) on top, then disabled: CP output unchanged, CP still working
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    res["spec_empty_equal"] = torch.equal(call(pipe), cp)
+    handle.remove()
+    res["after_disable_equal"] = torch.equal(call(pipe), cp)
+
+    # static mask: no statistic, no collective; both orders
+    static = hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 1, 0, 1], mask_policy="static"))
+    res["static_single"] = cached_run(static, "", parallel=False)
+    for order in ("hookkit_first", "cp_first"):
+        res[f"static_{order}"] = cached_run(static, order)
+
+    # dynamic threshold halfway between the two ranks' local step-1 diffs: per-rank decisions would disagree
+    local = local_diff_at_step_1()
+    locals_ = [None] * dist.get_world_size()
+    dist.all_gather_object(locals_, local)
+    threshold = (min(locals_) + max(locals_)) / 2
+    res["local_diffs_step1"] = locals_
+    res["threshold"] = threshold
+    dynamic = hookkit.Spec(cache=hookkit.DBCache(threshold=threshold, warmup_steps=1))
+    res["dynamic_single"] = cached_run(dynamic, "", parallel=False)
+    for order in ("hookkit_first", "cp_first"):
+        res[f"dynamic_{order}"] = cached_run(dynamic, order)
+
+    # the same through Spec(parallel=...): hookkit calls diffusers' API and undoes it on removal
+    pipe = pipeline()
+    before = module_state(pipe)
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2),
+                                                   cache=hookkit.DBCache(threshold=threshold, warmup_steps=1)))
+    out = call(pipe)
+    res["spec_parallel"] = {**cache_data(handle), "digest": digest(out),
+                            "summary": handle.summary().features["parallel"].data}
+    res["spec_parallel_text"] = str(handle.summary())
+    try:
+        call(pipe, height=36, width=36)  # 9 x 9 = 81 image tokens: 2 ranks do not divide them
+        res["odd_sequence_error"] = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        res["odd_sequence_error"] = f"{type(exc).__name__}: {exc}"
+    hookkit.disable(pipe)
+    res["removal_state_equal"] = module_state(pipe) == before
+    res["removal_parallel_config"] = "_parallel_config" in pipe.transformer.__dict__
+    res["after_removal_equal_single"] = torch.equal(call(pipe), single)
+    return res
+
+
+SCENARIOS = {"ulysses": scenario_ulysses}
+
+
+def main() -> None:
+    out_dir, name = Path(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    try:
+        result = SCENARIOS[name]()
+        (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
