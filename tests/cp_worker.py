@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import io
 import json
 import os
 import sys
@@ -176,7 +177,27 @@ def scenario_ulysses() -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"ulysses": scenario_ulysses}
+def scenario_cli() -> dict[str, Any]:
+    """`hookkit generate` and `hookkit bench` with --parallel, as torchrun would start them (the group is up)."""
+    from hookkit.tools import cli
+
+    out_dir = Path(sys.argv[1])
+    res: dict[str, Any] = {}
+    for name, argv in (
+        ("generate", ["generate", "flux", "--parallel", "ulysses=2", "--steps", "4", "--cache", "--cache-warmup", "1",
+                      "--cache-threshold", "0.3", "--cache-max-continuous", "-1", "--cache-taylorseer", "0",
+                      "--warmup", "0", "--out", str(out_dir / "flux.png")]),
+        ("bench", ["bench", "--model", "flux", "--parallel", "ulysses=2", "--configs", "eager,hookkit-cache-fast",
+                   "--steps", "4", "--runs", "1", "--warmup", "0", "--json", str(out_dir / f"bench.json")]),
+    ):
+        stdout = io.StringIO()
+        with one_accelerator_slot(), contextlib.redirect_stdout(stdout):
+            res[f"{name}_rc"] = cli.main(argv)
+        res[f"{name}_stdout"] = stdout.getvalue()
+    return res
+
+
+SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli}
 
 
 def main() -> None:

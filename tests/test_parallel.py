@@ -196,3 +196,35 @@ def test_spec_parallel_refuses_a_sequence_the_degree_does_not_divide(ulysses: li
 def test_spec_parallel_removal_restores_every_module_and_processor(ulysses: list[dict[str, Any]]) -> None:
     assert [(r["removal_state_equal"], r["removal_parallel_config"], r["after_removal_equal_single"])
             for r in ulysses] == [(True, False, True), (True, False, True)]
+
+
+# --- two processes: the command line as torchrun starts it ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("cli")
+    run_ranks(tmp, [str(WORKER), str(tmp), "cli"])
+    return tmp, [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_generate_parallel_prints_and_saves_on_rank_0_only(cli_runs: tuple[Path, list[dict[str, Any]]]) -> None:
+    tmp, ranks = cli_runs
+    assert [r["generate_rc"] for r in ranks] == [0, 0]
+    assert "- Parallel: 2 ranks, context parallel ulysses 2 x ring 1; DBCache decisions identical on every rank" \
+        in ranks[0]["generate_stdout"]
+    assert "Optimization: DBCache_F1B0_W1MC-1_R0.3_CP-U2R1" in ranks[0]["generate_stdout"]
+    assert ranks[1]["generate_stdout"] == ""
+    assert (tmp / "flux.png").is_file()
+
+
+@pytest.mark.slow
+def test_bench_parallel_reports_every_rank_agreeing(cli_runs: tuple[Path, list[dict[str, Any]]]) -> None:
+    tmp, ranks = cli_runs
+    assert [r["bench_rc"] for r in ranks] == [0, 0]
+    assert ranks[1]["bench_stdout"] == ""
+    rows = json.loads((tmp / "bench.json").read_text())["rows"]
+    assert [(row["config"], row["status"], row.get("ranks_agree")) for row in rows] == [
+        ("eager", "ok", True), ("hookkit-cache-fast", "ok", True)]
+    assert [len(row["peak_memory_gb_per_rank"]) for row in rows] == [2, 2]
