@@ -55,7 +55,12 @@ def pipeline() -> Any:
 def call(pipe: Any, **extra: Any) -> torch.Tensor:
     from hookkit.tools import zoo
 
-    return pipe(**zoo.call_kwargs("flux", steps=STEPS, **extra)).images
+    kwargs = zoo.call_kwargs("flux", steps=STEPS, **extra)
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    if device.type != "cpu":  # the GPU scenario: embeddings where the transformer is
+        kwargs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in kwargs.items()}
+    return pipe(**kwargs).images
 
 
 def parallelise(pipe: Any, ulysses: int = 2, ring: int = 1) -> None:
@@ -93,21 +98,7 @@ def cached_run(spec: Any, order: str, parallel: bool = True) -> dict[str, Any]:
 def local_diff_at_step_1() -> float:
     """This rank's own (unreduced) Fn diff at step 1, as a per-rank decision would see it: DBCache with the
     detection switched off and a threshold every rank passes (all ranks cache alike: no deadlock)."""
-    import hookkit
-    from hookkit.techniques.cache import hooks
-
-    pipe = pipeline()
-    parallelise(pipe)
-    original = hooks.parallel_info
-    hooks.parallel_info = lambda module: None  # type: ignore[assignment]
-    try:
-        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=1)))
-        call(pipe)
-        diff = handle.summary().features["dbcache"].data["branches"][0]["diffs"][1]
-        hookkit.disable(pipe)
-    finally:
-        hooks.parallel_info = original  # type: ignore[assignment]
-    return diff
+    return local_diff_at_step_1_on(pipeline())
 
 
 def module_state(pipe: Any) -> dict[str, Any]:
@@ -197,12 +188,64 @@ def scenario_cli() -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli}
+def scenario_gpu() -> dict[str, Any]:
+    """2 GPUs over NCCL: the tiny Flux in bfloat16, dynamic threshold between the ranks' local diffs, Ulysses with
+    the native backend and ring with cuDNN (whose op returns the log-sum-exp ring attention needs)."""
+    import hookkit
+
+    device = torch.device("cuda", dist.get_rank())
+    res: dict[str, Any] = {}
+
+    def gpu_pipeline() -> Any:
+        return pipeline().to(device=device, dtype=torch.bfloat16)
+
+    single_pipe = gpu_pipeline()
+    local = local_diff_at_step_1_on(gpu_pipeline())
+    locals_ = [None] * dist.get_world_size()
+    dist.all_gather_object(locals_, local)
+    threshold = (min(locals_) + max(locals_)) / 2
+    res["local_diffs_step1"], res["threshold"] = locals_, threshold
+    spec = hookkit.Spec(cache=hookkit.DBCache(threshold=threshold, warmup_steps=1))
+    handle = hookkit.enable(single_pipe, spec)
+    single = call(single_pipe)
+    res["single"] = cache_data(handle)
+    for name, cp in (("ulysses", hookkit.ContextParallel(ulysses=2)),
+                     ("ring", hookkit.ContextParallel(ring=2, attention_backend="_native_cudnn"))):
+        pipe = gpu_pipeline()
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp, cache=spec.cache))
+        out = call(pipe)
+        res[name] = {**cache_data(handle), "digest": digest(out.float().cpu()),
+                     "max_abs_vs_single": (out.float() - single.float()).abs().max().item()}
+        hookkit.disable(pipe)
+    return res
+
+
+def local_diff_at_step_1_on(pipe: Any) -> float:
+    """`local_diff_at_step_1` for a given (GPU) pipeline, parallelised here with Ulysses 2."""
+    import hookkit
+    from hookkit.techniques.cache import hooks
+
+    parallelise(pipe)
+    original = hooks.parallel_info
+    hooks.parallel_info = lambda module: None  # type: ignore[assignment]
+    try:
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=1)))
+        call(pipe)
+        diff = handle.summary().features["dbcache"].data["branches"][0]["diffs"][1]
+        hookkit.disable(pipe)
+    finally:
+        hooks.parallel_info = original  # type: ignore[assignment]
+    return diff
+
+
+SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli, "gpu": scenario_gpu}
 
 
 def main() -> None:
     out_dir, name = Path(sys.argv[1]), sys.argv[2]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    if name == "gpu":
+        torch.cuda.set_device(int(os.environ["RANK"]))
+    dist.init_process_group("nccl" if name == "gpu" else "gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         result = SCENARIOS[name]()
         (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

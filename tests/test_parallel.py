@@ -228,3 +228,26 @@ def test_bench_parallel_reports_every_rank_agreeing(cli_runs: tuple[Path, list[d
     assert [(row["config"], row["status"], row.get("ranks_agree")) for row in rows] == [
         ("eager", "ok", True), ("hookkit-cache-fast", "ok", True)]
     assert [len(row["peak_memory_gb_per_rank"]) for row in rows] == [2, 2]
+
+
+# --- two GPUs over NCCL (the lead's 2-GPU machine) ---------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_two_gpus_ulysses_and_ring_take_the_single_gpu_decisions(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    run_ranks(tmp_path, [str(WORKER), str(tmp_path), "gpu"])
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    low, high = sorted(ranks[0]["local_diffs_step1"])
+    assert low < ranks[0]["threshold"] < high
+    single = ranks[0]["single"]
+    for r in ranks:
+        for layout in ("ulysses", "ring"):
+            assert (r[layout]["cached"], r[layout]["computed"]) == (single["cached"], single["computed"])
+            assert r[layout]["collectives"] == len(single["diffs"])
+    for layout in ("ulysses", "ring"):
+        assert ranks[0][layout]["digest"] == ranks[1][layout]["digest"]
