@@ -42,6 +42,46 @@ def one_accelerator_slot() -> Iterator[None]:
         torch.accelerator.device_count = original  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def cpu_ring_op() -> Iterator[str]:
+    """TEST-ONLY attention op for ring attention on the CPU, under the `_native_flash` backend name.
+
+    Ring attention merges each key/value shard's partial result by its log-sum-exp; on the CPU no diffusers backend
+    returns one (`native` raises for `return_lse=True`, `_native_flash` needs CUDA). Inside, `_native_flash` dispatches
+    to plain math attention (softmax(q k^T * scale) v, and logsumexp of the scores), through diffusers' own ring
+    template. Yields the backend name to set. Not shipped: hookkit refuses ring with `native` instead.
+    """
+    from diffusers.models import attention_dispatch as ad
+
+    def forward_op(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False, return_lse: bool = False, _save_ctx: bool = True,
+                   _parallel_config: Any = None) -> Any:
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))  # (B, H, S, D)
+        scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+        lse = torch.logsumexp(scores, dim=-1)  # (B, H, S)
+        out = (torch.softmax(scores, dim=-1) @ v).permute(0, 2, 1, 3)  # (B, S, H, D)
+        return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+    def backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                return_lse: bool = False, _parallel_config: Any = None) -> Any:
+        if _parallel_config is None:
+            return forward_op(None, query, key, value, scale=scale, return_lse=return_lse)
+        return ad._templated_context_parallel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            forward_op=forward_op, backward_op=None, _parallel_config=_parallel_config)
+
+    name = ad.AttentionBackendName._NATIVE_FLASH
+    registry = ad._AttentionBackendRegistry
+    saved = registry._backends[name], registry._constraints[name], registry._active_backend
+    registry._backends[name], registry._constraints[name] = backend, []
+    try:
+        yield name.value
+    finally:  # `set_attention_backend` also set the process-wide active backend
+        registry._backends[name], registry._constraints[name], registry._active_backend = saved
+
+
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
 
@@ -106,7 +146,10 @@ def module_state(pipe: Any) -> dict[str, Any]:
     modules = {name or "<root>": sorted(m.__dict__) for name, m in pipe.transformer.named_modules()}
     processors = {name: sorted(m.processor.__dict__) for name, m in pipe.transformer.named_modules()
                   if getattr(m, "processor", None) is not None}
-    return {"modules": modules, "processors": processors}
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    return {"modules": modules, "processors": processors,
+            "active_backend": str(_AttentionBackendRegistry._active_backend)}
 
 
 def scenario_ulysses() -> dict[str, Any]:
@@ -145,6 +188,24 @@ def scenario_ulysses() -> dict[str, Any]:
     res["dynamic_single"] = cached_run(dynamic, "", parallel=False)
     for order in ("hookkit_first", "cp_first"):
         res[f"dynamic_{order}"] = cached_run(dynamic, order)
+
+    # ring over 2 ranks with the test-only CPU op: CP alone against one process, and the dynamic decisions
+    reference = pipeline()  # one process, the same cache spec: what the ring run must reproduce
+    hookkit.enable(reference, dynamic)
+    cached_single = call(reference)
+    hookkit.disable(reference)
+    with cpu_ring_op() as backend:
+        pipe = pipeline()
+        before = module_state(pipe)
+        with one_accelerator_slot():
+            handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ring=2, attention_backend=backend),
+                                                       cache=dynamic.cache))
+        out = call(pipe)
+        res["ring"] = {**cache_data(handle), "digest": digest(out), "max_abs_vs_single": (out - cached_single).abs().max().item(),
+                       "backend": handle.summary().features["parallel"].data["attention_backend"]}
+        hookkit.disable(pipe)
+        # the backend hookkit set (on every processor and process-wide) is undone with the rest
+        res["ring"]["removal_state_equal"] = module_state(pipe) == before
 
     # the same through Spec(parallel=...): hookkit calls diffusers' API and undoes it on removal
     pipe = pipeline()

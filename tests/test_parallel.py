@@ -173,6 +173,20 @@ def test_dynamic_decisions_under_cp_are_global_and_equal_to_one_process(ulysses:
 
 
 @pytest.mark.slow
+def test_ring_with_a_test_only_cpu_op_matches_one_process_and_its_decisions(ulysses: list[dict[str, Any]]) -> None:
+    """Ring attention on the CPU needs an op returning the log-sum-exp: tests/cp_worker.py's `cpu_ring_op`
+    (test-only, math attention under the `_native_flash` name)."""
+    single = ulysses[0]["dynamic_single"]
+    for r in ulysses:
+        ring = r["ring"]
+        assert ring["max_abs_vs_single"] < 1e-5
+        assert (ring["cached"], ring["computed"]) == (single["cached"], single["computed"])
+        assert ring["collectives"] == len(single["diffs"])
+        assert (ring["backend"], ring["removal_state_equal"]) == ("_native_flash", True)
+    assert ulysses[0]["ring"]["digest"] == ulysses[1]["ring"]["digest"]
+
+
+@pytest.mark.slow
 def test_spec_parallel_takes_the_same_decisions_and_summarises_the_mesh(ulysses: list[dict[str, Any]]) -> None:
     single = ulysses[0]["dynamic_single"]
     for rank, r in enumerate(ulysses):

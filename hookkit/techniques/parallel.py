@@ -14,8 +14,8 @@ that the degree does not divide (unless `ulysses_anything` / `ring_anything`).
 
 Removal (`hookkit.disable`) restores: diffusers' context-parallel hooks are removed (`remove_context_parallel`),
 every module's `forward` and `_diffusers_hook` entries are as before (none were there on a plain model), each
-attention processor's `_parallel_config` and `_attention_backend` are as before, and `transformer._parallel_config`
-is gone; the transformer then runs unsharded on every rank. Not restored: the device mesh and its process groups
+attention processor's `_parallel_config` and `_attention_backend` are as before, diffusers' process-wide active
+attention backend (which `set_attention_backend` also sets) is as before, and `transformer._parallel_config` is gone; the transformer then runs unsharded on every rank. Not restored: the device mesh and its process groups
 stay alive (torch offers no way to destroy one mesh's subgroups alone; `destroy_process_group()` frees them).
 
 Run it under torchrun, one process per GPU, each with the same seed and inputs:
@@ -245,12 +245,20 @@ class _ParallelAttachment:
         self.saved_processors = [(p, p.__dict__.get("_parallel_config", _MISSING),
                                   p.__dict__.get("_attention_backend", _MISSING)) for p in _processors(transformer)]
         self.saved_config = transformer.__dict__.get("_parallel_config", _MISSING)
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        #: `set_attention_backend` also sets diffusers' process-wide active backend
+        self.saved_active = _AttentionBackendRegistry._active_backend
+        self.set_active: Any = _MISSING
 
     def apply(self) -> None:
         transformer = self.transformer
         assert transformer is not None
         if self.spec.attention_backend is not None:
+            from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
             transformer.set_attention_backend(self.spec.attention_backend)
+            self.set_active = _AttentionBackendRegistry._active_backend
         transformer.enable_parallelism(config=self.spec.diffusers_config())
         inputs = _split_inputs(self.plan)
         if inputs and not self.spec.anything:
@@ -286,6 +294,10 @@ class _ParallelAttachment:
                     processor.__dict__.pop(attr, None)
                 else:
                     processor.__dict__[attr] = value
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        if self.set_active is not _MISSING and _AttentionBackendRegistry._active_backend == self.set_active:
+            _AttentionBackendRegistry._active_backend = self.saved_active  # unless someone set another one since
         if self.saved_config is _MISSING:
             transformer.__dict__.pop("_parallel_config", None)
         else:
