@@ -141,6 +141,25 @@ def local_diff_at_step_1() -> float:
     return local_diff_at_step_1_on(pipeline())
 
 
+def uneven_statistic() -> dict[str, float]:
+    from hookkit.core.parallel import ParallelInfo
+    from hookkit.techniques.cache.hooks import _CallState, _layout
+    import hookkit
+
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randn(1, 81, 16, generator=g) * torch.linspace(0.1, 3.0, 81)[None, :, None]  # shards differ in scale
+    residual = ref + 0.3 * torch.randn(1, 81, 16, generator=g)
+    shard = dist.get_rank()
+    mine = residual.tensor_split(2, dim=1)[shard], ref.tensor_split(2, dim=1)[shard]
+    layout = _layout(hookkit.DBCache(), 5)
+    info = ParallelInfo(group=dist.group.WORLD, rank=shard, world_size=2, ulysses=2, ring=1, anything=True, mesh="world")
+    local = _CallState(layout, 4)._diff(*mine)
+    ratios = [None, None]
+    dist.all_gather_object(ratios, local)
+    return {"global": _CallState(layout, 4, info)._diff(*mine), "single": _CallState(layout, 4)._diff(residual, ref),
+            "mean_of_ratios": sum(ratios) / 2, "shard_tokens": mine[0].shape[1]}
+
+
 def module_state(pipe: Any) -> dict[str, Any]:
     """What removal must restore: instance `__dict__` keys of every module and attention processor."""
     modules = {name or "<root>": sorted(m.__dict__) for name, m in pipe.transformer.named_modules()}
@@ -206,6 +225,11 @@ def scenario_ulysses() -> dict[str, Any]:
         hookkit.disable(pipe)
         # the backend hookkit set (on every processor and process-wide) is undone with the rest
         res["ring"]["removal_state_equal"] = module_state(pipe) == before
+
+    # uneven shards (what ulysses_anything makes: 81 tokens as 41 + 40): DBCache's statistic on this rank's shard,
+    # reduced over the group, against the one-process value on the whole tensors (gloo cannot gather uneven
+    # outputs at the end of a real call, so the statistic is checked on its own)
+    res["uneven"] = uneven_statistic()
 
     # the same through Spec(parallel=...): hookkit calls diffusers' API and undoes it on removal
     pipe = pipeline()

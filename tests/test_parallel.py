@@ -187,6 +187,17 @@ def test_ring_with_a_test_only_cpu_op_matches_one_process_and_its_decisions(ulys
 
 
 @pytest.mark.slow
+def test_uneven_shards_keep_the_statistic_exact(ulysses: list[dict[str, Any]]) -> None:
+    """81 tokens split 41 + 40 (ulysses_anything): summed numerators and denominators give the one-process diff,
+    where a mean of the per-rank ratios does not."""
+    assert [r["uneven"]["shard_tokens"] for r in ulysses] == [41, 40]
+    for r in ulysses:
+        u = r["uneven"]
+        assert abs(u["global"] - u["single"]) < 1e-6
+        assert abs(u["mean_of_ratios"] - u["single"]) > 1e-3
+
+
+@pytest.mark.slow
 def test_spec_parallel_takes_the_same_decisions_and_summarises_the_mesh(ulysses: list[dict[str, Any]]) -> None:
     single = ulysses[0]["dynamic_single"]
     for rank, r in enumerate(ulysses):
