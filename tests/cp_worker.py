@@ -111,7 +111,9 @@ def parallelise(pipe: Any, ulysses: int = 2, ring: int = 1) -> None:
 
 
 def cache_data(handle: Any) -> dict[str, Any]:
-    data = handle.summary().features["dbcache"].data
+    from hookkit.techniques.cache.hooks import NAME
+
+    data = handle.summary().features[NAME].data
     branch = data["branches"][0]
     return {"cached": branch["cached"], "computed": branch["computed"],
             "diffs": {str(k): v for k, v in branch["diffs"].items()}, "collectives": data["collectives"],
@@ -316,7 +318,7 @@ def local_diff_at_step_1_on(pipe: Any) -> float:
     try:
         handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=1)))
         call(pipe)
-        diff = handle.summary().features["dbcache"].data["branches"][0]["diffs"][1]
+        diff = cache_data(handle)["diffs"]["1"]
         hookkit.disable(pipe)
     finally:
         hooks.parallel_info = original  # type: ignore[assignment]

@@ -124,6 +124,35 @@ def test_ulysses_refused_when_it_does_not_divide_the_heads() -> None:
         hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=4)))
 
 
+def test_parse_parallel_reads_the_cli_form() -> None:
+    from hookkit.tools.distributed import parse_parallel
+
+    assert parse_parallel("ulysses=2") == hookkit.ContextParallel(ulysses=2)
+    assert parse_parallel("ring=2,attention_backend=_native_cudnn") == hookkit.ContextParallel(
+        ring=2, attention_backend="_native_cudnn")
+    with pytest.raises(SpecError, match="expected comma-separated key=value with keys"):
+        parse_parallel("degree=2")
+
+
+def test_generate_parallel_outside_torchrun_exits_2_with_the_fix(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["generate", "flux", "--parallel", "ulysses=2", "--steps", "2"]) == 2
+    assert "run under torchrun (RANK and WORLD_SIZE set)" in capsys.readouterr().err
+
+
+def test_one_process_cache_makes_no_collective_and_reports_no_mesh() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.3, warmup_steps=1)))
+    pipe(**zoo.call_kwargs("flux", steps=3))
+    from hookkit.techniques.cache.hooks import NAME
+
+    data = handle.summary().features[NAME].data
+    assert (data["parallel"], data["collectives"], sorted(data["branches"][0]["diffs"])) == (None, 0, [1, 2])
+
+
 # --- two processes, Ulysses over gloo ---------------------------------------------------------------------------
 
 

@@ -18,7 +18,11 @@ Decisions hookkit makes inside the denoising loop, and why each is the same on e
 - TaylorSeer: extrapolates each rank's own residual shard from step indices; elementwise, decides nothing.
 - whole-transformer CUDA graphs with DBCache: the decision comes from the static mask before the call (no
   statistic at all); graph keys are the global call's branch and shapes.
-- memo, sync_free, quantize, compile: make no data-dependent decision in the loop.
+- compile: Dynamo guards and recompilations are per rank, but a recompiled graph runs the same collectives, so a
+  rank that recompiles does not change which collectives run; whole-transformer CUDA graphs are warmed up, captured
+  and replayed by call count and global input signature, the same on every rank.
+- memo, sync_free, quantize: make no data-dependent decision in the loop (memo's tables are keyed by Python values
+  that come from global shapes; sync_free maps timesteps; quantization is done before the first call).
 
 Detection runs at every generation start (the first DBCache decision of a call), so `enable_parallelism` may come
 before or after `hookkit.enable`.

@@ -91,7 +91,9 @@ def main_rank_output() -> Iterator[None]:
 
 def cache_decisions(features: dict[str, Any]) -> dict[str, Any] | None:
     """Cached and computed steps per branch from a summary's feature data (`{name: data}`), or None without DBCache."""
-    data = features.get("dbcache")
+    from hookkit.techniques.cache.hooks import NAME
+
+    data = features.get(NAME)
     if data is None:
         return None
     return {str(b): {"cached": list(v["cached"]), "computed": list(v["computed"])}
