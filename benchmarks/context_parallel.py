@@ -147,7 +147,8 @@ def run_row(case: str, layout: str, config: str, args: argparse.Namespace, devic
         traceback.print_exc(file=sys.stderr)
         row.update(status="failed", note=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300])
     finally:
-        pipe = handle = None  # noqa: F841
+        pipe = handle = features = None  # noqa: F841
+        torch._dynamo.reset()  # compiled code and its guards hold the model: free it before the next row builds one
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
