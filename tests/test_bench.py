@@ -53,7 +53,7 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
     if SECOND == "hookkit-cache-fast":
         mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
         assert second["identical"] is False and math.isfinite(second["psnr_db"])
-        assert second["features"]["dbcache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
+        assert second["features"]["cache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
     else:
         assert second["identical"] is True
 

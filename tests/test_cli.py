@@ -41,12 +41,12 @@ def test_demo_prints_summary_timings_and_bitwise_equality_after_disable() -> Non
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "hookkit summary: FluxTransformer2DModel in FluxPipeline" in out
-    assert "| core    | hookkit.clock" in out
+    assert "| core      | hookkit.clock" in out
     assert re.search(r"^\| plain diffusers \| \d+\.\d{4} +\| 1\.00x", out, re.MULTILINE)
     assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.MULTILINE)
     assert "after hookkit.disable: output bitwise equal to the plain run: True" in out
     assert "plain   1/1" in proc.stderr  # diffusers' progress bar, labelled per run
-    assert "[dbcache]" in out
+    assert "[cache]" in out
 
 
 def test_demo_spec_uses_the_installed_cpu_features() -> None:

@@ -68,7 +68,7 @@ def test_custom_adapter() -> None:
     assert "before registering: AdapterError: no adapter for TinyDiT and none can be derived" in out
     assert "registered adapter 'tinydit' for ['TinyDiT']: 6 blocks in ['blocks']" in out
     assert "hookkit summary: TinyDiT (bare transformer)" in out
-    assert "| dbcache | hookkit.dbcache.middle | blocks.{1..5} |" in out
+    assert "| cache | hookkit.cache.middle | blocks.{1..5} |" in out
     assert "cached steps: [2, 3, 5, 6] of 8" in out  # the zeros of the mask [1, 1, 0, 0, 1, 0, 0, 1]
     assert "bitwise equal to the unhooked run after handle.remove(): True" in out
     assert "nothing left on the model: True" in out

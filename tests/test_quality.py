@@ -78,7 +78,7 @@ def test_block_counter_agrees_with_hookkit_dbcache_summary() -> None:
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0, 0, 1], mask_policy="static")))
     tiny_flux_call(pipe)
     assert (counter.block_calls, counter.partial_calls) == (12, 2)
-    assert handle.summary().features["dbcache"].data["block_calls"] == 12
+    assert handle.summary().features["cache"].data["block_calls"] == 12
     handle.remove()
 
 

@@ -171,22 +171,6 @@ def test_attach_and_detach_callbacks_run_once_each() -> None:
     assert events == ["attach:Linear", "detach:Linear"]
 
 
-def test_reset_reaches_every_hook() -> None:
-    resets: list[str] = []
-
-    class Stateful(ModelHook):
-        def __init__(self, tag: str) -> None:
-            self.tag = tag
-
-        def reset(self) -> None:
-            resets.append(self.tag)
-
-    reg = HookRegistry.of(linear())
-    reg.register("a", Stateful("a"))
-    reg.register("b", Stateful("b"))
-    reg.reset()
-    assert resets == ["a", "b"]
-
 
 def test_registering_a_non_hook_is_a_clear_error() -> None:
     with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook, got function"):

@@ -155,6 +155,15 @@ class AdapterSpec:
         """The transformer's block lists in execution order, each with its spec (after `check`)."""
         return [(b, getattr(transformer, b.attr)) for b in self.blocks]
 
+    def repeated_block_classes(self) -> tuple[str, ...]:
+        """The classes regional compilation and quantization work on: `repeated_blocks`, else every block class."""
+        return self.repeated_blocks or tuple(dict.fromkeys(c for b in self.blocks for c in b.classes))
+
+    def repeated_block_paths(self, transformer: torch.nn.Module) -> list[str]:
+        """Module paths of every instance of `repeated_block_classes()` in `transformer`, in module order."""
+        classes = set(self.repeated_block_classes())
+        return [path for path, m in transformer.named_modules() if path and type(m).__name__ in classes]
+
     def check(self, transformer: torch.nn.Module) -> None:
         """Raise `AdapterError` unless this adapter describes `transformer` exactly."""
         cls_name = type(transformer).__name__

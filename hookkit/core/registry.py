@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
+from hookkit.core.removal import MISSING, restore_entry
 from hookkit.errors import HookError
 
 _REGISTRY_ATTR = "_hookkit_registry"
-_MISSING = object()
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -46,7 +46,6 @@ class ModelHook:
     - `new_forward(module, call_next, args, kwargs) -> output`: only when `replaces_forward = True`;
       decides whether and how to run the rest of the chain (`call_next(*args, **kwargs)`), so a hook
       can skip a block and return a cached result.
-    - `reset()`: clears per-call state; called at the start of every pipeline call.
     - `on_attach(module)` / `on_detach(module)`: called once when registered / removed.
     """
 
@@ -67,9 +66,6 @@ class ModelHook:
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         return call_next(*args, **kwargs)
 
-    def reset(self) -> None:
-        """Clear per-call state. Stateless hooks need not override it."""
-
 
 class HookRegistry:
     """The ordered, named hooks of one module. Get it with `HookRegistry.of(module)`."""
@@ -78,7 +74,7 @@ class HookRegistry:
         self._module = module
         self._hooks: dict[str, ModelHook] = {}
         self._chain: tuple[ModelHook, ...] = ()
-        self._saved_forward = module.__dict__.get("forward", _MISSING)
+        self._saved_forward = module.__dict__.get("forward", MISSING)
         self._original_forward: Callable[..., Any] = module.forward
         self._inner: Callable[..., Any] = self._original_forward
         self._wrapper: Callable[..., Any] | None = None
@@ -172,10 +168,6 @@ class HookRegistry:
         """The forward that was in place before hookkit (bound method of the class, usually)."""
         return self._original_forward
 
-    def reset(self) -> None:
-        for hook in self._chain:
-            hook.reset()
-
     def _set_hooks(self, hooks: dict[str, ModelHook]) -> None:
         self._hooks = hooks
         self._chain = tuple(hooks.values())
@@ -252,12 +244,7 @@ class HookRegistry:
         is left as it is.
         """
         d = self._module.__dict__
-        ours = d.get("forward") is self._wrapper
-        if ours:
-            if self._saved_forward is _MISSING:
-                d.pop("forward", None)
-            else:
-                d["forward"] = self._saved_forward
+        if restore_entry(d, "forward", self._wrapper, self._saved_forward):
             # Nobody else holds the wrapper: drop every reference to the module so nothing here keeps it alive
             # (a `module.forward` captured while enabled and called now gets a clear error).
             self._original_forward = self._inner = _dead_forward

@@ -38,7 +38,7 @@ import attrs
 import torch
 
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.core.handle import SchedulerListener
+from hookkit.core.listeners import SchedulerListener
 from hookkit.core.summary import table
 
 if TYPE_CHECKING:
@@ -218,7 +218,8 @@ class _ProfileListener(SchedulerListener):
 def _profile(pipe: Any, skip_first_steps: int, call_kwargs: dict[str, Any],
              set_mode: Callable[[Any], None], get_mode: Callable[[], Any]) -> SyncReport:
     """`profile_syncs` with the debug-mode switch injected (the CPU tests pass a fake one)."""
-    from hookkit.core.handle import enable, handle_of
+    from hookkit.core.handle import handle_of
+    from hookkit.features import enable
     from hookkit.spec import Spec
 
     if isinstance(skip_first_steps, bool) or not isinstance(skip_first_steps, int) or skip_first_steps < 0:

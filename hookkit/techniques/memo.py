@@ -56,22 +56,18 @@ import torch
 from loguru import logger
 from torch.overrides import TorchFunctionMode
 
-from hookkit.errors import AdapterError, HookError
+from hookkit.core import compat
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.modes import ModeScope, push_mode, remove_mode
+from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
-from hookkit.core.plan import (
-    Attachment,
-    PlanContext,
-    Removable,
-    add_hook,
-    flat_blocks,
-    module_at,
-)
-from hookkit.spec import Spec
+from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
+from hookkit.errors import AdapterError, HookError
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.core.handle import Handle
+    from hookkit.spec import Spec
 
 NAME = "memo"
 PROLOGUE_HOOK = "hookkit.memo.prologue"
@@ -82,34 +78,6 @@ MAX_ENTRIES = 1024
 FACTORIES: frozenset[Callable[..., Any]] = frozenset({torch.tensor, torch.as_tensor})
 
 __all__ = ["FEATURE", "MemoMode", "MemoTable", "ModeScope", "apply_memo", "freeze", "push_mode", "remove_mode"]
-
-
-# --- the mode stack ----------------------------------------------------------------------------------------
-
-
-def push_mode(mode: TorchFunctionMode) -> None:
-    """Push `mode` on this thread's torch-function mode stack (what `with mode:` does on entry)."""
-    mode.__enter__()
-
-
-def remove_mode(mode: TorchFunctionMode) -> bool:
-    """Take `mode` off the stack wherever it is, leaving the others in order. False if it was not there.
-
-    Normally `mode` is on top and this is one pop. If code pushed another mode above it and did not pop it
-    (it raised), the modes above are popped, `mode` is dropped, and they are pushed back.
-    """
-    stack = torch.overrides._get_current_function_mode_stack()
-    if not any(m is mode for m in stack):
-        return False
-    above: list[TorchFunctionMode] = []
-    while True:
-        top = torch.overrides._pop_mode()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch.overrides._push_mode(m)
-    return True
 
 
 # --- keys ------------------------------------------------------------------------------------------------------
@@ -249,30 +217,6 @@ class MemoMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class ModeScope:
-    """Pushes and removes one mode, at most once at a time: a scope whose ends are hooks, not a `with` block.
-
-    `close()` is safe to call any number of times and takes the mode off the stack wherever it is.
-    """
-
-    def __init__(self, mode: TorchFunctionMode) -> None:
-        self.mode = mode
-        self.active = False
-
-    def open(self) -> bool:
-        """Push the mode unless it is already on; True if this call pushed it."""
-        if self.active:
-            return False
-        push_mode(self.mode)
-        self.active = True
-        return True
-
-    def close(self) -> None:
-        if self.active:
-            self.active = False
-            remove_mode(self.mode)
-
-
 # --- hooks -------------------------------------------------------------------------------------------------
 
 
@@ -370,19 +314,14 @@ def _inactive_reason(spec: Spec, adapter: AdapterSpec) -> str | None:
     """Why memo attaches nothing for this spec and adapter, or None when it attaches."""
     if adapter.memo_scope == "none":
         return f"adapter {adapter.name!r} declares memo_scope='none' (no per-step host-data tensors known)"
-    if spec.compile is not None and not spec.compile.regional:
-        return "Compile(regional=False) compiles the prologue itself (its constants are baked into the graph)"
-    return None
+    return compat.inactive_reason(NAME, spec, adapter)
 
 
-class _MemoFeature:
+class _MemoFeature(BaseFeature):
     """Plugs memoization into `hookkit.enable`: `Spec.memo`, scoped by the adapter's `memo_scope`."""
 
     name = NAME
-    fields = ("memo",)
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.memo
+    spec_class = bool
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         if _inactive_reason(ctx.spec, ctx.adapter) is not None:
@@ -391,26 +330,26 @@ class _MemoFeature:
         return [Attachment(feature=NAME, target="", name=PROLOGUE_HOOK, params=(("first_block", path),)),
                 Attachment(feature=NAME, target=path, name=FIRST_BLOCK_HOOK)]
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
-        scope: ModeScope | None = handle.resources.get(NAME)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        scope: ModeScope | None = ctx.kept()
         if scope is None:
-            scope = handle.resources[NAME] = ModeScope(MemoMode(MemoTable()))
+            scope = ctx.keep(ModeScope(MemoMode(MemoTable())))
             logger.info("memo: torch.tensor/as_tensor with plain Python data memoized in the {} prologue",
-                        handle.plan.transformer_class)
+                        ctx.plan.transformer_class)
         if attachment.name == PROLOGUE_HOOK:
-            first_block = module_at(handle.transformer, attachment.param("first_block"))
-            return add_hook(handle.transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))
-        return add_hook(module_at(handle.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
+            first_block = module_at(ctx.transformer, attachment.param("first_block"))
+            return add_hook(ctx.transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))
+        return add_hook(module_at(ctx.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
                         position=0)
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        scope: ModeScope | None = handle.resources.get(NAME)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        scope: ModeScope | None = ctx.kept()
         if scope is None:
-            reason = _inactive_reason(handle.spec, handle.adapter) or "nothing attached"
-            data: dict[str, Any] = {"scope": handle.adapter.memo_scope, "attached": False, "reason": reason}
+            reason = _inactive_reason(ctx.spec, ctx.adapter) or "nothing attached"
+            data: dict[str, Any] = {"scope": ctx.adapter.memo_scope, "attached": False, "reason": reason}
             return FeatureSummary(name=NAME, data=data, text=f"{reason}: nothing attached")
         stats = scope.mode.table.stats()
-        data = {"scope": handle.adapter.memo_scope, "attached": True, **stats}
+        data = {"scope": ctx.adapter.memo_scope, "attached": True, **stats}
         text = table(["scope", "hits", "misses", "rebuilt", "not memoizable", "table full", "entries"],
                      [[data["scope"], stats["hits"], stats["misses"], stats["rebuilt"], stats["passed"], stats["overflow"],
                        stats["entries"]]])

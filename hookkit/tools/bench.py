@@ -44,10 +44,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def available_fields() -> frozenset[str]:
-    """`Spec` fields some installed technique implements (the modules listed in `hookkit.core.feature.TECHNIQUES`)."""
-    from hookkit.core.feature import registered_features
+    """`Spec` fields some installed technique implements (the keys of `hookkit.features.FEATURES`)."""
+    from hookkit.features import FEATURES
 
-    return frozenset(f for feature in registered_features() for f in getattr(feature, "fields", ()))
+    return frozenset(FEATURES)
 
 
 def tiny_models() -> tuple[str, ...]:
@@ -788,7 +788,7 @@ def _status_line(row: dict[str, Any]) -> str:
 
 def cache_stats(features: dict[str, Any]) -> tuple[int, int] | None:
     """(cached, total) transformer steps from the DBCache summary data, summed over CFG branches."""
-    data = features.get("dbcache") or features.get("cache")
+    data = features.get("cache") or features.get("dbcache")  # "dbcache": result files written before 0.1
     if not isinstance(data, dict) or not isinstance(data.get("branches"), dict):
         return None
     cached = total = 0

@@ -238,7 +238,7 @@ def _feature_lines(summary: Any) -> list[str]:
     lines = []
     for name, feature in summary.features.items():
         data = feature.data
-        stats = bench.cache_stats({name: data}) if name in ("dbcache", "cache") else None
+        stats = bench.cache_stats({name: data}) if name == "cache" else None
         if stats is not None:
             cached = sorted({s for b in data["branches"].values() for s in b.get("cached", ())})
             lines.append(f"Cached Steps: {stats[0]} of {stats[1]} transformer steps"
@@ -251,7 +251,7 @@ def _feature_lines(summary: Any) -> list[str]:
         elif name == "memo" and "hits" in data:
             lines.append(f"Memoized Tensors: {data['hits']} hits, {data.get('misses', '?')} misses "
                          f"({data.get('scope', '?')} scope)")
-        elif name == "sync" and "host_reads" in data:
+        elif name == "sync_free" and "host_reads" in data:
             lines.append(f"Sync-free Loop: {data.get('scheduler', '?')}, timestep reads answered on the host: "
                          f"{data['host_reads']}, schedule copies: {data.get('host_copies', '?')}")
         elif name == "compile" and "regions" in data:

@@ -69,36 +69,28 @@ import inspect
 import math
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from loguru import logger
 
 from hookkit.adapters import BlockListSpec
-from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.graphs import GraphDecisions
+from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
-from hookkit.core.plan import (
-    Attachment,
-    PlanContext,
-    Removable,
-    add_hook,
-    flat_blocks,
-    module_at,
-)
-from hookkit.spec import Spec
-from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, Summary, table
+from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
+from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
-
-NAME = "dbcache"
-ENTRY_HOOK = "hookkit.dbcache.entry"
-MIDDLE_HOOK = "hookkit.dbcache.middle"
+NAME = "cache"
+ENTRY_HOOK = "hookkit.cache.entry"
+MIDDLE_HOOK = "hookkit.cache.middle"
 PERCENTILES = (("P00", 0.0), ("P25", 25.0), ("P50", 50.0), ("P75", 75.0), ("P95", 95.0))
 
-__all__ = ["FEATURE", "NAME", "apply_dbcache", "plot_cache_diffs"]
+__all__ = ["FEATURE", "NAME", "graph_bridge", "plot_cache_diffs"]
 
 
 # --- layout (fixed at attach time) -------------------------------------------------------------------------
@@ -266,7 +258,7 @@ def _fits(branch: _Branch, middle: tuple[torch.Tensor, Any]) -> bool:
 
 
 class _CallState:
-    """Everything DBCache keeps during one pipeline call (lives in `handle.state.features["dbcache"]`)."""
+    """Everything DBCache keeps during one pipeline call (lives in `CallState.features["cache"]`)."""
 
     def __init__(self, layout: _Layout, num_steps: int | None) -> None:
         spec = layout.spec
@@ -311,7 +303,7 @@ class _CallState:
         """
         branch = self.branch_at(branch_index)
         self.branch, self.branch_index, self.step = branch, branch_index, step
-        cached = self._rules(step, branch, fn_residual, middle)
+        cached = self.rules(step, branch, fn_residual, middle)
         if not cached and fn_residual is not None:
             branch.fn_ref = fn_residual
         branch.record(step, cached)
@@ -332,8 +324,9 @@ class _CallState:
         self.branch, self.branch_index, self.step = self.branch_at(branch_index), branch_index, step
         self.skip = cached
 
-    def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
-               middle: tuple[torch.Tensor, Any] | None = None) -> bool:
+    def rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
+              middle: tuple[torch.Tensor, Any] | None = None) -> bool:
+        """The module docstring's rules, in order; records nothing (`decide` records)."""
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
             return False
@@ -366,10 +359,11 @@ class _CallState:
 
 
 class _Shared:
-    """What all DBCache hooks of one handle share: the handle (for its clock and state) and the layout."""
+    """What all DBCache hooks of one handle share: the attach context (for the clock and state) and the layout."""
 
-    def __init__(self, handle: Handle, layout: _Layout) -> None:
-        self.handle = handle
+    def __init__(self, ctx: AttachContext, layout: _Layout) -> None:
+        #: the cache's attach context: the transformer, the pipeline and the per-call state the hooks read
+        self.handle = ctx
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
         self.graph: GraphBridge | None = None
@@ -516,7 +510,7 @@ class GraphBridge:
         """
         state = self.shared.handle.state
         cs = self.shared.call_state()
-        cached = cs._rules(state.step, cs.branch_at(state.branch), None)
+        cached = cs.rules(state.step, cs.branch_at(state.branch), None)
         return state.branch, cached and cs.graph_shapes.get(state.branch) == shapes
 
     @contextlib.contextmanager
@@ -570,12 +564,12 @@ class GraphBridge:
         cs.transformer_calls += 1
 
 
-def graph_bridge(handle: Handle) -> GraphBridge | None:
-    """Install (once) and return the bridge of a handle with DBCache, or None without DBCache."""
-    found = handle.resources.get(NAME)
-    if found is None:
-        return None
-    shared = found[0]
+def graph_bridge(handle: Any) -> GraphBridge | None:
+    """Install (once) and return the bridge of a `hookkit.Handle` with DBCache, or None without DBCache."""
+    return handle.service(GraphDecisions)
+
+
+def _install_bridge(shared: _Shared) -> GraphBridge:
     if shared.graph is None:
         shared.graph = GraphBridge(shared)
     return shared.graph
@@ -584,14 +578,11 @@ def graph_bridge(handle: Handle) -> GraphBridge | None:
 # --- feature ------------------------------------------------------------------------------------------------
 
 
-class _DBCacheFeature:
+class _CacheFeature(BaseFeature):
     """Plugs DBCache into `hookkit.enable`: `Spec.cache`."""
 
     name = NAME
-    fields = ("cache",)
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.cache is not None
+    spec_class = DBCache
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         spec = ctx.spec.cache
@@ -608,39 +599,48 @@ class _DBCacheFeature:
                                   params=(("last", i == last),)))
         return out
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
-        shared, specs = self._shared(handle)
-        module = module_at(handle.transformer, attachment.target)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        shared, specs = self._shared(ctx)
+        module = module_at(ctx.transformer, attachment.target)
         io = _BlockIO(module, specs[attachment.target], attachment.target)
         if attachment.name == ENTRY_HOOK:
             return add_hook(module, ENTRY_HOOK, DBCacheEntryHook(shared, io))
         hook = DBCacheMiddleHook(shared, io, last=attachment.param("last"))
         return add_hook(module, MIDDLE_HOOK, hook)
 
-    def _shared(self, handle: Handle) -> tuple[_Shared, dict[str, BlockListSpec]]:
-        """The hooks' shared object, made at the first attachment and kept in `handle.resources`."""
-        found = handle.resources.get(NAME)
+    def _shared(self, ctx: AttachContext) -> tuple[_Shared, dict[str, BlockListSpec]]:
+        """The hooks' shared object, made at the first attachment and kept in the feature's slot."""
+        found: _Slot | None = ctx.kept()
         if found is None:
-            blocks = flat_blocks(handle.adapter, handle.transformer)
-            layout = _layout(handle.spec.cache, len(blocks))  # type: ignore[arg-type]
-            found = handle.resources[NAME] = (_Shared(handle, layout), {path: spec for path, spec, _ in blocks})
+            blocks = flat_blocks(ctx.adapter, ctx.transformer)
+            layout = _layout(ctx.spec.cache, len(blocks))  # type: ignore[arg-type]
+            shared = _Shared(ctx, layout)
+            found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
+            ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
             logger.info(
-                "dbcache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
+                "cache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
                 layout.num_middle, layout.spec.bn_blocks,
                 "one host read per decided step and branch" if layout.needs_diff else "no host read (no diff needed)",
             )
-        return found
+        return found.shared, found.blocks
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        found = handle.resources.get(NAME)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        found: _Slot | None = ctx.kept()
         if found is None:
             return None
-        layout = found[0].layout
-        cs: _CallState | None = handle.state.features.get(NAME)
-        return _summary(layout, cs, handle.state.generation)
+        cs: _CallState | None = ctx.state.features.get(NAME)
+        return _summary(found.shared.layout, cs, ctx.state.generation)
 
 
-FEATURE = _DBCacheFeature()
+@attrs.define
+class _Slot:
+    """What the cache keeps per handle: the hooks' shared state and each hooked block's list spec."""
+
+    shared: _Shared
+    blocks: dict[str, BlockListSpec]
+
+
+FEATURE = _CacheFeature()
 
 
 # --- statistics ---------------------------------------------------------------------------------------------
@@ -713,7 +713,7 @@ def _render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_cache_diffs(source: Handle | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
+def plot_cache_diffs(source: Any | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
     """Write a PNG of each branch's diff per step against the threshold, cached steps shaded.
 
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
@@ -758,21 +758,3 @@ def _plot_data(source: Any) -> dict[str, Any]:
         f"its data, got {type(source).__name__} without DBCache statistics. "
         "Enable hookkit.Spec(cache=hookkit.DBCache(...))."
     )
-
-
-# --- public API ---------------------------------------------------------------------------------------------
-
-
-def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = None) -> Handle:
-    """Turn DBCache on for a bare transformer (or a pipeline); returns the handle (`.remove()` undoes it).
-
-    Same as `hookkit.enable(transformer, hookkit.Spec(cache=spec), adapter=adapter)`: the cache needs the
-    per-call clock (step and CFG branch) that `enable` installs. Wrap each generation of a bare transformer
-    in `with handle.generation(num_steps=N):` (a call outside one raises: nothing would reset the cache).
-    """
-    from hookkit.core.handle import enable
-
-    if not isinstance(spec, DBCache):
-        raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}. "
-                        "Pass one, e.g. hookkit.DBCache().")
-    return enable(transformer, Spec(cache=spec), adapter=adapter)

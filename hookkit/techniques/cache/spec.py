@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
@@ -44,7 +44,6 @@ class DBCache:
     residual is added instead; the last `bn_blocks` always run.
     """
 
-    NAME: ClassVar[str] = "cache"
     fn_blocks: int = attrs.field(default=1, validator=int_field(1))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
     #: defaults (F1B0, threshold 0.24, TaylorSeer order 1, 8 warm-up steps) measured on hookkit's trained tiny

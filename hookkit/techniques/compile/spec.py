@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 
 from hookkit.core.validate import boolean, choice
@@ -19,7 +17,6 @@ class Compile:
     regional compilation (GPU only).
     """
 
-    NAME: ClassVar[str] = "compile"
     regional: bool = attrs.field(default=True, validator=boolean)
     mode: str | None = attrs.field(default=None, validator=choice(*COMPILE_MODES))
     fullgraph: bool = attrs.field(default=True, validator=boolean)

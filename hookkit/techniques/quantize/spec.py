@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
@@ -17,7 +17,6 @@ QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "in
 class Quantize:
     """torchao weight quantization of the transformer's Linear layers, selected by the adapter and rules."""
 
-    NAME: ClassVar[str] = "quantize"
     scheme: str = attrs.field(validator=choice(*QUANT_SCHEMES))
     region: str = attrs.field(default="repeated_blocks", validator=choice("repeated_blocks", "all"))
     exclude: tuple[str, ...] = attrs.field(default=(), converter=to_tuple, validator=str_tuple)

@@ -57,25 +57,23 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.plan import Attachment, PlanContext, module_at
+from hookkit.core.removal import Removal
+from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.quantize.filters import Predicate
-from hookkit.core.plan import Attachment, PlanContext, module_at
-from hookkit.spec import Spec
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
-from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
-
+NAME = "quantize"
 QUANTIZE_HOOK = "hookkit.quantize"
-_RESOURCE = "quantize"
 
 # Reasons a Linear is skipped: stable strings, part of the report's data.
 EXCLUDED = "excluded by name"
@@ -322,13 +320,6 @@ def _is_plain(weight: torch.Tensor) -> bool:
     return type(weight) in (torch.nn.Parameter, torch.Tensor)
 
 
-def _region_prefixes(transformer: torch.nn.Module, adapter: AdapterSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(repeated block classes, their module paths) in the transformer."""
-    classes = adapter.repeated_blocks or tuple(dict.fromkeys(c for b in adapter.blocks for c in b.classes))
-    paths = tuple(p for p, m in transformer.named_modules() if p and type(m).__name__ in classes)
-    return classes, paths
-
-
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
     """Decide for every Linear of `transformer` whether `spec` quantizes it, and why not. Reads only."""
     if not isinstance(spec, Quantize):
@@ -336,7 +327,7 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
                         "Pass one, e.g. select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
     info = SCHEMES[spec.scheme]
-    classes, prefixes = _region_prefixes(transformer, adapter)
+    classes, prefixes = adapter.repeated_block_classes(), adapter.repeated_block_paths(transformer)
     region_on = spec.region == "repeated_blocks"
     decisions = []
     for path, module in transformer.named_modules():
@@ -390,7 +381,7 @@ def _root_only(module: torch.nn.Module, fqn: str) -> bool:
     return fqn == ""
 
 
-class QuantizedLayer:
+class QuantizedLayer(Removal):
     """One Linear whose weight torchao replaced. `remove()` puts the original back when it was kept.
 
     If torchao fails, or leaves the weight a plain tensor (it skips layers it cannot take, yet still installs
@@ -447,9 +438,9 @@ class QuantizedLayer:
         module.__dict__.update(self._replaced)
         self._weight = self._bias = None
 
-    def remove(self) -> None:
+    def _undo(self) -> None:
         module = self._module
-        if module is None:
+        if module is None:  # already restored (the constructor's failure path)
             return
         if self._weight is None:
             self._module = None
@@ -576,12 +567,11 @@ def _selection_changed(planned: list[str], now: list[str]) -> str:
             "filter_fn and enable again.")
 
 
-class _QuantizeFeature:
-    name = "quantize"
-    fields = ("quantize",)
+class _QuantizeFeature(BaseFeature):
+    """Plugs quantization into `hookkit.enable`: `Spec.quantize`."""
 
-    def enabled(self, spec: Spec) -> bool:
-        return spec.quantize is not None
+    name = NAME
+    spec_class = Quantize
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         report = select_layers(ctx.transformer, ctx.spec.quantize, ctx.adapter)
@@ -590,39 +580,38 @@ class _QuantizeFeature:
         return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
                            params=(("scheme", report.scheme),)) for d in report.chosen]
 
-    def _session(self, handle: Handle) -> _Session:
+    def _session(self, ctx: AttachContext) -> _Session:
         """Made at the first quantize attach, before any weight changes: selection check, hardware, config."""
-        session = handle.resources.get(_RESOURCE)
+        session: _Session | None = ctx.kept()
         if session is None:
-            spec: Quantize = handle.spec.quantize
-            report = select_layers(handle.transformer, spec, handle.adapter)
-            planned = [a.target for a in handle.plan.attachments if a.feature == self.name]
+            spec: Quantize = ctx.spec.quantize  # type: ignore[assignment]
+            report = select_layers(ctx.transformer, spec, ctx.adapter)
+            planned = [a.target for a in ctx.attachments()]
             now = [d.path for d in report.chosen]
             if planned != now:
                 raise HookError(_selection_changed(planned, now))
-            session = _Session(report=report, config=_checked_config(handle.transformer, report))
-            handle.resources[_RESOURCE] = session
+            session = ctx.keep(_Session(report=report, config=_checked_config(ctx.transformer, report)))
             logger.info("quantizing {} of {} Linear layers with {}", len(planned), len(report.layers), spec.scheme)
         return session
 
-    def attach(self, handle: Handle, attachment: Attachment) -> QuantizedLayer:
-        session = self._session(handle)
-        module = module_at(handle.transformer, attachment.target)
-        return QuantizedLayer(module, attachment.target, session.config, handle.spec.quantize.keep_original)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> QuantizedLayer:
+        session = self._session(ctx)
+        module = module_at(ctx.transformer, attachment.target)
+        return QuantizedLayer(module, attachment.target, session.config, ctx.spec.quantize.keep_original)
 
-    def check_removable(self, handle: Handle) -> None:
+    def check_removable(self, ctx: AttachContext) -> None:
         """Called by `Handle.remove` before anything is removed: refuse when weights cannot be restored."""
-        spec: Quantize = handle.spec.quantize
-        session: _Session | None = handle.resources.get(_RESOURCE)
+        spec: Quantize = ctx.spec.quantize  # type: ignore[assignment]
+        session: _Session | None = ctx.kept()
         if spec.keep_original is None and session is not None and session.report.chosen:
             raise EnableError(_refusal(spec.scheme, len(session.report.chosen), "hookkit.disable"))
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        session: _Session | None = handle.resources.get(_RESOURCE)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        session: _Session | None = ctx.kept()
         if session is None:  # a live handle always has one, unless a removal failed midway and cleared it
             return None
         data = session.report.to_data()
-        data["keep_original"] = handle.spec.quantize.keep_original
+        data["keep_original"] = ctx.spec.quantize.keep_original  # type: ignore[union-attr]
         return FeatureSummary(name=self.name, data=data, text=session.report.render())
 
 
