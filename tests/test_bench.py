@@ -155,7 +155,7 @@ def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
     assert "regional-compile-ro: skipped (needs a CUDA device)" in notes
 
 
-def test_unknown_configuration_is_a_spec_error_naming_the_known_ones() -> None:
+def test_unknown_configuration_is_a_field_error_naming_the_known_ones() -> None:
     with pytest.raises(SpecError, match=r"--configs: unknown configuration 'turbo'; known: \['eager', "):
         bench.select_configs(["eager", "turbo"], torch.device("cpu"))
 

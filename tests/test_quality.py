@@ -16,7 +16,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import hookkit
-from hookkit.tools import quality, trained, zoo
+from hookkit.tools import bench, quality, trained, zoo
 from hookkit.errors import SpecError
 from hookkit.tools.quality import BlockCounter, QualityConfig
 
@@ -53,8 +53,8 @@ def test_ssim_needs_images_at_least_as_large_as_its_window() -> None:
 
 
 def test_psnr_of_an_error_and_of_none() -> None:
-    assert quality.psnr(0.01) == pytest.approx(20.0)
-    assert quality.psnr(0.0) == math.inf
+    assert bench.psnr_from_mse(0.01) == pytest.approx(20.0)
+    assert bench.psnr_from_mse(0.0) == math.inf
 
 
 # --- counting blocks ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from hookkit.errors import AdapterError
+from hookkit.errors import AdapterError, field_error
 
 STREAMS = ("hidden_states", "encoder_hidden_states")
 CFG_STYLES = ("batched", "separate")
@@ -25,10 +25,8 @@ MEMO_SCOPES = ("none", "prologue")
 
 
 def _fail(where: str, field: str, value: Any, expected: str, fix: str = "") -> AdapterError:
-    msg = f"adapter {where}: field {field!r} expected {expected}, got {value!r}."
-    if fix:
-        msg += f" {fix}"
-    return AdapterError(msg)
+    """`errors.field_error` for an adapter: `adapter 'name' (source).field: expected ..., got ....`"""
+    return field_error(f"adapter {where}", field, value, expected, fix, error=AdapterError)
 
 
 def _tuple(value: Any) -> Any:

@@ -277,7 +277,7 @@ class MemoHandle:
 def _first_block_path(adapter: AdapterSpec, transformer: torch.nn.Module) -> str:
     blocks = flat_blocks(adapter, transformer)
     if not blocks:
-        raise AdapterError(f"adapter {adapter.name!r}: field 'blocks' expected at least one block in "
+        raise AdapterError(f"adapter {adapter.name!r}.blocks: expected at least one block in "
                            f"{type(transformer).__name__}, got none (memo ends its scope at the first block). "
                            "Declare the transformer's block lists in the adapter's `blocks`, or leave memo off.")
     return blocks[0][0]

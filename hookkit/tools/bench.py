@@ -381,9 +381,12 @@ def psnr(reference: torch.Tensor, output: torch.Tensor, peak: float | None = Non
     mse = torch.mean((ref - out) ** 2).item()
     if peak is None:
         peak = (ref.max() - ref.min()).item() or 1.0
-    if mse == 0.0:
-        return math.inf
-    return 10.0 * math.log10(peak * peak / mse)
+    return psnr_from_mse(mse, peak)
+
+
+def psnr_from_mse(mse: float, peak: float = 1.0) -> float:
+    """PSNR in dB of a mean squared error against `peak`; `math.inf` when it is 0 (bitwise-equal outputs)."""
+    return math.inf if mse == 0 else 10.0 * math.log10(peak * peak / mse)
 
 
 # --- configurations --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from hookkit.core.validate import float_field, choice, int_field, is_int, owner, to_tuple
-from hookkit.errors import SpecError, spec_error
+from hookkit.errors import SpecError, field_error
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
@@ -29,10 +29,10 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         return
     if isinstance(value, str):
         if value not in MASK_POLICIES:
-            raise spec_error(owner(inst), attr.name, value, f"one of {tuple(MASK_POLICIES)} or a list of 0/1")
+            raise field_error(owner(inst), attr.name, value, f"one of {tuple(MASK_POLICIES)} or a list of 0/1")
         return
     if not isinstance(value, tuple) or not value or any(not is_int(v) or v not in (0, 1) for v in value):
-        raise spec_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
+        raise field_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
 
 
 @attrs.frozen(kw_only=True)

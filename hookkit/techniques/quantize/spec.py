@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from hookkit.core.validate import choice, int_field, str_tuple, to_tuple
-from hookkit.errors import spec_error
+from hookkit.errors import field_error
 
 QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "int8_weight_only", "nvfp4", "mxfp8")
 
@@ -28,4 +28,4 @@ class Quantize:
     @filter_fn.validator
     def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:
         if value is not None and not callable(value):
-            raise spec_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
+            raise field_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
