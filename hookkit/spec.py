@@ -1,6 +1,6 @@
 """`Spec`: everything to turn on for one transformer, composed of the techniques' own specs.
 
-Specs are pure data. Hooks read them and never change them; per-call state lives in the handle.
+Specs are pure data. Hooks read them and never change them; per-call state lives in `CallState`.
 A bad value raises `hookkit.errors.SpecError` naming the field, the value and what is allowed. Every spec
 round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 """
@@ -21,7 +21,16 @@ from hookkit.techniques.quantize.spec import Quantize
 @attrs.frozen(kw_only=True)
 class Spec:
     """Everything to turn on for one transformer. Every feature is optional; `Spec()` turns on nothing
-    but the per-call bookkeeping (and is still a valid, removable attachment)."""
+    but the per-call bookkeeping (and is still a valid, removable attachment). Which features combine is
+    in `hookkit.core.compat`.
+
+    Args:
+        cache: DBCache residual caching (`hookkit.DBCache`), or None (default).
+        quantize: torchao quantization of the Linear layers (`hookkit.Quantize`), or None (default).
+        compile: regional or whole torch.compile, CUDA graphs (`hookkit.Compile`), or None (default).
+        sync_free: keep the denoising loop free of host syncs (default False; needs a pipeline).
+        memo: memoize index tensors built from Python data in the adapter's `memo_scope` (default False).
+    """
 
     cache: DBCache | None = attrs.field(default=None, validator=instance_of(DBCache, "a hookkit.DBCache"))
     quantize: Quantize | None = attrs.field(default=None, validator=instance_of(Quantize, "a hookkit.Quantize"))

@@ -1,6 +1,7 @@
-"""`hookkit.enable` / `hookkit.disable` and the `Handle` they hand out.
+"""The `Handle` that `hookkit.enable` hands out, and the enable / disable machinery over a feature table.
 
-enable: resolve the adapter (exact class), build the plan (pure data), attach it all or nothing.
+`enable_with`: resolve the adapter (exact class), apply the compat table, build the plan (pure data) from
+the features of a `FeatureTable`, attach it all or nothing (`hookkit.enable` passes the shipped table).
 The handle owns every removable and the per-call state; `remove()` undoes everything in reverse order,
 after which the pipeline is exactly as before (its output bitwise equal to a never-hooked run).
 

@@ -1,24 +1,16 @@
 """The hook core: `ModelHook` and one ordered, named `HookRegistry` per module.
 
-How a hooked module runs
-------------------------
 The first hook on a module puts two entries into `module.__dict__`: `forward` (a wrapper that runs the
 chain) and `_hookkit_registry`. Removing the last hook deletes both, so the module is exactly as it was:
-`module.forward` is the class's again (or whatever instance `forward` it had before), nothing is left in
-`module.__dict__`, and no reference cycle keeps it alive. Nothing is ever set on a class.
-`copy.deepcopy` of a hooked module raises: the copy would run this module's hooks (remove them first).
+nothing is left in `module.__dict__`, no reference cycle keeps it alive, nothing is ever set on a class.
+`copy.deepcopy` and pickling of a hooked module raise (the copy would run this module's hooks).
 
-Hooks run in registry order, which is explicit data (`registry.names`): for hooks `[a, b]`,
-`a.pre_forward -> b.pre_forward -> forward -> b.post_forward -> a.post_forward`. `position=` on
-`register` inserts anywhere; `remove(name)` takes a hook out of the middle of the chain.
-
-Compiled regions
-----------------
-`module.compile()` compiles `module._call_impl`, which calls `module.forward`: hooks registered on that
-module are *traced into the graph* (a `.clone()` there is compiled away; a Python side effect becomes a
-guard or a graph break). Hooks on a module compiled with `registry.set_inner(torch.compile(forward))` —
-what `hookkit.Compile` does — run *outside* the compiled region, in eager Python, around it. hookkit
-compiles that way so that decisions (caching) and copies (CUDA-graph safety) stay outside the graph.
+Hooks run in registry order (`registry.names`): for hooks `[a, b]`, `a.pre_forward -> b.pre_forward ->
+forward -> b.post_forward -> a.post_forward`; `position=` inserts anywhere, `remove(name)` takes a hook out
+of the middle. `set_inner(fn)` replaces the callable at the centre of the chain: `hookkit.Compile` installs
+`torch.compile(forward)` there, so hooks run *outside* the compiled region, in eager Python, and decisions
+(caching) and copies (CUDA-graph safety) are never traced into a graph. (`module.compile()` would trace the
+hooks into the graph instead: a `.clone()` there is compiled away.)
 """
 
 from __future__ import annotations

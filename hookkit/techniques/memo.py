@@ -1,47 +1,22 @@
 """Memoized index tensors: build small host-data tensors once, not at every denoising step.
 
-Why: some transformers build index tensors from Python lists in their prologue at every call. Qwen-Image
-with `zero_cond_t=True` runs
+Why: some transformers build index tensors from Python lists in their prologue at every call (Qwen-Image's
+`modulate_index = torch.tensor([...], device=...)`). On a CUDA device each is a pageable host-to-device
+copy: the CPU waits until the GPU has drained its queue. The values depend only on the call's shapes.
 
-    modulate_index = torch.tensor([[0] * n0 + [1] * n1 for ...], device=timestep.device, dtype=torch.int)
+How: `MemoMode`, a `TorchFunctionMode`, answers `torch.tensor`/`torch.as_tensor` calls whose data are plain
+Python (keyed by value, scalar types and float bits, dtype and device) from a `MemoTable`, only in the scope
+the adapter names (`memo_scope = "prologue"`: from the transformer's entry to its first block), so blocks
+run with no mode on the stack. Factories that launch a kernel (`arange`, `zeros`) are left alone.
 
-every step, and `compute_text_seq_len_from_mask` runs `torch.as_tensor(text_seq_len, device=...)`. With a
-CUDA device each is a pageable host-to-device copy: the CPU waits until the GPU has drained its queue
-(seed 004). The values depend only on the call's shapes, so the second step onwards can reuse the first
-step's tensor.
+Contract: a memoized tensor is shared by every call asking for the same value; an in-place change or
+`requires_grad_()` is detected (version counter) and the entry rebuilt. Entries are built outside inference
+mode and never evicted while the handle lives (a captured CUDA graph reads their memory at every replay);
+past `MAX_ENTRIES` values, new ones are built normally. With `Compile(regional=False)` the prologue itself is
+compiled and memo attaches nothing (`hookkit.core.compat`).
 
-How: `MemoMode`, a `TorchFunctionMode`, memoizes `torch.tensor` and `torch.as_tensor` calls whose data
-are plain Python (int, float, bool and nested lists/tuples of them), keyed by value (with each scalar's
-type and a float's exact bits), dtype (or the default dtype it would infer) and device. It is active only
-in the scope the adapter names: `memo_scope = "prologue"` is from the transformer's entry to its first
-block call. A hook on the transformer pushes the mode (and pops it on exit, also on an exception, if no
-block ran); a hook on the first block pops it. Blocks therefore run with no mode on the stack: the
-interception costs nothing where the work is. `torch.arange`/`full`/`zeros` are not memoized: they launch
-a kernel and never wait for the host, so memoizing them would save a launch and share more tensors.
-
-Contract: a memoized tensor is shared by every call that asks for the same value. Callers must not
-modify it in place. An in-place change is detected (the tensor's version counter moves), as is
-`requires_grad_()`, and the entry is rebuilt at the next lookup, but a caller that still holds the tensor
-sees the change. Stored tensors are built outside inference mode, even under `torch.inference_mode()`:
-inference tensors have no version counter (the check would be blind there), and one memoized in inference
-mode would raise "Inference tensors cannot be saved for backward" when a later call runs with autograd.
-Used inside inference mode they behave as stock (results are inference tensors). The table lives in
-`handle.resources` and stays valid across pipeline calls because it is keyed by value. Entries are never
-evicted while the handle lives: a CUDA graph captured over the prologue (whole-transformer graphs) reads
-the memoized tensor's memory at every replay, so freeing it would be silent corruption. Past
-`MAX_ENTRIES` distinct values, new ones are built normally and not stored.
-
-Compilation: under hookkit's `Compile` the hooks run outside the compiled regions, so blocks compiled
-regionally are fine. With `Compile(regional=False)` the prologue itself is compiled (its constants are baked
-into the graph), so memo attaches nothing. If the first block was compiled by other means
-(`Module.compile()`, e.g. diffusers' `compile_repeated_blocks`), the closing hook would be traced into its
-graph; memo then stands aside for that call.
-
-    from hookkit.techniques.memo import apply_memo
-    memo = apply_memo(pipe.transformer)     # or hookkit.enable(pipe, hookkit.Spec(memo=True))
-    pipe(...)
-    print(memo.table.stats())               # hits, misses, ...
-    memo.remove()
+    memo = apply_memo(pipe.transformer)     # standalone; or hookkit.enable(pipe, hookkit.Spec(memo=True))
+    pipe(...); print(memo.table.stats()); memo.remove()
 """
 
 from __future__ import annotations

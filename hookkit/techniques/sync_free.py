@@ -1,41 +1,22 @@
 """Sync-free denoising loop: the scheduler reads its schedule from the host, not back from the GPU.
 
-Why: a pipeline iterates `scheduler.timesteps`, which lives on the GPU, and hands each `t` back to the
-scheduler. Wherever the scheduler (or the pipeline) turns that `t` into a host value, the CPU waits until the
-GPU has drained its queue. CogVideoX with its DDIM scheduler does it four times a step: 79 stalls in 20 steps
-(seed 003). No pipeline or scheduler is edited here; three patches, each exact:
+Why: a pipeline iterates `scheduler.timesteps` on the GPU and hands each `t` back to the scheduler; wherever
+that `t` becomes a host value, the CPU waits for the GPU to drain its queue (CogVideoX's DDIM loop does it
+four times a step). Three exact patches, no pipeline or scheduler edited:
 
-1. Step-index search. A scheduler whose begin index is not set finds its step index by value
-   (`_init_step_index` -> `index_for_timestep`: `(timesteps == t).nonzero()` ... `.item()`), on the device.
-   hookkit runs the scheduler's own `index_for_timestep` on host tensors instead, hands the result to
-   `_init_step_index` as the begin index and clears it again: the same step index, the same scheduler state
-   afterwards, no device read. Unlike a blanket `set_begin_index(0)`, this is also right for a pipeline that
-   starts mid-schedule without telling the scheduler, and keeps the "second match" rule for repeated values.
-2. CPU tables. Schedulers that index CPU tables (`alphas_cumprod[timestep]`) in `step()`
-   (`CPU_TABLE_SCHEDULERS`) get, during `step()`, the host view of each timestep argument and of
-   `scheduler.timesteps`. Same values, so the same table entries; nothing is copied back from the GPU.
-3. Pipeline reads of `t`. Between the transformer's exit and `scheduler.step` (where CogVideoX's dynamic
-   CFG calls `t.item()`), a `TorchFunctionMode` answers `t.item()`, `float(t)`, `int(t)` and `t.tolist()`
-   from the host copy. Outside that window nothing is intercepted.
+1. Step-index search: the scheduler's own `index_for_timestep` runs on host tensors and its result is
+   handed to `_init_step_index` as the begin index (and cleared again): the same step index, no device read.
+2. CPU tables (`CPU_TABLE_SCHEDULERS`): during `step()` the timestep arguments and `scheduler.timesteps` are
+   their host views, so `alphas_cumprod[timestep]` needs no device read.
+3. Pipeline reads of `t` between the transformer's exit and `scheduler.step`: a `TorchFunctionMode` answers
+   `t.item()`, `float(t)`, `int(t)`, `t.tolist()` from the host copy.
 
-How a device timestep is mapped without reading the device: at `set_timesteps` hookkit records
-`scheduler.timesteps` (and keeps it alive). Every timestep a pipeline iterates is a view of that tensor's
-storage (`for t in timesteps`, `timesteps[i - 1]`, `timesteps[t_start:]`). `HostSchedule.map(t)` accepts `t`
-only if it is such a view (same storage, dtype, device) and the storage is unmodified since (version
-counter), and returns the same view (size, stride, offset) of a host copy of the storage, read from the
-device once per call. Anything else (a tensor computed from a timestep, a Python number) is left alone,
-which is stock behaviour. On a CPU pipeline there is nothing to save; the mapping still runs (that is what
-the CPU tests check).
+A device timestep is mapped only if it is a view of the recorded schedule's storage, unmodified since
+(`HostSchedule`), and becomes the same view of a host copy read once per call; anything else is left alone
+(stock behaviour). On a CPU pipeline the same mapping runs, which is what the CPU tests check.
 
-Reading the schedule costs one device read per call: right after `set_timesteps`, before the loop, for the
-CPU-table schedulers (they need it every step); at first need otherwise. Limits: the window of (3) covers
-the code between the transformer and `scheduler.step` only; a read elsewhere in the loop (e.g. before the
-transformer call) is not mapped. An exception raised inside that window leaves a pass-through mode on the
-thread's mode stack until the next transformer call, `set_timesteps`, or removal.
-
-    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))   # or apply_sync_free(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))
     video = pipe(prompt_embeds=..., use_dynamic_cfg=True).frames
-    print(handle.summary())
 """
 
 from __future__ import annotations

@@ -1,64 +1,23 @@
 """DBCache: skip the middle transformer blocks on steps where they would change little.
 
-The adapter's block lists, flattened in execution order, are split into three parts:
+The adapter's blocks, flattened in execution order, are split into Fn (the first `fn_blocks`, always run;
+their residual is the change detector), M (the middle blocks, skipped on cached steps) and Bn (the last
+`bn_blocks`, always run). On a computed step the middle blocks run and their residuals (output minus input,
+per stream) are stored; on a cached step every middle block returns its inputs untouched and the last one
+adds the stored residual (or, with `taylorseer_order`, its extrapolation). Which steps are cached is decided
+per CFG branch by the rules in `_CallState.rules`; all state is per pipeline call (`CallState.features`).
 
-    Fn = the first `fn_blocks` blocks      always run; their residual is the change detector
-    M  = the middle blocks                 run on computed steps, skipped on cached steps
-    Bn = the last `bn_blocks` blocks       always run (they refine the approximated hidden states)
+Host syncs: only a threshold decision reads the device, one `.item()` per step and branch; a static mask
+needs no read at all (and then no hook on block 0). Everything kept across steps is computed outside any
+compiled region, so outputs of compiled regions or CUDA graphs are never held across calls. Hooks run around
+the block's compiled callable (`HookRegistry.set_inner`), so a decision never becomes a graph break. Under
+whole-transformer CUDA graphs the cache provides `hookkit.core.graphs.GraphDecisions` (`GraphBridge`).
 
-On a computed step the middle blocks run and their residuals (output minus input, for the hidden stream and
-for the encoder stream where the blocks return it) are stored. On a cached step every middle block returns
-its inputs untouched without running (identity, in the block's own return order), and the last one adds
-the stored residual(s): hidden = Fn output + cached middle residual. With `taylorseer_order` 1 or 2 the
-residual is instead extrapolated from the last computed ones (Newton divided differences in step units).
-
-When a step is cached (per CFG branch, checked in this order; the first rule that applies decides):
-  1. no computed step yet in this branch            -> compute (nothing to reuse)
-  2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut to
-     the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
-  3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (limits and threshold are not
-     consulted); a 0 with "dynamic" goes on to the rules below
-  4. `max_cached_steps` cached steps already        -> compute
-  5. `max_continuous_cached_steps` cached in a row  -> compute (the run restarts at every computed step)
-  6. the diffs recorded so far sum to `max_accumulated_diff` -> compute (for the rest of the call)
-  7. threshold <= 0                                  -> compute
-  8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r (Fn output minus the input of block 0)
-     against r_ref, the Fn residual of this branch's last computed step: cache iff diff < threshold.
-
-Host syncs: only rule 8 reads the device, with exactly one `.item()` per step per branch (the diff is
-needed on the host to branch). Nothing else does: a static mask needs no device-to-host read at all, and
-then the Fn residual is not even computed (no hook on block 0). Everything this file keeps across steps
-(residuals, the Fn reference) is a fresh tensor computed outside any compiled region, so outputs of
-compiled regions or CUDA graphs are never held across calls.
-
-Regional compilation: the hooks run around the block's callable (`HookRegistry.set_inner`), never inside
-it, pass the block exactly the arguments the model gave, and add no Python scalars to its inputs: no graph
-break in a block and no recompilation from one step to the next.
-
-CFG: state is kept per `handle.state.branch` (0, 1 for pipelines that call the transformer twice per step,
-such as Qwen-Image with true_cfg_scale > 1 or Wan); batched CFG is one call, hence one branch. All state is
-per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call (on a bare
-transformer at every `with handle.generation():`; a transformer call outside any generation raises, and so does
-one after the generation's last step, which only a caller hookkit never saw start can make: another pipeline
-sharing the transformer with its own scheduler, or `pipe.transformer(...)` after a pipeline call).
-
-Statistics (`handle.summary()`): per branch the computed and cached steps, every measured diff and its
-percentiles, and the number of block calls that actually ran. `plot_cache_diffs(handle, "diffs.png")`
-draws the diffs against the threshold (needs matplotlib: `pip install hookkit[plot]`).
-
-Example::
-
-    import hookkit
-    from hookkit.techniques.cache.hooks import plot_cache_diffs
-
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0,
-                                                                      steps_mask="fast", mask_policy="static")))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
-    print(handle.summary())
-    handle.remove()
-
-Known limit: model code that adds to the hidden stream *between* middle blocks (Flux/Qwen-Image ControlNet
-residuals) still adds on cached steps, on top of a cached residual that already contains it.
+    print(handle.summary())           # per branch: computed and cached steps, diffs; plot_cache_diffs draws them
+Known limit: code that adds to the hidden stream *between* middle blocks (ControlNet residuals) still adds
+on cached steps, on top of a cached residual that already contains it.
 """
 
 from __future__ import annotations
@@ -326,7 +285,21 @@ class _CallState:
 
     def rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
               middle: tuple[torch.Tensor, Any] | None = None) -> bool:
-        """The module docstring's rules, in order; records nothing (`decide` records)."""
+        """Whether this call (step, branch) may reuse the middle residual; records nothing (`decide` records).
+
+        Checked in this order; the first rule that applies decides:
+          1. no computed step yet in this branch             -> compute (nothing to reuse)
+          2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut
+             to the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
+          3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (nothing below is consulted);
+             a 0 with "dynamic" goes on to the rules below
+          4. `max_cached_steps` cached steps already         -> compute
+          5. `max_continuous_cached_steps` cached in a row   -> compute (the run restarts at every computed step)
+          6. the diffs so far sum to `max_accumulated_diff`  -> compute (for the rest of the call)
+          7. threshold <= 0                                   -> compute
+          8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r against r_ref, the Fn residual of this
+             branch's last computed step: cache iff diff < threshold (the one `.item()` of a decision).
+        """
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
             return False

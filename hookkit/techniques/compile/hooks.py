@@ -1,32 +1,20 @@
 """Regional compilation, CUDA-graph safety by hooks, and whole-transformer CUDA graphs.
 
-Regional (`Compile(regional=True)`): every module of the adapter's repeated block classes gets
-`torch.compile(block.forward)` as the *inner* callable of its hook registry. Hooks on those blocks
-(DBCache decisions, clones) therefore run outside the compiled region, in eager Python, so a decision
-never becomes a graph break and a clone is never compiled away. (`block.compile()` would trace the hooks
-into the graph instead; see `hookkit.core.registry`.) CogVideoX works too: its class has no
-`_repeated_blocks`, the adapter names the class.
+Regional (`Compile(regional=True)`): every instance of the adapter's repeated block classes gets
+`torch.compile(block.forward)` as the *inner* callable of its hook registry, so the hooks on those blocks
+(cache decisions, clones) run outside the compiled region and never become graph breaks.
 
-CUDA-graph safety (`mode="reduce-overhead"` or `"max-autotune"`, or `backend="cudagraphs"`, which uses the
-same cudagraph trees: `uses_cudagraph_trees`): a CUDA-graph output lives in memory that the next replay
-of the same graph overwrites. Stock regional reduce-overhead fails on Flux with "accessing tensor output
-of CUDAGraphs that has been overwritten" because the cudagraph tree never learns where one transformer
-call ends. hookkit marks that boundary (`torch.compiler.cudagraph_mark_step_begin()`) in a pre hook on
-the transformer, outside every compiled region. That alone is correct for regional compilation, since
-the transformer's epilogue (norm_out, proj_out) is eager, so what outlives a call (CFG branch outputs,
-DBCache residuals, which are computed eagerly outside the regions) is never graph memory; it is also the
-cheapest option (measured on an H200 against cloning every region's outputs: BENCHMARKS.md). A whole
-compiled transformer's output *is* graph memory, so there hookkit also clones the transformer's outputs.
+CUDA-graph safety (inductor's CUDA-graph modes or `backend="cudagraphs"`): a graph output lives in memory
+that the next replay overwrites, and the cudagraph tree never learns where one transformer call ends.
+hookkit marks that boundary (`cudagraph_mark_step_begin`) in a pre hook on the transformer, outside every
+compiled region; with regional compilation nothing that outlives a call is graph memory. A wholly compiled
+transformer's outputs are, so they are also cloned.
 
-Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the blocks are compiled regionally
-(short warm-up, no cudagraph trees), then each transformer call is captured once per input signature with
-`torch.cuda.CUDAGraph` and replayed while the signature holds: inputs are copied into static buffers,
-outputs are cloned out, so CFG branches and repeated pipeline calls are safe. One replay replaces every
-kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *inside* the transformer do not
-run on replay; DBCache therefore works in this mode with decisions known before the call (a static step
-mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
-residuals live in persistent slots, and the statistics are kept by the graph hook
-(`hookkit.techniques.cache.hooks.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
+Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): blocks compiled regionally, then each
+transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the
+signature holds (inputs copied into static buffers, outputs cloned out). Hooks inside the transformer do not
+run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the
+cache with a static mask does): the decision becomes part of the graph key.
 """
 
 from __future__ import annotations
@@ -200,8 +188,8 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
 
 #: From torchao's recommended inductor settings for quantized models (`recommended_inductor_config_setter`),
 #: passed to *hookkit's own* `torch.compile` calls instead of changing the process-wide config. Its
-#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) did not finish
-#: within 4 minutes on an H200 (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
+#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) took far too
+#: long (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
 #: it would without quantization: the chosen mode means the same for quantized and unquantized models.
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
 

@@ -1,56 +1,22 @@
 """torchao weight quantization of a transformer's Linear layers, chosen by the adapter and explicit rules.
 
-    import hookkit
+`select_layers` decides for every `nn.Linear`, with one reason per skipped layer, in this order: facts
+nothing overrides ("already quantized", "LoRA adapter"); the selection rules, which `Quantize.include`
+overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "excluded by name" from the
+adapter's `quant_exclude` and `Quantize.exclude`, "too small"); the scheme's requirements, which nothing
+overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
+on the module path with PEFT's trailing `.base_layer` removed.
+
+Quantization happens once, at attach; `build_plan` lists one attachment per chosen layer without touching it.
+Before torchao is called, every chosen layer's device is checked against the scheme (`UnsupportedError`);
+a spec that chooses no layer is refused (`SpecError`, counting the reasons); torchao's global inductor
+settings are never changed. Removal puts the originals back when `keep_original` kept them ("cpu" or
+"device"); without them `handle.remove()` refuses before removing anything. fp8 needs `torch.compile` to pay
+off (each dynamic activation quantization is its own kernel in eager mode): see BENCHMARKS.md.
+
     handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="cpu")))
     print(handle.summary())      # every Linear: quantized, or skipped and why
-    hookkit.disable(pipe)        # puts the original bf16 weights back (they were kept on the CPU)
-
-Which layers (`select_layers`, one reason per skipped layer, checked in this order):
-
-1. only `nn.Linear` modules are considered (and listed in the report);
-2. facts about the layer, which nothing overrides: "already quantized" (its weight is a tensor subclass,
-   e.g. torchao's Int8Tensor after an earlier `apply_quantize`, or a model loaded with diffusers'
-   `TorchAoConfig`: torchao only quantizes plain tensors and crashes on the others) and "LoRA adapter"
-   (PEFT's `lora_A`/`lora_B` Linears: small trained low-rank updates, kept in their own precision);
-3. selection rules, which `Quantize.include` patterns override and `Quantize.filter_fn` replaces:
-   "outside the repeated blocks" (`region="repeated_blocks"`, the default: not inside an instance of the
-   adapter's `repeated_blocks` classes), "excluded by name" (the adapter's `quant_exclude` patterns, then
-   `Quantize.exclude`), "too small" (`min(in, out) < min_features`). Name patterns (include, exclude,
-   quant_exclude) are fnmatch'ed on the module path with a trailing `.base_layer` removed: PEFT moves a
-   LoRA-wrapped Linear to `<path>.base_layer`, and it is still the layer the patterns mean. `filter_fn`
-   gets the real path, as torchao's `filter_fn` would;
-4. the scheme's requirements, which nothing overrides because torchao would silently skip or reject the
-   layer: "not divisible by 16" (32 for MX) on `in_features` or `out_features`, and the weight dtype
-   ("dtype not bfloat16" for per-row fp8 and MX, "dtype not bfloat16 or float32" for NVFP4).
-
-When: quantization happens at attach time, once; it is not a forward hook. `build_plan` returns one
-attachment per chosen Linear (target: its module path, name `hookkit.quantize`), so the plan shows
-exactly which layers will be quantized without touching them or the hardware.
-
-Hardware: before torchao is called, every chosen layer's device is checked against the scheme (fp8 with
-dynamic activations needs CUDA compute capability 8.9+, NVFP4 and MX need 10.0+; the int8 schemes and
-`fp8_weight_only`, which dequantizes in the matmul, run anywhere, the CPU included). A scheme the device
-cannot run raises `UnsupportedError` and nothing is quantized. A spec that chooses no layer (say fp8_row
-on float32 weights, or a transformer already quantized) is refused earlier, by `build_plan` and
-`apply_quantize`, with a `SpecError` counting the reasons: quantizing nothing is a mistake, not a no-op.
-That refusal checks the hardware first (on every candidate layer's device): on a CPU, fp8_row's answer is
-"needs a GPU with compute capability 8.9", not "cast to bfloat16", which would only lead to that error.
-If torchao still leaves a chosen layer unquantized (a requirement these rules missed), the layer is
-restored as it was and `HookError` names it.
-torchao's global inductor settings are never changed (`set_inductor_config=False` on every config that
-has it; the MX/NVFP4 configs have no such field and leave them alone).
-
-Removal: torchao swaps weights in place. With `keep_original="cpu"` (a CPU copy; weights already on the
-CPU are kept as they are) or `"device"` (the original Parameter objects stay where they are), removal
-puts the originals back and the module is exactly as before (same values, nothing left in
-`module.__dict__`). With `keep_original=None` nothing can be restored, so `handle.remove()` /
-`hookkit.disable` refuse with `EnableError` before removing anything. (If `enable` itself fails after
-quantizing, e.g. in a later feature, its rollback restores kept originals; without them the weights stay
-quantized.)
-
-Speed: fp8 needs `torch.compile` to pay off. Eager fp8_row on Flux-dev at 1024² measured 9.13 s against
-5.00 s in bf16 on an H200 (each dynamic activation quantization is a separate kernel launch and pass
-over memory); compiled, the quantization fuses into the preceding ops.
+    hookkit.disable(pipe)        # puts the original weights back
 """
 
 from __future__ import annotations
