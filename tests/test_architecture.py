@@ -4,12 +4,14 @@ and the handle as a context manager."""
 from __future__ import annotations
 
 import ast
+import re
 import itertools
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -320,3 +322,39 @@ def test_feature_state_lives_in_the_handle_slot_and_is_dropped_at_removal() -> N
     assert sorted(handle._slots) == ["cache", "sync_free"]
     handle.remove()
     assert handle._slots == {}
+
+
+# --- one name per technique, and the docs ----------------------------------------------------------------
+
+
+def test_one_name_per_technique_for_spec_field_feature_hooks_and_summary() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu"), memo=True,
+                        sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"))
+    with hookkit.enable(pipe, spec) as handle:
+        summary = handle.summary()
+        assert set(summary.features) == set(FEATURES) == {f.name for f in attrs.fields(hookkit.Spec)}
+        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo"}  # Flux: no memo scope
+        assert [a.name for a in handle.plan.attachments if a.feature != "core"
+                and not a.name.startswith(f"hookkit.{a.feature}")] == []
+
+
+SPEC_CLASSES = [hookkit.Spec, hookkit.DBCache, hookkit.Quantize, hookkit.Compile]
+
+
+@pytest.mark.parametrize("cls", SPEC_CLASSES, ids=[c.__name__ for c in SPEC_CLASSES])
+def test_every_spec_field_has_an_args_entry(cls: type) -> None:
+    doc = cls.__doc__ or ""
+    args = doc[doc.index("Args:"):]
+    assert [f.name for f in attrs.fields(cls) if f"\n        {f.name}: " not in args] == []
+
+
+def test_module_docstrings_are_at_most_20_lines_and_carry_no_session_history() -> None:
+    long, history = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        if len(doc.strip("\n").splitlines()) > 20:
+            long.append(path.name)
+        if re.search(r"seed 0\d\d|\d+\.\d+ s\b", doc):
+            history.append(path.name)
+    assert (long, history) == ([], [])

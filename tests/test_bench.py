@@ -305,9 +305,9 @@ def test_a_gpu_benchmark_script_without_cuda_ends_with_one_line_saying_what_runs
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as end:
-        bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only.")
+        bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quantize int8_weight_only.")
     assert end.value.code == ("quant_flux.py: needs a CUDA device (full-size architectures on the GPU); none is "
-                              "visible. On the CPU: hookkit generate flux --quant int8_weight_only.")
+                              "visible. On the CPU: hookkit generate flux --quantize int8_weight_only.")
 
 
 def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:

@@ -284,7 +284,7 @@ def test_a_feature_whose_add_hook_fails_leaves_no_wrapper_behind(monkeypatch: py
     before = snapshot(pipe)
     spec = _with_features(monkeypatch, _Feature("memo", ["transformer_blocks.0"], lambda h, a: add_hook(
         h.transformer.get_submodule(a.target), a.name, object())))  # type: ignore[arg-type]
-    with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook, got object"):
+    with pytest.raises(HookError, match="expected a hookkit.core.registry.ModelHook, got object"):
         hookkit.enable(pipe, spec)
     assert snapshot(pipe) == before
 

@@ -107,7 +107,7 @@ class HookRegistry:
         try:
             if not isinstance(hook, ModelHook):
                 raise HookError(
-                    f"register({name!r}): expected a hookkit.core.feature.ModelHook, got {type(hook).__name__}. "
+                    f"register({name!r}): expected a hookkit.core.registry.ModelHook, got {type(hook).__name__}. "
                     "Subclass ModelHook and override pre_forward/post_forward/new_forward."
                 )
             if name in self._hooks:

@@ -10,14 +10,11 @@ reference:
 - PSNR and SSIM of the final images (in [0, 1]) against the reference images of the same class and seed;
 - the fraction of samples the shipped classifier still recognises as the class asked for.
 
-A configuration is a hookkit `Spec` (enabled with `hookkit.enable(pipe, spec)`, removed with
-`handle.remove()`) or a `setup(pipe) -> undo` callable for a peer method: diffusers' FirstBlockCache,
-cache-dit's DBCache (skipped, with the reason, when `cache_dit` does not import). Every configuration
-gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
+A configuration is a hookkit `Spec` or a `setup(pipe) -> undo` callable for a peer method (diffusers'
+FirstBlockCache; cache-dit's DBCache, skipped with the reason when `cache_dit` does not import). Every
+configuration gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
 
-    from hookkit.tools import quality
     report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
-    print(report.markdown())
     report.write("out/quality")          # quality.md, quality.json, quality.png
 
 or `python -m hookkit.tools.quality --out out/quality` (the function behind `hookkit bench --quality`).
