@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from hookkit.core import compat
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.modes import ModeScope, push_mode, remove_mode
+from hookkit.core.modes import ModeScope
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
@@ -52,7 +52,7 @@ MAX_ENTRIES = 1024
 #: the factories memoized: both copy host data to the device
 FACTORIES: frozenset[Callable[..., Any]] = frozenset({torch.tensor, torch.as_tensor})
 
-__all__ = ["FEATURE", "MemoMode", "MemoTable", "ModeScope", "apply_memo", "freeze", "push_mode", "remove_mode"]
+__all__ = ["FEATURE", "MemoHandle", "MemoMode", "MemoTable", "apply_memo", "freeze"]
 
 
 # --- keys ------------------------------------------------------------------------------------------------------

@@ -306,7 +306,7 @@ class _SyncFreeFeature(BaseFeature):
             listener = ctx.keep(SyncListener(ctx, cpu_tables=attachment.param("cpu_tables", False)))
             logger.info("sync_free: {} (CPU tables mapped: {})", type(ctx.pipeline.scheduler).__name__,
                         listener.cpu_tables)
-            return _ListenerRemoval(ctx.add_listener(listener), listener)
+            return _SyncListenerRemoval(ctx.add_listener(listener), listener)
         listener = ctx.kept()
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
@@ -343,7 +343,7 @@ class _SyncFreeFeature(BaseFeature):
         return FeatureSummary(name=NAME, data=data, text=text)
 
 
-class _ListenerRemoval:
+class _SyncListenerRemoval:
     """Closes the read window, then takes the listener out of the scheduler patches."""
 
     def __init__(self, removal: Removable, listener: SyncListener) -> None:
