@@ -1,31 +1,19 @@
-"""Context parallelism (diffusers' `enable_parallelism`) as seen by hookkit: detection and global reductions.
+"""Context parallelism (diffusers' `enable_parallelism`) as hookkit sees it: detection and global reductions.
 
-hookkit does not shard anything itself: diffusers' context-parallel hooks split the sequence over a device mesh
-(`ContextParallelConfig(ulysses_degree=..., ring_degree=...)`) and gather it back at the output. What hookkit must
-do is make every decision that changes *which collectives run* identical on every rank of that mesh: a rank that
-skips the middle blocks (a cached step) no longer enters their all-to-alls, and a rank that computes waits for it
-forever (a deadlock under Ulysses; a size mismatch under ring).
+Ranks of a context-parallel mesh each hold a sequence shard; a rank that skips blocks (a cached step) skips their
+collectives, and one that computes then waits forever. Every decision that changes which collectives run must be
+the same on every rank. hookkit's decisions in the loop, and why each is global:
 
-Decisions hookkit makes inside the denoising loop, and why each is the same on every rank:
+- DBCache threshold (relative L1 of the Fn residual): numerator and denominator sums all-reduced over the group
+  (`global_sums`; exact for uneven shards too, unlike a mean of ratios), one all-reduce per decided step.
+- DBCache `max_accumulated_diff`: a sum of those global diffs.
+- DBCache warm-up, masks, cached-step limits, "no reference yet", shape changes: step indices and global shapes.
+- TaylorSeer: extrapolates each rank's own shard from step indices; elementwise, decides nothing.
+- whole-transformer CUDA graphs: static-mask decisions, keyed by call count and the global input signature.
+- compile: a per-rank recompilation runs the same collectives. memo, sync_free, quantize: no data-dependent
+  decision in the loop.
 
-- DBCache rule 8 (relative L1 of the Fn residual against the threshold): each rank only holds its sequence shard,
-  so the statistic is reduced over the context-parallel group (`global_sums`): the numerator sum|r - r_ref| and the
-  denominator sum|r_ref| separately, which is exact for uneven shards (`ulysses_anything`) too, where averaging the
-  per-rank ratios is not. One all-reduce of two numbers per decided step; then every rank reads the same value.
-- DBCache `max_accumulated_diff`: a sum of those global diffs, hence global.
-- DBCache rules 1-7 (warm-up, mask, cached-step limits, "no reference yet", shape changes): functions of the step
-  index and of the global input shapes, which every rank shares (a shard's shape follows from the global one).
-- TaylorSeer: extrapolates each rank's own residual shard from step indices; elementwise, decides nothing.
-- whole-transformer CUDA graphs with DBCache: the decision comes from the static mask before the call (no
-  statistic at all); graph keys are the global call's branch and shapes.
-- compile: Dynamo guards and recompilations are per rank, but a recompiled graph runs the same collectives, so a
-  rank that recompiles does not change which collectives run; whole-transformer CUDA graphs are warmed up, captured
-  and replayed by call count and global input signature, the same on every rank.
-- memo, sync_free, quantize: make no data-dependent decision in the loop (memo's tables are keyed by Python values
-  that come from global shapes; sync_free maps timesteps; quantization is done before the first call).
-
-Detection runs at every generation start (the first DBCache decision of a call), so `enable_parallelism` may come
-before or after `hookkit.enable`.
+Detection runs at every generation start, so `enable_parallelism` may come before or after `hookkit.enable`.
 """
 
 from __future__ import annotations

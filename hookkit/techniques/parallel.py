@@ -1,50 +1,42 @@
 """Context parallelism through diffusers' own engine: `hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2))`.
 
-hookkit does not shard anything itself. On attach it calls diffusers' `transformer.enable_parallelism(
-config=ContextParallelConfig(...))` (after `set_attention_backend` when `attention_backend` is given), which splits
-the sequence over a ("ring", "ulysses") device mesh following the model's `_cp_plan` and gathers it at the output.
-The same pipelines work when the user calls diffusers' API directly, before or after `hookkit.enable`: DBCache
-detects the mesh at every generation and makes its decisions global either way (`hookkit.core.parallel`).
+On attach this calls `transformer.enable_parallelism(config=ContextParallelConfig(...))` (after
+`set_attention_backend` when `attention_backend` is given); diffusers shards the sequence over a ("ring",
+"ulysses") mesh by the model's `_cp_plan`. A pipeline the user parallelised with diffusers' API works as well, in
+either order: the cache detects the mesh at every generation (`hookkit.core.parallel`).
 
-What is refused, with the fix in the message: a transformer class without `_cp_plan` (adapters carry no plan yet),
-an attention head count the Ulysses degree does not divide, an attention backend without context-parallel support
-(and ring attention with `native`, whose op returns no log-sum-exp), no initialised process group or fewer ranks
-than the degrees ask for, a transformer already parallelised, and, at each call, a sequence (image or text tokens)
-that the degree does not divide (unless `ulysses_anything` / `ring_anything`).
+Refused, with the fix: no `_cp_plan`, a head count the Ulysses degree does not divide, a backend without
+context-parallel support (and ring with `native`, whose op returns no log-sum-exp), no process group or too few
+ranks, a transformer already parallelised, and at each call a sequence the degree does not divide.
 
-Removal (`hookkit.disable`) restores: diffusers' context-parallel hooks are removed (`remove_context_parallel`),
-every module's `forward` and `_diffusers_hook` entries are as before (none were there on a plain model), each
-attention processor's `_parallel_config` and `_attention_backend` are as before, diffusers' process-wide active
-attention backend (which `set_attention_backend` also sets) is as before, and `transformer._parallel_config` is gone; the transformer then runs unsharded on every rank. Not restored: the device mesh and its process groups
-stay alive (torch offers no way to destroy one mesh's subgroups alone; `destroy_process_group()` frees them).
-
-Run it under torchrun, one process per GPU, each with the same seed and inputs:
+Removal restores every module's `forward`/`_diffusers_hook` entries, each attention processor's
+`_parallel_config`/`_attention_backend`, diffusers' process-wide active backend and `transformer._parallel_config`;
+the transformer then runs unsharded. The device mesh and its process groups stay alive (torch cannot destroy one
+mesh's subgroups alone). Under torchrun, one process per GPU, same seed and inputs on every rank:
 
     torch.distributed.init_process_group("nccl"); torch.cuda.set_device(rank)
-    handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2),
-                                               cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
-    image = pipe(prompt_embeds=..., generator=torch.Generator("cuda").manual_seed(0)).images[0]  # same on every rank
+    handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2)))
 """
 
 from __future__ import annotations
 
 import inspect
-import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
 from loguru import logger
 
+from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.parallel import context_parallel_config, parallel_info
+from hookkit.core.plan import Attachment
+from hookkit.core.removal import Removal
 from hookkit.core.summary import FeatureSummary
 from hookkit.core.validate import boolean, int_field
 from hookkit.errors import EnableError, SpecError, UnsupportedError
 
-if TYPE_CHECKING:  # `hookkit.spec` imports this module for `ContextParallel`: the plan types come late
-    from hookkit.core.handle import Handle
-    from hookkit.core.plan import Attachment, PlanContext, Removable
-    from hookkit.spec import Spec
+if TYPE_CHECKING:
+    from hookkit.core.plan import PlanContext
 
 NAME = "parallel"
 CONTEXT_HOOK = "hookkit.parallel.context"
@@ -223,7 +215,7 @@ def _make_check_hook(transformer: torch.nn.Module, inputs: dict[str, Any], degre
 # --- attach / remove ---------------------------------------------------------------------------------------------
 
 
-class _ParallelAttachment:
+class _ParallelAttachment(Removal):
     """What `enable_parallelism` changed, and how to take it back (see the module docstring for what is restored)."""
 
     def __init__(self, transformer: torch.nn.Module, spec: ContextParallel, plan: dict[str, Any], backend: str) -> None:
@@ -268,7 +260,7 @@ class _ParallelAttachment:
                 _make_check_hook(transformer, inputs, self.spec.degree), CHECK_HOOK)
             self.check = True
 
-    def remove(self) -> None:
+    def _undo(self) -> None:
         transformer = self.transformer
         if transformer is None:
             return
@@ -310,18 +302,11 @@ def _world() -> tuple[bool, int]:
     return available, torch.distributed.get_world_size() if available else 1
 
 
-class _ParallelFeature:
+class _ParallelFeature(BaseFeature):
     """Plugs context parallelism into `hookkit.enable`: `Spec.parallel`."""
 
     name = NAME
-    fields = ("parallel",)
-
-    def __init__(self) -> None:
-        #: each live handle's attachment (the summary reads it); gone with the handle
-        self._live: weakref.WeakKeyDictionary[Any, _ParallelAttachment] = weakref.WeakKeyDictionary()
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.parallel is not None
+    spec_class = ContextParallel
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         spec = ctx.spec.parallel
@@ -339,14 +324,12 @@ class _ParallelFeature:
             raise SpecError(f"ContextParallel.ulysses: expected a divisor of {cls}'s {heads} attention heads, got "
                             f"{spec.ulysses}. Pick a divisor, or set ulysses_anything=True.")
         _check_backend(spec, transformer)
-        from hookkit.core.plan import Attachment
-
         return [Attachment(feature=NAME, target="", name=CONTEXT_HOOK)]
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
-        spec = handle.spec.parallel
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> _ParallelAttachment:
+        spec = ctx.spec.parallel
         assert spec is not None  # planned only with Spec.parallel
-        transformer = handle.transformer
+        transformer = ctx.transformer
         cls = type(transformer).__name__
         initialised, world = _world()
         if not initialised:
@@ -373,14 +356,14 @@ class _ParallelFeature:
         except BaseException:
             change.remove()
             raise
-        self._live[handle] = change
+        ctx.keep(change)
         info = parallel_info(transformer)
         logger.info("parallel: {} context parallel ulysses {} x ring {} ({} backend) over {}", cls, spec.ulysses,
                     spec.ring, backend, info.mesh if info is not None else "?")
         return change
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        change = self._live.get(handle)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        change: _ParallelAttachment | None = ctx.kept()
         if change is None or change.transformer is None:
             return None
         info = parallel_info(change.transformer)
