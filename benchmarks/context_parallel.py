@@ -103,7 +103,9 @@ def setup_cache_dit(pipe: Any, opts: bench.ModelOptions, layout: str) -> Callabl
         steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=opts.num_steps()),
         steps_computation_policy="static"), **kwargs)
     pipe.transformer.compile_repeated_blocks(fullgraph=True)
-    return lambda: {"dbcache": bench.cache_dit_steps(cache_dit.summary(pipe, logging=False))}
+    from hookkit.techniques.cache.hooks import NAME
+
+    return lambda: {NAME: bench.cache_dit_steps(cache_dit.summary(pipe, logging=False))}
 
 
 def run_row(case: str, layout: str, config: str, args: argparse.Namespace, device: str) -> tuple[dict[str, Any], Any]:
@@ -155,7 +157,8 @@ def run_row(case: str, layout: str, config: str, args: argparse.Namespace, devic
     everyone = gather_objects({k: row.get(k) for k in ("status", "peak_memory_gb", "decisions", "latency_s")})
     row["per_rank"] = everyone
     row["ranks_agree"] = all(r["decisions"] == everyone[0]["decisions"] for r in everyone)
-    row["cached_steps"] = (everyone[0]["decisions"] or {}).get("0", {}).get("cached") if everyone[0]["decisions"] else None
+    first = next(iter((everyone[0]["decisions"] or {}).values()), None)  # branch 0 (cache-dit: "cond")
+    row["cached_steps"] = first["cached"] if first is not None else None
     return row, output
 
 
