@@ -186,6 +186,14 @@ def scenario_ulysses() -> dict[str, Any]:
     res["cp_alone_max_abs"] = (cp - single).abs().max().item()
     res["cp_alone_digest"] = digest(cp)
 
+    # Spec(parallel=...) on a transformer diffusers already parallelised: refused, nothing attached
+    try:
+        hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2)))
+        res["already_parallel_error"] = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        res["already_parallel_error"] = f"{type(exc).__name__}: {exc}"
+    res["already_parallel_left_no_handle"] = hookkit.handle_of(pipe) is None
+
     # hookkit Spec() (bookkeeping only) on top, then disabled: CP output unchanged, CP still working
     handle = hookkit.enable(pipe, hookkit.Spec())
     res["spec_empty_equal"] = torch.equal(call(pipe), cp)

@@ -163,6 +163,15 @@ def test_cp_alone_matches_one_process(ulysses: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.slow
+def test_spec_parallel_refused_on_a_transformer_diffusers_already_parallelised(ulysses: list[dict[str, Any]]) -> None:
+    for r in ulysses:
+        assert r["already_parallel_error"].startswith(
+            "EnableError: Spec.parallel on FluxTransformer2DModel: expected a transformer diffusers has not "
+            "parallelised yet, got one with enable_parallelism already applied. hookkit rides on it as it is")
+        assert r["already_parallel_left_no_handle"] is True
+
+
+@pytest.mark.slow
 def test_empty_spec_leaves_cp_output_bitwise_and_disable_leaves_cp_working(ulysses: list[dict[str, Any]]) -> None:
     assert [(r["spec_empty_equal"], r["after_disable_equal"]) for r in ulysses] == [(True, True), (True, True)]
 
