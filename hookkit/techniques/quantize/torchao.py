@@ -15,6 +15,7 @@ Which layers (`select_layers`, one reason per skipped layer, checked in this ord
 3. selection rules, which `Quantize.include` patterns override and `Quantize.filter_fn` replaces:
    "outside the repeated blocks" (`region="repeated_blocks"`, the default: not inside an instance of the
    adapter's `repeated_blocks` classes), "excluded by name" (the adapter's `quant_exclude` patterns, then
+   the adapter's `quant_modulation` patterns unless `Quantize.include_modulation`, then
    `Quantize.exclude`), "too small" (`min(in, out) < min_features`). Name patterns (include, exclude,
    quant_exclude) are fnmatch'ed on the module path with a trailing `.base_layer` removed: PEFT moves a
    LoRA-wrapped Linear to `<path>.base_layer`, and it is still the layer the patterns mean. `filter_fn`
@@ -355,11 +356,16 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
                 ok, reason, detail = False, REJECTED, f"Quantize.filter_fn={spec.filter_fn!r}"
         elif _first_match(name, spec.include) is None:
             adapter_pattern = _first_match(name, adapter.quant_exclude)
+            modulation_pattern = None if spec.include_modulation else _first_match(name, adapter.quant_modulation)
             spec_pattern = _first_match(name, spec.exclude)
             if region_on and not any(path.startswith(p + ".") for p in prefixes):
                 ok, reason, detail = False, OUTSIDE, f"not inside {', '.join(classes)}"
             elif adapter_pattern is not None:
                 ok, reason, detail = False, EXCLUDED, f"adapter {adapter.name!r} quant_exclude {adapter_pattern!r}"
+            elif modulation_pattern is not None:
+                ok, reason = False, EXCLUDED
+                detail = (f"adapter {adapter.name!r} quant_modulation {modulation_pattern!r} "
+                          "(Quantize(include_modulation=True) quantizes it)")
             elif spec_pattern is not None:
                 ok, reason, detail = False, EXCLUDED, f"Quantize.exclude {spec_pattern!r}"
             elif min(module.in_features, module.out_features) < spec.min_features:
