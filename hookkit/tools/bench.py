@@ -603,7 +603,7 @@ def _configs() -> dict[str, BenchConfig]:
                     description="static 'fast' DBCache + fp8 dynamic per-row + one CUDA graph per call and decision"),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(),
-                                             quantize=hookkit.Quantize(scheme="fp8_row", modulation=True),
+                                             quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),
