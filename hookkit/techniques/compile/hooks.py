@@ -23,10 +23,14 @@ Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the block
 `torch.cuda.CUDAGraph` and replayed while the signature holds: inputs are copied into static buffers,
 outputs are cloned out, so CFG branches and repeated pipeline calls are safe. One replay replaces every
 kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *inside* the transformer do not
-run on replay; DBCache therefore works in this mode with decisions known before the call (a static step
-mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
-residuals live in persistent slots, and the statistics are kept by the graph hook
-(`hookkit.techniques.cache.hooks.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
+run on replay. DBCache works in this mode in two ways (`hookkit.techniques.cache.hooks.GraphBridge` keeps
+the statistics; residuals live in persistent slots):
+- decisions known before the call (a static step mask): the decision is part of the graph key, a
+  computed-step graph and a cached-step graph per branch (`GraphHook`);
+- dynamic decisions (a threshold): each call is split at the decision (`SplitGraphHook`): a head graph up to
+  and including the decision statistic, one host read of it (the one sync a dynamic cache needs), then the
+  tail graph of the computed or the cached path. No peer runs caching decisions under CUDA graphs.
+TaylorSeer is refused: its extrapolation depends on step distances a replayed graph cannot change.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import torch.utils._pytree as pytree
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
-from hookkit.errors import SpecError, UnsupportedError
+from hookkit.errors import HookError, SpecError, UnsupportedError
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.plan import Attachment, PlanContext, Removable, add_hook, module_at
 from hookkit.spec import Spec
@@ -188,6 +192,181 @@ class GraphHook(ModelHook):
         return output
 
 
+# --- whole-transformer CUDA graphs split at a dynamic DBCache decision --------------------------------------
+
+
+class CudaGraphSegments:
+    """One Python execution captured as consecutive CUDA graphs on one side stream and one memory pool, cut
+    wherever `cut()` is called (inside a hook, mid-forward). Tensors allocated by an earlier segment and read by
+    a later one stay at their addresses: the later graph reads what the earlier one's replay wrote."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.graphs: list[Any] = []
+        self.stream = torch.cuda.Stream()
+        self._stream_ctx: Any = None
+
+    def begin(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        self._stream_ctx = torch.cuda.stream(self.stream)
+        self._stream_ctx.__enter__()
+        self._start()
+
+    def _start(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(self.pool)
+        self.graphs.append(graph)
+
+    def cut(self) -> None:
+        self.graphs[-1].capture_end()
+        self._start()
+
+    def end(self) -> list[Callable[[], None]]:
+        """End the last segment; the replay callables, in capture order."""
+        try:
+            self.graphs[-1].capture_end()
+        finally:
+            self._stream_ctx.__exit__(None, None, None)
+            torch.cuda.current_stream().wait_stream(self.stream)
+        return [g.replay for g in self.graphs]
+
+
+class CudaSegmentBackend:
+    """`SplitGraphHook`'s capture backend on CUDA: side-stream warm-up, then segmented capture, one pool."""
+
+    def __init__(self, warmup: int = 2) -> None:
+        self.warmup = warmup
+        self.pool: Any = None
+
+    def warm(self, fn: Callable[[], Any]) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def segments(self) -> CudaGraphSegments:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return CudaGraphSegments(self.pool)
+
+
+@attrs.define
+class SplitPair:
+    """The two graphs of one (signature, branch, decision): `head` runs the transformer up to and including the
+    decision statistic (`stat`), `tail` the computed or the cached rest of the call, on `head`'s tensors."""
+
+    static_leaves: list[Any]
+    head: Callable[[], None]
+    tail: Callable[[], None]
+    stat: torch.Tensor
+    static_output: Any
+    replays: int = 0
+
+
+class SplitGraphHook(ModelHook):
+    """Innermost hook on the transformer with dynamic DBCache: each call is a head graph, one host read of the
+    decision statistic, then the computed-step or the cached-step tail graph.
+
+    One Python execution can only follow one path, so a head and a tail are captured together, as a pair per
+    (input signature, CFG branch, decision). A call replays the head of the pair its branch used last (the
+    decision rarely changes from one step to the next), reads the statistic, and when the decision differs,
+    replays the other pair's head (so its tail reads its own head's tensors) before that tail. A pair is only
+    captured once its decision is known (rules that need no statistic, or a statistic read from another pair's
+    head): warming a pair up runs its path, and the computed path writes the residual and reference slots. Same
+    rules, same statistic ops as eager DBCache, so the same decisions (tested bitwise on the CPU with a
+    recording stand-in for capture).
+
+    `backend`: `warm(fn)` and `segments()` (`CudaSegmentBackend` on a GPU; injectable for CPU tests).
+    """
+
+    replaces_forward = True
+
+    def __init__(self, backend: Any, cache: Any) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.captured: dict[Hashable, SplitPair] = {}
+        #: host reads of the decision statistic, and heads replayed a second time (the decision changed)
+        self.reads = 0
+        self.switches = 0
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        sig = signature(args, kwargs)
+        branch, cached = self.cache.host_decision(sig)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if cached is None:  # the statistic decides: try the pair the branch used last
+            guess = self.cache.last_cached.get(branch, False)
+            pair = self.captured.get((sig, branch, guess))
+            if pair is None:  # the computed pair of this signature exists: it served the step that set the reference
+                guess, pair = False, self.captured.get((sig, branch, False))
+            if pair is None:
+                raise HookError(
+                    f"SplitGraphHook: expected the computed-step graphs of branch {branch} for this input signature "
+                    "(the branch's last computed step had it), found none. Report this to hookkit; "
+                    "Compile(cuda_graphs='none') runs this cache without graphs meanwhile."
+                )
+            self._load(pair, leaves)
+            pair.head()
+            self.reads += 1
+            cached = self.cache.judge(branch, float(pair.stat.item()))  # the one host read of the step
+            if cached != guess:
+                self.switches += 1
+                pair = self._pair(call_next, leaves, spec, sig, branch, cached, head=True)
+        else:
+            pair = self._pair(call_next, leaves, spec, sig, branch, cached, head=True)
+        pair.tail()
+        pair.replays += 1
+        self.cache.finish(branch, cached, sig)
+        return _clone_tensors(pair.static_output)
+
+    def _pair(self, call_next: Callable[..., Any], leaves: list[Any], spec: Any, sig: Hashable, branch: int,
+              cached: bool, head: bool) -> SplitPair:
+        """The pair of this decision with this call's inputs loaded and (when `head`) its head replayed."""
+        pair = self.captured.get((sig, branch, cached))
+        if pair is None:
+            pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
+        self._load(pair, leaves)
+        if head:
+            pair.head()
+        return pair
+
+    @staticmethod
+    def _load(pair: SplitPair, leaves: list[Any]) -> None:
+        for buffer, leaf in zip(pair.static_leaves, leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.data_ptr() != buffer.data_ptr():
+                buffer.copy_(leaf)
+
+    def _capture(self, call_next: Callable[..., Any], leaves: list[Any], spec: Any, branch: int,
+                 cached: bool) -> SplitPair:
+        static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        static_args, static_kwargs = pytree.tree_unflatten(static, spec)
+        run = lambda: call_next(*static_args, **static_kwargs)  # noqa: E731
+        stats: list[torch.Tensor] = []
+        with self.cache.forcing((branch, cached)):
+            self.backend.warm(run)
+            segments = self.backend.segments()
+
+            def cut(stat: torch.Tensor) -> None:
+                if stats:
+                    raise HookError("SplitGraphHook: expected one DBCache decision per transformer call, got a "
+                                    "second one in the same call. Use Compile(cuda_graphs='none') with this model.")
+                stats.append(stat)
+                segments.cut()
+
+            self.cache.on_decision = cut
+            segments.begin()
+            try:
+                output = run()
+            finally:
+                self.cache.on_decision = None
+                replays = segments.end()
+        if not stats or len(replays) != 2:
+            raise HookError("SplitGraphHook: expected the DBCache decision inside the transformer call, the call "
+                            "ended without reaching it (no middle block ran). Use Compile(cuda_graphs='none').")
+        return SplitPair(static_leaves=static, head=replays[0], tail=replays[1], stat=stats[0], static_output=output)
+
+
 # --- plan / attach ----------------------------------------------------------------------------------------
 
 
@@ -257,13 +436,12 @@ def check_spec(spec: Spec) -> None:
                 "Compile(backend='cudagraphs') alone."
             )
         cache = spec.cache
-        if cache is not None and (cache.steps_mask is None or cache.mask_policy != "static" or cache.taylorseer_order):
+        if cache is not None and cache.taylorseer_order:
             raise SpecError(
-                "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call: "
-                f"DBCache(steps_mask=<mask or policy>, mask_policy='static', taylorseer_order=0), got "
-                f"steps_mask={cache.steps_mask!r}, mask_policy={cache.mask_policy!r}, "
-                f"taylorseer_order={cache.taylorseer_order}. For dynamic decisions use "
-                "Compile(mode='reduce-overhead') (CUDA graphs per block)."
+                "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer') (TaylorSeer's "
+                f"extrapolation depends on the step distance, which a replayed graph cannot change), got "
+                f"{cache.taylorseer_order}. Use DBCache(taylorseer_order=0), or Compile(mode='reduce-overhead') "
+                "(CUDA graphs per block) for TaylorSeer."
             )
 
 
@@ -330,9 +508,14 @@ class _CompileFeature:
             return add_hook(module, STEP_MARK, StepMarkHook())
         from hookkit.techniques.cache.hooks import graph_bridge
 
+        bridge = graph_bridge(handle)
+        if bridge is not None and bridge.dynamic:  # a threshold decides: split each call at the decision
+            split = SplitGraphHook(CudaSegmentBackend(), bridge)
+            handle.resources["compile.graphs"] = split
+            return add_hook(module, GRAPH, split)
         runner = GraphRunner(CudaGraphBackend())
         handle.resources["compile.graphs"] = runner
-        return add_hook(module, GRAPH, GraphHook(runner, graph_bridge(handle)))
+        return add_hook(module, GRAPH, GraphHook(runner, bridge))
 
     def summarize(self, handle: Any) -> FeatureSummary | None:
         spec: Compile = handle.spec.compile
@@ -354,6 +537,12 @@ class _CompileFeature:
             data["graphs_captured"] = len(runner.captured)
             data["graph_replays"] = sum(e.replays for e in runner.captured.values())
             rows += [["transformer graphs captured", data["graphs_captured"]], ["graph replays", data["graph_replays"]]]
+            if isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
+                data["graphs_captured"] = 2 * len(runner.captured)
+                data["decision_reads"], data["head_switches"] = runner.reads, runner.switches
+                rows[-2] = ["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"]
+                rows += [["decision statistic host reads", runner.reads],
+                         ["heads replayed twice (decision changed)", runner.switches]]
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 
