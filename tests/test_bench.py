@@ -416,3 +416,20 @@ def test_a_warm_row_reports_no_cold_caches(tmp_path: Path) -> None:
                         out_dir=tmp_path)
     assert row["cold"] is None
     assert row["first_call_s"] == row["latencies_s"][0]  # no warm-up: the first timed call is the first call
+
+
+def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> None:
+    """Its step set must be the static row's, so that their times differ only by the cost of deciding."""
+    from hookkit.techniques.cache.spec import resolve_steps_mask
+
+    pipe = hookkit.tools.zoo.tiny_pipeline("flux")
+    specs: list[hookkit.Spec] = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hookkit, "enable", lambda p, spec: specs.append(spec))
+        bench.CONFIGS["hookkit-fp8+cache-dyn+cuda-graphs"].setup(bench.RunContext(pipe=None, opts=None))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=specs[0].cache))
+    pipe(**hookkit.tools.zoo.call_kwargs("flux", steps=28))
+    [branch] = handle.summary().features["dbcache"].data["branches"].values()
+    mask = resolve_steps_mask("fast", 28)
+    assert branch["cached"] == [i for i, m in enumerate(mask) if m == 0]
+    assert sorted(branch["diffs"]) == branch["cached"]  # each decided by a measured diff, not by the mask

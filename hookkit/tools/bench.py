@@ -540,6 +540,16 @@ def _cache_dynamic() -> Any:
                            taylorseer_order=0)
 
 
+def _cache_fast_dynamic() -> Any:
+    """The "fast" mask's computed steps, its other steps decided by the threshold (mask_policy="dynamic"),
+    with a threshold no diff reaches: it caches exactly the static "fast" row's steps, but through the whole
+    dynamic machinery (the statistic and its host read on each of those steps; under CUDA graphs the split
+    head/tail graphs), so its time against hookkit-...cache-fast rows is the cost of deciding dynamically.
+    Random weights never cache at a real threshold (DESIGN.md)."""
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="dynamic",
+                           threshold=1e9, taylorseer_order=0)
+
+
 def _compile(mode: str | None = None, cuda_graphs: str = "none") -> Any:
     return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs)
 
@@ -601,6 +611,23 @@ def _configs() -> dict[str, BenchConfig]:
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="static 'fast' DBCache + fp8 dynamic per-row + one CUDA graph per call and decision"),
+        BenchConfig(name="hookkit-fp8+cache-dyn+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_dynamic(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(cuda_graphs="transformer"), memo=True)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="dynamic DBCache (caching the 'fast' mask's steps) + fp8 + transformer graphs split "
+                                "at each decision"),
+        BenchConfig(name="hookkit-cache-dyn+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_dynamic(), compile=_compile(cuda_graphs="transformer"),
+                                             memo=True)),
+                    fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
+                    description="dynamic DBCache (caching the 'fast' mask's steps) + transformer graphs split at "
+                                "each decision"),
+        BenchConfig(name="hookkit-cache-fast+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), compile=_compile(cuda_graphs="transformer"),
+                                             memo=True)),
+                    fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
+                    description="static 'fast' DBCache + one CUDA graph per call and decision"),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(),
                                              quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
