@@ -68,7 +68,7 @@ piece() {
     flux-512) for c in $FAST $DYN $MOD $PEER; do row flux-512 flux 512 "$c" 0; done ;;
     profile)
       if [ "${QUICK:-0}" = 1 ]; then python3 benchmarks/step_profile.py --quick --out "$W/res" > "$W/res/profile.log" 2>&1
-      else python3 benchmarks/step_profile.py --size 1024 --variants native,native+mod,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3 \
+      else python3 benchmarks/step_profile.py --size 1024 --variants native,native+mod,native+fused,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3 \
              --out "$W/res" > "$W/res/profile.log" 2>&1; fi ;;
     qwen-1024) for c in $FAST $MOD $PEER; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
     flux-256) for c in $FAST $MOD $PEER; do row flux-256 flux 256 "$c" 0; done ;;

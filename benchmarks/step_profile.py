@@ -10,7 +10,7 @@ norms+modulation / RoPE / other, against the 87 ms floor (DESIGN.md: 64 ms of fp
 the reason, not a crash. Rows stream to $OUT/step_profile.json as they finish.
 
     python benchmarks/step_profile.py                       # H200: Flux-dev 1024², ~3 min
-    python benchmarks/step_profile.py --variants native,native+mod --size 512
+    python benchmarks/step_profile.py --variants native,native+mod,native+fused+mod --size 512
     python benchmarks/step_profile.py --quick               # CPU: tiny Flux, int8 weight-only, no graphs (~1 min)
 
 Kernel names are grouped by regular expressions (`GROUPS`); each row keeps its 25 largest kernels with their
@@ -37,7 +37,7 @@ import hookkit
 from hookkit.tools import bench
 
 FLOOR_MS_1024 = 87.0  # DESIGN.md, H200, Flux-dev 1024²: fp8 GEMMs 64 ms + cuDNN attention 23 ms
-DEFAULT_VARIANTS = "native,native+mod,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3"
+DEFAULT_VARIANTS = "native,native+mod,native+fused,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3"
 
 #: (group, pattern) checked in order on the lower-cased kernel (or, on the CPU, operator) name
 GROUPS: tuple[tuple[str, str], ...] = (
@@ -119,14 +119,21 @@ def spec_for(quick: bool, modulation: bool) -> hookkit.Spec:
 
 def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, Any], args: argparse.Namespace,
                 device: torch.device) -> dict[str, Any]:
-    backend, _, extra = variant.partition("+")
-    row: dict[str, Any] = dict(variant=variant, attention_backend=backend, include_modulation=extra == "mod",
-                               status="ok", note="")
+    backend, *extras = variant.split("+")
+    unknown = set(extras) - {"mod", "fused"}
+    row: dict[str, Any] = dict(variant=variant, attention_backend=backend, include_modulation="mod" in extras,
+                               fused_qkv="fused" in extras, status="ok", note="")
     handle = None
+    fused = False
     try:
+        if unknown:
+            raise ValueError(f"unknown variant suffix {sorted(unknown)}; expected +mod and/or +fused")
         transformer.set_attention_backend(backend)
+        if "fused" in extras:  # diffusers' one QKV GEMM per stream (before quantizing: the fused Linear is quantized)
+            transformer.fuse_qkv_projections()
+            fused = True
         t0 = time.perf_counter()
-        handle = hookkit.enable(transformer, spec_for(args.quick, extra == "mod"))
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture
@@ -149,6 +156,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
     finally:
         if handle is not None:
             handle.remove()
+        if fused:
+            transformer.unfuse_qkv_projections()
         torch._dynamo.reset()
         try:
             transformer.set_attention_backend("native")
@@ -176,7 +185,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help="comma-separated attention backends, '+mod' for the modulation Linears in fp8 too")
+                   help="comma-separated attention backends; suffix '+mod' puts the modulation Linears in fp8 too, "
+                        "'+fused' fuses QKV first (diffusers' fuse_qkv_projections)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runs", type=int, default=20, help="timed transformer calls per variant (median)")
     p.add_argument("--profile-calls", type=int, default=5)
@@ -184,7 +194,7 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = p.parse_args()
     if args.quick:
-        args.variants = "native,native+mod,_native_math,flash" if args.variants == DEFAULT_VARIANTS else args.variants
+        args.variants = "native,native+mod,native+fused,_native_math,flash" if args.variants == DEFAULT_VARIANTS else args.variants
         args.runs, args.profile_calls, args.warmup = min(args.runs, 3), min(args.profile_calls, 2), 1
         opts = bench.ModelOptions(name="flux", steps=1)
     else:

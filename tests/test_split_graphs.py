@@ -157,6 +157,16 @@ def test_split_graphs_decide_exactly_like_eager_dynamic_dbcache_and_match_it_bit
     assert _steps(handle) == eager_steps  # same computed and cached steps, the same diffs to the last bit
 
 
+def test_slots_are_allocated_outside_the_capture_even_without_backend_warm_up(eager) -> None:
+    """Regression: a reference slot first allocated inside the capture had its zeroing replayed with the head,
+    so every statistic read inf and no step was ever cached."""
+    reference, eager_steps = eager
+    pipe, handle, hook, backend = _split_pipeline()
+    backend.warmup = 0
+    assert torch.equal(pipe(**_kwargs()).images, reference)
+    assert _steps(handle) == eager_steps
+
+
 def test_a_second_generation_is_served_by_replays_alone(eager) -> None:
     reference, eager_steps = eager
     pipe, handle, hook, backend = _split_pipeline()

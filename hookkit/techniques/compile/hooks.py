@@ -344,6 +344,10 @@ class SplitGraphHook(ModelHook):
         run = lambda: call_next(*static_args, **static_kwargs)  # noqa: E731
         stats: list[torch.Tensor] = []
         with self.cache.forcing((branch, cached)):
+            # One plain call first, whatever the backend's warm-up: the residual and reference slots this path
+            # uses are allocated (and zeroed) here, outside any capture; allocated inside one, their zeroing
+            # would be part of the graph and wipe them at every replay.
+            run()
             self.backend.warm(run)
             segments = self.backend.segments()
 
