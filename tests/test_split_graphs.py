@@ -272,3 +272,20 @@ def test_cfg_branches_keep_their_own_pairs_references_and_decisions() -> None:
     assert steps == _steps(eager_handle)
     assert {i: (c, k) for i, (c, k, _) in steps.items()} == {0: ([0, 2, 4], [1, 3]), 1: ([0, 2, 4], [1, 3])}
     assert backend.captures == 4  # (branch 0, 1) x (computed, cached)
+
+
+def test_the_compile_summary_counts_pairs_host_reads_and_switches(eager) -> None:
+    import types
+
+    from hookkit.techniques.compile.hooks import FEATURE
+
+    pipe, handle, hook, _ = _split_pipeline()
+    pipe(**_kwargs())
+    # the compile feature's summary of a handle whose graphs are this hook (on a GPU: Compile(cuda_graphs=...))
+    fake = types.SimpleNamespace(spec=hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer")),
+                                 plan=types.SimpleNamespace(attachments=[]), transformer=pipe.transformer,
+                                 resources={"compile.graphs": hook})
+    data = FEATURE.summarize(fake).data
+    assert (data["graphs_captured"], data["graph_replays"]) == (4, STEPS)
+    assert (data["decision_reads"], data["head_switches"]) == (hook.reads, hook.switches)
+    assert hook.reads == len(eager[1][0][2]) > 0
