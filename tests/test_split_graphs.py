@@ -21,7 +21,8 @@ import hookkit
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.errors import SpecError
 from hookkit.techniques.cache.hooks import graph_bridge
-from hookkit.techniques.compile.hooks import GRAPH, SplitGraphHook, check_spec
+from hookkit.core import compat
+from hookkit.techniques.compile.hooks import GRAPH, SplitGraphHook
 from hookkit.tools import trained, zoo
 
 
@@ -125,7 +126,7 @@ def _kwargs(label: int = 3, seed: int = 0) -> dict[str, Any]:
 
 
 def _steps(handle: hookkit.Handle) -> dict[int, tuple[list[int], list[int], dict[int, float]]]:
-    data = handle.summary().features["dbcache"].data
+    data = handle.summary().features["cache"].data
     return {i: (b["computed"], b["cached"], b["diffs"]) for i, b in data["branches"].items()}
 
 
@@ -212,7 +213,8 @@ def test_a_static_mask_still_uses_the_unsplit_graphs() -> None:
 
 
 def test_transformer_graphs_accept_a_threshold_and_refuse_taylorseer_with_the_alternative() -> None:
-    check_spec(hookkit.Spec(cache=CACHE, compile=hookkit.Compile(cuda_graphs="transformer")))  # no error
+    compat.check(hookkit.Spec(cache=CACHE, compile=hookkit.Compile(cuda_graphs="transformer")),
+                 hookkit.get_adapter("flux"))  # no error
     spec = hookkit.Spec(cache=hookkit.DBCache(threshold=0.1, taylorseer_order=1),
                         compile=hookkit.Compile(cuda_graphs="transformer"))
     with pytest.raises(SpecError, match=r"DBCache.taylorseer_order: expected 0 with Compile\(cuda_graphs='transformer'\)"
@@ -281,10 +283,9 @@ def test_the_compile_summary_counts_pairs_host_reads_and_switches(eager) -> None
 
     pipe, handle, hook, _ = _split_pipeline()
     pipe(**_kwargs())
-    # the compile feature's summary of a handle whose graphs are this hook (on a GPU: Compile(cuda_graphs=...))
+    # the compile feature's summary of an attach context that kept this hook (on a GPU: Compile(cuda_graphs=...))
     fake = types.SimpleNamespace(spec=hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer")),
-                                 plan=types.SimpleNamespace(attachments=[]), transformer=pipe.transformer,
-                                 resources={"compile.graphs": hook})
+                                 attachments=lambda: [], transformer=pipe.transformer, kept=lambda: hook)
     data = FEATURE.summarize(fake).data
     assert (data["graphs_captured"], data["graph_replays"]) == (4, STEPS)
     assert (data["decision_reads"], data["head_switches"]) == (hook.reads, hook.switches)
