@@ -11,8 +11,10 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -315,3 +317,119 @@ def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
     header, _, line = bench.markdown_table([row]).splitlines()
     assert line.count("|") == header.count("|")
     assert "failed: RuntimeError: a / b" in line
+
+
+# --- issue 18: the strongest peer's row, cold starts ------------------------------------------------------
+
+
+class _FakeCacheDit:
+    """Records what `_cache_dit_fp8_compile` hands cache-dit (cache-dit is not installable on this CPU box)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, dict]] = []
+
+    def enable_cache(self, pipe: object, **kwargs: object) -> object:
+        self.calls.append((pipe, kwargs))
+        return pipe
+
+    @staticmethod
+    def QuantizeConfig(**kwargs: object) -> dict:  # noqa: N802 (cache-dit's class name)
+        return {"QuantizeConfig": kwargs}
+
+    @staticmethod
+    def DBCacheConfig(**kwargs: object) -> dict:  # noqa: N802
+        return {"DBCacheConfig": kwargs}
+
+    @staticmethod
+    def steps_mask(mask_policy: str, total_steps: int) -> list[int]:
+        return [mask_policy, total_steps]  # type: ignore[list-item]
+
+    @staticmethod
+    def summary(pipe: object, logging: bool = False) -> list:
+        return []
+
+
+def test_cache_dit_fp8_row_passes_its_own_per_row_fp8_to_enable_cache_then_compiles_the_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeCacheDit()
+    monkeypatch.setitem(sys.modules, "cache_dit", fake)
+    pipe = hookkit.tools.zoo.tiny_pipeline("flux")
+    compiled: list[dict] = []
+    monkeypatch.setattr(pipe.transformer, "compile_repeated_blocks", lambda **kw: compiled.append(kw))
+    config = bench.CONFIGS["cache-dit+fp8+compile"]
+    assert (config.kind, config.needs_cuda, config.needs_module) == ("peer", True, "cache_dit")
+    config.setup(bench.RunContext(pipe=pipe, opts=bench.ModelOptions(name="flux", steps=28)))
+    [(target, kwargs)] = fake.calls
+    assert target is pipe
+    assert kwargs["quantize_config"] == {"QuantizeConfig": {"quant_type": "float8_per_row"}}
+    assert kwargs["cache_config"]["DBCacheConfig"]["steps_computation_mask"] == ["fast", 28]
+    assert compiled == [{"fullgraph": True}]
+
+
+def test_cache_dit_without_fp8_passes_no_quantize_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeCacheDit()
+    monkeypatch.setitem(sys.modules, "cache_dit", fake)
+    bench.CONFIGS["cache-dit"].setup(bench.RunContext(pipe=hookkit.tools.zoo.tiny_pipeline("flux"),
+                                                      opts=bench.ModelOptions(name="flux", steps=6)))
+    assert "quantize_config" not in fake.calls[0][1]
+
+
+def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quantized(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    for name in ("hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs"):
+        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
+    fastest, modulation = specs
+    assert modulation.quantize == attrs.evolve(fastest.quantize, include_modulation=True)
+    assert (modulation.cache, modulation.compile, modulation.memo) == (fastest.cache, fastest.compile, fastest.memo)
+
+
+def test_cold_env_points_every_compiler_cache_at_a_new_empty_folder(tmp_path: Path) -> None:
+    env = bench.cold_env(tmp_path / "row", {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm"})
+    assert set(env) == {"PATH", "HOOKKIT_BENCH_COLD", *bench.COLD_CACHE_VARS}
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "row" / "torchinductor_cache_dir")
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "row" / "triton_cache_dir")
+    assert all(list(Path(env[v]).iterdir()) == [] for v in bench.COLD_CACHE_VARS)
+    with pytest.raises(FileExistsError):  # never an old folder: a reused one would not be cold
+        bench.cold_env(tmp_path / "row", {})
+
+
+@pytest.mark.slow
+def test_a_cold_row_runs_on_its_own_fresh_caches_and_reports_time_to_first_image(tmp_path: Path) -> None:
+    """An uncompiled row keeps this fast (a cold inductor compile of even the tiny Flux takes minutes on 2
+    cores); what is checked is that the row's process saw new folders, gone after the row."""
+    row = bench._run_child(bench.CONFIGS["hookkit"], bench.ModelOptions(name="flux", steps=2), runs=1, warmup=1,
+                           timeout_s=600, out_dir=tmp_path, cold=True)
+    assert row["status"] == "ok", row["note"]
+    folders = [row["cold"][var] for var in bench.COLD_CACHE_VARS]
+    assert len(set(folders)) == 2 and all(f.startswith(tempfile.gettempdir()) for f in folders)
+    assert not any(Path(f).exists() for f in folders)
+    assert row["cold"]["files_written"] == {var: 0 for var in bench.COLD_CACHE_VARS}
+    assert row["time_to_first_image_s"] == row["setup_s"] + row["first_call_s"]
+    assert 0 < row["first_call_s"] <= row["warmup_s"]
+    assert f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable" in bench.markdown_table([row])
+
+
+def test_a_warm_row_reports_no_cold_caches(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["eager"], bench.ModelOptions(name="flux", steps=2), runs=1, warmup=0,
+                        out_dir=tmp_path)
+    assert row["cold"] is None
+    assert row["first_call_s"] == row["latencies_s"][0]  # no warm-up: the first timed call is the first call
+
+
+def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> None:
+    """Its step set must be the static row's, so that their times differ only by the cost of deciding."""
+    from hookkit.techniques.cache.spec import resolve_steps_mask
+
+    pipe = hookkit.tools.zoo.tiny_pipeline("flux")
+    specs: list[hookkit.Spec] = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hookkit, "enable", lambda p, spec: specs.append(spec))
+        bench.CONFIGS["hookkit-fp8+cache-dyn+cuda-graphs"].setup(bench.RunContext(pipe=None, opts=None))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=specs[0].cache))
+    pipe(**hookkit.tools.zoo.call_kwargs("flux", steps=28))
+    [branch] = handle.summary().features["cache"].data["branches"].values()
+    mask = resolve_steps_mask("fast", 28)
+    assert branch["cached"] == [i for i, m in enumerate(mask) if m == 0]
+    assert sorted(branch["diffs"]) == branch["cached"]  # each decided by a measured diff, not by the mask

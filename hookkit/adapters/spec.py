@@ -108,6 +108,9 @@ class AdapterSpec:
     blocks: tuple[BlockListSpec, ...] = attrs.field(converter=_tuple)
     repeated_blocks: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     quant_exclude: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    #: fnmatch patterns of the AdaLN modulation Linears (timestep embedding -> shift/scale/gate): kept out of
+    #: quantization like `quant_exclude`, unless `Quantize(include_modulation=True)` asks for them
+    quant_modulation: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     cfg: str = "batched"
     memo_scope: str = "none"
     pipelines: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
@@ -127,6 +130,7 @@ class AdapterSpec:
             raise _fail(where, "blocks", attrs_seen, "each block list attribute once")
         _strings(where, "repeated_blocks", self.repeated_blocks)
         _strings(where, "quant_exclude", self.quant_exclude)
+        _strings(where, "quant_modulation", self.quant_modulation)
         _strings(where, "pipelines", self.pipelines)
         if self.cfg not in CFG_STYLES:
             raise _fail(where, "cfg", self.cfg, f"one of {CFG_STYLES} (one batched call per step, or one call per CFG branch)")

@@ -443,7 +443,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return 0 if rows[0]["status"] == "ok" else 1
     else:
         rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
-                                Path(args.out_dir) if args.out_dir else None, log=_progress_line)
+                                Path(args.out_dir) if args.out_dir else None, log=_progress_line, cold=args.cold)
     data = bench.report(rows, notes, opts, args.runs, args.warmup, args.argv)
     _print_report(data, args.json)
     return 0 if rows[0]["status"] == "ok" else 1
@@ -520,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--out-dir", default=None, help="keep each configuration's output (.pt) and row (.json) here")
     p.add_argument("--timeout", type=float, default=bench.default_timeout(), help="seconds per configuration")
+    p.add_argument("--cold", action="store_true",
+                   help="fresh, empty inductor and Triton cache folders for every row: first-call and "
+                        "time-to-first-image include all compilation and autotuning")
     p.add_argument("--list", action="store_true", help="list the configurations and whether they run here")
     p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
                    help="under torchrun: every configuration context-parallel (e.g. ulysses=2), rank 0 reports")
