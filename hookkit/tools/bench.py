@@ -31,6 +31,7 @@ import attrs
 import torch
 
 import hookkit
+from hookkit.core.quiet import quiet_imports
 from hookkit.tools import zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
@@ -279,6 +280,7 @@ def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:
             "for the tiny model.")
 
 
+@quiet_imports()
 def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
 

@@ -1,6 +1,6 @@
 """The `hookkit` command line (also `python -m hookkit`).
 
-    hookkit demo                         tiny Flux on the CPU: plain vs hookkit, summary, timings
+    hookkit demo                         trained tiny Flux on the CPU: plain vs hookkit side by side in a PNG
     hookkit generate flux --cache ...    one generation with the chosen optimizations, saved to a file
     hookkit bench --configs eager,...    a matrix of configurations, one process each, as a markdown table
 
@@ -30,6 +30,8 @@ from hookkit.techniques.cache.spec import MASK_POLICIES
 from hookkit.techniques.compile.spec import COMPILE_MODES
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES
 from hookkit.core.summary import table
+from hookkit.tools.demo import DEFAULT_CLASSES as DEMO_CLASSES
+from hookkit.tools.trained.shapes import CLASSES as TRAINED_CLASSES
 
 EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 
@@ -91,82 +93,18 @@ def _progress(pipe: Any, desc: str, leave: bool = True) -> None:
 # --- demo ------------------------------------------------------------------------------------------------
 
 
-def demo_spec(have: frozenset[str]) -> hookkit.Spec:
-    """What the demo turns on: every feature that is installed and useful on a CPU.
-
-    DBCache runs on cache-dit's static "fast" mask (random weights never cache dynamically); memo and
-    sync-free run anywhere; compile and quantization are left out (minutes of CPU compilation, schemes
-    that need a GPU).
-    """
-    kwargs: dict[str, Any] = {}
-    if "cache" in have:
-        kwargs["cache"] = hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast",
-                                          mask_policy="static")
-    if "memo" in have:
-        kwargs["memo"] = True
-    if "sync_free" in have:
-        kwargs["sync_free"] = True
-    return hookkit.Spec(**kwargs)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hookkit.tools import zoo
+    from hookkit.tools import demo
 
-    for flag, value in (("--steps", args.steps), ("--runs", args.runs), ("--threads", args.threads),
-                        ("--height", args.height), ("--width", args.width)):
+    for flag, value in (("--steps", args.steps), ("--threads", args.threads)):
         if value < 1:
-            raise SpecError(f"{flag}: expected an int >= 1, got {value}.")
-    device = torch.device("cpu")
-    # One thread: a tiny model gains nothing from more, and timings stay stable on a busy machine.
-    torch.set_num_threads(args.threads)
-    spec = demo_spec(bench.available_fields())
-    on = [k for k, v in spec.to_dict().items() if v not in (None, False)]
-    print(f"hookkit demo: tiny FluxPipeline built from config with random weights, {bench.device_description(device)}, "
-          f"{args.steps} steps, {args.height}x{args.width}, seed {args.seed}")
-    print(f"hookkit features installed: {', '.join(sorted(bench.available_fields())) or 'none yet'}; "
-          f"demo turns on: {', '.join(on) if on else 'bookkeeping only (Spec())'}")
-    pipe = zoo.tiny_pipeline("flux", seed=args.seed)
-
-    def call() -> torch.Tensor:
-        kwargs = zoo.call_kwargs("flux", steps=args.steps, seed=args.seed, height=args.height, width=args.width,
-                                 output_type="pt")
-        return pipe(**kwargs).images
-
-    def runs(label: str, n: int) -> tuple[torch.Tensor, float]:
-        """The last output (every run gives the same: fresh seeded generator) and the median time of `n` runs."""
-        times, output = [], None
-        for i in range(n):
-            _progress(pipe, f"{label} {i + 1}/{n}", leave=i == n - 1)
-            seconds, output = bench.timed(call, device)
-            times.append(seconds)
-        return output, statistics.median(times)
-
-    call()  # warm-up: one-time allocations and lazy initialisation, untimed
-    plain, t_plain = runs("plain  ", args.runs)
-    handle = hookkit.enable(pipe, spec)
-    hooked, t_hooked = runs("hookkit", args.runs)
-    summary = handle.summary()
-    hookkit.disable(pipe)
-    after, _ = runs("after disable", 1)
-
-    print()
-    print(summary)
-    print()
-    print(table(["run", f"median of {args.runs} (s)", "speed-up"],
-                [["plain diffusers", f"{t_plain:.4f}", "1.00x"],
-                 ["hookkit", f"{t_hooked:.4f}", f"{t_plain / t_hooked:.2f}x"]]))
-    if torch.equal(hooked, plain):
-        print("hookkit output vs plain: bitwise equal")
-    else:
-        why = ""
-        if spec.cache is not None:
-            ts = spec.cache.taylorseer_order
-            why = " (cached steps reuse the middle blocks' residuals" + (
-                f", extrapolated by TaylorSeer order {ts})" if ts else ")")
-        print(f"hookkit output vs plain: PSNR {bench.psnr(plain, hooked, peak=1.0):.2f} dB{why}")
-    equal = torch.equal(after, plain)
-    print(f"after hookkit.disable: output bitwise equal to the plain run: {equal}")
-    return 0 if equal else 1
+            raise SpecError(f"--{flag.lstrip('-')}: expected an int >= 1, got {value}.")
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    if not classes:
+        raise SpecError(f"--classes: expected comma-separated class names, got {args.classes!r}. "
+                        f"Give e.g. --classes 'red circle,green square'.")
+    # One thread by default: a tiny model gains nothing from more, and timings stay stable on a busy machine.
+    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads)
 
 
 # --- generate --------------------------------------------------------------------------------------------
@@ -175,7 +113,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 #: defaults of the flags that mean something only with --cache: argparse's defaults and the check below
 #: that refuses them without --cache read this one table
 CACHE_FLAG_DEFAULTS: dict[str, Any] = {
-    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": 0.12,
+    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": None,
     "cache_warmup": None, "cache_max_continuous": None, "cache_taylorseer": None,
 }
 
@@ -191,15 +129,19 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
         raise SpecError(f"--compile-mode {args.compile_mode}: only with --compile or --cuda-graphs. Add --compile.")
     cache = None
     if args.cache:
+        # One default everywhere: unset flags take `hookkit.DBCache()`'s values (the measured ones); a mask is
+        # the schedule, so with one the warm-up is 0 and TaylorSeer off unless asked for.
+        default = hookkit.DBCache()
         masked = args.cache_mask is not None
         cache = hookkit.DBCache(
-            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn, threshold=args.cache_threshold,
-            warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else 8),
+            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn,
+            threshold=args.cache_threshold if args.cache_threshold is not None else default.threshold,
+            warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else default.warmup_steps),
             max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
-            else (-1 if masked else 3),
+            else default.max_continuous_cached_steps,
             steps_mask=args.cache_mask, mask_policy=args.cache_mode,
             taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
-            else (0 if masked else hookkit.DBCache().taylorseer_order),
+            else (0 if masked else default.taylorseer_order),
         )
     compile_ = None
     if args.compile or args.cuda_graphs:
@@ -214,7 +156,8 @@ def optimization_tag(spec: hookkit.Spec) -> str:
     parts = []
     if spec.cache is not None:
         c = spec.cache
-        parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{c.warmup_steps}MC{c.max_continuous_cached_steps}"
+        warmup = "auto" if c.warmup_steps is None else c.warmup_steps
+        parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{warmup}MC{c.max_continuous_cached_steps}"
                      f"_R{c.threshold:g}" + (f"_TS{c.taylorseer_order}" if c.taylorseer_order else ""))
         if c.steps_mask is not None:
             mask = c.steps_mask if isinstance(c.steps_mask, str) else "custom"
@@ -447,12 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hookkit {hookkit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="tiny Flux on the CPU: plain vs hookkit, summary, timings, exact restore")
-    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--height", type=int, default=32)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--runs", type=int, default=3, help="timed runs per variant (median)")
+    p = sub.add_parser("demo", help="hookkit's trained tiny Flux on the CPU: plain vs hookkit side by side in one PNG, "
+                                    "summary, exact restore")
+    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28, the model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first class's image (the next get +1, +2, ...)")
+    p.add_argument("--classes", default=",".join(DEMO_CLASSES),
+                   help=f"comma-separated classes to draw (default {','.join(DEMO_CLASSES)!r}; all: "
+                        f"{', '.join(TRAINED_CLASSES)})")
+    p.add_argument("--out", default="hookkit-demo.png", help="the side-by-side PNG (default ./hookkit-demo.png)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the tiny model needs no more)")
     p.set_defaults(func=cmd_demo)
 
@@ -464,17 +409,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
     p.add_argument("--quant", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
-    p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12, TaylorSeer order 1 unless set below)")
+    p.add_argument("--cache", action="store_true", help="DBCache with hookkit.DBCache()'s measured defaults (F1B0, threshold 0.24, warm-up scaled to the "
+                        "step count: 8 at 28 steps, 2 at 4-7; no run limit; TaylorSeer order 1) unless set below")
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
                    help="masked steps: cache when the residual change is small (dynamic) or always (static)")
     p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed")
     p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed")
-    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold")
-    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default 8, 0 with a mask)")
+    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold (default 0.24)")
+    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: scaled to the step count, 8 at 28; 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
-                   help="cached steps in a row (default 3, -1 with a mask)")
+                   help="cached steps in a row (default -1: no limit)")
     p.add_argument("--cache-taylorseer", type=int, default=CACHE_FLAG_DEFAULTS["cache_taylorseer"], choices=[0, 1, 2],
                    help="TaylorSeer order of cached residuals (default: DBCache's, 0 with a mask)")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")

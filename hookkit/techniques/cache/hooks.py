@@ -14,8 +14,9 @@ residual is instead extrapolated from the last computed ones (Newton divided dif
 
 When a step is cached (per CFG branch, checked in this order; the first rule that applies decides):
   1. no computed step yet in this branch            -> compute (nothing to reuse)
-  2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut to
-     the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
+  2. warmup: step in range(0, warmup, warmup_interval) -> compute; warmup is `warmup_steps`, or for None
+     `auto_warmup_steps(num_steps)` (8 at 28 steps, scaled down below); with a `steps_mask` the warmup is cut
+     to the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
   3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (limits and threshold are not
      consulted); a 0 with "dynamic" goes on to the rules below
   4. `max_cached_steps` cached steps already        -> compute
@@ -87,7 +88,7 @@ from hookkit.core.plan import (
     module_at,
 )
 from hookkit.spec import Spec
-from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask
 from hookkit.core.summary import FeatureSummary, Summary, table
 
 if TYPE_CHECKING:
@@ -279,7 +280,10 @@ class _CallState:
             )
         mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
         self.mask: tuple[int, ...] | None = mask
-        warmup = spec.warmup_steps
+        warmup = effective_warmup_steps(spec, num_steps)
+        self.num_steps = num_steps
+        #: steps of the warm-up as given (before a mask cuts it), for the summary's "why nothing was cached"
+        self.warmup_given = warmup
         if mask is not None:
             leading = next((i for i, m in enumerate(mask) if m != 1), len(mask))
             warmup = min(warmup, leading)
@@ -373,6 +377,8 @@ class _Shared:
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
         self.graph: GraphBridge | None = None
+        #: reasons why no step could be cached, already logged (each once per handle)
+        self.logged: set[str] = set()
 
     def call_state(self) -> _CallState:
         handle = self.handle
@@ -400,6 +406,10 @@ class _Shared:
         cs = state.features.get(NAME)
         if cs is None:
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
+            reason = _no_cache_reason(self.layout, cs)
+            if reason is not None and reason not in self.logged:
+                self.logged.add(reason)  # once per handle and reason: a call is no attach, but this is no per-call log
+                logger.warning("dbcache: {}", reason)
         return cs
 
 
@@ -664,6 +674,48 @@ def _diff_stats(diffs: list[float]) -> dict[str, float] | None:
     return stats
 
 
+def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
+    """Why no step of this call can be cached, known before it runs (None when some step may be).
+
+    Only what the spec and the step count decide: that the threshold rejected every step is said by
+    `_no_cached_reason` once the call ran.
+    """
+    spec, n = layout.spec, cs.num_steps
+    if n is None:
+        return None
+    if cs.mask is not None and not any(m == 0 for m in cs.mask):
+        return (f"steps_mask computes all {n} steps of this call: no step may be cached. "
+                "Give a mask with 0s (or a named policy).")
+    if cs.static:
+        return None
+    if spec.threshold <= 0:
+        return f"threshold {spec.threshold} caches no step. Set DBCache(threshold=...) above 0 (default 0.24)."
+    if spec.max_cached_steps == 0:
+        return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if spec.max_continuous_cached_steps == 0:
+        return "max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if len(cs.warmup) >= n:
+        return (f"warmup_steps={cs.warmup_given} covers all {n} steps of this call: no step may be cached. "
+                f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).")
+    return None
+
+
+def _no_cached_reason(layout: _Layout, cs: _CallState | None) -> str | None:
+    """Why a call that ran cached nothing: `_no_cache_reason`, or every measured diff at or above the threshold."""
+    if cs is None or cs.transformer_calls == 0 or any(b.cached for b in cs.branches.values()):
+        return None
+    before = _no_cache_reason(layout, cs)
+    if before is not None:
+        return before
+    diffs = [d for b in cs.branches.values() for d in b.diffs.values()]
+    threshold = layout.spec.threshold
+    if diffs:
+        return (f"every measured diff ({len(diffs)} of them, smallest {min(diffs):.3g}) was at or above threshold "
+                f"{threshold:g}. Random weights rarely cache (judge with trained weights); a higher threshold "
+                "caches more steps at lower fidelity.")
+    return None
+
+
 def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> FeatureSummary:
     spec = layout.spec
     branches: dict[int, dict[str, Any]] = {}
@@ -687,6 +739,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "block_calls": cs.block_calls if cs is not None else 0,
         "block_calls_uncached": calls * layout.num_blocks,
         "branches": branches,
+        "warmup_steps": sorted(cs.warmup) if cs is not None else None,
+        "no_cache_reason": _no_cached_reason(layout, cs),
     }
     return FeatureSummary(name=NAME, data=data, text=_render(data))
 
@@ -710,6 +764,8 @@ def _render(data: dict[str, Any]) -> str:
     total = data["block_calls_uncached"]
     share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
     lines.append(f"block calls run: {data['block_calls']} of {total}{share}")
+    if data["no_cache_reason"]:
+        lines.append(f"no step cached: {data['no_cache_reason']}")
     return "\n".join(lines)
 
 

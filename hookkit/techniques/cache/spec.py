@@ -42,15 +42,32 @@ class DBCache:
     On a step that may be cached, the first `fn_blocks` run; if the relative L1 change of their residual
     against the last computed step is below `threshold`, the middle blocks are skipped and their cached
     residual is added instead; the last `bn_blocks` always run.
+
+    Args:
+        fn_blocks: first blocks that always run; their residual is the change detector.
+        bn_blocks: last blocks that always run.
+        threshold: relative L1 change of the Fn residual below which a step is cached.
+        warmup_steps: steps always computed first. None (the default) scales with the call's step count:
+            `auto_warmup_steps(n)` = 8 at 28 steps and more, ceil(8 n / 28) below (2 at 4-7 steps, 3 at 8-10),
+            so 4-8-step models (FLUX.1-schnell, distilled LoRAs) can cache too; 8 when the step count is
+            unknown (a bare transformer without `num_steps`). An int is taken as is, even when it covers every
+            step (the summary then says why nothing was cached).
+        warmup_interval: within the warm-up, compute every `warmup_interval`-th step only.
+        max_cached_steps: at most this many cached steps per call and branch (-1: no limit).
+        max_continuous_cached_steps: at most this many cached steps in a row (-1: no limit).
+        max_accumulated_diff: compute every later step once the measured diffs sum to this (None: no limit).
+        steps_mask: 0 (may cache) / 1 (compute) per step, or a named policy ("slow", "medium", "fast", "ultra").
+        mask_policy: "dynamic" (a 0 still asks the threshold) or "static" (a 0 caches).
+        taylorseer_order: 0 reuses the last residual; 1 or 2 extrapolates it (TaylorSeer).
     """
 
     NAME: ClassVar[str] = "cache"
     fn_blocks: int = attrs.field(default=1, validator=int_field(1))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
-    #: defaults (F1B0, threshold 0.24, TaylorSeer order 1, 8 warm-up steps) measured on hookkit's trained tiny
-    #: Flux: 1.91x fewer block calls at 41.2 dB PSNR against uncached (BENCHMARKS.md, quality table)
+    #: defaults (F1B0, threshold 0.24, TaylorSeer order 1, 8 warm-up steps at 28) measured on hookkit's trained
+    #: tiny Flux: 1.91x fewer block calls at 41.2 dB PSNR against uncached (BENCHMARKS.md, quality table)
     threshold: float = attrs.field(default=0.24, validator=float_field(0.0))
-    warmup_steps: int = attrs.field(default=8, validator=int_field(0))
+    warmup_steps: int | None = attrs.field(default=None, validator=int_field(0, allow_none=True))
     warmup_interval: int = attrs.field(default=1, validator=int_field(1))
     max_cached_steps: int = attrs.field(default=-1, validator=int_field(-1))
     max_continuous_cached_steps: int = attrs.field(default=-1, validator=int_field(-1))
@@ -65,6 +82,28 @@ class DBCache:
         if value == "static" and self.steps_mask is None:
             raise SpecError("DBCache.mask_policy: 'static' follows steps_mask alone, but steps_mask is None. "
                             "Give a mask (steps_mask='fast' or a 0/1 list) or use mask_policy='dynamic'.")
+
+
+#: warm-up of `DBCache(warmup_steps=None)` at `WARMUP_REFERENCE_STEPS` steps and more (cache-dit's default)
+WARMUP_REFERENCE = 8
+WARMUP_REFERENCE_STEPS = 28
+
+
+def auto_warmup_steps(num_steps: int | None) -> int:
+    """Warm-up of `DBCache(warmup_steps=None)` for a call of `num_steps` steps.
+
+    8 steps at 28 (the measured default) are kept at more steps; below, the same share of the schedule,
+    rounded up: 4-7 steps warm up 2, 8-10 warm up 3. A fixed 8 would leave nothing to cache on FLUX.1-schnell's
+    4 steps or the tiny demo's 6. Unknown step count: 8.
+    """
+    if num_steps is None or num_steps >= WARMUP_REFERENCE_STEPS:
+        return WARMUP_REFERENCE
+    return max(1, -(-WARMUP_REFERENCE * num_steps // WARMUP_REFERENCE_STEPS))
+
+
+def effective_warmup_steps(spec: DBCache, num_steps: int | None) -> int:
+    """The warm-up a call of `num_steps` steps gets: the spec's int, or `auto_warmup_steps` for None."""
+    return auto_warmup_steps(num_steps) if spec.warmup_steps is None else spec.warmup_steps
 
 
 def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tuple[int, ...] | None:
