@@ -25,13 +25,13 @@ import torch
 import hookkit
 from hookkit.tools import bench
 from hookkit.tools.bench import ModelOptions
-from hookkit.errors import HookkitError, SpecError
+from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.techniques.cache.spec import MASK_POLICIES
 from hookkit.techniques.compile.spec import COMPILE_MODES
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES
 from hookkit.core.summary import table
+from hookkit.tools import local
 from hookkit.tools.demo import DEFAULT_CLASSES as DEMO_CLASSES
-from hookkit.tools.trained.shapes import CLASSES as TRAINED_CLASSES
 
 EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 
@@ -253,27 +253,108 @@ def _save(output: Any, out: Path, latent: bool, video: bool) -> list[Path]:
     return paths
 
 
+def _resolve_model(args: argparse.Namespace) -> None:
+    """MODEL may be a folder (then it is --model-path) or left out with --model-path: read from model_index.json."""
+    if args.model is not None and args.model not in hookkit.list_adapters() and Path(args.model).is_dir():
+        if args.model_path is not None:
+            raise SpecError(f"MODEL {args.model!r} is a folder and --model-path {args.model_path!r} is another; give one.")
+        args.model_path, args.model = args.model, None
+    if args.model is None:
+        if args.model_path is None:
+            raise SpecError(f"MODEL: expected a shipped adapter name ({', '.join(sorted(hookkit.list_adapters()))}) "
+                            "or a local pipeline folder, got neither. Add one, e.g. `hookkit generate flux`.")
+        folder = Path(args.model_path)
+        args.model = local.model_of(local.read_index(folder), folder)
+
+
+def call_options(args: argparse.Namespace) -> local.CallOptions:
+    return local.CallOptions(guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
+                             true_cfg_scale=args.true_cfg_scale, num_images=args.num_images,
+                             loras=tuple(local.Lora.parse(t) for t in args.lora), cpu_offload=args.cpu_offload)
+
+
+def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookkit.Spec, options: local.CallOptions,
+                      device: torch.device, dtype: torch.dtype) -> None:
+    """Everything that needs no weights, before any are read (a FLUX.1-dev folder is tens of GB)."""
+    if args.cuda_graphs and device.type != "cuda":
+        raise UnsupportedError(f"--cuda-graphs: captures CUDA graphs and needs a CUDA device; this run is on {device}. "
+                               "Drop --cuda-graphs (--compile alone compiles the repeated blocks here).")
+    if args.cuda_graphs and args.compile_mode not in (None, "default", "max-autotune-no-cudagraphs"):
+        raise SpecError(f"--compile-mode {args.compile_mode} with --cuda-graphs: hookkit captures the graphs itself. "
+                        "Use --compile-mode default or max-autotune-no-cudagraphs, or drop --compile-mode.")
+    if spec.quantize is not None:
+        from hookkit.techniques.quantize.torchao import check_hardware
+
+        try:
+            check_hardware(spec.quantize.scheme, [device])
+        except UnsupportedError as exc:
+            raise UnsupportedError(str(exc).replace(f"Quantize.scheme={spec.quantize.scheme!r}",
+                                                    f"--quant {spec.quantize.scheme}")
+                                   .replace("scheme='", "--quant '")) from None
+    local.check_call_options(options, device, args.cuda_graphs)
+    if opts.model_path is None:
+        if options.negative_prompt is not None:
+            raise SpecError("--negative-prompt: needs text encoders, only with --model-path (a local pipeline with "
+                            "them); tiny and --full models get random prompt embeddings. Drop it or add --model-path.")
+        return
+    folder = Path(opts.model_path)
+    index = local.read_index(folder)
+    local.check_family(index, folder, opts.name)
+    if not local.has_text_encoders(index):
+        for flag, value in (("--prompt", args.prompt), ("--negative-prompt", options.negative_prompt)):
+            if value is not None:
+                raise SpecError(f"{flag} {value!r}: {str(folder)!r} was saved without text encoders "
+                                "(model_index.json names them null), so no text can be encoded; it would run on "
+                                f"random embeddings. Drop {flag}, or use a folder with its text encoders.")
+    local.check_fits(folder, dtype, device, bench._available_bytes(device), options.cpu_offload)
+
+
+def output_name(opts: ModelOptions, size: str, tag: str, prompt: str | None, suffix: str) -> Path:
+    """`flux.a-cat-holding-a-sign.1024x1024.DBCache_....png`: model, prompt (when one was encoded), size, tag."""
+    parts = [opts.name] + ([local.slug(prompt)] if prompt else []) + [size, tag]
+    return Path(".".join(parts) + suffix)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    _resolve_model(args)
     opts = _model_options(args, args.model)
     bench.check_model(opts)
     spec = spec_from_args(args)
+    options = call_options(args)
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
     latent = opts.full
     if args.out is not None and not latent:
         _check_image_suffix(Path(args.out))
+    precheck_generate(args, opts, spec, options, device, dtype)
     steps = opts.num_steps()
+    compiling = args.compile or args.cuda_graphs
+    warmup = args.warmup if args.warmup is not None else (1 if compiling else 0)
+    if warmup < 0:
+        raise SpecError(f"--warmup: expected an int >= 0, got {warmup}.")
 
-    load_s, pipe = bench.timed(lambda: bench.load_pipeline(opts), device)
+    def load() -> Any:
+        pipe = bench.load_pipeline(opts)
+        local.check_size(pipe, opts.height, opts.width)
+        options.prepare(pipe)
+        return pipe
+
+    load_s, pipe = bench.timed(load, device)
     enable_s, handle = bench.timed(lambda: hookkit.enable(pipe, spec), device)
     output_type = "latent" if latent else "pil"
+    encoded = opts.model_path is not None and bench.has_text_encoder(pipe)
+    prompt = opts.prompt if encoded else None
+
+    def kwargs_now() -> dict[str, Any]:
+        return {**bench.call_kwargs(pipe, opts, output_type), **options.call_kwargs(pipe, opts.batch)}
+
     warmup_s = 0.0
-    for i in range(args.warmup):
-        _progress(pipe, f"warmup {i + 1}/{args.warmup}")
-        seconds, _ = bench.timed(lambda: pipe(**bench.call_kwargs(pipe, opts, output_type)), device)
+    for i in range(warmup):
+        _progress(pipe, f"warmup {i + 1}/{warmup}")
+        seconds, _ = bench.timed(lambda: pipe(**kwargs_now()), device)
         warmup_s += seconds
     _progress(pipe, "inference")
-    kwargs = bench.call_kwargs(pipe, opts, output_type)
+    kwargs = kwargs_now()
     infer_s, result = bench.timed(lambda: pipe(**kwargs), device)
     output = bench.output_of(result)
     video = hasattr(result, "frames")  # what the pipeline returned, not a list of model names
@@ -284,7 +365,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.out is not None:
         out = Path(args.out)
     else:
-        out = Path(f"{opts.name}.{size}.{tag}" + (".pt" if latent else ".gif" if video else ".png"))
+        out = output_name(opts, size, tag, prompt, ".pt" if latent else ".gif" if video else ".png")
     paths = _save(output, out, latent, video)
 
     if args.summary:
@@ -294,16 +375,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + ("" if bench.has_text_encoder(pipe) else ", no text encoder: random prompt embeddings")
               if opts.model_path else
               f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights, random prompt embeddings")
+    extras = [f"{k}={v!r}" for k, v in options.call_kwargs(pipe, opts.batch).items()]
+    if options.loras:
+        extras.append(f"LoRA {local.loras_text(options.loras)}")
+    if options.cpu_offload:
+        extras.append(f"cpu offload {options.cpu_offload}")
     lines = [
         f"Model: {opts.name} ({summary.transformer} in {summary.pipeline}; {source})",
+        *([f"Prompt: {prompt!r}"] if prompt is not None else []),
         f"Optimization: {tag}",
         *_feature_lines(summary),
         f"Device: {bench.device_description(device)}, {str(dtype).removeprefix('torch.')}",
         f"Input: {size}, {steps} steps, "
-        f"batch {opts.batch}, seed {opts.seed}",
+        f"batch {opts.batch}, seed {opts.seed}" + (f"; {', '.join(extras)}" if extras else ""),
         f"Load Time: {load_s:.2f}s",
         f"Enable Time: {enable_s:.2f}s",
-        f"Warmup Time: {warmup_s:.2f}s ({args.warmup} run{'s' if args.warmup != 1 else ''})",
+        f"Warmup Time: {warmup_s:.2f}s ({warmup} run{'s' if warmup != 1 else ''}"
+        + ("" if warmup or compiling else "; none needed without --compile") + ")",
         f"Inference Time: {infer_s:.2f}s",
     ]
     if latent:
@@ -395,15 +483,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28, the model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first class's image (the next get +1, +2, ...)")
     p.add_argument("--classes", default=",".join(DEMO_CLASSES),
-                   help=f"comma-separated classes to draw (default {','.join(DEMO_CLASSES)!r}; all: "
-                        f"{', '.join(TRAINED_CLASSES)})")
+                   help=f"comma-separated classes to draw (default {','.join(DEMO_CLASSES)!r}; all ten: "
+                        "hookkit.tools.trained.CLASSES)")
     p.add_argument("--out", default="hookkit-demo.png", help="the side-by-side PNG (default ./hookkit-demo.png)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the tiny model needs no more)")
     p.set_defaults(func=cmd_demo)
 
     models = sorted(hookkit.list_adapters())
     p = sub.add_parser("generate", help="one generation with the chosen optimizations, saved to a file")
-    p.add_argument("model", metavar="MODEL", help=f"a shipped adapter name: {', '.join(models)}")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help=f"a shipped adapter name ({', '.join(models)}) or a local pipeline folder (then the name is read "
+                        "from its model_index.json; same as --model-path)")
     p.add_argument("--compile", action="store_true", help="regional torch.compile of the repeated blocks")
     p.add_argument("--compile-mode", default=None, choices=[m for m in COMPILE_MODES if m], help="torch.compile mode")
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
@@ -426,7 +516,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")
     p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one (compilation happens here)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed runs before the timed one (default: 1 with --compile or --cuda-graphs, where compilation "
+                        "happens, else 0)")
+    p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default: its own)")
+    p.add_argument("--negative-prompt", default=None,
+                   help="negative prompt: true CFG (two transformer calls per step); needs text encoders")
+    p.add_argument("--true-cfg-scale", type=float, default=4.0, help="true-CFG scale with --negative-prompt (default 4)")
+    p.add_argument("--num-images", type=int, default=1, help="images per prompt (num_images_per_prompt)")
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="load a LoRA before enabling hookkit (repeatable; scale default 1.0)")
+    p.add_argument("--cpu-offload", default=None, choices=("model", "sequential"),
+                   help="accelerate's offload (CUDA): model (one component on the GPU at a time; FLUX.1-dev bf16 on a "
+                        "24 GB card) or sequential (layer by layer, slowest, least memory)")
     p.add_argument("--out", default=None, help="output file (.png; .gif or .png frames for video; .pt with --full)")
     _add_model_args(p)
     p.set_defaults(func=cmd_generate)
