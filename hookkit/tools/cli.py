@@ -445,6 +445,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     opts = _model_options(args, args.model)
     bench.check_model(opts)
+    if opts.full and device.type != "cuda" and opts.device is None:
+        # refused here, in a second, not once per row in a child process each (nor after sizing the model)
+        raise UnsupportedError(
+            f"--full {opts.name}: no CUDA device is visible, and a full-size {opts.name} transformer takes minutes per "
+            "denoising step on the CPU, for every row. Run it on a CUDA GPU, drop --full for the tiny model, or pass "
+            "--device cpu to run it on the CPU anyway.")
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
