@@ -156,3 +156,77 @@ def test_quiet_imports_puts_logger_levels_back() -> None:
         assert logging.getLogger("torchao").level == logging.INFO
     finally:
         logging.getLogger("torchao").setLevel(logging.NOTSET)
+
+
+# --- 7. messages -----------------------------------------------------------------------------------------
+
+
+def test_a_pipeline_call_after_enabling_the_bare_transformer_says_enable_the_pipeline_first() -> None:
+    from hookkit.tools import zoo
+
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe.transformer, hookkit.Spec(cache=hookkit.DBCache()))
+    try:
+        with pytest.raises(hookkit.errors.SpecError) as exc:
+            pipe(**zoo.call_kwargs("flux", steps=2))
+    finally:
+        hookkit.disable(pipe.transformer)
+    message = str(exc.value)
+    assert message.startswith("DBCache on FluxTransformer2DModel: hookkit was enabled on the bare transformer")
+    # the pipeline fix comes before the bare-transformer one
+    assert message.index("hookkit.enable(pipe, spec)") < message.index("handle.generation")
+
+
+def _tiny_unet() -> torch.nn.Module:
+    from diffusers import UNet2DModel
+
+    return UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+                       norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+
+
+def test_a_unet_pipeline_is_refused_saying_unets_are_not_supported_and_why() -> None:
+    from diffusers import DDPMPipeline, DDPMScheduler
+
+    pipe = DDPMPipeline(unet=_tiny_unet(), scheduler=DDPMScheduler())
+    with pytest.raises(hookkit.errors.EnableError, match=r"^hookkit.enable: UNets are not supported, because hookkit's "
+                                                          r"techniques work on a diffusion transformer's list of "
+                                                          r"same-shaped blocks.*got DDPMPipeline, which denoises with "
+                                                          r"a UNet \(UNet2DModel\)"):
+        hookkit.enable(pipe, hookkit.Spec())
+
+
+def test_a_bare_unet_is_refused_the_same_way() -> None:
+    with pytest.raises(hookkit.errors.EnableError, match=r"UNets are not supported, because .* got a bare UNet "
+                                                          r"\(UNet2DModel\)"):
+        hookkit.enable(_tiny_unet(), hookkit.Spec())
+
+
+def test_dbcache_with_diffusers_first_block_cache_enabled_before_is_refused_at_enable() -> None:
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    from hookkit.tools import zoo
+
+    pipe = zoo.tiny_pipeline("flux")
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with pytest.raises(hookkit.errors.UnsupportedError, match=r"DBCache on FluxTransformer2DModel: diffusers' "
+                                                               r"FirstBlockCacheConfig is enabled on it too.*"
+                                                               r"disable_cache\(\) first"):
+        hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    assert hookkit.handle_of(pipe) is None
+    hookkit.enable(pipe, hookkit.Spec()).remove()  # without DBCache both coexist
+
+
+def test_dbcache_with_diffusers_first_block_cache_enabled_after_is_refused_at_the_next_call() -> None:
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    from hookkit.tools import zoo
+
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with pytest.raises(hookkit.errors.UnsupportedError, match=r"FirstBlockCacheConfig is enabled on it too"):
+        pipe(**zoo.call_kwargs("flux", steps=2))
+    pipe.transformer.disable_cache()
+    pipe(**zoo.call_kwargs("flux", steps=2))  # runs again once diffusers' cache is off
+    handle.remove()

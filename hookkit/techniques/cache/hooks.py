@@ -386,11 +386,19 @@ class _Shared:
         outside = not handle.in_generation if handle.pipeline is None else state.generation == 0
         if outside:
             # Nothing would reset the cache: one generation's residuals (and step count) would carry into the next.
+            name = type(handle.transformer).__name__
+            if handle.pipeline is None:
+                raise SpecError(
+                    f"DBCache on {name}: hookkit was enabled on the bare transformer, and it was called outside any "
+                    "generation. With a diffusers pipeline, enable hookkit on the pipeline instead: "
+                    "hookkit.disable(pipe.transformer); hookkit.enable(pipe, spec) (it then follows every pipe(...) "
+                    "call by itself). Only for your own denoising loop over a bare transformer, wrap each loop in "
+                    "`with handle.generation(num_steps=N):`."
+                )
             raise SpecError(
-                f"DBCache on {type(handle.transformer).__name__}: expected every transformer call inside a "
-                "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
-                "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
-                "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
+                f"DBCache on {name}: expected every transformer call inside a generation (a pipeline call), got "
+                "pipe.transformer called before any pipeline call. Call the pipeline, or enable hookkit on the bare "
+                "transformer and wrap your loop in `with handle.generation(num_steps=N):`."
             )
         if state.num_steps is not None and state.step >= state.num_steps:
             # The loop ended, yet the transformer runs on: its caller's scheduler never told hookkit a new call began
@@ -405,6 +413,7 @@ class _Shared:
             )
         cs = state.features.get(NAME)
         if cs is None:
+            _refuse_diffusers_cache(handle.transformer)  # once per call: enable_cache may come after hookkit.enable
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
             reason = _no_cache_reason(self.layout, cs)
             if reason is not None and reason not in self.logged:
@@ -591,6 +600,23 @@ def graph_bridge(handle: Handle) -> GraphBridge | None:
     return shared.graph
 
 
+def _refuse_diffusers_cache(transformer: torch.nn.Module) -> None:
+    """Refuse hookkit's DBCache on a transformer with diffusers' own cache on (`enable_cache`: FirstBlockCache,
+    FasterCache, PAB, MagCache, ...).
+
+    Refused rather than warned: both skip block computations on their own decisions, so a step one cache skips
+    feeds the other's reference and the errors compound into a worse image with no sign why; and hookkit's log is
+    silent by default, so a warning would not be seen.
+    """
+    config = getattr(transformer, "_cache_config", None)
+    if config is not None:
+        raise UnsupportedError(
+            f"DBCache on {type(transformer).__name__}: diffusers' {type(config).__name__} is enabled on it too "
+            "(transformer.enable_cache); two caches skipping blocks on their own decisions compound their errors. "
+            "Call pipe.transformer.disable_cache() first, or drop Spec.cache."
+        )
+
+
 # --- feature ------------------------------------------------------------------------------------------------
 
 
@@ -607,6 +633,7 @@ class _DBCacheFeature:
         spec = ctx.spec.cache
         if spec is None:
             return []
+        _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
         out: list[Attachment] = []
