@@ -515,3 +515,23 @@ def test_generate_prompt_goes_into_the_summary_and_the_file_name() -> None:
     assert cli.output_name(opts, "1024x1024", "eager", opts.prompt, ".png") == Path(
         "flux.a-cat-holding-a-sign.1024x1024.eager.png")
     assert local.slug("  ") == "prompt"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["model", "sequential"])
+def test_generate_cpu_offload_runs_on_a_gpu(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("accelerate")
+    code, stdout, stderr = generate(capsys, "flux", "--steps", "2", "--cache", "--cpu-offload", mode,
+                                    "--out", str(tmp_path / "o.png"))
+    assert code == 0, stderr
+    assert f"cpu offload {mode}" in stdout and (tmp_path / "o.png").is_file()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["./no/such/folder"], "MODEL './no/such/folder': no such folder (a path, not a shipped adapter name)"),
+    ([], "MODEL: expected a shipped adapter name (cogvideox, flux, hunyuanvideo, qwenimage, sd3, wan) or a local "
+         "pipeline folder, got neither."),
+])
+def test_generate_model_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = generate(capsys, *argv)
+    assert code == 2 and message in stderr

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 import hookkit
@@ -259,6 +259,9 @@ def _resolve_model(args: argparse.Namespace) -> None:
         if args.model_path is not None:
             raise SpecError(f"MODEL {args.model!r} is a folder and --model-path {args.model_path!r} is another; give one.")
         args.model_path, args.model = args.model, None
+    if args.model is not None and args.model not in hookkit.list_adapters() and "/" in args.model:
+        raise SpecError(f"MODEL {args.model!r}: no such folder (a path, not a shipped adapter name). Give an existing "
+                        "pipeline folder or one of: " + ", ".join(sorted(hookkit.list_adapters())) + ".")
     if args.model is None:
         if args.model_path is None:
             raise SpecError(f"MODEL: expected a shipped adapter name ({', '.join(sorted(hookkit.list_adapters()))}) "
@@ -334,7 +337,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise SpecError(f"--warmup: expected an int >= 0, got {warmup}.")
 
     def load() -> Any:
-        pipe = bench.load_pipeline(opts)
+        # With offload the weights stay on the CPU: accelerate moves each component to the GPU when it runs
+        # (moving all of FLUX.1-dev there first is what offload exists to avoid).
+        where = opts if options.cpu_offload is None else attrs.evolve(
+            opts, device="cpu", dtype=str(dtype).removeprefix("torch."))
+        pipe = bench.load_pipeline(where)
         local.check_size(pipe, opts.height, opts.width)
         options.prepare(pipe)
         return pipe
