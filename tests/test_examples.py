@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_example(name: str, *args: str) -> str:
+    # the checkout's hookkit, not whichever one is installed (a script's sys.path starts at examples/)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""  # no torchao/torch/diffusers import chatter (hookkit.core.quiet), no progress bars
     return proc.stdout
