@@ -4,7 +4,8 @@ On a CPU machine with torchao installed, the first import of a diffusers model o
 lines nobody can act on: torchao's "Failed to load ..._C_mxfp8...so" (its CUDA kernels), two torch pytree
 deprecation warnings from torchao's enums, diffusers' "Unable to import `torchao` Tensor objects" and
 transformers' "requires torchvision" fallbacks. hookkit's own code paths that import them (`hookkit.tools.zoo`,
-`hookkit.tools.trained`, the CLI's loaders) do so inside `quiet_imports()`; `import hookkit` imports none of
+`hookkit.tools.trained`, the CLI's loaders, the adapter derivation) do so inside `quiet_imports()` (zoo's
+builders run inside it as a whole: their diffusers imports are lazy, at the first build); `import hookkit` imports none of
 them (hookkit's torchao imports are lazy, at `Quantize`'s attach). What a user imports themselves is left alone,
 and every logger level and warning filter is put back as it was when the block ends.
 """
