@@ -166,7 +166,7 @@ def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, 
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only"))
     expected = hookkit.enable(zoo.tiny_pipeline("flux"), spec).summary().features["quantize"].data
     out = tmp_path / "q.png"
-    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--quant", "int8_weight_only", "--out", str(out))
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--quantize", "int8_weight_only", "--out", str(out))
     assert code == 0 and out.is_file()
     assert (f"- Quantized Linear Layers: {expected['quantized']} int8_weight_only, skipped {expected['skipped']}, "
             f"total {expected['total']}") in stdout
@@ -277,16 +277,16 @@ def test_generate_cuda_graphs_on_the_cpu_says_it_in_cli_terms(tmp_path: Path,
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_generate_fp8_on_the_cpu_fails_with_the_library_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, stderr = generate(capsys, "flux", "--quant", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
+    code, _, stderr = generate(capsys, "flux", "--quantize", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
     assert code == 2
-    assert "--quant fp8_row needs an NVIDIA GPU with compute capability 8.9" in stderr
+    assert "--quantize fp8_row needs an NVIDIA GPU with compute capability 8.9" in stderr
 
 
 def test_unknown_choice_is_an_argparse_error_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        cli.main(["generate", "flux", "--quant", "int3"])
+        cli.main(["generate", "flux", "--quantize", "int3"])
     assert exc.value.code == 2
-    assert "argument --quant: invalid choice: 'int3'" in capsys.readouterr().err
+    assert "argument --quantize: invalid choice: 'int3'" in capsys.readouterr().err
 
 
 # --- the pieces ------------------------------------------------------------------------------------------
@@ -415,7 +415,7 @@ def test_generate_reads_model_from_the_folder(flux_folder: Path, tmp_path: Path,
     (["qwenimage", "--model-path", "{folder}"], "MODEL 'qwenimage': its adapter is for ['QwenImageTransformer2DModel']"),
     (["{folder}", "--prompt", "a red fox"], "--prompt 'a red fox': '{folder}' was saved without text encoders"),
     (["{folder}", "--negative-prompt", "blurry"], "--negative-prompt 'blurry': '{folder}' was saved without text"),
-    (["{folder}", "--quant", "fp8_row", "--dtype", "bfloat16"], "--quant fp8_row needs an NVIDIA GPU"),
+    (["{folder}", "--quantize", "fp8_row", "--dtype", "bfloat16"], "--quantize fp8_row needs an NVIDIA GPU"),
     (["{folder}", "--cpu-offload", "model"], "--cpu-offload model: offloads to the CPU from a CUDA device"),
     (["{folder}", "--lora", "/nonexistent/lora.safetensors:0.8"], "--lora /nonexistent/lora.safetensors: no such file"),
     (["{folder}", "--num-images", "0"], "--num-images: expected an int >= 1, got 0"),
@@ -423,7 +423,7 @@ def test_generate_reads_model_from_the_folder(flux_folder: Path, tmp_path: Path,
 ])
 def test_generate_refuses_before_loading_the_folder(argv: list[str], message: str, flux_folder: Path, tmp_path: Path,
                                                     loads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    if torch.cuda.is_available() and ("--quant" in argv or "--cpu-offload" in argv or "--cuda-graphs" in argv):
+    if torch.cuda.is_available() and ("--quantize" in argv or "--cpu-offload" in argv or "--cuda-graphs" in argv):
         pytest.skip("checks a CPU-only refusal")
     argv = [a.replace("{folder}", str(flux_folder)) for a in argv]
     code, _, stderr = generate(capsys, *argv, "--steps", "2", "--out", str(tmp_path / "x.png"))

@@ -44,7 +44,7 @@ def test_default_dbcache_warms_up_8_steps_at_28() -> None:
 def test_explicit_warmup_is_taken_as_given_even_when_it_covers_every_step() -> None:
     model, handle = stub(hookkit.DBCache(threshold=0.5, warmup_steps=8))
     drive(model, handle, [1.0] * 6)
-    summary = handle.summary().features["dbcache"]
+    summary = handle.summary().features["cache"]
     assert steps(handle) == ([0, 1, 2, 3, 4, 5], [])
     assert summary.data["no_cache_reason"] == (
         "warmup_steps=8 covers all 6 steps of this call: no step may be cached. Set DBCache(warmup_steps=...) "
@@ -55,7 +55,7 @@ def test_explicit_warmup_is_taken_as_given_even_when_it_covers_every_step() -> N
 def test_summary_says_when_the_threshold_rejected_every_step() -> None:
     model, handle = stub(hookkit.DBCache(threshold=0.1, warmup_steps=1))
     drive(model, handle, [1.0, 2.0, 4.0])  # diffs 1.0 and 1.0 (relative to the last computed step)
-    assert handle.summary().features["dbcache"].data["no_cache_reason"] == (
+    assert handle.summary().features["cache"].data["no_cache_reason"] == (
         "every measured diff (2 of them, smallest 1) was at or above threshold 0.1. Random weights rarely cache "
         "(judge with trained weights); a higher threshold caches more steps at lower fidelity.")
 
@@ -63,7 +63,7 @@ def test_summary_says_when_the_threshold_rejected_every_step() -> None:
 def test_summary_has_no_reason_when_a_step_was_cached() -> None:
     model, handle = stub(hookkit.DBCache(threshold=0.5))
     drive(model, handle, [1.0] * 6)
-    assert handle.summary().features["dbcache"].data["no_cache_reason"] is None
+    assert handle.summary().features["cache"].data["no_cache_reason"] is None
 
 
 def test_the_reason_is_logged_once_per_handle(capfd: pytest.CaptureFixture[str]) -> None:
@@ -74,7 +74,7 @@ def test_the_reason_is_logged_once_per_handle(capfd: pytest.CaptureFixture[str])
             drive(model, handle, [1.0] * 6)
     finally:
         hookkit.set_verbosity(None)
-    assert capfd.readouterr().err.count("dbcache: warmup_steps=8 covers all 6 steps") == 1
+    assert capfd.readouterr().err.count("cache: warmup_steps=8 covers all 6 steps") == 1
 
 
 def test_warmup_none_is_accepted_and_other_types_are_refused_naming_the_field() -> None:

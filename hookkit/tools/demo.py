@@ -152,7 +152,7 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
     hooked, cached = [], []
     for i in range(len(classes)):
         hooked.append(call(i))
-        data = handle.summary().features["dbcache"].data
+        data = handle.summary().features["cache"].data
         cached.append(sum(len(b["cached"]) for b in data["branches"].values()))
     summary = handle.summary()
     hookkit.disable(pipe)
