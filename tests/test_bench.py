@@ -63,11 +63,14 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
     assert lines[0].startswith("hookkit bench: flux (tiny), the model's default size, 6 steps, batch 1, float32, CPU")
     header = next(i for i, line in enumerate(lines) if line.startswith("| config "))
     assert [cell.strip() for cell in lines[header].split("|")[1:-1]] == [
-        "config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)", "notes"]
+        "config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up",
+        "PSNR vs eager (dB)", "notes"]
     body = lines[header + 2:header + 4]
     assert [line.split("|")[1].strip() for line in body] == ["eager", SECOND]
     assert lines[header + 4:header + 5] in ([], [""])
-    assert body[0].split("|")[6].strip() == "reference"
+    assert body[0].split("|")[7].strip() == "reference"
+    low, high = min(eager["latencies_s"]), max(eager["latencies_s"])
+    assert body[0].split("|")[3].strip() == f"{low:.4f}–{high:.4f}"
     assert "[1/2] eager" in proc.stderr and f"[2/2] {SECOND}" in proc.stderr
 
 
@@ -160,6 +163,49 @@ def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
 def test_unknown_configuration_is_a_field_error_naming_the_known_ones() -> None:
     with pytest.raises(SpecError, match=r"--configs: unknown configuration 'turbo'; known: \['eager', "):
         bench.select_configs(["eager", "turbo"], torch.device("cpu"))
+
+
+def test_a_typo_in_a_configuration_name_gets_the_closest_match() -> None:
+    with pytest.raises(SpecError, match=r"unknown configuration 'hookkit-cache-fsat'; did you mean 'hookkit-cache-fast'\? "):
+        bench.select_configs(["eager", "hookkit-cache-fsat"], torch.device("cpu"))
+
+
+def _timed_row(config: str, latencies: list[float]) -> dict:
+    row = _row(config, statistics.median(latencies))
+    row.update(latencies_s=latencies, peak_memory_gb=1.0, warmup_s=0.0)
+    return row
+
+
+def test_a_row_whose_spread_exceeds_the_difference_it_claims_is_flagged() -> None:
+    eager = _timed_row("eager", [1.00, 1.05, 1.40])          # spread 0.40
+    noisy = _timed_row("regional-compile", [0.80, 0.90, 0.95])  # claims 0.15 s faster: inside eager's spread
+    clear = _timed_row("hookkit-cache-fast", [0.40, 0.41, 0.42])  # claims 0.64 s: larger than either spread
+    assert bench.unresolved(noisy, eager) == ("not resolved: spread 0.4000 s > the 0.1500 s difference to eager "
+                                              "(a busy host? more --runs)")
+    assert bench.unresolved(clear, eager) is None
+    assert bench.unresolved(eager, eager) is None
+    table = bench.markdown_table([eager, noisy, clear]).splitlines()
+    assert "not resolved" in table[3] and "not resolved" not in table[2] + table[4]
+    assert table[3].split("|")[3].strip() == "0.8000–0.9500"
+
+
+def test_a_row_without_timed_runs_has_no_spread() -> None:
+    assert bench.spread(_row("eager", 1.0)) is None
+    assert bench.unresolved(_row("hookkit", 1.0), _timed_row("eager", [1.0, 2.0])) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_bench_full_without_a_gpu_is_refused_up_front() -> None:
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hookkit", "bench", "--full", "--model", "flux"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("hookkit bench: error: --full flux: no CUDA device is visible")
+    assert "[1/" not in proc.stderr  # no row was started
+    assert elapsed < 60  # the interpreter start and the import only (seconds; a loaded CI host is slower)
 
 
 def test_hookkit_rows_run_exactly_when_their_features_are_installed() -> None:

@@ -251,12 +251,16 @@ class AdapterSpec:
 
 def _block_metadata(block_cls: type) -> Any | None:
     """diffusers' `TransformerBlockRegistry` entry for exactly `block_cls` (never a subclass), or None."""
+    from hookkit.core.quiet import quiet_imports
+
     try:
-        from diffusers.hooks._helpers import TransformerBlockRegistry
+        with quiet_imports():  # the first diffusers.hooks import loads torchao, which talks on a CPU machine
+            from diffusers.hooks._helpers import TransformerBlockRegistry
     except ImportError:  # pragma: no cover - diffusers always has it at >= 0.35
         return None
     try:
-        return TransformerBlockRegistry.get(block_cls)
+        with quiet_imports():  # the registry's first lookup imports every diffusers transformer
+            return TransformerBlockRegistry.get(block_cls)
     except ValueError:  # not registered
         return None
 

@@ -31,6 +31,7 @@ import attrs
 import torch
 
 import hookkit
+from hookkit.core.quiet import quiet_imports
 from hookkit.tools import zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
@@ -279,6 +280,7 @@ def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:
             "for the tiny model.")
 
 
+@quiet_imports()
 def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
 
@@ -659,7 +661,12 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
     if names:
         unknown = [n for n in names if n not in CONFIGS]
         if unknown:
-            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; known: {list(CONFIGS)}.")
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(CONFIGS), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; {hint}known: {list(CONFIGS)} "
+                            "(`hookkit bench --list` says what each does and whether it runs here).")
         chosen = [CONFIGS[n] for n in dict.fromkeys(names)]
     else:
         chosen = []
@@ -908,14 +915,40 @@ def _cached_steps(features: dict[str, Any]) -> str | None:
     return None if stats is None else f"cached {stats[0]}/{stats[1]} steps"
 
 
+def spread(row: dict[str, Any]) -> tuple[float, float] | None:
+    """(min, max) of a row's timed runs, None without them (a skipped row, or an older JSON)."""
+    latencies = row.get("latencies_s") or []
+    return (min(latencies), max(latencies)) if row.get("status") == "ok" and latencies else None
+
+
+def unresolved(row: dict[str, Any], reference: dict[str, Any]) -> str | None:
+    """A note when the row's or the reference's spread (max - min) is larger than the latency difference the
+    row claims against the reference: on a busy host the speed-up (or slow-down) is then noise."""
+    if row is reference or row.get("status") != "ok" or reference.get("status") != "ok":
+        return None
+    mine, theirs = spread(row), spread(reference)
+    if mine is None or theirs is None:
+        return None
+    width = max(mine[1] - mine[0], theirs[1] - theirs[0])
+    diff = abs(reference["latency_s"] - row["latency_s"])
+    if width <= diff:
+        return None
+    return (f"not resolved: spread {width:.4f} s > the {diff:.4f} s difference to {reference['config']} "
+            "(a busy host? more --runs)")
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The results as a markdown table (also readable in a terminal)."""
+    """The results as a markdown table (also readable in a terminal): the median of the timed runs and their
+    spread (min-max), and a note on rows whose spread is larger than the difference they claim to the first row."""
     out = []
     for i, row in enumerate(rows):
         ok = row["status"] == "ok"
         notes = [] if ok else [f"{row['status']}: {row['note']}"]
         if ok and row["note"]:
             notes.append(row["note"])
+        flag = unresolved(row, rows[0]) if rows else None
+        if flag:
+            notes.append(flag)
         cached = _cached_steps(row.get("features") or {})
         if cached:
             notes.append(cached)
@@ -931,16 +964,18 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             psnr_cell = f"{row['psnr_db']:.2f}"
         else:
             psnr_cell = "—"
+        bounds = spread(row)
         out.append([
             row["config"],
             f"{row['latency_s']:.4f}" if ok else "—",
+            f"{bounds[0]:.4f}–{bounds[1]:.4f}" if bounds else "—",
             f"{row['warmup_s']:.2f}" if ok and row["warmup_s"] is not None else "—",
             f"{row['peak_memory_gb']:.3f}" if ok else "—",
             f"{row['speedup']:.2f}x" if ok and row["speedup"] is not None else "—",
             psnr_cell,
             "; ".join(notes),
         ])
-    return table(["config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
+    return table(["config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
                   "notes"], out)
 
 

@@ -43,7 +43,7 @@ from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, Summary, table
 from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
-from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask
 
 NAME = "cache"
 ENTRY_HOOK = "hookkit.cache.entry"
@@ -236,7 +236,10 @@ class _CallState:
             )
         mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
         self.mask: tuple[int, ...] | None = mask
-        warmup = spec.warmup_steps
+        warmup = effective_warmup_steps(spec, num_steps)
+        self.num_steps = num_steps
+        #: steps of the warm-up as given (before a mask cuts it), for the summary's "why nothing was cached"
+        self.warmup_given = warmup
         if mask is not None:
             leading = next((i for i, m in enumerate(mask) if m != 1), len(mask))
             warmup = min(warmup, leading)
@@ -379,6 +382,8 @@ class _Shared:
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
         self.graph: GraphBridge | None = None
+        #: reasons why no step could be cached, already logged (each once per handle)
+        self.logged: set[str] = set()
 
     def call_state(self) -> _CallState:
         handle = self.handle
@@ -386,11 +391,19 @@ class _Shared:
         outside = not handle.in_generation if handle.pipeline is None else state.generation == 0
         if outside:
             # Nothing would reset the cache: one generation's residuals (and step count) would carry into the next.
+            name = type(handle.transformer).__name__
+            if handle.pipeline is None:
+                raise SpecError(
+                    f"DBCache on {name}: hookkit was enabled on the bare transformer, and it was called outside any "
+                    "generation. With a diffusers pipeline, enable hookkit on the pipeline instead: "
+                    "hookkit.disable(pipe.transformer); hookkit.enable(pipe, spec) (it then follows every pipe(...) "
+                    "call by itself). Only for your own denoising loop over a bare transformer, wrap each loop in "
+                    "`with handle.generation(num_steps=N):`."
+                )
             raise SpecError(
-                f"DBCache on {type(handle.transformer).__name__}: expected every transformer call inside a "
-                "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
-                "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
-                "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
+                f"DBCache on {name}: expected every transformer call inside a generation (a pipeline call), got "
+                "pipe.transformer called before any pipeline call. Call the pipeline, or enable hookkit on the bare "
+                "transformer and wrap your loop in `with handle.generation(num_steps=N):`."
             )
         if state.num_steps is not None and state.step >= state.num_steps:
             # The loop ended, yet the transformer runs on: its caller's scheduler never told hookkit a new call began
@@ -405,10 +418,15 @@ class _Shared:
             )
         cs = state.features.get(NAME)
         if cs is None:
+            _refuse_diffusers_cache(handle.transformer)  # once per call: enable_cache may come after hookkit.enable
             # a new generation: whether the transformer runs under context parallelism is looked up here, so that
             # `enable_parallelism` may come before or after `hookkit.enable`
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps,
                                                        parallel_info(handle.transformer)))
+            reason = _no_cache_reason(self.layout, cs)
+            if reason is not None and reason not in self.logged:
+                self.logged.add(reason)  # once per handle and reason: a call is no attach, but this is no per-call log
+                logger.warning("cache: {}", reason)
         return cs
 
 
@@ -669,6 +687,23 @@ def _install_bridge(shared: _Shared) -> GraphBridge:
     return shared.graph
 
 
+def _refuse_diffusers_cache(transformer: torch.nn.Module) -> None:
+    """Refuse hookkit's DBCache on a transformer with diffusers' own cache on (`enable_cache`: FirstBlockCache,
+    FasterCache, PAB, MagCache, ...).
+
+    Refused rather than warned: both skip block computations on their own decisions, so a step one cache skips
+    feeds the other's reference and the errors compound into a worse image with no sign why; and hookkit's log is
+    silent by default, so a warning would not be seen.
+    """
+    config = getattr(transformer, "_cache_config", None)
+    if config is not None:
+        raise UnsupportedError(
+            f"DBCache on {type(transformer).__name__}: diffusers' {type(config).__name__} is enabled on it too "
+            "(transformer.enable_cache); two caches skipping blocks on their own decisions compound their errors. "
+            "Call pipe.transformer.disable_cache() first, or drop Spec.cache."
+        )
+
+
 # --- feature ------------------------------------------------------------------------------------------------
 
 
@@ -682,6 +717,7 @@ class _CacheFeature(BaseFeature):
         spec = ctx.spec.cache
         if spec is None:
             return []
+        _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
         out: list[Attachment] = []
@@ -759,6 +795,48 @@ def _diff_stats(diffs: list[float]) -> dict[str, float] | None:
     return stats
 
 
+def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
+    """Why no step of this call can be cached, known before it runs (None when some step may be).
+
+    Only what the spec and the step count decide: that the threshold rejected every step is said by
+    `_no_cached_reason` once the call ran.
+    """
+    spec, n = layout.spec, cs.num_steps
+    if n is None:
+        return None
+    if cs.mask is not None and not any(m == 0 for m in cs.mask):
+        return (f"steps_mask computes all {n} steps of this call: no step may be cached. "
+                "Give a mask with 0s (or a named policy).")
+    if cs.static:
+        return None
+    if spec.threshold <= 0:
+        return f"threshold {spec.threshold} caches no step. Set DBCache(threshold=...) above 0 (default 0.24)."
+    if spec.max_cached_steps == 0:
+        return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if spec.max_continuous_cached_steps == 0:
+        return "max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if len(cs.warmup) >= n:
+        return (f"warmup_steps={cs.warmup_given} covers all {n} steps of this call: no step may be cached. "
+                f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).")
+    return None
+
+
+def _no_cached_reason(layout: _Layout, cs: _CallState | None) -> str | None:
+    """Why a call that ran cached nothing: `_no_cache_reason`, or every measured diff at or above the threshold."""
+    if cs is None or cs.transformer_calls == 0 or any(b.cached for b in cs.branches.values()):
+        return None
+    before = _no_cache_reason(layout, cs)
+    if before is not None:
+        return before
+    diffs = [d for b in cs.branches.values() for d in b.diffs.values()]
+    threshold = layout.spec.threshold
+    if diffs:
+        return (f"every measured diff ({len(diffs)} of them, smallest {min(diffs):.3g}) was at or above threshold "
+                f"{threshold:g}. Random weights rarely cache (judge with trained weights); a higher threshold "
+                "caches more steps at lower fidelity.")
+    return None
+
+
 def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> FeatureSummary:
     spec = layout.spec
     branches: dict[int, dict[str, Any]] = {}
@@ -784,6 +862,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "parallel": cs.parallel.describe() if cs is not None and cs.parallel is not None else None,
         "collectives": cs.collectives if cs is not None else 0,
         "branches": branches,
+        "warmup_steps": sorted(cs.warmup) if cs is not None else None,
+        "no_cache_reason": _no_cached_reason(layout, cs),
     }
     return FeatureSummary(name=NAME, data=data, text=_render(data))
 
@@ -811,6 +891,8 @@ def _render(data: dict[str, Any]) -> str:
     total = data["block_calls_uncached"]
     share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
     lines.append(f"block calls run: {data['block_calls']} of {total}{share}")
+    if data["no_cache_reason"]:
+        lines.append(f"no step cached: {data['no_cache_reason']}")
     return "\n".join(lines)
 
 
