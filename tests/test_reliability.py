@@ -1,0 +1,265 @@
+"""No silent wrong output (issue 14): what hookkit watches, and what it refuses up front.
+
+Each test is one scenario of the issue: a user changes the model under captured CUDA graphs, calls one handle
+from two threads, misspells a field... and gets either the right output or a hookkit error, never a wrong
+result or a stranger's traceback. The CUDA-graph logic runs on the CPU with a stand-in capture backend; the
+same scenarios on a tiny CUDA Flux are the `gpu` tests at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+import hookkit
+from hookkit.core.registry import HookRegistry
+from hookkit.errors import HookError, UnsupportedError
+from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner, ModelWatch
+from hookkit.tools import zoo
+
+
+# --- 1. whole-transformer CUDA graphs: the watch ------------------------------------------------------------
+
+
+def _armed(name: str = "flux") -> tuple[torch.nn.Module, ModelWatch]:
+    transformer = zoo.tiny_transformer(name)
+    watch = ModelWatch()
+    watch.arm(transformer)
+    return transformer, watch
+
+
+def test_watch_sees_no_change_in_an_untouched_model() -> None:
+    transformer, watch = _armed()
+    assert watch.check(transformer) is None
+    assert watch.check(transformer) is None
+
+
+def test_watch_sees_a_dtype_change() -> None:
+    transformer, watch = _armed()
+    transformer.to(torch.float64)
+    # the first module (in module order) that owns parameters
+    assert watch.check(transformer) == (
+        "time_text_embed.timestep_embedder.linear_1: parameters and buffers changed since capture")
+
+
+def test_watch_sees_param_data_replaced() -> None:
+    transformer, watch = _armed()
+    weight = transformer.transformer_blocks[1].ff.net[2].weight
+    weight.data = weight.data.clone()
+    assert watch.check(transformer) == "transformer_blocks.1.ff.net.2: parameters and buffers changed since capture"
+
+
+def test_watch_sees_a_parameter_replaced_by_another_object() -> None:
+    transformer, watch = _armed()
+    linear = transformer.proj_out
+    linear.weight = torch.nn.Parameter(linear.weight.detach().clone())
+    assert watch.check(transformer) == "proj_out: parameters and buffers changed since capture"
+
+
+def test_watch_sees_an_in_place_write() -> None:
+    transformer, watch = _armed()
+    with torch.no_grad():
+        transformer.single_transformer_blocks[0].proj_out.bias.add_(1.0)
+    assert watch.check(transformer) == (
+        "single_transformer_blocks.0.proj_out: parameters and buffers changed since capture")
+
+
+def test_watch_sees_load_state_dict() -> None:
+    transformer, watch = _armed()
+    transformer.load_state_dict(zoo.tiny_transformer("flux", seed=1).state_dict())
+    assert watch.check(transformer) == (
+        "time_text_embed.timestep_embedder.linear_1: parameters and buffers changed since capture")
+
+
+def test_watch_sees_a_forward_hook_on_a_block() -> None:
+    transformer, watch = _armed()
+    hook = transformer.transformer_blocks[0].register_forward_hook(lambda m, a, o: o)
+    assert watch.check(transformer) == "transformer_blocks.0: forward hooks changed since capture"
+    hook.remove()
+    assert watch.check(transformer) is None
+
+
+def test_watch_sees_an_instance_forward_on_a_submodule() -> None:
+    transformer, watch = _armed()
+    norm = transformer.norm_out
+    norm.forward = lambda *a, **k: type(norm).forward(norm, *a, **k)
+    assert watch.check(transformer) == "norm_out: forward hooks changed since capture"
+
+
+def test_watch_ignores_hooks_on_the_transformer_itself_which_run_outside_the_graph() -> None:
+    transformer, watch = _armed()
+    transformer.register_forward_pre_hook(lambda m, a: None)
+    assert watch.check(transformer) is None
+
+
+def test_watch_sees_a_global_module_hook() -> None:
+    transformer, watch = _armed()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o)
+    try:
+        assert watch.check(transformer) == "torch's global module hooks changed since capture"
+    finally:
+        handle.remove()
+    assert watch.check(transformer) is None
+
+
+def test_watch_sees_a_replaced_submodule() -> None:
+    transformer, watch = _armed()
+    transformer.transformer_blocks[0].ff.net[2] = torch.nn.Linear(32, 16)
+    assert watch.check(transformer) == "transformer_blocks.0.ff.net: submodules changed since capture"
+
+
+def test_watch_sees_train_mode() -> None:
+    transformer, watch = _armed()
+    transformer.train()
+    assert watch.check(transformer) == "<transformer>: training mode changed since capture"
+
+
+def test_watch_reads_quantized_weights_through_their_inner_tensors() -> None:
+    """torchao's quantized weights have no storage of their own (`data_ptr()` raises on them)."""
+    transformer = zoo.tiny_transformer("flux").to(torch.bfloat16)
+    handle = hookkit.enable(transformer, hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only")))
+    watch = ModelWatch()
+    watch.arm(transformer)
+    assert watch.check(transformer) is None
+    quantized = transformer.transformer_blocks[0].ff.net[2].weight
+    assert type(quantized) is not torch.nn.Parameter
+    with torch.no_grad():
+        getattr(quantized, quantized.__tensor_flatten__()[0][0]).mul_(2)
+    assert watch.check(transformer) == "transformer_blocks.0.ff.net.2: parameters and buffers changed since capture"
+    del handle
+
+
+# --- LoRA (peft through diffusers' PeftAdapterMixin) ---------------------------------------------------------
+
+peft = pytest.importorskip("peft")
+
+
+def _lora_transformer() -> torch.nn.Module:
+    from peft import LoraConfig
+
+    transformer = zoo.tiny_transformer("flux")
+    for name in ("a", "b"):
+        config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False)
+        transformer.add_adapter(config, adapter_name=name)
+    transformer.set_adapters(["a", "b"], [1.0, 1.0])
+    return transformer
+
+
+def test_watch_sees_lora_scales_set_by_set_adapters() -> None:
+    transformer = _lora_transformer()
+    watch = ModelWatch()
+    watch.arm(transformer)
+    transformer.set_adapters(["a", "b"], [1.0, 1.0])  # the same scales: nothing changed
+    assert watch.check(transformer) is None
+    transformer.set_adapters(["a", "b"], [0.0, 1.0])
+    assert watch.check(transformer) == (
+        "transformer_blocks.0.attn.to_q: LoRA scales or active adapters changed since capture")
+
+
+def test_watch_sees_disable_lora_and_active_adapter_changes() -> None:
+    transformer = _lora_transformer()
+    watch = ModelWatch()
+    watch.arm(transformer)
+    transformer.disable_lora()
+    assert watch.check(transformer) == (
+        "transformer_blocks.0.attn.to_q: LoRA scales or active adapters changed since capture")
+    transformer.enable_lora()
+    watch.arm(transformer)
+    transformer.set_adapters(["a"])
+    assert watch.check(transformer) == (
+        "transformer_blocks.0.attn.to_q: LoRA scales or active adapters changed since capture")
+
+
+def test_watch_sees_a_lora_adapter_added_after_capture() -> None:
+    from peft import LoraConfig
+
+    transformer, watch = _armed()
+    transformer.add_adapter(LoraConfig(r=4, target_modules=["to_q"]), adapter_name="late")
+    assert watch.check(transformer) == "transformer_blocks.0.attn: submodules changed since capture"
+
+
+# --- 1. the graph hook drops its graphs when the model changed (stand-in backend) -------------------------------
+
+
+class CountingBackend:
+    """Stands in for CUDA graph capture: 'capture' runs fn once, 'replay' runs it again on the static inputs."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        holder = {"out": fn()}
+
+        def replay() -> None:
+            for static, new in zip(torch.utils._pytree.tree_leaves(holder["out"]), torch.utils._pytree.tree_leaves(fn())):
+                static.copy_(new)
+
+        return replay, holder["out"]
+
+
+def _graphed(pipe, require_cuda: bool = False):
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    runner, backend = GraphRunner(CountingBackend()), None
+    backend = runner.backend
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, require_cuda=require_cuda))
+    return handle, runner, backend
+
+
+def _latents(pipe) -> torch.Tensor:
+    with torch.no_grad():
+        return pipe(**zoo.call_kwargs("flux", steps=2)).images
+
+
+def test_graphs_are_kept_while_nothing_changed() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _, runner, backend = _graphed(pipe)
+    _latents(pipe)
+    _latents(pipe)
+    assert backend.captures == 1 and runner.invalidations == []
+
+
+def test_graphs_are_captured_anew_after_an_in_place_weight_change_and_match_a_fresh_run() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _, runner, backend = _graphed(pipe)
+    _latents(pipe)
+    with torch.no_grad():
+        pipe.transformer.proj_out.weight.mul_(0.5)
+    out = _latents(pipe)
+    assert backend.captures == 2
+    assert runner.invalidations == ["proj_out: parameters and buffers changed since capture"]
+    reference = zoo.tiny_pipeline("flux")
+    with torch.no_grad():
+        reference.transformer.proj_out.weight.mul_(0.5)
+    assert torch.equal(out, _latents(reference))
+
+
+def test_graphs_are_captured_anew_after_lora_scales_change() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    pipe.transformer = _lora_transformer()
+    _, runner, backend = _graphed(pipe)
+    _latents(pipe)
+    pipe.transformer.set_adapters(["a", "b"], [0.0, 0.5])
+    _latents(pipe)
+    pipe.transformer.disable_lora()
+    _latents(pipe)
+    assert backend.captures == 3
+    assert [r.split(":")[1] for r in runner.invalidations] == [" LoRA scales or active adapters changed since capture"] * 2
+
+
+def test_graph_summary_counts_dropped_graphs() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle, runner, _ = _graphed(pipe)
+    handle.resources["compile.graphs"] = runner  # what the compile feature does at attach
+    _latents(pipe)
+    pipe.transformer.train()
+    _latents(pipe)
+    runner_data = {"captured": len(runner.captured), "dropped": len(runner.invalidations)}
+    assert runner_data == {"captured": 1, "dropped": 1}
+
+
+def test_graphs_refuse_a_model_moved_off_cuda_instead_of_capturing_it() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _graphed(pipe, require_cuda=True)
+    with pytest.raises(UnsupportedError, match="Compile.cuda_graphs='transformer' needs a CUDA device"):
+        _latents(pipe)
