@@ -263,3 +263,209 @@ def test_graphs_refuse_a_model_moved_off_cuda_instead_of_capturing_it() -> None:
     _graphed(pipe, require_cuda=True)
     with pytest.raises(UnsupportedError, match="Compile.cuda_graphs='transformer' needs a CUDA device"):
         _latents(pipe)
+
+
+# --- 3. one call at a time per handle --------------------------------------------------------------------------
+
+import threading  # noqa: E402
+
+from hookkit.errors import EnableError, SpecError  # noqa: E402
+
+
+def _cached(pipe):
+    return hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0, warmup_steps=0)))
+
+
+def test_a_second_call_from_another_thread_while_one_runs_is_refused_and_the_first_is_right() -> None:
+    reference_pipe = zoo.tiny_pipeline("flux")
+    _cached(reference_pipe)
+    reference = _latents(reference_pipe)
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def pause(pipeline, step, t, kwargs):
+        if step == 0:
+            inside.set()
+            release.wait(30)
+        return kwargs
+
+    def second() -> None:
+        inside.wait(30)
+        try:
+            _latents(pipe)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+        finally:
+            release.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with torch.no_grad():
+        first = pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=pause).images
+    thread.join(30)
+    assert [type(e) for e in errors] == [HookError]
+    assert "second call from another thread while the first is still running" in str(errors[0])
+    assert torch.equal(first, reference)
+    assert torch.equal(_latents(pipe), reference)  # and the handle works on afterwards
+
+
+def test_a_call_started_from_a_callback_of_the_same_pipeline_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    seen: list[BaseException] = []
+
+    def nested(pipeline, step, t, kwargs):
+        if step == 0:
+            try:
+                _latents(pipeline)
+            except HookError as exc:
+                seen.append(exc)
+        return kwargs
+
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=nested)
+    assert len(seen) == 1 and "from inside its own call (a callback, or a nested call)" in str(seen[0])
+
+
+def test_a_call_that_raised_does_not_block_the_next() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+
+    def boom(pipeline, step, t, kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=boom)
+    reference = zoo.tiny_pipeline("flux")
+    _cached(reference)
+    assert torch.equal(_latents(pipe), _latents(reference))
+
+
+def test_two_pipelines_in_two_threads_keep_working() -> None:
+    pipes = [zoo.tiny_pipeline("flux") for _ in range(2)]
+    for pipe in pipes:
+        _cached(pipe)
+    reference_pipe = zoo.tiny_pipeline("flux")
+    _cached(reference_pipe)
+    reference = _latents(reference_pipe)
+    results: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+
+    def run(i: int) -> None:
+        for _ in range(3):
+            results[i].append(_latents(pipes[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(len(r) == 3 and all(torch.equal(x, reference) for x in r) for r in results.values())
+
+
+def test_a_bare_generation_from_another_thread_while_one_runs_is_refused() -> None:
+    transformer = zoo.tiny_transformer("flux")
+    handle = hookkit.enable(transformer, hookkit.Spec())
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            with handle.generation(num_steps=2):
+                pass
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    with handle.generation(num_steps=2):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(30)
+    assert [type(e) for e in errors] == [HookError]
+    assert "from another thread while the first runs" in str(errors[0])
+
+
+# --- 8. handle.generation(num_steps=...) is validated --------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["4", 4.0, 0, -1, True])
+def test_generation_num_steps_must_be_a_positive_int(bad) -> None:
+    handle = hookkit.enable(zoo.tiny_transformer("flux"), hookkit.Spec())
+    with pytest.raises(SpecError, match=rf"^Handle.generation.num_steps: expected an int >= 1 or None, got {bad!r}\."):
+        with handle.generation(num_steps=bad):
+            pass
+    assert handle.in_generation is False
+
+
+def test_generation_num_steps_takes_a_numpy_int_as_an_int() -> None:
+    np = pytest.importorskip("numpy")
+    handle = hookkit.enable(zoo.tiny_transformer("flux"), hookkit.Spec())
+    with handle.generation(num_steps=np.int64(4)) as state:
+        assert type(state.num_steps) is int and state.num_steps == 4
+
+
+# --- 9. disable on a pipeline that only shares the hooked transformer ----------------------------------------
+
+
+def test_disable_on_another_pipeline_sharing_the_transformer_is_refused_and_keeps_the_handle() -> None:
+    from diffusers import FluxPipeline
+
+    a = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(a, hookkit.Spec())
+    b = FluxPipeline(**a.components)
+    assert hookkit.handle_of(b) is None
+    with pytest.raises(EnableError, match=r"^hookkit.disable: expected the FluxPipeline hookkit is enabled on, got "
+                                          r"another one that shares its FluxTransformer2DModel"):
+        hookkit.disable(b)
+    assert handle.removed is False and hookkit.handle_of(a) is handle
+    hookkit.disable(a)
+    assert handle.removed is True
+
+
+# --- 10. copy.copy of an enabled transformer -------------------------------------------------------------------
+
+
+def test_copy_of_an_enabled_transformer_is_refused() -> None:
+    import copy
+
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec())
+    with pytest.raises(HookError, match=r"^copy.copy\(FluxTransformer2DModel\): expected a module without hookkit hooks"):
+        copy.copy(pipe.transformer)
+    hookkit.disable(pipe)
+    clone = copy.copy(pipe.transformer)
+    hookkit.enable(clone, hookkit.Spec()).remove()  # a copy made after disable is clean and can be enabled
+
+
+# --- 11. enable after torch.compile ------------------------------------------------------------------------------
+
+
+def test_enable_on_a_torch_compiled_transformer_says_the_real_fix() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    pipe.transformer = torch.compile(pipe.transformer)
+    with pytest.raises(EnableError, match=r"^hookkit.enable: expected an uncompiled transformer, got OptimizedModule "
+                                          r"wrapping FluxTransformer2DModel \(torch.compile was applied before"):
+        hookkit.enable(pipe, hookkit.Spec())
+    with pytest.raises(EnableError, match=r"Enable hookkit on the uncompiled transformer and let it compile"):
+        hookkit.enable(pipe.transformer, hookkit.Spec())
+
+
+# --- 12. enable from inside a running call ---------------------------------------------------------------------
+
+
+def test_enable_from_a_callback_of_the_running_call_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    seen: list[BaseException] = []
+
+    def enable_now(pipeline, step, t, kwargs):
+        if step == 0:
+            try:
+                hookkit.enable(pipeline, hookkit.Spec(cache=hookkit.DBCache()))
+            except EnableError as exc:
+                seen.append(exc)
+        return kwargs
+
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=enable_now)
+    assert len(seen) == 1 and str(seen[0]).startswith(
+        "hookkit.enable: expected to be called between calls of this FluxPipeline, got a call from inside one")
+    assert hookkit.handle_of(pipe) is None
