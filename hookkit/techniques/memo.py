@@ -12,17 +12,20 @@ step's tensor.
 
 How: `MemoMode`, a `TorchFunctionMode`, memoizes `torch.tensor` and `torch.as_tensor` calls whose data
 are plain Python (int, float, bool and nested lists/tuples of them), keyed by value (with each scalar's
-type and a float's exact bits), dtype (or the default dtype it would infer) and device. It is active only
+type and a float's exact bits), dtype (or the default dtype it would infer), device, and *call site*: the
+calling code and instruction, and how many times that site ran before in this pass (one prologue run, one
+`with MemoMode(...)` block). So one call site gets back, at the next step, the tensor it built at this
+step, and two calls never share a tensor within a pass, even for equal values: an in-place change by one
+caller can never reach another. It is active only
 in the scope the adapter names: `memo_scope = "prologue"` is from the transformer's entry to its first
 block call. A hook on the transformer pushes the mode (and pops it on exit, also on an exception, if no
 block ran); a hook on the first block pops it. Blocks therefore run with no mode on the stack: the
 interception costs nothing where the work is. `torch.arange`/`full`/`zeros` are not memoized: they launch
 a kernel and never wait for the host, so memoizing them would save a launch and share more tensors.
 
-Contract: a memoized tensor is shared by every call that asks for the same value. Callers must not
-modify it in place. An in-place change is detected (the tensor's version counter moves), as is
-`requires_grad_()`, and the entry is rebuilt at the next lookup, but a caller that still holds the tensor
-sees the change. Stored tensors are built outside inference mode, even under `torch.inference_mode()`:
+Contract: a memoized tensor is handed to one call site, once per pass. An in-place change by the model
+is detected (the tensor's version counter moves), as is `requires_grad_()`, and the entry is rebuilt at
+the next lookup, so the next step gets a fresh tensor of the value asked for, as stock would. Stored tensors are built outside inference mode, even under `torch.inference_mode()`:
 inference tensors have no version counter (the check would be blind there), and one memoized in inference
 mode would raise "Inference tensors cannot be saved for backward" when a later call runs with autograd.
 Used inside inference mode they behave as stock (results are inference tensors). The table lives in
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import array
 import struct
+import sys
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -186,12 +190,26 @@ class MemoTable:
         self.max_entries = max_entries
         self._entries: dict[Hashable, tuple[torch.Tensor, int]] = {}
         self.counts = MemoStats()
+        #: calls per call site in the current pass: the n-th call of a site is its own entry
+        self._site_calls: dict[tuple[Any, int], int] = {}
+
+    def begin_pass(self) -> None:
+        """A new pass (a prologue run): every call site counts its calls from 0 again."""
+        self._site_calls.clear()
+
+    def _site(self, caller: Any) -> tuple[Any, int, int]:
+        """(code, instruction, n): the n-th call, in this pass, from `caller`'s current instruction."""
+        site = (caller.f_code, caller.f_lasti) if caller is not None else (None, -1)
+        n = self._site_calls.get(site, 0)
+        self._site_calls[site] = n + 1
+        return (*site, n)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def key(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
-        """The key of a factory call, or None when it must not be memoized."""
+    def key(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+            caller: Any = None) -> Hashable | None:
+        """The key of a factory call from frame `caller`, or None when it must not be memoized."""
         if len(args) != 1:  # both take the data only positionally
             return None
         dtype, device = kwargs.get("dtype"), kwargs.get("device")
@@ -203,11 +221,11 @@ class MemoTable:
         if data is None:
             return None
         dtype_key = dtype if dtype is not None else ("default", torch.get_default_dtype())
-        return (func, data, dtype_key, _device_key(device))
+        return (func, data, dtype_key, _device_key(device), self._site(caller))
 
-    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """`func(*args, **kwargs)`, answered from the table when the call is memoizable."""
-        key = self.key(func, args, kwargs)
+    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any = None) -> Any:
+        """`func(*args, **kwargs)` called from frame `caller`, answered from the table when the call is memoizable."""
+        key = self.key(func, args, kwargs, caller)
         if key is None:
             self.counts.passed += 1
             return func(*args, **kwargs)
@@ -230,6 +248,7 @@ class MemoTable:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._site_calls.clear()
 
     def stats(self) -> dict[str, int]:
         return {**attrs.asdict(self.counts), "entries": len(self._entries)}
@@ -242,10 +261,15 @@ class MemoMode(TorchFunctionMode):
         super().__init__()
         self.table = table
 
+    def __enter__(self) -> MemoMode:
+        self.table.begin_pass()  # entering the mode starts a pass (a prologue run)
+        return super().__enter__()
+
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         if func in FACTORIES:
-            return self.table.call(func, args, kwargs or {})
+            # the factory's caller: torch calls this method straight from the C factory
+            return self.table.call(func, args, kwargs or {}, sys._getframe(1))
         return func(*args, **(kwargs or {}))
 
 
