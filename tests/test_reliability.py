@@ -469,3 +469,76 @@ def test_enable_from_a_callback_of_the_running_call_is_refused() -> None:
     assert len(seen) == 1 and str(seen[0]).startswith(
         "hookkit.enable: expected to be called between calls of this FluxPipeline, got a call from inside one")
     assert hookkit.handle_of(pipe) is None
+
+
+# --- 2. memo never aliases two call sites ----------------------------------------------------------------------
+
+
+class _TwoIndexBlock(torch.nn.Module):
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, index: torch.Tensor):
+        return encoder_hidden_states, hidden_states + index
+
+
+class TwoIndexTransformer(torch.nn.Module):
+    """A prologue that builds two equal tensors from Python data and changes one in place (the issue's case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_TwoIndexBlock()])
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([1.0, 1.0, 1.0])
+        offset = torch.tensor([1.0, 1.0, 1.0])
+        scale.mul_(2.0)
+        for block in self.blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states * scale, encoder_hidden_states, offset)
+        return hidden_states
+
+
+def _two_index_adapter():
+    from hookkit import AdapterSpec, BlockListSpec
+
+    return AdapterSpec(
+        name="two-index", transformer=("TwoIndexTransformer",), memo_scope="prologue",
+        blocks=(BlockListSpec(attr="blocks", classes=("_TwoIndexBlock",), encoder_arg="encoder_hidden_states",
+                              returns=("encoder_hidden_states", "hidden_states")),),
+    )
+
+
+def test_memo_with_two_equal_prologue_tensors_one_changed_in_place_matches_stock() -> None:
+    model = TwoIndexTransformer()
+    x, e = torch.ones(1, 3), torch.zeros(1, 3)
+    stock = model(x, e)
+    handle = hookkit.enable(model, hookkit.Spec(memo=True), adapter=_two_index_adapter())
+    with handle.generation(num_steps=3):
+        outputs = [model(x, e) for _ in range(3)]
+    assert stock.tolist() == [[3.0, 3.0, 3.0]]
+    assert all(torch.equal(out, stock) for out in outputs)
+    assert handle.summary().features["memo"].data["rebuilt"] == 2  # `scale` was changed in place at every step
+
+
+# --- 12. sync-free: an exception between the transformer and scheduler.step leaves no mode behind ---------------
+
+
+def test_sync_free_read_window_is_closed_when_the_loop_ends_by_an_exception() -> None:
+    from hookkit.techniques.sync_free import TimestepReadMode
+
+    def window_open() -> bool:
+        return any(isinstance(m, TimestepReadMode) for m in torch.overrides._get_current_function_mode_stack())
+
+    pipe = zoo.tiny_pipeline("cogvideox")
+    hookkit.enable(pipe, hookkit.Spec(sync_free=True))
+
+    def interrupt(module, args, output):  # runs after hookkit's hooks opened the window
+        raise KeyboardInterrupt
+
+    hook = pipe.transformer.register_forward_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        pipe(**zoo.call_kwargs("cogvideox", steps=2))
+    assert window_open() is False
+    hook.remove()
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("cogvideox", steps=2))
+    assert window_open() is False
+    hookkit.disable(pipe)
+    assert "progress_bar" not in pipe.__dict__

@@ -30,8 +30,11 @@ the CPU tests check).
 Reading the schedule costs one device read per call: right after `set_timesteps`, before the loop, for the
 CPU-table schedulers (they need it every step); at first need otherwise. Limits: the window of (3) covers
 the code between the transformer and `scheduler.step` only; a read elsewhere in the loop (e.g. before the
-transformer call) is not mapped. An exception raised inside that window leaves a pass-through mode on the
-thread's mode stack until the next transformer call, `set_timesteps`, or removal.
+transformer call) is not mapped. An exception raised inside that window (a failing callback, a
+KeyboardInterrupt) ends the denoising loop: the pipeline's `with self.progress_bar(...)` block around the loop
+exits, and hookkit's patch of `pipeline.progress_bar` (on the instance) closes the window there, so nothing is
+left on the mode stack after the call. A pipeline without that block keeps the mode (pass-through) until the
+next transformer call, `set_timesteps`, or removal.
 
     handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))   # or apply_sync_free(pipe)
     video = pipe(prompt_embeds=..., use_dynamic_cfg=True).frames
@@ -65,6 +68,7 @@ NAME = "sync"
 LISTENER = "hookkit.sync.scheduler"
 STEP_INDEX = "hookkit.sync.step_index"
 READS_HOOK = "hookkit.sync.reads"
+LOOP_EXIT = "hookkit.sync_free.loop_exit"
 
 #: Schedulers (exact class names) whose `step()` indexes CPU tables with the timestep it is given, or reads
 #: `self.timesteps` back to do so. The other diffusers schedulers index by step (sigmas on the device).
@@ -299,6 +303,30 @@ class SyncReadsHook(ModelHook):
         self.listener.window.close()
 
 
+class _LoopBar:
+    """The pipeline's progress bar, unchanged, whose `with` exit (the end of the denoising loop, also by an
+    exception) closes the read window first."""
+
+    def __init__(self, bar: Any, on_exit: Callable[[], None]) -> None:
+        self._bar = bar
+        self._on_exit = on_exit
+
+    def __enter__(self) -> Any:
+        return self._bar.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            self._on_exit()
+        finally:
+            return self._bar.__exit__(*exc)
+
+    def __iter__(self) -> Any:
+        return iter(self._bar)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bar, name)
+
+
 class _ListenerRemoval:
     def __init__(self, handle: Handle, listener: SyncListener) -> None:
         self.handle: Handle | None = handle
@@ -337,6 +365,8 @@ class _SyncFeature:
         if searches_step_index(scheduler):
             out.append(Attachment(feature=NAME, target="pipeline.scheduler._init_step_index", name=STEP_INDEX))
         out.append(Attachment(feature=NAME, target="", name=READS_HOOK))
+        if callable(getattr(ctx.pipeline, "progress_bar", None)):
+            out.append(Attachment(feature=NAME, target="pipeline.progress_bar", name=LOOP_EXIT))
         return out
 
     def attach(self, handle: Handle, attachment: Attachment) -> Removable:
@@ -349,6 +379,12 @@ class _SyncFeature:
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
             return add_hook(handle.transformer, READS_HOOK, SyncReadsHook(listener), position=1)
+        if attachment.name == LOOP_EXIT:
+            def make_bar(original: Callable[..., Any]) -> Callable[..., Any]:
+                def progress_bar(*args: Any, **kwargs: Any) -> Any:
+                    return _LoopBar(original(*args, **kwargs), listener.window.close)
+                return progress_bar
+            return MethodPatch(handle.pipeline, "progress_bar", make_bar)
         scheduler = handle.pipeline.scheduler
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
