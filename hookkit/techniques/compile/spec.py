@@ -6,11 +6,12 @@ from typing import ClassVar
 
 import attrs
 
-from hookkit.core.validate import boolean, choice
+from hookkit.core.validate import boolean, choice, strict_init
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+@strict_init
 @attrs.frozen(kw_only=True)
 class Compile:
     """torch.compile of the adapter's repeated blocks (`regional=True`) or of the whole transformer.
