@@ -542,3 +542,63 @@ def test_sync_free_read_window_is_closed_when_the_loop_ends_by_an_exception() ->
     assert window_open() is False
     hookkit.disable(pipe)
     assert "progress_bar" not in pipe.__dict__
+
+
+# --- 5, 6, 7. quantized models: move, load, save ----------------------------------------------------------------
+
+
+def _quantized(keep_original: str | None = "cpu"):
+    pipe = zoo.tiny_pipeline("flux")
+    pipe.transformer.to(torch.bfloat16)
+    spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original=keep_original))
+    return pipe, hookkit.enable(pipe, spec)
+
+
+@pytest.mark.parametrize("keep_original", ["cpu", "device"])
+def test_disable_after_a_dtype_change_restores_the_originals_in_the_models_current_dtype(keep_original: str) -> None:
+    pipe, _ = _quantized(keep_original)
+    pipe.transformer.to(torch.float32)
+    hookkit.disable(pipe)
+    assert {p.dtype for p in pipe.transformer.parameters()} == {torch.float32}
+    reference = zoo.tiny_pipeline("flux")
+    reference.transformer.to(torch.bfloat16).to(torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(pipe.transformer.state_dict().values(),
+                                                 reference.transformer.state_dict().values()))
+    assert torch.equal(_latents(pipe), _latents(reference))
+
+
+def test_load_state_dict_while_quantized_is_refused_before_anything_is_loaded() -> None:
+    pipe, handle = _quantized()
+    before = {k: v.clone() for k, v in pipe.transformer.state_dict().items() if type(v) is torch.Tensor}
+    new = zoo.tiny_transformer("flux", seed=1).to(torch.bfloat16).state_dict()
+    with pytest.raises(HookError, match=r"^FluxTransformer2DModel.load_state_dict: expected no weights for the \d+ "
+                                        r"Linear layers hookkit quantized in place \(torchao\), got "):
+        pipe.transformer.load_state_dict(new)
+    with pytest.raises(HookError, match=r"^FluxTransformerBlock.load_state_dict: expected no weights"):
+        pipe.transformer.transformer_blocks[0].load_state_dict(
+            {k.removeprefix("transformer_blocks.0."): v for k, v in new.items() if k.startswith("transformer_blocks.0.")})
+    after = {k: v for k, v in pipe.transformer.state_dict().items() if type(v) is torch.Tensor}
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    handle.remove()
+    pipe.transformer.load_state_dict(new)  # and works as stock once disabled
+    assert all(torch.equal(a, new[k]) for k, a in pipe.transformer.state_dict().items())
+
+
+def test_load_state_dict_of_unquantized_parameters_only_loads_while_quantized() -> None:
+    pipe, _ = _quantized()
+    norm = {"norm_out.linear.bias": torch.zeros_like(pipe.transformer.norm_out.linear.bias)}
+    pipe.transformer.load_state_dict(norm, strict=False)
+    assert torch.equal(pipe.transformer.norm_out.linear.bias, norm["norm_out.linear.bias"])
+
+
+def test_save_pretrained_while_quantized_is_refused_and_writes_nothing(tmp_path) -> None:
+    pipe, handle = _quantized()
+    for owner, target in (("FluxTransformer2DModel", pipe.transformer), ("FluxPipeline", pipe)):
+        folder = tmp_path / owner
+        with pytest.raises(HookError, match=rf"^{owner}.save_pretrained: expected a model with its original weights"):
+            target.save_pretrained(folder)
+        assert not folder.exists()
+    handle.remove()
+    assert "save_pretrained" not in pipe.__dict__ and "save_pretrained" not in pipe.transformer.__dict__
+    pipe.transformer.save_pretrained(tmp_path / "after")
+    assert (tmp_path / "after" / "config.json").exists()
