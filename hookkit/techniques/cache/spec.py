@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from hookkit.core.validate import choice, float_field, int_field, is_int, owner, strict_init, to_tuple
+from hookkit.core.validate import choice, float_field, int_field, is_int, owner, plain, strict_init, to_tuple
 from hookkit.errors import SpecError, spec_error
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
@@ -77,8 +77,10 @@ def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tu
         raise SpecError(f"resolve_steps_mask.num_steps: expected an int >= 1, got {num_steps!r}. Pass the number of "
                         "denoising steps of the generation (e.g. 28).")
     num_steps = int(num_steps)
-    if isinstance(mask, str) and mask not in MASK_POLICIES:
-        raise spec_error("resolve_steps_mask", "mask", mask, f"one of {tuple(MASK_POLICIES)}, a 0/1 list or None")
+    mask = to_tuple(plain(mask))
+    if isinstance(mask, str) and mask not in MASK_POLICIES or not isinstance(mask, (str, tuple, type(None))) or (
+            isinstance(mask, tuple) and (not mask or any(not is_int(v) or v not in (0, 1) for v in mask))):
+        raise spec_error("resolve_steps_mask", "mask", mask, f"one of {tuple(MASK_POLICIES)}, a non-empty 0/1 list or None")
     if mask is None:
         return None
     if isinstance(mask, str):
