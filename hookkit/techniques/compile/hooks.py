@@ -27,6 +27,19 @@ run on replay; DBCache therefore works in this mode with decisions known before 
 mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
 residuals live in persistent slots, and the statistics are kept by the graph hook
 (`hookkit.techniques.cache.hooks.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
+
+What a graph captured besides its inputs is watched (`ModelWatch`): before every transformer call, the
+parameters and buffers (object, storage address, version counter), the module tree, the hooks that run
+inside the transformer and PEFT's LoRA state are compared with what they were at capture; on any change
+every graph is dropped and captured anew (what a fresh enable would compute), after checking that the model
+is still wholly on CUDA (a model moved to the CPU, e.g. `pipe.to("cpu")` or sequential offload, is refused).
+Offload hooks added after enable (`enable_model_cpu_offload`) therefore work: the transformer's weights come
+back at new addresses, and the graphs are captured again. The summary counts dropped graphs.
+
+Regional reduce-overhead is left to torch: each region is a `torch.compile` whose Dynamo guards cover the
+module attributes it read (LoRA scales, hooks of inlined submodules, dtypes, devices) and whose cudagraph
+trees re-record when a parameter's address changes; hookkit adds the step mark only. The GPU tests in
+`tests/test_reliability.py` check each change above under both modes against a fresh enable.
 """
 
 from __future__ import annotations
