@@ -1,6 +1,6 @@
 """attrs validators shared by every spec and adapter schema: one message shape everywhere.
 
-Each raises `hookkit.errors.SpecError` as `Owner.field: expected ..., got ....` (see `errors.spec_error`),
+Each raises `hookkit.errors.SpecError` as `Owner.field: expected ..., got ....` (see `errors.field_error`),
 so a bad value names where it is, what was allowed and what came.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from hookkit.errors import SpecError, spec_error
+from hookkit.errors import SpecError, field_error
 
 
 def owner(inst: Any) -> str:
@@ -26,9 +26,9 @@ def int_field(minimum: int, maximum: int | None = None) -> Callable[[Any, attrs.
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         bound = f"an int >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
         if value < minimum or (maximum is not None and value > maximum):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
 
     return check
 
@@ -39,9 +39,9 @@ def float_field(minimum: float, allow_none: bool = False, strict: bool = False) 
         if value is None and allow_none:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
         if value < minimum or (strict and value == minimum) or value != value:
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
 
     return check
 
@@ -50,19 +50,19 @@ def choice(*allowed: Any) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         # `0 == False` and `1 == True`: an int must not pass for a bool choice, nor a bool for an int one
         if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
-            raise spec_error(owner(inst), attr.name, value, f"one of {allowed}")
+            raise field_error(owner(inst), attr.name, value, f"one of {allowed}")
 
     return check
 
 
 def boolean(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
-        raise spec_error(owner(inst), attr.name, value, "True or False")
+        raise field_error(owner(inst), attr.name, value, "True or False")
 
 
 def str_tuple(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
-        raise spec_error(owner(inst), attr.name, value, "a list of non-empty strings")
+        raise field_error(owner(inst), attr.name, value, "a list of non-empty strings")
 
 
 def to_tuple(value: Any) -> Any:
@@ -73,7 +73,7 @@ def to_tuple(value: Any) -> Any:
 def instance_of(cls: type | tuple[type, ...], what: str) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         if value is not None and not isinstance(value, cls):
-            raise spec_error(owner(inst), attr.name, value, f"{what} or None")
+            raise field_error(owner(inst), attr.name, value, f"{what} or None")
 
     return check
 
@@ -148,14 +148,14 @@ def resolve_callable(owner_name: str, field: str, text: str) -> Any:
     fix = (f"Pass the callable itself ({owner_name}({field}=my_function)); to_dict() writes a callable as "
            "'module:qualname', readable back only for module-level functions.")
     if not module_name or not qualname or text.startswith("<"):
-        raise spec_error(owner_name, field, text, "a callable or a 'module:qualname' string", fix)
+        raise field_error(owner_name, field, text, "a callable or a 'module:qualname' string", fix)
     try:
         value: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             value = getattr(value, part)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise spec_error(owner_name, field, text, f"an importable 'module:qualname' ({type(exc).__name__}: {exc})",
+        raise field_error(owner_name, field, text, f"an importable 'module:qualname' ({type(exc).__name__}: {exc})",
                          fix) from None
     if not callable(value):
-        raise spec_error(owner_name, field, text, "a 'module:qualname' naming a callable", fix)
+        raise field_error(owner_name, field, text, "a 'module:qualname' naming a callable", fix)
     return value
