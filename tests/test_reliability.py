@@ -8,12 +8,14 @@ same scenarios on a tiny CUDA Flux are the `gpu` tests at the end.
 
 from __future__ import annotations
 
-import torch
+import threading
+
 import pytest
+import torch
 
 import hookkit
 from hookkit.core.registry import HookRegistry
-from hookkit.errors import HookError, UnsupportedError
+from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner, ModelWatch
 from hookkit.tools import zoo
 
@@ -131,10 +133,8 @@ def test_watch_reads_quantized_weights_through_their_inner_tensors() -> None:
 
 # --- LoRA (peft through diffusers' PeftAdapterMixin) ---------------------------------------------------------
 
-peft = pytest.importorskip("peft")
-
-
 def _lora_transformer() -> torch.nn.Module:
+    pytest.importorskip("peft")
     from peft import LoraConfig
 
     transformer = zoo.tiny_transformer("flux")
@@ -171,6 +171,7 @@ def test_watch_sees_disable_lora_and_active_adapter_changes() -> None:
 
 
 def test_watch_sees_a_lora_adapter_added_after_capture() -> None:
+    pytest.importorskip("peft")
     from peft import LoraConfig
 
     transformer, watch = _armed()
@@ -265,11 +266,6 @@ def test_graphs_refuse_a_model_moved_off_cuda_instead_of_capturing_it() -> None:
 
 
 # --- 3. one call at a time per handle --------------------------------------------------------------------------
-
-import threading  # noqa: E402
-
-from hookkit.errors import EnableError, SpecError  # noqa: E402
-
 
 def _cached(pipe):
     return hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0, warmup_steps=0)))
