@@ -717,3 +717,14 @@ def test_gpu_transformer_graphs_with_quantized_weights_notice_an_in_place_change
         pipe.transformer.norm_out.linear.weight.mul_(-1.0)
     after = _cuda_latents(pipe)
     torch.testing.assert_close(after, _fresh_enable_output(pipe, spec), rtol=2e-2, atol=2e-2)
+
+
+# --- adapters: a dotted class path naming a module that is not imported yet ---------------------------------------
+
+
+def test_an_adapter_naming_an_unimportable_dotted_class_does_not_match_instead_of_raising_name_error() -> None:
+    from hookkit import AdapterSpec, BlockListSpec
+
+    adapter = AdapterSpec(name="elsewhere", transformer=("hookkit_no_such_module.FluxTransformer2DModel",),
+                          blocks=(BlockListSpec(attr="transformer_blocks", classes=("FluxTransformerBlock",)),))
+    assert adapter.matches(zoo.tiny_transformer("flux")) is False

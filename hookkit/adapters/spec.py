@@ -8,6 +8,7 @@ which Linear layers must never be quantized, how CFG is run, and where per-step 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import tomllib
