@@ -313,14 +313,17 @@ class GraphHook(ModelHook):
                 check_on_cuda(module)
             if self.runner.captured:
                 self.runner.invalidate(reason)
-            self.watch.arm(module)
+        captured = len(self.runner.captured)
         if self.cache is None:
-            return self.runner(call_next, args, kwargs)
-        shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-        decision = self.cache.decision(shapes)
-        output = self.runner(call_next, args, kwargs, extra_key=decision,
-                             capturing=lambda: self.cache.forcing(decision))
-        self.cache.replayed(decision, shapes)
+            output = self.runner(call_next, args, kwargs)
+        else:
+            shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+            decision = self.cache.decision(shapes)
+            output = self.runner(call_next, args, kwargs, extra_key=decision,
+                                 capturing=lambda: self.cache.forcing(decision))
+            self.cache.replayed(decision, shapes)
+        if reason is not None or len(self.runner.captured) != captured:
+            self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
         return output
 
 
@@ -435,7 +438,13 @@ class SplitGraphHook(ModelHook):
             if self.captured:
                 self.captured.clear()
                 self.invalidations.append(reason)
-            self.watch.arm(module)
+        pairs = len(self.captured)
+        output = self._call(module, call_next, args, kwargs)
+        if reason is not None or len(self.captured) != pairs:
+            self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
+        return output
+
+    def _call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         sig = signature(args, kwargs)
         branch, cached = self.cache.host_decision(sig)
         leaves, spec = pytree.tree_flatten((args, kwargs))
