@@ -599,6 +599,7 @@ class _DBCacheFeature:
             return []
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
+        _check_long_skips(spec, blocks, type(ctx.transformer).__name__)
         out: list[Attachment] = []
         if layout.needs_diff:
             out.append(Attachment(feature=NAME, target=blocks[0][0], name=ENTRY_HOOK))
@@ -631,6 +632,27 @@ class _DBCacheFeature:
             )
         return found
 
+    def on_first_call(self, handle: Handle, report: Any) -> None:
+        """Refuse a split whose middle blocks the forward changes the hidden stream between (seen at the first call).
+
+        On a cached step the middle blocks return their inputs and the last adds the stored residual, which already
+        holds what the forward added between them on the computed step: it would be added twice.
+        """
+        spec = handle.spec.cache
+        last = len(report.paths) - spec.bn_blocks - 1
+        inside = [i for i in report.gaps if spec.fn_blocks <= i < last]
+        if inside:
+            i = inside[0]
+            raise UnsupportedError(
+                f"DBCache F{spec.fn_blocks}B{spec.bn_blocks} on {type(handle.transformer).__name__}: expected the "
+                f"middle blocks ({report.paths[spec.fn_blocks]} .. {report.paths[last]}) to pass the hidden stream "
+                f"straight from one to the next, got {type(handle.transformer).__name__}.forward changing it between "
+                f"{report.paths[i]} and {report.paths[i + 1]} at the first call (a hint, adapter or residual added "
+                "there); a cached step would add it twice. Raise fn_blocks above "
+                f"{i} (fn_blocks={i + 1}) or bn_blocks so that no middle block follows such a point, or leave "
+                "cache off."
+            )
+
     def summarize(self, handle: Handle) -> FeatureSummary | None:
         found = handle.resources.get(NAME)
         if found is None:
@@ -641,6 +663,32 @@ class _DBCacheFeature:
 
 
 FEATURE = _DBCacheFeature()
+
+
+def _check_long_skips(spec: DBCache, blocks: list[tuple[str, Any, torch.nn.Module]], model: str) -> None:
+    """A list with long skips (block k feeds block n-1-k of it) must have both ends of each skip in the middle or
+    both outside: a cached step would otherwise feed a skipped block's input (its identity output) to a block that
+    runs, or skip a block whose skip input was computed."""
+    first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
+    start = 0
+    while start < len(blocks):
+        block_spec = blocks[start][1]
+        end = start
+        while end < len(blocks) and blocks[end][1] is block_spec:
+            end += 1
+        if block_spec.long_skips:
+            n = end - start
+            for k in range(n // 2):
+                a, b = start + k, end - 1 - k
+                if (first <= a <= last) != (first <= b <= last):
+                    raise SpecError(
+                        f"DBCache.fn_blocks/bn_blocks: expected a split that keeps both ends of each long skip of "
+                        f"{model}.{block_spec.attr} (block k feeds block {n - 1}-k; adapter long_skips = true) in the "
+                        f"middle or both outside it, got F{spec.fn_blocks}B{spec.bn_blocks}, which cuts the skip "
+                        f"{blocks[a][0]} -> {blocks[b][0]}. Use fn_blocks == bn_blocks (e.g. "
+                        f"DBCache(fn_blocks={spec.fn_blocks}, bn_blocks={spec.fn_blocks}))."
+                    )
+        start = end
 
 
 # --- statistics ---------------------------------------------------------------------------------------------

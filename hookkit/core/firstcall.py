@@ -1,0 +1,285 @@
+"""The adapter, confirmed at the first transformer call: what each block really receives and returns, in what order.
+
+An adapter (shipped, registered or derived from the model's code) says which block lists run in which order and
+which argument and return position carries which stream. `enable` checks what it can statically (classes,
+argument names); this check confirms the rest against the real first call, with observer hooks on every block:
+
+- the blocks run in the adapter's order: list by list as the `[[blocks]]` tables are written, each block at most
+  once (issue 14: an adapter whose block lists are out of order is refused);
+- each block gets a tensor at `hidden_arg` (and at `encoder_arg` where it returns that stream) and returns what
+  `returns` says: one tensor, or a tuple of that many with each stream's shape at its position;
+- the chain: the hidden input of each block is the hidden output of the one before. A shape change between two
+  blocks is an `AdapterError` (the lists before it are a stage of their own: `[left_out]`); a change of value
+  without one (VACE hints, WanAnimate's face adapter, ControlNet residuals added between blocks) is reported to
+  the features (`on_first_call(handle, report)`), so that DBCache can refuse a split whose middle blocks it cuts.
+
+A disagreement is an `AdapterError` naming the block, what was found and the TOML to write; it is raised at the end
+of the call (every block ran uncached in it: a first call computes all blocks) and the check stays armed. The
+observers exist only during a checked call (the clock hook adds them to the blocks and takes them off again, also
+when the call raises): between calls nothing of the check is on any block, and once it passed, calls pay nothing.
+A call may run the transformer's blocks more than once (CUDA-graph warm-up and capture): each pass that starts
+again at the first block seen is checked on its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from hookkit.adapters import AdapterSpec, BlockListSpec
+from hookkit.core.plan import flat_blocks
+from hookkit.core.registry import Args, HookRegistry, Kwargs, ModelHook
+from hookkit.errors import AdapterError
+
+if TYPE_CHECKING:
+    from hookkit.core.handle import Handle
+
+BLOCK_HOOK = "hookkit.check"
+
+
+@attrs.frozen(kw_only=True)
+class FirstCallReport:
+    """What the first call showed: `gaps` are flat block indices i after which the forward changed the hidden
+    stream before block i + 1 got it (same shape, other values)."""
+
+    paths: tuple[str, ...]
+    gaps: tuple[int, ...]
+    called: tuple[int, ...]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor{tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__}(" + ", ".join(_describe(v) for v in value) + ")"
+    return type(value).__name__
+
+
+class _Locator:
+    """Reads one named argument of a block call, positional or keyword."""
+
+    def __init__(self, block: torch.nn.Module, name: str | None) -> None:
+        params = list(inspect.signature(type(block).forward).parameters.values())[1:]
+        names = [p.name for p in params]
+        self.name = name
+        self.pos = names.index(name) if name in names else -1
+        self.default = params[self.pos].default if self.pos >= 0 else None
+        if self.default is inspect.Parameter.empty:
+            self.default = None
+
+    def read(self, args: Args, kwargs: Kwargs) -> Any:
+        if self.name is None:
+            return None
+        if self.name in kwargs:
+            return kwargs[self.name]
+        return args[self.pos] if 0 <= self.pos < len(args) else self.default
+
+
+@attrs.define
+class _Record:
+    index: int
+    hidden: Any
+    encoder: Any
+    output: Any = None
+
+
+class _BlockObserver(ModelHook):
+    def __init__(self, check: FirstCallCheck, index: int, spec: BlockListSpec, block: torch.nn.Module) -> None:
+        self.check = check
+        self.index = index
+        self.spec = spec
+        self.hidden = _Locator(block, spec.hidden_arg)
+        self.encoder = _Locator(block, spec.encoder_arg)
+        self.record: _Record | None = None
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        if self.check.recording:
+            self.record = _Record(self.index, self.hidden.read(args, kwargs), self.encoder.read(args, kwargs))
+            self.check.records.append(self.record)
+        return args, kwargs
+
+    def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+        if self.check.recording and self.record is not None:
+            self.record.output = output
+            self.record = None
+        return output
+
+
+class FirstCallCheck:
+    """One per handle: the observers, what they saw, and what happens once it passed."""
+
+    def __init__(self, adapter: AdapterSpec, transformer: torch.nn.Module,
+                 on_report: Callable[[FirstCallReport], None]) -> None:
+        self.adapter = adapter
+        self.transformer_class = type(transformer).__name__
+        self.blocks = flat_blocks(adapter, transformer)
+        self.on_report = on_report
+        self.armed = True
+        self.recording = False
+        self.records: list[_Record] = []
+        self.report: FirstCallReport | None = None
+
+    def run(self, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        """One transformer call with observers on every block; checks what they saw (raises on a disagreement)."""
+        attached: list[torch.nn.Module] = []
+        self.records = []
+        self.recording = True
+        try:
+            for index, (_, spec, block) in enumerate(self.blocks):
+                HookRegistry.of(block).register(BLOCK_HOOK, _BlockObserver(self, index, spec, block), position=0)
+                attached.append(block)
+            output = call_next(*args, **kwargs)
+        finally:
+            self.recording = False
+            for block in attached:
+                registry = HookRegistry.of(block, create=False)
+                if registry is not None and BLOCK_HOOK in registry:
+                    registry.remove(BLOCK_HOOK)
+        records, self.records = self.records, []
+        self.finish(records)
+        return output
+
+    # -- the checks --------------------------------------------------------------------------------------------
+    def finish(self, records: list[_Record]) -> None:
+        if not records:
+            return  # a call that ran no block (nothing to confirm yet): stay armed
+        passes: list[list[_Record]] = [[records[0]]]
+        for record in records[1:]:
+            # a new pass starts where the first one started (graph warm-up/capture run the blocks again)
+            if record.index == records[0].index and record.index <= passes[-1][-1].index:
+                passes.append([record])
+            else:
+                passes[-1].append(record)
+        gaps: set[int] = set()
+        for one in passes:
+            self._order(one)
+            for record in one:
+                self._streams(record)
+            gaps.update(self._chain(one))
+        report = FirstCallReport(paths=tuple(p for p, _, _ in self.blocks), gaps=tuple(sorted(gaps)),
+                                 called=tuple(r.index for r in passes[0]))
+        self.on_report(report)  # a feature refusing what it saw raises here, and the check stays armed
+        self.report = report
+        self.armed = False
+
+    def _where(self, index: int) -> tuple[str, BlockListSpec, str]:
+        path, spec, block = self.blocks[index]
+        return path, spec, type(block).__name__
+
+    def _order(self, records: list[_Record]) -> None:
+        seen = [r.index for r in records]
+        if all(a < b for a, b in zip(seen, seen[1:])):
+            return
+        ran: list[str] = []
+        for index in seen:
+            attr = self.blocks[index][1].attr
+            if not ran or ran[-1] != attr:
+                ran.append(attr)
+        tables = [b.attr for b in self.adapter.blocks]
+        first_bad = next(i for i, (a, b) in enumerate(zip(seen, seen[1:])) if a >= b)
+        bad_path = self.blocks[seen[first_bad + 1]][0]
+        if len(set(ran)) == len(ran):
+            fix = (f"Write the [[blocks]] tables in the order they run: {ran} (the adapter has {tables}).")
+        else:
+            fix = ("A list that runs more than once per call, or interleaved with another, is no chain DBCache "
+                   "can cache: leave it out of [[blocks]] (name it in [left_out] with the reason).")
+        raise AdapterError(
+            f"adapter {self.adapter.name!r} ({self.adapter.source}) for {self.transformer_class}: expected the blocks "
+            f"to run in the order of its [[blocks]] tables {tables}, each block once, got the lists in the order "
+            f"{ran} at the first call ({bad_path} ran after {self.blocks[seen[first_bad]][0]}). {fix}"
+        )
+
+    def _streams(self, record: _Record) -> None:
+        path, spec, cls = self._where(record.index)
+        where = f"adapter {self.adapter.name!r} ({self.adapter.source}), {self.transformer_class}.{path} ({cls})"
+        if not isinstance(record.hidden, torch.Tensor):
+            raise AdapterError(
+                f"{where}: expected a tensor at hidden_arg {spec.hidden_arg!r} at the first call, got "
+                f"{_describe(record.hidden)}. Set hidden_arg of [[blocks]] attr = \"{spec.attr}\" to the argument "
+                f"that carries the hidden stream."
+            )
+        out = record.output
+        wants_encoder = spec.encoder_index is not None
+        if wants_encoder and not isinstance(record.encoder, torch.Tensor):
+            raise AdapterError(
+                f"{where}: expected a tensor at encoder_arg {spec.encoder_arg!r} (the block returns that stream), got "
+                f"{_describe(record.encoder)} at the first call. Set encoder_arg to the argument of the second stream "
+                "the block returns, or returns = [\"hidden_states\"] if it returns one."
+            )
+        shapes = {"hidden_states": tuple(record.hidden.shape)}
+        if wants_encoder:
+            shapes["encoder_hidden_states"] = tuple(record.encoder.shape)
+        expected = ", ".join(f"{s} {shapes[s]}" for s in spec.returns)
+        if len(spec.returns) == 1:
+            ok = isinstance(out, torch.Tensor) and tuple(out.shape) == shapes["hidden_states"]
+        else:
+            # the encoder stream may end as None (SD3's last block, context_pre_only, drops it)
+            ok = (isinstance(out, (tuple, list)) and len(out) == len(spec.returns)
+                  and all((isinstance(o, torch.Tensor) and tuple(o.shape) == shapes[s])
+                          or (o is None and s == "encoder_hidden_states") for o, s in zip(out, spec.returns)))
+        if ok:
+            return
+        raise AdapterError(
+            f"{where}: expected the block to return {spec.returns} ({expected}) at the first call, got "
+            f"{_describe(out)}. {self._returns_fix(spec, record)}"
+        )
+
+    def _returns_fix(self, spec: BlockListSpec, record: _Record) -> str:
+        out = record.output
+        table = f"[[blocks]] attr = \"{spec.attr}\""
+        if isinstance(out, torch.Tensor):
+            return f"Write returns = [\"hidden_states\"] in {table} (it returns one tensor)."
+        if isinstance(out, (tuple, list)) and isinstance(record.encoder, torch.Tensor):
+            by_shape = []
+            for o in out:
+                if isinstance(o, torch.Tensor) and o.shape == record.hidden.shape:
+                    by_shape.append("hidden_states")
+                elif isinstance(o, torch.Tensor) and o.shape == record.encoder.shape:
+                    by_shape.append("encoder_hidden_states")
+            if len(by_shape) == len(out) and len(set(by_shape)) == len(out):
+                return f"Write returns = {by_shape} in {table}."
+        return (f"Describe what it returns in {table} (returns, encoder_arg), or leave the list out of [[blocks]] "
+                "if its blocks are no chain of the hidden stream.")
+
+    def _chain(self, records: list[_Record]) -> list[int]:
+        gaps: list[int] = []
+        for before, after in zip(records, records[1:]):
+            if after.index != before.index + 1:
+                continue
+            _, spec, _ = self._where(before.index)
+            out = before.output
+            hidden_out = out if len(spec.returns) == 1 else out[spec.hidden_index]
+            if after.hidden is hidden_out:
+                continue
+            if tuple(after.hidden.shape) != tuple(hidden_out.shape):
+                path_a, spec_a, _ = self._where(before.index)
+                path_b, spec_b, _ = self._where(after.index)
+                earlier = [b.attr for b in self.adapter.blocks[: [b.attr for b in self.adapter.blocks].index(spec_b.attr)]]
+                raise AdapterError(
+                    f"adapter {self.adapter.name!r} ({self.adapter.source}) for {self.transformer_class}: expected the "
+                    f"hidden stream to keep its shape from {path_a} to {path_b} (one chain of blocks), got "
+                    f"{tuple(hidden_out.shape)} out of {path_a} and {tuple(after.hidden.shape)} into {path_b} at the "
+                    f"first call (the forward rebuilds it in between). "
+                    + (f"Move {earlier} from [[blocks]] to [left_out] (a stage before the cached chain)."
+                       if spec_a.attr != spec_b.attr and earlier else
+                       f"Leave {spec_b.attr} out of [[blocks]] (name it in [left_out] with the reason).")
+                )
+            gaps.append(before.index)
+        return gaps
+
+
+def install(handle: Handle) -> FirstCallCheck:
+    """The check of a handle: its features hear the report (`on_first_call(handle, report)`)."""
+    from hookkit.core.handle import features
+
+    def on_report(report: FirstCallReport) -> None:
+        for feature in features():
+            listener = getattr(feature, "on_first_call", None)
+            if listener is not None and feature.enabled(handle.spec):
+                listener(handle, report)
+
+    return FirstCallCheck(handle.adapter, handle.transformer, on_report)
