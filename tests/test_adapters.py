@@ -23,11 +23,44 @@ SHIPPED = {
     "hunyuanvideo": ("HunyuanVideoTransformer3DModel", ("transformer_blocks", "single_transformer_blocks")),
 }
 
+#: shipped adapters checked on diffusers' own tiny test config of their class (tests/data): adapter -> (config, lists)
+SHIPPED_ON_DIFFUSERS_CONFIGS = {
+    "flux2": ("Flux2Transformer", ("single_transformer_blocks",)),
+    "wan_vace": ("WanVACETransformer3D", ("blocks",)),
+    "hunyuanvideo15": ("HunyuanVideo15Transformer", ("transformer_blocks",)),
+    "ltxvideo": ("LTXTransformer", ("transformer_blocks",)),
+    "ltx2": ("LTX2Transformer", ("transformer_blocks",)),
+    "chroma": ("ChromaTransformer", ("single_transformer_blocks",)),
+    "hidream": ("HiDreamTransformer", ("single_stream_blocks",)),
+    "lumina2": ("Lumina2Transformer", ("layers",)),
+    "sana": ("SanaTransformer", ("transformer_blocks",)),
+    "cogview4": ("CogView4Transformer", ("transformer_blocks",)),
+    "zimage": ("ZImageTransformer", ("layers",)),
+    "mochi": ("MochiTransformer", ("transformer_blocks",)),
+    "skyreelsv2": ("SkyReelsV2Transformer", ("blocks",)),
+    "cosmos": ("CosmosTransformer", ("transformer_blocks",)),
+}
+
 
 def test_every_shipped_adapter_file_is_registered() -> None:
     files = sorted(p.stem for p in adapters_dir().glob("*.toml"))
-    assert files == sorted(SHIPPED)
-    assert set(SHIPPED) <= set(hookkit.list_adapters())
+    assert files == sorted([*SHIPPED, *SHIPPED_ON_DIFFUSERS_CONFIGS])
+    assert set(files) <= set(hookkit.list_adapters())
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_ON_DIFFUSERS_CONFIGS))
+def test_shipped_adapter_matches_diffusers_tiny_config_and_what_its_code_says(name: str) -> None:
+    from diffusers_configs import build
+
+    config, block_attrs = SHIPPED_ON_DIFFUSERS_CONFIGS[name]
+    transformer = build(config)
+    adapter = hookkit.resolve_adapter(transformer)
+    assert adapter.name == name
+    assert tuple(b.attr for b in adapter.blocks) == block_attrs
+    derived = derive_adapter(transformer)
+    assert adapter.blocks == derived.blocks  # the code still reads as the shipped tables say
+    present = {n for n, c in transformer.named_children() if isinstance(c, torch.nn.ModuleList) and len(c)}
+    assert present - set(block_attrs) <= set(adapter.left_out_reasons)  # every other list named, with a reason
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -269,17 +302,18 @@ def test_two_adapters_claiming_one_class_by_different_paths_are_ambiguous() -> N
         hookkit.unregister_adapter("b")
 
 
-def test_flux2_is_not_flux_and_gets_diffusers_metadata_with_one_stream_single_blocks() -> None:
+def test_flux2_is_not_flux_and_caches_within_its_single_blocks() -> None:
     from diffusers import Flux2Transformer2DModel
 
     flux2 = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=8,
                                     num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(2, 2, 2, 2))
     adapter = hookkit.resolve_adapter(flux2)
-    assert adapter.name == "derived:Flux2Transformer2DModel"
+    assert adapter.name == "flux2"
+    # the double blocks run before forward concatenates the streams: a stage of their own, always computed
     assert [(b.attr, b.classes, b.returns) for b in adapter.blocks] == [
-        ("transformer_blocks", ("Flux2TransformerBlock",), ("encoder_hidden_states", "hidden_states")),
-        ("single_transformer_blocks", ("Flux2SingleTransformerBlock",), ("hidden_states",)),
-    ]
+        ("single_transformer_blocks", ("Flux2SingleTransformerBlock",), ("hidden_states",))]
+    assert set(adapter.left_out_reasons) == {"transformer_blocks"}
+    assert adapter.repeated_blocks == ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
 
 
 # --- derived adapters ------------------------------------------------------------------------------------

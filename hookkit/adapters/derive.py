@@ -63,6 +63,8 @@ class CallSite:
     inside: str | None
     #: positional-only call through the gradient checkpointing helper
     checkpointed: bool
+    #: traversal order of the `for` over this list that encloses the call (the call's own order if none)
+    loop_start: int
 
 
 @attrs.define
@@ -113,11 +115,13 @@ def _target_names(target: ast.AST) -> tuple[str | None, ...]:
 
 
 def _parse(fn: Any) -> ast.FunctionDef | None:
+    """The function's AST, line numbers those of its file."""
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
         return None
-    tree = ast.parse(source)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, first - 1)
     node = tree.body[0] if tree.body else None
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
@@ -134,6 +138,7 @@ class _Reader(ast.NodeVisitor):
         self.order = 0
         self.loop_vars: list[dict[str, str]] = [{}]
         self.loops: list[str] = []
+        self.loop_starts: list[int] = []
         self.assign_stack: list[tuple[str | None, ...]] = []
         self.function = "forward"
         self.visiting: set[str] = set()
@@ -198,9 +203,11 @@ class _Reader(ast.NodeVisitor):
                         bound[elt.id] = attr
         self.loop_vars.append({**self.loop_vars[-1], **bound})
         self.loops.append(found[0] if found else "")
+        self.loop_starts.append(self._tick())
         for stmt in node.body + node.orelse:
             self.visit(stmt)
         self.loops.pop()
+        self.loop_starts.pop()
         self.loop_vars.pop()
 
     def _assign(self, targets: list[ast.AST], value: ast.AST, lineno: int) -> None:
@@ -270,8 +277,12 @@ class _Reader(ast.NodeVisitor):
                 passed[kw.arg] = kw.value.id if isinstance(kw.value, ast.Name) else None
         targets = self.assign_stack[-1] if self.assign_stack else ()
         inside = next((loop for loop in reversed(self.loops) if loop and loop != attr), None)
-        self.sites.append(CallSite(attr=attr, order=self._tick(), lineno=node.lineno, function=self.function,
-                                   passed=passed, targets=targets, inside=inside, checkpointed=checkpointed))
+        order = self._tick()
+        loop_start = next((start for loop, start in zip(reversed(self.loops), reversed(self.loop_starts))
+                           if loop == attr), order)
+        self.sites.append(CallSite(attr=attr, order=order, lineno=node.lineno, function=self.function,
+                                   passed=passed, targets=targets, inside=inside, checkpointed=checkpointed,
+                                   loop_start=loop_start))
 
 
 def _returned_names(block_cls: type) -> set[tuple[str | None, ...]]:
@@ -375,8 +386,12 @@ def derive(transformer: torch.nn.Module) -> Derivation:
     for i in range(len(chain) - 1, 0, -1):
         end = max(s.order for s in chain[i - 1].sites)
         start = chain[i].first.order
+        loop_start = chain[i].first.loop_start
+        # outside any loop, or inside the later list's own loop before its first block call (BriaFibo concatenates
+        # the streams at the top of every single-block iteration); not a change inside the earlier list's loop
         rebuilt = [a for a in reader.assigns
-                   if end < a.order < start and main_var in a.names and not a.block_call and not a.in_loop]
+                   if end < a.order < start and main_var in a.names and not a.block_call
+                   and (not a.in_loop or a.order > loop_start)]
         if rebuilt:
             for f in chain[:i]:
                 left_out[f.attr] = (f"runs before {cls_name}.forward rebuilds `{main_var}` (line {rebuilt[0].lineno}, "
