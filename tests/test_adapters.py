@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
@@ -11,7 +13,8 @@ from diffusers import FluxTransformer2DModel
 import hookkit
 from hookkit.tools import zoo
 from hookkit.adapters import adapters_dir, derive_adapter
-from hookkit.errors import AdapterError
+from hookkit.core.registry import registry_names
+from hookkit.errors import AdapterError, SpecError
 from hookkit.techniques.quantize.torchao import select_layers
 
 SHIPPED = {
@@ -449,3 +452,155 @@ def test_register_adapter_takes_a_path_or_a_spec_only() -> None:
     with pytest.raises(AdapterError, match=r"^register_adapter: expected a path to a .toml file or a "
                                            r"hookkit.AdapterSpec, got \{'name': 'x'\}."):
         hookkit.register_adapter({"name": "x"})  # type: ignore[arg-type]
+
+
+# --- derived from the model's code (diffusers' tiny test configs, tests/data) -----------------------------
+
+
+def _tiny(config: str, **overrides):
+    from diffusers_configs import build
+
+    return build(config, **overrides)
+
+
+def test_z_image_block_takes_x_and_the_disagreeing_metadata_is_a_note() -> None:
+    adapter = derive_adapter(_tiny("ZImageTransformer"))
+    assert [(b.attr, b.hidden_arg, b.returns) for b in adapter.blocks] == [("layers", "x", ("hidden_states",))]
+    assert adapter.notes == ("diffusers registers ZImageTransformerBlock's hidden argument as 'hidden_states'; its "
+                             "forward takes 'x': the code is used",)
+    assert set(adapter.left_out_reasons) == {"noise_refiner", "context_refiner"}
+    assert adapter.left_out_reasons["noise_refiner"].startswith("runs on `x`, not on `unified`")
+
+
+def test_bria_blocks_return_the_encoder_stream_first_whatever_the_metadata_says() -> None:
+    adapter = derive_adapter(_tiny("BriaTransformer"))
+    assert [(b.attr, b.returns) for b in adapter.blocks] == [
+        ("transformer_blocks", ("encoder_hidden_states", "hidden_states")),
+        ("single_transformer_blocks", ("encoder_hidden_states", "hidden_states")),
+    ]
+    assert adapter.notes[0].startswith("diffusers registers BriaTransformerBlock as returning ['hidden_states']; its "
+                                       "code returns ['encoder_hidden_states', 'hidden_states']")
+    assert adapter.left_out == ()
+
+
+def test_wan_vace_leaves_the_vace_blocks_out_with_the_reason_in_the_summary() -> None:
+    transformer = _tiny("WanVACETransformer3D")
+    handle = hookkit.enable(transformer, hookkit.Spec())
+    summary = handle.summary()
+    assert summary.adapter == "wan_vace"
+    assert summary.left_out == {"vace_blocks": "runs on `control_hidden_states`, not on `hidden_states`, the stream "
+                                               "the last blocks carry (a refiner or side stage; it always runs)"}
+    assert "block lists the adapter leaves out:" in str(summary) and "vace_blocks" in str(summary)
+
+
+def test_a_list_called_inside_another_lists_loop_is_left_out() -> None:
+    adapter = derive_adapter(_tiny("WanAnimateTransformer3D"))
+    assert [b.attr for b in adapter.blocks] == ["blocks"]
+    assert adapter.left_out_reasons["face_adapter"].startswith("runs inside the loop over blocks")
+
+
+def test_lists_before_the_stream_is_rebuilt_are_a_stage_of_their_own() -> None:
+    adapter = derive_adapter(_tiny("Lumina2Transformer"))
+    assert [b.attr for b in adapter.blocks] == ["layers"]
+    assert adapter.left_out_reasons["noise_refiner"].startswith(
+        "runs before Lumina2Transformer2DModel.forward rebuilds `hidden_states`")
+
+
+def test_hunyuan_dit_long_skips_are_marked_and_dbcache_refuses_a_split_that_cuts_one() -> None:
+    transformer = _tiny("HunyuanDiT", num_layers=4)
+    adapter = derive_adapter(transformer)
+    assert [(b.attr, b.long_skips) for b in adapter.blocks] == [("blocks", True)]
+    with pytest.raises(SpecError, match=r"cuts the skip blocks.0 -> blocks.3\. Use fn_blocks == bn_blocks"):
+        hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0)))
+    handle = hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=1)))
+    assert [t for t, _ in handle.plan.targets("dbcache")] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_a_model_whose_lists_alternate_in_one_loop_keeps_the_first_and_names_the_other() -> None:
+    adapter = derive_adapter(_tiny("LatteTransformer"))
+    assert [b.attr for b in adapter.blocks] == ["transformer_blocks"]
+    assert adapter.left_out_reasons["temporal_transformer_blocks"].startswith(
+        "runs inside the loop over transformer_blocks")
+
+
+def test_the_derived_toml_registers_back_to_the_same_adapter(tmp_path: Path) -> None:
+    from hookkit.adapters.derive import adapter_toml
+
+    derived = derive_adapter(_tiny("BriaTransformer"))
+    path = tmp_path / "bria.toml"
+    path.write_text(adapter_toml(derived))
+    registered = hookkit.register_adapter(path)
+    try:
+        assert attrs.evolve(registered, source=derived.source) == derived
+    finally:
+        hookkit.unregister_adapter(registered.name)
+
+
+def test_cli_adapter_derive_prints_the_toml_of_a_class(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from hookkit.tools.cli import main
+
+    assert main(["adapter", "derive", "ZImageTransformer2DModel"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "z.toml"
+    path.write_text(text)
+    adapter = hookkit.AdapterSpec.from_toml(path)
+    assert [(b.attr, b.hidden_arg) for b in adapter.blocks] == [("layers", "x")]
+    assert main(["adapter", "derive", "NoSuchTransformer"]) == 2
+    assert "names no class" in capsys.readouterr().err
+
+
+# --- confirmed at the first call ---------------------------------------------------------------------------
+
+
+def _call_once(transformer, handle, config: str):
+    from diffusers_configs import inputs
+
+    with handle.generation(num_steps=1), torch.no_grad():
+        return transformer(**inputs(config), return_dict=False)
+
+
+def test_block_lists_out_of_execution_order_are_refused_at_the_first_call() -> None:
+    transformer = _tiny("FluxTransformer")
+    flux = hookkit.get_adapter("flux")
+    reversed_lists = attrs.evolve(flux, name="flux-reversed", blocks=tuple(reversed(flux.blocks)))
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=reversed_lists)
+    with pytest.raises(AdapterError, match=r"expected the blocks to run in the order of its \[\[blocks\]\] tables "
+                                           r"\['single_transformer_blocks', 'transformer_blocks'\].*Write the "
+                                           r"\[\[blocks\]\] tables in the order they run: \['transformer_blocks', "
+                                           r"'single_transformer_blocks'\]"):
+        _call_once(transformer, handle, "FluxTransformer")
+    assert handle.summary().first_call == "pending"
+    assert all(not registry_names(b) for b in transformer.transformer_blocks)  # observers gone after the raise
+
+
+def test_a_return_order_the_code_contradicts_is_refused_at_the_first_call_with_the_toml_to_write() -> None:
+    transformer = _tiny("BriaTransformer")
+    derived = derive_adapter(transformer)
+    wrong = attrs.evolve(derived, name="bria-as-registered", blocks=(
+        attrs.evolve(derived.blocks[0], encoder_arg=None, returns=("hidden_states",)), derived.blocks[1]))
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=wrong)
+    with pytest.raises(AdapterError, match=r"transformer_blocks.0 \(BriaTransformerBlock\): expected the block to return "
+                                           r"\('hidden_states',\) .* got tuple\(Tensor.*Describe what it returns"):
+        _call_once(transformer, handle, "BriaTransformer")
+
+
+def test_a_stream_that_changes_shape_between_lists_is_refused_with_the_lists_to_leave_out() -> None:
+    transformer = _tiny("Flux2Transformer")
+    both = hookkit.AdapterSpec(name="flux2-both", transformer=("Flux2Transformer2DModel",), blocks=(
+        hookkit.BlockListSpec(attr="transformer_blocks", classes=("Flux2TransformerBlock",),
+                              encoder_arg="encoder_hidden_states", returns=("encoder_hidden_states", "hidden_states")),
+        hookkit.BlockListSpec(attr="single_transformer_blocks", classes=("Flux2SingleTransformerBlock",)),
+    ), diffusers_metadata="ignore")
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=both)
+    with pytest.raises(AdapterError, match=r"expected the hidden stream to keep its shape from transformer_blocks.0 to "
+                                           r"single_transformer_blocks.0 .*Move \['transformer_blocks'\] from "
+                                           r"\[\[blocks\]\] to \[left_out\]"):
+        _call_once(transformer, handle, "Flux2Transformer")
+
+
+def test_once_confirmed_no_observer_is_left_on_any_block() -> None:
+    transformer = _tiny("ZImageTransformer")
+    handle = hookkit.enable(transformer, hookkit.Spec())
+    _call_once(transformer, handle, "ZImageTransformer")
+    assert handle.summary().first_call == "confirmed"
+    assert all("forward" not in vars(m) for m in transformer.layers)

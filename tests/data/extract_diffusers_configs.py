@@ -5,7 +5,8 @@ Usage (needs a checkout of diffusers' `tests/` folder, e.g. `git archive <commit
     python tests/data/extract_diffusers_configs.py /tmp/dtests <commit> > tests/data/diffusers_transformers.json
 
 For every `*TesterConfig` class of `tests/models/transformers/` it records the init dict (`get_init_dict()`) and the
-dummy inputs (`get_dummy_inputs()`), one entry per distinct (model class, init dict). Tensors are stored as data:
+dummy inputs (`get_dummy_inputs()`), one entry per distinct (model class, init dict). One entry was edited by hand
+after extraction, marked `changed` with why (PRX: its test config has 302 M parameters). Tensors are stored as data:
 integral values (ids, masks, timesteps) exactly, others by shape and dtype (regenerated from a seeded generator).
 Test-only packages the test modules import (accelerate, peft, ...) are stubbed: only the dicts are read.
 """
