@@ -13,8 +13,8 @@ argument names); this check confirms the rest against the real first call, with 
   without one (VACE hints, WanAnimate's face adapter, ControlNet residuals added between blocks) is reported to
   the features (`on_first_call(handle, report)`), so that DBCache can refuse a split whose middle blocks it cuts.
 
-A disagreement is an `AdapterError` naming the block, what was found and the TOML to write; it is raised at the end
-of the call (every block ran uncached in it: a first call computes all blocks) and the check stays armed. The
+A disagreement is an `AdapterError` naming the block, what was found and the TOML to write; it is raised at the
+block where it shows (no result of a wrong adapter is returned) and the check stays armed. The
 observers exist only during a checked call (the clock hook adds them to the blocks and takes them off again, also
 when the call raises): between calls nothing of the check is on any block, and once it passed, calls pay nothing.
 A call may run the transformer's blocks more than once (CUDA-graph warm-up and capture): each pass that starts
@@ -84,7 +84,6 @@ class _Record:
     index: int
     hidden: Any
     encoder: Any
-    output: Any = None
 
 
 class _BlockObserver(ModelHook):
@@ -99,18 +98,22 @@ class _BlockObserver(ModelHook):
     def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         if self.check.recording:
             self.record = _Record(self.index, self.hidden.read(args, kwargs), self.encoder.read(args, kwargs))
-            self.check.records.append(self.record)
+            self.check.enter(self.record)
         return args, kwargs
 
     def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
-        if self.check.recording and self.record is not None:
-            self.record.output = output
-            self.record = None
+        record, self.record = self.record, None
+        if self.check.recording and record is not None:
+            self.check.leave(record, output)
         return output
 
 
 class FirstCallCheck:
-    """One per handle: the observers, what they saw, and what happens once it passed."""
+    """One per handle: the observers' findings during a checked call, and what happens once it passed.
+
+    Checked as the blocks run, keeping only the previous block's hidden output (no call's worth of activations is
+    held): a disagreement raises at the block where it shows.
+    """
 
     def __init__(self, adapter: AdapterSpec, transformer: torch.nn.Module,
                  on_report: Callable[[FirstCallReport], None]) -> None:
@@ -120,13 +123,19 @@ class FirstCallCheck:
         self.on_report = on_report
         self.armed = True
         self.recording = False
-        self.records: list[_Record] = []
         self.report: FirstCallReport | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        #: block indices of each pass of the current call, and the previous block's (index, hidden output)
+        self.passes: list[list[int]] = []
+        self.previous: tuple[int, torch.Tensor] | None = None
+        self.gaps: set[int] = set()
 
     def run(self, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
-        """One transformer call with observers on every block; checks what they saw (raises on a disagreement)."""
+        """One transformer call with observers on every block; raises `AdapterError` at a disagreement."""
         attached: list[torch.nn.Module] = []
-        self.records = []
+        self._reset()
         self.recording = True
         try:
             for index, (_, spec, block) in enumerate(self.blocks):
@@ -135,44 +144,54 @@ class FirstCallCheck:
             output = call_next(*args, **kwargs)
         finally:
             self.recording = False
+            self.previous = None
             for block in attached:
                 registry = HookRegistry.of(block, create=False)
                 if registry is not None and BLOCK_HOOK in registry:
                     registry.remove(BLOCK_HOOK)
-        records, self.records = self.records, []
-        self.finish(records)
+        if self.passes:  # a call that ran no block has nothing to confirm yet: stay armed
+            report = FirstCallReport(paths=tuple(p for p, _, _ in self.blocks), gaps=tuple(sorted(self.gaps)),
+                                     called=tuple(self.passes[0]))
+            self.on_report(report)  # a feature refusing what it saw raises here, and the check stays armed
+            self.report = report
+            self.armed = False
         return output
 
-    # -- the checks --------------------------------------------------------------------------------------------
-    def finish(self, records: list[_Record]) -> None:
-        if not records:
-            return  # a call that ran no block (nothing to confirm yet): stay armed
-        passes: list[list[_Record]] = [[records[0]]]
-        for record in records[1:]:
+    # -- the checks, as the blocks run -------------------------------------------------------------------------
+    def enter(self, record: _Record) -> None:
+        index = record.index
+        if not self.passes or (index == self.passes[0][0] and index <= self.passes[-1][-1]):
             # a new pass starts where the first one started (graph warm-up/capture run the blocks again)
-            if record.index == records[0].index and record.index <= passes[-1][-1].index:
-                passes.append([record])
-            else:
-                passes[-1].append(record)
-        gaps: set[int] = set()
-        for one in passes:
-            self._order(one)
-            for record in one:
-                self._streams(record)
-            gaps.update(self._chain(one))
-        report = FirstCallReport(paths=tuple(p for p, _, _ in self.blocks), gaps=tuple(sorted(gaps)),
-                                 called=tuple(r.index for r in passes[0]))
-        self.on_report(report)  # a feature refusing what it saw raises here, and the check stays armed
-        self.report = report
-        self.armed = False
+            self.passes.append([])
+            self.previous = None
+        self.passes[-1].append(index)
+        self._order(self.passes[-1])
+        path, spec, cls = self._where(index)
+        if not isinstance(record.hidden, torch.Tensor):
+            raise AdapterError(
+                f"{self._at(index)}: expected a tensor at hidden_arg {spec.hidden_arg!r} at the first call, got "
+                f"{_describe(record.hidden)}. Set hidden_arg of [[blocks]] attr = \"{spec.attr}\" to the argument "
+                f"that carries the hidden stream."
+            )
+        if self.previous is not None and self.previous[0] == index - 1:
+            self._chain(index - 1, self.previous[1], index, record.hidden)
+
+    def leave(self, record: _Record, output: Any) -> None:
+        self._streams(record, output)
+        spec = self._where(record.index)[1]
+        hidden_out = output if len(spec.returns) == 1 else output[spec.hidden_index]
+        self.previous = (record.index, hidden_out)
 
     def _where(self, index: int) -> tuple[str, BlockListSpec, str]:
         path, spec, block = self.blocks[index]
         return path, spec, type(block).__name__
 
-    def _order(self, records: list[_Record]) -> None:
-        seen = [r.index for r in records]
-        if all(a < b for a, b in zip(seen, seen[1:])):
+    def _at(self, index: int) -> str:
+        path, _, cls = self._where(index)
+        return f"adapter {self.adapter.name!r} ({self.adapter.source}), {self.transformer_class}.{path} ({cls})"
+
+    def _order(self, seen: list[int]) -> None:
+        if len(seen) < 2 or seen[-2] < seen[-1]:
             return
         ran: list[str] = []
         for index in seen:
@@ -180,29 +199,21 @@ class FirstCallCheck:
             if not ran or ran[-1] != attr:
                 ran.append(attr)
         tables = [b.attr for b in self.adapter.blocks]
-        first_bad = next(i for i, (a, b) in enumerate(zip(seen, seen[1:])) if a >= b)
-        bad_path = self.blocks[seen[first_bad + 1]][0]
         if len(set(ran)) == len(ran):
-            fix = (f"Write the [[blocks]] tables in the order they run: {ran} (the adapter has {tables}).")
+            rest = [t for t in tables if t not in ran]
+            fix = f"Write the [[blocks]] tables in the order they run: {ran + rest} (the adapter has {tables})."
         else:
             fix = ("A list that runs more than once per call, or interleaved with another, is no chain DBCache "
                    "can cache: leave it out of [[blocks]] (name it in [left_out] with the reason).")
         raise AdapterError(
             f"adapter {self.adapter.name!r} ({self.adapter.source}) for {self.transformer_class}: expected the blocks "
             f"to run in the order of its [[blocks]] tables {tables}, each block once, got the lists in the order "
-            f"{ran} at the first call ({bad_path} ran after {self.blocks[seen[first_bad]][0]}). {fix}"
+            f"{ran} at the first call ({self.blocks[seen[-1]][0]} ran after {self.blocks[seen[-2]][0]}). {fix}"
         )
 
-    def _streams(self, record: _Record) -> None:
-        path, spec, cls = self._where(record.index)
-        where = f"adapter {self.adapter.name!r} ({self.adapter.source}), {self.transformer_class}.{path} ({cls})"
-        if not isinstance(record.hidden, torch.Tensor):
-            raise AdapterError(
-                f"{where}: expected a tensor at hidden_arg {spec.hidden_arg!r} at the first call, got "
-                f"{_describe(record.hidden)}. Set hidden_arg of [[blocks]] attr = \"{spec.attr}\" to the argument "
-                f"that carries the hidden stream."
-            )
-        out = record.output
+    def _streams(self, record: _Record, out: Any) -> None:
+        _, spec, _ = self._where(record.index)
+        where = self._at(record.index)
         wants_encoder = spec.encoder_index is not None
         if wants_encoder and not isinstance(record.encoder, torch.Tensor):
             raise AdapterError(
@@ -225,11 +236,10 @@ class FirstCallCheck:
             return
         raise AdapterError(
             f"{where}: expected the block to return {spec.returns} ({expected}) at the first call, got "
-            f"{_describe(out)}. {self._returns_fix(spec, record)}"
+            f"{_describe(out)}. {self._returns_fix(spec, record, out)}"
         )
 
-    def _returns_fix(self, spec: BlockListSpec, record: _Record) -> str:
-        out = record.output
+    def _returns_fix(self, spec: BlockListSpec, record: _Record, out: Any) -> str:
         table = f"[[blocks]] attr = \"{spec.attr}\""
         if isinstance(out, torch.Tensor):
             return f"Write returns = [\"hidden_states\"] in {table} (it returns one tensor)."
@@ -245,33 +255,26 @@ class FirstCallCheck:
         return (f"Describe what it returns in {table} (returns, encoder_arg), or leave the list out of [[blocks]] "
                 "if its blocks are no chain of the hidden stream.")
 
-    def _chain(self, records: list[_Record]) -> list[int]:
-        gaps: list[int] = []
-        for before, after in zip(records, records[1:]):
-            if after.index != before.index + 1:
-                continue
-            _, spec, _ = self._where(before.index)
-            out = before.output
-            hidden_out = out if len(spec.returns) == 1 else out[spec.hidden_index]
-            if after.hidden is hidden_out:
-                continue
-            if after.hidden.shape == hidden_out.shape and torch.equal(after.hidden, hidden_out):
-                continue  # another tensor of the same values (split and concatenated again, as BriaFibo does)
-            if tuple(after.hidden.shape) != tuple(hidden_out.shape):
-                path_a, spec_a, _ = self._where(before.index)
-                path_b, spec_b, _ = self._where(after.index)
-                earlier = [b.attr for b in self.adapter.blocks[: [b.attr for b in self.adapter.blocks].index(spec_b.attr)]]
-                raise AdapterError(
-                    f"adapter {self.adapter.name!r} ({self.adapter.source}) for {self.transformer_class}: expected the "
-                    f"hidden stream to keep its shape from {path_a} to {path_b} (one chain of blocks), got "
-                    f"{tuple(hidden_out.shape)} out of {path_a} and {tuple(after.hidden.shape)} into {path_b} at the "
-                    f"first call (the forward rebuilds it in between). "
-                    + (f"Move {earlier} from [[blocks]] to [left_out] (a stage before the cached chain)."
-                       if spec_a.attr != spec_b.attr and earlier else
-                       f"Leave {spec_b.attr} out of [[blocks]] (name it in [left_out] with the reason).")
-                )
-            gaps.append(before.index)
-        return gaps
+    def _chain(self, before: int, hidden_out: torch.Tensor, after: int, hidden_in: torch.Tensor) -> None:
+        if hidden_in is hidden_out:
+            return
+        if tuple(hidden_in.shape) == tuple(hidden_out.shape):
+            if not torch.equal(hidden_in, hidden_out):  # same values in another tensor (BriaFibo splits and re-joins)
+                self.gaps.add(before)
+            return
+        path_a, spec_a, _ = self._where(before)
+        path_b, spec_b, _ = self._where(after)
+        tables = [b.attr for b in self.adapter.blocks]
+        earlier = tables[: tables.index(spec_b.attr)]
+        raise AdapterError(
+            f"adapter {self.adapter.name!r} ({self.adapter.source}) for {self.transformer_class}: expected the "
+            f"hidden stream to keep its shape from {path_a} to {path_b} (one chain of blocks), got "
+            f"{tuple(hidden_out.shape)} out of {path_a} and {tuple(hidden_in.shape)} into {path_b} at the "
+            f"first call (the forward rebuilds it in between). "
+            + (f"Move {earlier} from [[blocks]] to [left_out] (a stage before the cached chain)."
+               if spec_a.attr != spec_b.attr and earlier else
+               f"Leave {spec_b.attr} out of [[blocks]] (name it in [left_out] with the reason).")
+        )
 
 
 def install(handle: Handle) -> FirstCallCheck:
