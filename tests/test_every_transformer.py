@@ -215,7 +215,7 @@ def test_dbcache_at_threshold_zero_is_bitwise_equal(name: str, references: dict)
                                                                       warmup_steps=0)))
     outputs = generation(model, handle, name)
     assert all(torch.equal(_bits(o), reference(references, name)) for o in outputs)
-    assert handle.summary().features["dbcache"].data["branches"][0]["computed"] == [0, 1, 2]
+    assert handle.summary().features["cache"].data["branches"][0]["computed"] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("name", sorted(STREAM_CHANGED))
@@ -245,7 +245,7 @@ def test_a_static_mask_skips_the_middle_blocks(name: str) -> None:
         h.remove()
     assert per_call > 0
     assert counter[0] == 2 * per_call  # steps 0 and 2 run the last block, step 1 skips it
-    assert handle.summary().features["dbcache"].data["branches"][0]["cached"] == [1]
+    assert handle.summary().features["cache"].data["branches"][0]["cached"] == [1]
 
 
 @pytest.mark.parametrize("name", NAMES)

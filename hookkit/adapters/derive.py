@@ -1,26 +1,20 @@
 """Adapters derived from the transformer's own code, for transformers no adapter file names.
 
-The derivation reads the model, never guesses from names:
+1. The transformer's `forward` (and the methods of its own class it calls) is parsed with `inspect.getsource` +
+   `ast`; every call of a block of one of its `nn.ModuleList`s is found (`for block in self.blocks`, `enumerate`,
+   slices, `zip`, `self._gradient_checkpointing_func(block, ...)`, `self.blocks[i](...)`, local aliases). The order
+   of each list's first call is the execution order.
+2. At each call site the arguments are bound to the block's `forward` signature and the assignment targets are read:
+   `encoder_hidden_states, hidden_states = block(hidden_states=hidden_states, ...)` says which streams it carries
+   and in which return order. The block class's own `return` statements must agree.
+3. A list is left out, with the reason in `left_out` (shown by the summary), when it does not carry the stream the
+   last list carries (a refiner, VACE's control stream, caption projections), when the forward rebuilds that stream
+   after it (Lumina2's joint sequence, Flux.2's concatenation: a stage before the cached chain), or when it runs
+   inside another list's loop (WanAnimate's face adapter). Calls passing `skip` (HunyuanDiT) mark `long_skips`.
+4. diffusers' `TransformerBlockRegistry`, where it has an entry, only breaks the tie of which of two carried streams
+   is the hidden one; where it disagrees with the code that goes into `notes` and the code wins.
 
-1. the transformer's `forward` (and the methods of its own class it calls, such as `_forward_blocks`) is parsed
-   with `inspect.getsource` + `ast`. Every call of a block of one of its `nn.ModuleList`s is found: `for block in
-   self.blocks: ... block(...)` (also `enumerate(...)`, slices, `zip`), `self._gradient_checkpointing_func(block,
-   ...)`, `self.blocks[i](...)`. The order of the first call of each list is the execution order.
-2. at each call site the call's arguments are bound to the block class's `forward` signature and its assignment
-   targets are read: `encoder_hidden_states, hidden_states = block(hidden_states=hidden_states, ...)` says the
-   block carries two streams and returns the encoder one first. The stream the last list carries is the hidden
-   stream; the one it passes to the block and gets back alongside is the second ("encoder") stream.
-3. the block class's `return` statements are read too and must agree with the call site.
-4. a list is left out of the adapter, with the reason kept in `left_out` (the summary shows it), when it does
-   not carry the hidden stream (a refiner on the caption, VACE's control stream, caption projections), when the
-   forward rebuilds the hidden stream after it (Lumina2's and Flux.2's concatenation: their first lists are
-   stages before the chain DBCache can cache), or when it runs inside another list's loop (WanAnimate's face
-   adapter). A list whose calls pass a `skip` argument (HunyuanDiT's long skips) is marked `long_skips`.
-5. where diffusers' `TransformerBlockRegistry` has an entry for a block class, it is compared with what the code
-   says; a disagreement is kept in `notes` (the code wins; the first-call check confirms it).
-
-Everything derived is confirmed at the first transformer call by `hookkit.core.firstcall` (what each block
-really receives and returns, and the order of the lists): a disagreement there is an `AdapterError`.
+`hookkit.core.firstcall` confirms all of it at the first transformer call; a disagreement there is an `AdapterError`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,20 @@
 """The adapter, confirmed at the first transformer call: what each block really receives and returns, in what order.
 
-An adapter (shipped, registered or derived from the model's code) says which block lists run in which order and
-which argument and return position carries which stream. `enable` checks what it can statically (classes,
-argument names); this check confirms the rest against the real first call, with observer hooks on every block:
+`enable` checks what it can statically (classes, argument names); this check confirms the rest on the real first
+call, with observer hooks that the clock hook puts on every block for that call only (also taken off when it raises):
 
-- the blocks run in the adapter's order: list by list as the `[[blocks]]` tables are written, each block at most
-  once (issue 14: an adapter whose block lists are out of order is refused);
+- the blocks run in the order of the `[[blocks]]` tables, each at most once per pass (an adapter whose block lists
+  are out of order is refused); a call that runs the blocks again from the first (CUDA-graph warm-up) is a new pass;
 - each block gets a tensor at `hidden_arg` (and at `encoder_arg` where it returns that stream) and returns what
-  `returns` says: one tensor, or a tuple of that many with each stream's shape at its position;
-- the chain: the hidden input of each block is the hidden output of the one before. A shape change between two
-  blocks is an `AdapterError` (the lists before it are a stage of their own: `[left_out]`); a change of value
-  without one (VACE hints, WanAnimate's face adapter, ControlNet residuals added between blocks) is reported to
-  the features (`on_first_call(handle, report)`), so that DBCache can refuse a split whose middle blocks it cuts.
+  `returns` says: one tensor, or a tuple with each stream's shape at its position (a trailing encoder may be None);
+- the chain: each block's hidden input is the previous block's hidden output. A shape change in between is an
+  `AdapterError` (the lists before it are a stage of their own: `[left_out]`); other values of the same shape (VACE
+  hints, WanAnimate's face adapter, ControlNet residuals) are reported to the first-call listeners
+  (`AttachContext.add_first_call_listener`), so that DBCache can refuse a split whose middle blocks they cut.
 
-A disagreement is an `AdapterError` naming the block, what was found and the TOML to write; it is raised at the
-block where it shows (no result of a wrong adapter is returned) and the check stays armed. The
-observers exist only during a checked call (the clock hook adds them to the blocks and takes them off again, also
-when the call raises): between calls nothing of the check is on any block, and once it passed, calls pay nothing.
-A call may run the transformer's blocks more than once (CUDA-graph warm-up and capture): each pass that starts
-again at the first block seen is checked on its own.
+A disagreement raises at the block where it shows, naming the block, what was found and the TOML to write, and the
+check stays armed. Only the previous block's hidden output is held, never a call's activations. With a
+whole-transformer compile (`Compile(regional=False)`) the observers would be traced into the graph: no check then.
 """
 
 from __future__ import annotations
@@ -278,13 +274,10 @@ class FirstCallCheck:
 
 
 def install(handle: Handle) -> FirstCallCheck:
-    """The check of a handle: its features hear the report (`on_first_call(handle, report)`)."""
-    from hookkit.core.handle import features
+    """The check of a handle: the listeners features added (`AttachContext.add_first_call_listener`) hear its report."""
 
     def on_report(report: FirstCallReport) -> None:
-        for feature in features():
-            listener = getattr(feature, "on_first_call", None)
-            if listener is not None and feature.enabled(handle.spec):
-                listener(handle, report)
+        for listener in tuple(handle.first_call_listeners):
+            listener(report)
 
     return FirstCallCheck(handle.adapter, handle.transformer, on_report)
