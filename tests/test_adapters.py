@@ -604,3 +604,17 @@ def test_once_confirmed_no_observer_is_left_on_any_block() -> None:
     _call_once(transformer, handle, "ZImageTransformer")
     assert handle.summary().first_call == "confirmed"
     assert all("forward" not in vars(m) for m in transformer.layers)
+
+
+def test_schema_extensions_are_validated_with_the_field_named(tmp_path: Path) -> None:
+    base = 'name = "x"\ntransformer = ["X"]\n[[blocks]]\nattr = "b"\nclass = "B"\n'
+    cases = {
+        base + 'long_skips = "yes"\n': r"\.blocks\[b\]\.long_skips: expected true or false, got 'yes'",
+        'diffusers_metadata = "maybe"\n' + base: r"\.diffusers_metadata: expected one of \('check', 'ignore'\)",
+        base + '[left_out]\nb = "listed twice"\n': r"\.left_out: expected only lists that are not \[\[blocks\]\], got \['b'\]",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"x{i}.toml"
+        path.write_text(text)
+        with pytest.raises(AdapterError, match=message):
+            hookkit.AdapterSpec.from_toml(path)
