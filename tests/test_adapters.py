@@ -619,3 +619,4 @@ def test_schema_extensions_are_validated_with_the_field_named(tmp_path: Path) ->
         path.write_text(text)
         with pytest.raises(AdapterError, match=message):
             hookkit.AdapterSpec.from_toml(path)
+

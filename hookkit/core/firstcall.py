@@ -75,6 +75,12 @@ class _Locator:
         return args[self.pos] if 0 <= self.pos < len(args) else self.default
 
 
+def _same_stream(out: tuple[int, ...], given: tuple[int, ...]) -> bool:
+    """Whether a returned tensor of shape `out` is the stream given as `given`: the same shape, or a batch of 1
+    broadcast to the batch (a prompt embedding of batch 1 with several images per prompt)."""
+    return out == given or (len(out) == len(given) > 0 and out[1:] == given[1:] and given[0] == 1)
+
+
 @attrs.define
 class _Record:
     index: int
@@ -222,11 +228,11 @@ class FirstCallCheck:
             shapes["encoder_hidden_states"] = tuple(record.encoder.shape)
         expected = ", ".join(f"{s} {shapes[s]}" for s in spec.returns)
         if len(spec.returns) == 1:
-            ok = isinstance(out, torch.Tensor) and tuple(out.shape) == shapes["hidden_states"]
+            ok = isinstance(out, torch.Tensor) and _same_stream(tuple(out.shape), shapes["hidden_states"])
         else:
             # the encoder stream may end as None (SD3's last block, context_pre_only, drops it)
             ok = (isinstance(out, (tuple, list)) and len(out) == len(spec.returns)
-                  and all((isinstance(o, torch.Tensor) and tuple(o.shape) == shapes[s])
+                  and all((isinstance(o, torch.Tensor) and _same_stream(tuple(o.shape), shapes[s]))
                           or (o is None and s == "encoder_hidden_states") for o, s in zip(out, spec.returns)))
         if ok:
             return
