@@ -3,8 +3,9 @@
 hookkit knows a transformer through an adapter: which class it is (exact name), which `nn.ModuleList`s
 hold its blocks in execution order, what each block takes and returns. The shipped ones live in
 `adapters/*.toml`. This example defines a small diffusion transformer that hookkit has never seen, shows
-the error `hookkit.enable` gives for it, writes an adapter for it (TOML, as you would in a file next to
-your model), registers it with `hookkit.register_adapter`, and runs a few denoising steps with DBCache.
+the adapter hookkit derives from its code (what `hookkit adapter derive` prints), writes a fuller one for it
+(TOML, as you would in a file next to your model: quantization excludes, CFG style), registers it with
+`hookkit.register_adapter`, and runs a few denoising steps with DBCache.
 There is no pipeline, so each generation is marked with `with handle.generation(...)`.
 
     python examples/custom_adapter.py [--steps 8]
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 import hookkit
-from hookkit.errors import AdapterError
+from hookkit.adapters import derive_adapter
 
 ADAPTER_TOML = """
 # An adapter for TinyDiT (this file): one list of blocks, each cross-attending to the text.
@@ -102,10 +103,9 @@ def main() -> None:
     text = torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(1))
     reference = generate(model, text, args.steps)
 
-    try:
-        hookkit.enable(model)
-    except AdapterError as exc:
-        print(f"before registering: AdapterError: {str(exc).split('. ')[0]}.")
+    derived = derive_adapter(model)  # read from TinyDiT.forward; confirmed at the first call when it is used
+    print(f"before registering: hookkit derives {derived.name!r} from its code: "
+          f"{[(b.attr, b.hidden_arg, b.returns) for b in derived.blocks]}")
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tinydit.toml"

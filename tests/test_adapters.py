@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
@@ -11,7 +13,8 @@ from diffusers import FluxTransformer2DModel
 import hookkit
 from hookkit.tools import zoo
 from hookkit.adapters import adapters_dir, derive_adapter
-from hookkit.errors import AdapterError
+from hookkit.core.registry import registry_names
+from hookkit.errors import AdapterError, SpecError
 from hookkit.techniques.quantize.torchao import select_layers
 
 SHIPPED = {
@@ -23,11 +26,44 @@ SHIPPED = {
     "hunyuanvideo": ("HunyuanVideoTransformer3DModel", ("transformer_blocks", "single_transformer_blocks")),
 }
 
+#: shipped adapters checked on diffusers' own tiny test config of their class (tests/data): adapter -> (config, lists)
+SHIPPED_ON_DIFFUSERS_CONFIGS = {
+    "flux2": ("Flux2Transformer", ("single_transformer_blocks",)),
+    "wan_vace": ("WanVACETransformer3D", ("blocks",)),
+    "hunyuanvideo15": ("HunyuanVideo15Transformer", ("transformer_blocks",)),
+    "ltxvideo": ("LTXTransformer", ("transformer_blocks",)),
+    "ltx2": ("LTX2Transformer", ("transformer_blocks",)),
+    "chroma": ("ChromaTransformer", ("single_transformer_blocks",)),
+    "hidream": ("HiDreamTransformer", ("single_stream_blocks",)),
+    "lumina2": ("Lumina2Transformer", ("layers",)),
+    "sana": ("SanaTransformer", ("transformer_blocks",)),
+    "cogview4": ("CogView4Transformer", ("transformer_blocks",)),
+    "zimage": ("ZImageTransformer", ("layers",)),
+    "mochi": ("MochiTransformer", ("transformer_blocks",)),
+    "skyreelsv2": ("SkyReelsV2Transformer", ("blocks",)),
+    "cosmos": ("CosmosTransformer", ("transformer_blocks",)),
+}
+
 
 def test_every_shipped_adapter_file_is_registered() -> None:
     files = sorted(p.stem for p in adapters_dir().glob("*.toml"))
-    assert files == sorted(SHIPPED)
-    assert set(SHIPPED) <= set(hookkit.list_adapters())
+    assert files == sorted([*SHIPPED, *SHIPPED_ON_DIFFUSERS_CONFIGS])
+    assert set(files) <= set(hookkit.list_adapters())
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_ON_DIFFUSERS_CONFIGS))
+def test_shipped_adapter_matches_diffusers_tiny_config_and_what_its_code_says(name: str) -> None:
+    from diffusers_configs import build
+
+    config, block_attrs = SHIPPED_ON_DIFFUSERS_CONFIGS[name]
+    transformer = build(config)
+    adapter = hookkit.resolve_adapter(transformer)
+    assert adapter.name == name
+    assert tuple(b.attr for b in adapter.blocks) == block_attrs
+    derived = derive_adapter(transformer)
+    assert adapter.blocks == derived.blocks  # the code still reads as the shipped tables say
+    present = {n for n, c in transformer.named_children() if isinstance(c, torch.nn.ModuleList) and len(c)}
+    assert present - set(block_attrs) <= set(adapter.left_out_reasons)  # every other list named, with a reason
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -269,17 +305,18 @@ def test_two_adapters_claiming_one_class_by_different_paths_are_ambiguous() -> N
         hookkit.unregister_adapter("b")
 
 
-def test_flux2_is_not_flux_and_gets_diffusers_metadata_with_one_stream_single_blocks() -> None:
+def test_flux2_is_not_flux_and_caches_within_its_single_blocks() -> None:
     from diffusers import Flux2Transformer2DModel
 
     flux2 = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=8,
                                     num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(2, 2, 2, 2))
     adapter = hookkit.resolve_adapter(flux2)
-    assert adapter.name == "derived:Flux2Transformer2DModel"
+    assert adapter.name == "flux2"
+    # the double blocks run before forward concatenates the streams: a stage of their own, always computed
     assert [(b.attr, b.classes, b.returns) for b in adapter.blocks] == [
-        ("transformer_blocks", ("Flux2TransformerBlock",), ("encoder_hidden_states", "hidden_states")),
-        ("single_transformer_blocks", ("Flux2SingleTransformerBlock",), ("hidden_states",)),
-    ]
+        ("single_transformer_blocks", ("Flux2SingleTransformerBlock",), ("hidden_states",))]
+    assert set(adapter.left_out_reasons) == {"transformer_blocks"}
+    assert adapter.repeated_blocks == ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
 
 
 # --- derived adapters ------------------------------------------------------------------------------------
@@ -416,3 +453,170 @@ def test_register_adapter_takes_a_path_or_a_spec_only() -> None:
     with pytest.raises(AdapterError, match=r"^register_adapter: expected a path to a .toml file or a "
                                            r"hookkit.AdapterSpec, got \{'name': 'x'\}."):
         hookkit.register_adapter({"name": "x"})  # type: ignore[arg-type]
+
+
+# --- derived from the model's code (diffusers' tiny test configs, tests/data) -----------------------------
+
+
+def _tiny(config: str, **overrides):
+    from diffusers_configs import build
+
+    return build(config, **overrides)
+
+
+def test_z_image_block_takes_x_and_the_disagreeing_metadata_is_a_note() -> None:
+    adapter = derive_adapter(_tiny("ZImageTransformer"))
+    assert [(b.attr, b.hidden_arg, b.returns) for b in adapter.blocks] == [("layers", "x", ("hidden_states",))]
+    assert adapter.notes == ("diffusers registers ZImageTransformerBlock's hidden argument as 'hidden_states'; its "
+                             "forward takes 'x': the code is used",)
+    assert set(adapter.left_out_reasons) == {"noise_refiner", "context_refiner"}
+    assert adapter.left_out_reasons["noise_refiner"].startswith("runs on `x`, not on `unified`")
+
+
+def test_bria_blocks_return_the_encoder_stream_first_whatever_the_metadata_says() -> None:
+    adapter = derive_adapter(_tiny("BriaTransformer"))
+    assert [(b.attr, b.returns) for b in adapter.blocks] == [
+        ("transformer_blocks", ("encoder_hidden_states", "hidden_states")),
+        ("single_transformer_blocks", ("encoder_hidden_states", "hidden_states")),
+    ]
+    assert adapter.notes[0].startswith("diffusers registers BriaTransformerBlock as returning ['hidden_states']; its "
+                                       "code returns ['encoder_hidden_states', 'hidden_states']")
+    assert adapter.left_out == ()
+
+
+def test_wan_vace_leaves_the_vace_blocks_out_with_the_reason_in_the_summary() -> None:
+    transformer = _tiny("WanVACETransformer3D")
+    handle = hookkit.enable(transformer, hookkit.Spec())
+    summary = handle.summary()
+    assert summary.adapter == "wan_vace"
+    assert summary.left_out == {"vace_blocks": "runs on `control_hidden_states`, not on `hidden_states`, the stream "
+                                               "the last blocks carry (a refiner or side stage; it always runs)"}
+    assert "block lists the adapter leaves out:" in str(summary) and "vace_blocks" in str(summary)
+
+
+def test_a_list_called_inside_another_lists_loop_is_left_out() -> None:
+    adapter = derive_adapter(_tiny("WanAnimateTransformer3D"))
+    assert [b.attr for b in adapter.blocks] == ["blocks"]
+    assert adapter.left_out_reasons["face_adapter"].startswith("runs inside the loop over blocks")
+
+
+def test_lists_before_the_stream_is_rebuilt_are_a_stage_of_their_own() -> None:
+    adapter = derive_adapter(_tiny("Lumina2Transformer"))
+    assert [b.attr for b in adapter.blocks] == ["layers"]
+    assert adapter.left_out_reasons["noise_refiner"].startswith(
+        "runs before Lumina2Transformer2DModel.forward rebuilds `hidden_states`")
+
+
+def test_hunyuan_dit_long_skips_are_marked_and_dbcache_refuses_a_split_that_cuts_one() -> None:
+    transformer = _tiny("HunyuanDiT", num_layers=4)
+    adapter = derive_adapter(transformer)
+    assert [(b.attr, b.long_skips) for b in adapter.blocks] == [("blocks", True)]
+    with pytest.raises(SpecError, match=r"cuts the skip blocks.0 -> blocks.3\. Use fn_blocks == bn_blocks"):
+        hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0)))
+    handle = hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=1)))
+    assert [t for t, _ in handle.plan.targets("cache")] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_a_model_whose_lists_alternate_in_one_loop_keeps_the_first_and_names_the_other() -> None:
+    adapter = derive_adapter(_tiny("LatteTransformer"))
+    assert [b.attr for b in adapter.blocks] == ["transformer_blocks"]
+    assert adapter.left_out_reasons["temporal_transformer_blocks"].startswith(
+        "runs inside the loop over transformer_blocks")
+
+
+def test_the_derived_toml_registers_back_to_the_same_adapter(tmp_path: Path) -> None:
+    from hookkit.adapters.derive import adapter_toml
+
+    derived = derive_adapter(_tiny("BriaTransformer"))
+    path = tmp_path / "bria.toml"
+    path.write_text(adapter_toml(derived))
+    registered = hookkit.register_adapter(path)
+    try:
+        assert attrs.evolve(registered, source=derived.source) == derived
+    finally:
+        hookkit.unregister_adapter(registered.name)
+
+
+def test_cli_adapter_derive_prints_the_toml_of_a_class(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from hookkit.tools.cli import main
+
+    assert main(["adapter", "derive", "ZImageTransformer2DModel"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "z.toml"
+    path.write_text(text)
+    adapter = hookkit.AdapterSpec.from_toml(path)
+    assert [(b.attr, b.hidden_arg) for b in adapter.blocks] == [("layers", "x")]
+    assert main(["adapter", "derive", "NoSuchTransformer"]) == 2
+    assert "names no class" in capsys.readouterr().err
+
+
+# --- confirmed at the first call ---------------------------------------------------------------------------
+
+
+def _call_once(transformer, handle, config: str):
+    from diffusers_configs import inputs
+
+    with handle.generation(num_steps=1), torch.no_grad():
+        return transformer(**inputs(config), return_dict=False)
+
+
+def test_block_lists_out_of_execution_order_are_refused_at_the_first_call() -> None:
+    transformer = _tiny("FluxTransformer")
+    flux = hookkit.get_adapter("flux")
+    reversed_lists = attrs.evolve(flux, name="flux-reversed", blocks=tuple(reversed(flux.blocks)))
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=reversed_lists)
+    with pytest.raises(AdapterError, match=r"expected the blocks to run in the order of its \[\[blocks\]\] tables "
+                                           r"\['single_transformer_blocks', 'transformer_blocks'\].*Write the "
+                                           r"\[\[blocks\]\] tables in the order they run: \['transformer_blocks', "
+                                           r"'single_transformer_blocks'\]"):
+        _call_once(transformer, handle, "FluxTransformer")
+    assert handle.summary().first_call == "pending"
+    assert all(not registry_names(b) for b in transformer.transformer_blocks)  # observers gone after the raise
+
+
+def test_a_return_order_the_code_contradicts_is_refused_at_the_first_call_with_the_toml_to_write() -> None:
+    transformer = _tiny("BriaTransformer")
+    derived = derive_adapter(transformer)
+    wrong = attrs.evolve(derived, name="bria-as-registered", blocks=(
+        attrs.evolve(derived.blocks[0], encoder_arg=None, returns=("hidden_states",)), derived.blocks[1]))
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=wrong)
+    with pytest.raises(AdapterError, match=r"transformer_blocks.0 \(BriaTransformerBlock\): expected the block to return "
+                                           r"\('hidden_states',\) .* got tuple\(Tensor.*Describe what it returns"):
+        _call_once(transformer, handle, "BriaTransformer")
+
+
+def test_a_stream_that_changes_shape_between_lists_is_refused_with_the_lists_to_leave_out() -> None:
+    transformer = _tiny("Flux2Transformer")
+    both = hookkit.AdapterSpec(name="flux2-both", transformer=("Flux2Transformer2DModel",), blocks=(
+        hookkit.BlockListSpec(attr="transformer_blocks", classes=("Flux2TransformerBlock",),
+                              encoder_arg="encoder_hidden_states", returns=("encoder_hidden_states", "hidden_states")),
+        hookkit.BlockListSpec(attr="single_transformer_blocks", classes=("Flux2SingleTransformerBlock",)),
+    ), diffusers_metadata="ignore")
+    handle = hookkit.enable(transformer, hookkit.Spec(), adapter=both)
+    with pytest.raises(AdapterError, match=r"expected the hidden stream to keep its shape from transformer_blocks.0 to "
+                                           r"single_transformer_blocks.0 .*Move \['transformer_blocks'\] from "
+                                           r"\[\[blocks\]\] to \[left_out\]"):
+        _call_once(transformer, handle, "Flux2Transformer")
+
+
+def test_once_confirmed_no_observer_is_left_on_any_block() -> None:
+    transformer = _tiny("ZImageTransformer")
+    handle = hookkit.enable(transformer, hookkit.Spec())
+    _call_once(transformer, handle, "ZImageTransformer")
+    assert handle.summary().first_call == "confirmed"
+    assert all("forward" not in vars(m) for m in transformer.layers)
+
+
+def test_schema_extensions_are_validated_with_the_field_named(tmp_path: Path) -> None:
+    base = 'name = "x"\ntransformer = ["X"]\n[[blocks]]\nattr = "b"\nclass = "B"\n'
+    cases = {
+        base + 'long_skips = "yes"\n': r"\.blocks\[b\]\.long_skips: expected true or false, got 'yes'",
+        'diffusers_metadata = "maybe"\n' + base: r"\.diffusers_metadata: expected one of \('check', 'ignore'\)",
+        base + '[left_out]\nb = "listed twice"\n': r"\.left_out: expected only lists that are not \[\[blocks\]\], got \['b'\]",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"x{i}.toml"
+        path.write_text(text)
+        with pytest.raises(AdapterError, match=message):
+            hookkit.AdapterSpec.from_toml(path)
+

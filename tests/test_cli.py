@@ -529,7 +529,7 @@ def test_generate_cpu_offload_runs_on_a_gpu(mode: str, tmp_path: Path, capsys: p
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["./no/such/folder"], "MODEL './no/such/folder': no such folder (a path, not a shipped adapter name)"),
-    ([], "MODEL: expected a shipped adapter name (cogvideox, flux, hunyuanvideo, qwenimage, sd3, wan) or a local "
+    ([], f"MODEL: expected a shipped adapter name ({', '.join(sorted(hookkit.list_adapters()))}) or a local "
          "pipeline folder, got neither."),
 ])
 def test_generate_model_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

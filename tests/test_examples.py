@@ -70,7 +70,8 @@ def test_cogvideox_sync_free() -> None:
 
 def test_custom_adapter() -> None:
     out = run_example("custom_adapter.py", "--steps", "8")
-    assert "before registering: AdapterError: no adapter for TinyDiT and none can be derived" in out
+    assert ("before registering: hookkit derives 'derived:TinyDiT' from its code: "
+            "[('blocks', 'hidden_states', ('hidden_states',))]") in out
     assert "registered adapter 'tinydit' for ['TinyDiT']: 6 blocks in ['blocks']" in out
     assert "hookkit summary: TinyDiT (bare transformer)" in out
     assert "| cache   | hookkit.cache.middle | blocks.{1..5} |" in out

@@ -7,11 +7,12 @@ compilation), which Linear layers must never be quantized, how CFG is run, and w
 tensors are built. Adapters are data: one TOML file per model family in `adapters/`, loaded and
 validated into frozen attrs classes. `register_adapter()` adds one at run time.
 
-A transformer with no adapter gets one derived from diffusers' own metadata (`_repeated_blocks` and the
-block registry in `diffusers.hooks._helpers`) when that is possible.
+A transformer with no adapter gets one derived from its own code (`hookkit.adapters.derive`: the forward's
+loops over its block lists, the blocks' signatures and returns); the first transformer call confirms it
+(`hookkit.core.firstcall`). `hookkit adapter derive MODEL` prints a derived adapter as TOML (`adapter_toml`).
 """
 
-from hookkit.adapters.derive import CUSTOM_ADAPTER_HELP, derive_adapter
+from hookkit.adapters.derive import CUSTOM_ADAPTER_HELP, adapter_toml, derive, derive_adapter
 from hookkit.adapters.registry import (
     adapters_dir,
     get_adapter,
@@ -23,6 +24,6 @@ from hookkit.adapters.registry import (
 from hookkit.adapters.spec import CFG_STYLES, MEMO_SCOPES, STREAMS, AdapterSpec, BlockListSpec
 
 __all__ = [
-    "CFG_STYLES", "CUSTOM_ADAPTER_HELP", "MEMO_SCOPES", "STREAMS", "AdapterSpec", "BlockListSpec", "adapters_dir",
+    "CFG_STYLES", "CUSTOM_ADAPTER_HELP", "adapter_toml", "derive", "MEMO_SCOPES", "STREAMS", "AdapterSpec", "BlockListSpec", "adapters_dir",
     "derive_adapter", "get_adapter", "list_adapters", "register_adapter", "resolve_adapter", "unregister_adapter",
 ]

@@ -124,5 +124,5 @@ def resolve_adapter(transformer: torch.nn.Module) -> AdapterSpec:
         return adapter
     derived = derive_adapter(transformer)
     derived.check(transformer)
-    logger.info("derived adapter for {} from diffusers metadata", type(transformer).__name__)
+    logger.info("derived adapter for {} from its code", type(transformer).__name__)
     return derived

@@ -22,6 +22,7 @@ from hookkit.errors import AdapterError, field_error
 
 STREAMS = ("hidden_states", "encoder_hidden_states")
 CFG_STYLES = ("batched", "separate")
+METADATA_MODES = ("check", "ignore")
 MEMO_SCOPES = ("none", "prologue")
 
 
@@ -63,8 +64,18 @@ class BlockListSpec:
 
     `returns` names, per return position, which stream the block returns there: Flux and Qwen-Image
     blocks return `("encoder_hidden_states", "hidden_states")`, Wan blocks `("hidden_states",)`.
-    `encoder_arg` is the argument that carries the encoder (text) stream; leave it out (None) for blocks
-    that take none.
+    `encoder_arg` is the argument that carries the second stream the block returns: the encoder (text) stream of
+    MMDiT blocks, the audio stream of LTX-2's; leave it out (None) for blocks that return only the hidden stream.
+    `long_skips`: the forward also feeds block i's output into block n-1-i (U-Net-style long skips, HunyuanDiT);
+    only symmetric DBCache splits (fn_blocks == bn_blocks) keep the math there, and DBCache refuses the others.
+
+    Args:
+        attr: the name of the `nn.ModuleList` attribute on the transformer.
+        classes: the block class name(s) the list holds (TOML: `class`, one name or a list of variants).
+        hidden_arg: the block forward's argument carrying the hidden (image/video) stream.
+        encoder_arg: the argument of the second returned stream, or None.
+        returns: per return position, which stream the block returns there.
+        long_skips: whether outputs of this list's blocks also feed later blocks of it directly (see above).
     """
 
     attr: str
@@ -72,6 +83,7 @@ class BlockListSpec:
     hidden_arg: str = "hidden_states"
     encoder_arg: str | None = None
     returns: tuple[str, ...] = attrs.field(default=("hidden_states",), converter=_tuple)
+    long_skips: bool = False
 
     def validate(self, where: str) -> None:
         if not isinstance(self.attr, str) or not self.attr.isidentifier():
@@ -88,6 +100,8 @@ class BlockListSpec:
                 where, f"blocks[{self.attr}].returns", list(self.returns),
                 f"each of {STREAMS} at most once, 'hidden_states' included, in return order",
             )
+        if not isinstance(self.long_skips, bool):
+            raise _fail(where, f"blocks[{self.attr}].long_skips", self.long_skips, "true or false")
         if "encoder_hidden_states" in self.returns and self.encoder_arg is None:
             raise _fail(where, f"blocks[{self.attr}].encoder_arg", None, "an argument name, since the block returns the encoder stream")
 
@@ -100,9 +114,30 @@ class BlockListSpec:
         return self.returns.index("encoder_hidden_states") if "encoder_hidden_states" in self.returns else None
 
 
+def _pairs(value: Any) -> Any:
+    return tuple(value.items()) if isinstance(value, dict) else value
+
+
 @attrs.frozen(kw_only=True)
 class AdapterSpec:
-    """What hookkit needs to know about one transformer family. Build it in Python or load it from TOML."""
+    """What hookkit needs to know about one transformer family. Build it in Python or load it from TOML.
+
+    Args:
+        name: the adapter's name (unique among registered adapters).
+        transformer: the exact class name(s) (or dotted paths) of the transformer it describes.
+        blocks: the block lists DBCache may cache, in execution order; together they form one chain (each block's
+            hidden input is the previous block's hidden output; checked at the first call).
+        repeated_blocks: block classes compiled as regions (and quantized with `region="repeated_blocks"`).
+        quant_exclude: fnmatch patterns of module paths never quantized.
+        cfg: "batched" (one call per step) or "separate" (one call per CFG branch).
+        memo_scope: "none" or "prologue" (where per-step index tensors are built).
+        pipelines: pipeline class names the adapter is meant for (documentation).
+        left_out: `nn.ModuleList`s of the transformer that are not in `blocks`, each with the reason (a refiner
+            stage, a list that runs inside another's loop, ...): TOML table `[left_out]`; the summary shows them.
+        notes: free text kept with the adapter, e.g. where diffusers' block metadata disagrees with the code.
+        diffusers_metadata: "check" compares the blocks with diffusers' `TransformerBlockRegistry` at enable and
+            refuses a disagreement; "ignore" where that entry is known wrong for this model (say why in `notes`).
+    """
 
     name: str
     transformer: tuple[str, ...] = attrs.field(converter=_tuple)
@@ -115,6 +150,9 @@ class AdapterSpec:
     cfg: str = "batched"
     memo_scope: str = "none"
     pipelines: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    left_out: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    diffusers_metadata: str = "check"
     source: str = "python"
 
     def __attrs_post_init__(self) -> None:
@@ -137,6 +175,20 @@ class AdapterSpec:
             raise _fail(where, "cfg", self.cfg, f"one of {CFG_STYLES} (one batched call per step, or one call per CFG branch)")
         if self.memo_scope not in MEMO_SCOPES:
             raise _fail(where, "memo_scope", self.memo_scope, f"one of {MEMO_SCOPES}")
+        _strings(where, "notes", self.notes)
+        if self.diffusers_metadata not in METADATA_MODES:
+            raise _fail(where, "diffusers_metadata", self.diffusers_metadata, f"one of {METADATA_MODES}")
+        if not isinstance(self.left_out, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) and x for x in p) for p in self.left_out):
+            raise _fail(where, "left_out", self.left_out, "a table of list attribute = \"reason\"")
+        clash = sorted({a for a, _ in self.left_out} & set(attrs_seen))
+        if clash:
+            raise _fail(where, "left_out", clash, "only lists that are not [[blocks]]", "Remove them from [left_out].")
+
+    @property
+    def left_out_reasons(self) -> dict[str, str]:
+        """`left_out` as a dict: list attribute -> why the adapter leaves it out."""
+        return dict(self.left_out)
 
     # -- matching -------------------------------------------------------------------------------------
     def matches(self, transformer: torch.nn.Module) -> bool:
@@ -187,7 +239,8 @@ class AdapterSpec:
                                 f"to list the class of {block.attr}.{i}", f"It is {module_cls.__name__!r}.")
                 if module_cls not in checked:
                     checked.add(module_cls)
-                    _check_block_class(where, block, f"{block.attr}.{i}", module_cls)
+                    _check_block_class(where, block, f"{block.attr}.{i}", module_cls,
+                                       metadata=self.diffusers_metadata == "check")
         present = {type(m).__name__ for m in transformer.modules()}
         variants = {c for b in self.blocks for c in b.classes}
         # A block class listed as a variant (e.g. HunyuanVideo's token-replace blocks) may be absent from
@@ -279,7 +332,7 @@ def _registered_returns(meta: Any) -> list[str]:
     return returns
 
 
-def _check_block_class(where: str, block: BlockListSpec, path: str, block_cls: type) -> None:
+def _check_block_class(where: str, block: BlockListSpec, path: str, block_cls: type, metadata: bool = True) -> None:
     """Argument names against the signature, return order against diffusers' metadata where it has some.
 
     A wrong return order silently mixes the two streams up, so it is caught here, at enable time, rather
@@ -292,7 +345,7 @@ def _check_block_class(where: str, block: BlockListSpec, path: str, block_cls: t
             raise _fail(where, f"blocks[{block.attr}].{field}", arg,
                         f"an argument of {name}.forward ({list(params)[1:]}) for {path}",
                         f"Set {field} to the name {name}.forward gives that stream.")
-    meta = _block_metadata(block_cls)
+    meta = _block_metadata(block_cls) if metadata else None
     if meta is None:
         return
     registered = _registered_returns(meta)

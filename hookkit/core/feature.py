@@ -157,7 +157,7 @@ def requested(spec: Any, name: str) -> bool:
 
 
 class _ListenerRemoval(Removal):
-    def __init__(self, listeners: list[SchedulerListener], listener: SchedulerListener) -> None:
+    def __init__(self, listeners: list[Any], listener: Any) -> None:
         self._listeners = listeners
         self._listener = listener
 
@@ -228,6 +228,14 @@ class AttachContext:
     def add_listener(self, listener: SchedulerListener) -> Removal:
         """Run `listener` around the pipeline scheduler's `set_timesteps`/`step`; returns what takes it out."""
         listeners = self._handle.scheduler_listeners
+        listeners.append(listener)
+        return _ListenerRemoval(listeners, listener)
+
+    def add_first_call_listener(self, listener: Callable[[Any], None]) -> Removal:
+        """Hear what the first transformer call showed (`hookkit.core.firstcall.FirstCallReport`: block paths, the
+        points where the forward changes the hidden stream between blocks); raise from `listener` to refuse it.
+        Returns what takes it out."""
+        listeners = self._handle.first_call_listeners
         listeners.append(listener)
         return _ListenerRemoval(listeners, listener)
 

@@ -41,6 +41,7 @@ from hookkit.core.methods import MethodPatch
 from hookkit.core.plan import Attachment, Plan, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable
+from hookkit.core import firstcall
 from hookkit.core.state import CallState, Clock
 from hookkit.core.validate import is_int
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
@@ -55,14 +56,20 @@ CLOCK_HOOK = "hookkit.clock"
 
 
 class _ClockHook(ModelHook):
-    """Outermost hook on the transformer: counts calls into steps and branches; marks "enabled"."""
+    """Outermost hook on the transformer: counts calls into steps and branches; marks "enabled"; runs the
+    first-call check of the adapter (`hookkit.core.firstcall`) around the calls until it passed."""
+
+    replaces_forward = True
 
     def __init__(self, handle: Handle) -> None:
         self.handle = handle
 
-    def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         self.handle._on_transformer_call(args, kwargs)
-        return args, kwargs
+        check = self.handle.first_call
+        if check is not None and check.armed:
+            return check.run(call_next, args, kwargs)
+        return call_next(*args, **kwargs)
 
 
 def _start_in_schedule(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -164,6 +171,7 @@ class _CoreFeature:
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         out = [Attachment(feature="core", target="", name=CLOCK_HOOK)]
+
         scheduler = getattr(ctx.pipeline, "scheduler", None) if ctx.pipeline is not None else None
         if scheduler is not None:
             out.append(Attachment(feature="core", target="pipeline.scheduler.set_timesteps", name="hookkit.generation"))
@@ -173,6 +181,11 @@ class _CoreFeature:
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         handle = ctx._handle
         if attachment.name == CLOCK_HOOK:
+            compile_spec = getattr(handle.spec, "compile", None)
+            if compile_spec is None or getattr(compile_spec, "regional", True):
+                # the check observes every block eagerly; a whole-transformer compile would trace its observers
+                # into the graph, so there the adapter goes unconfirmed (regional compile keeps hooks outside)
+                handle.first_call = firstcall.install(handle)
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
         if attachment.name == "hookkit.generation":
@@ -291,6 +304,10 @@ class Handle:
         self._services: dict[type, list[Any]] = {}
         #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
         self.scheduler_listeners: list[SchedulerListener] = []
+        #: confirms the adapter at the first transformer call (`hookkit.core.firstcall`)
+        self.first_call: firstcall.FirstCallCheck | None = None
+        #: called with the check's report once the first call passed it (see `AttachContext.add_first_call_listener`)
+        self.first_call_listeners: list[Callable[[firstcall.FirstCallReport], None]] = []
         self.removed = False
         #: the pipeline call (or bare generation) now running, for refusing a second concurrent one
         self._owner = _CallOwner()
@@ -509,8 +526,21 @@ class Handle:
         return Summary(
             adapter=self.adapter.name, adapter_source=self.adapter.source, transformer=self.plan.transformer_class,
             pipeline=self._pipeline_class, spec=self.spec.to_dict(), hooks=rows, generations=self._clock.generations,
-            features=stats,
+            features=stats, left_out=self._left_out(),
+            first_call=("not checked" if self.first_call is None else
+                        "confirmed" if self.first_call.report is not None else "pending"),
+            adapter_notes=self.adapter.notes,
         )
+
+    def _left_out(self) -> dict[str, str]:
+        """Every non-empty nn.ModuleList child of the transformer the adapter has no [[blocks]] table for, and why."""
+        if self.transformer is None:
+            return dict(self.adapter.left_out_reasons)
+        reasons = self.adapter.left_out_reasons
+        listed = {b.attr for b in self.adapter.blocks}
+        return {name: reasons.get(name, "not named by the adapter (no reason given)")
+                for name, child in self.transformer.named_children()
+                if isinstance(child, torch.nn.ModuleList) and len(child) > 0 and name not in listed}
 
 
 def plan_for(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Plan:

@@ -49,12 +49,17 @@ class Summary:
     hooks: tuple[HookRow, ...]
     generations: int
     features: dict[str, FeatureSummary]
+    #: nn.ModuleLists of the transformer outside the adapter's [[blocks]], with the reason
+    left_out: dict[str, str] = attrs.field(factory=dict)
+    #: the first-call check of the adapter: "confirmed", "pending" or "not checked"
+    first_call: str = "not checked"
+    adapter_notes: tuple[str, ...] = ()
 
     def render(self) -> str:
         on = [k for k, v in self.spec.items() if v not in (None, False)]
         head = [
             f"hookkit summary: {self.transformer}" + (f" in {self.pipeline}" if self.pipeline else " (bare transformer)"),
-            f"adapter: {self.adapter} ({self.adapter_source})",
+            f"adapter: {self.adapter} ({self.adapter_source}); first-call check: {self.first_call}",
             f"features: {', '.join(on) if on else 'none (bookkeeping only)'}; generations run: {self.generations}",
             "",
         ]
@@ -63,6 +68,11 @@ class Summary:
             by_place.setdefault((row.feature, row.name), []).append(row.module)
         rows = [[feature, name, _compress(modules)] for (feature, name), modules in by_place.items()]
         parts = ["\n".join(head) + table(["feature", "hook", "attached to"], rows)]
+        if self.left_out:
+            parts.append("\nblock lists the adapter leaves out:\n" + table(
+                ["list", "why"], [[name, reason] for name, reason in self.left_out.items()]))
+        for note in self.adapter_notes:
+            parts.append(f"adapter note: {note}")
         for feature in self.features.values():
             parts.append(f"\n[{feature.name}]\n{feature.text}")
         return "\n".join(parts)

@@ -13,6 +13,7 @@ code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -505,6 +506,55 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_for_derive(target: str) -> torch.nn.Module:
+    """A transformer to read: a diffusers class name, a dotted path "pkg.module.Class", or a folder with config.json
+    (diffusers layout, `transformer/` subfolder or the model folder itself). Built on the meta device: no weights."""
+    import importlib
+
+    import diffusers
+
+    from hookkit.errors import AdapterError
+
+    folder = Path(target)
+    config: dict[str, Any] | None = None
+    if folder.exists():
+        for candidate in (folder / "transformer" / "config.json", folder / "config.json"):
+            if candidate.is_file():
+                config = json.loads(candidate.read_text())
+                break
+        if config is None or "_class_name" not in config:
+            raise AdapterError(f"adapter derive: expected a folder with a diffusers config.json naming its _class_name "
+                               f"(the model folder or a pipeline folder with transformer/), got {target!r}.")
+        target = config["_class_name"]
+    module_name, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name) if module_name else getattr(diffusers, name)
+    except (ImportError, AttributeError):
+        raise AdapterError(f"adapter derive: expected a diffusers transformer class name (e.g. ZImageTransformer2DModel), "
+                           f"a dotted path pkg.module.Class or a model folder, got {target!r}, which names no class."
+                           ) from None
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise AdapterError(f"adapter derive: expected an nn.Module class, got {target!r} ({type(cls).__name__}).")
+    try:
+        with torch.device("meta"):
+            if config is not None and hasattr(cls, "from_config"):
+                return cls.from_config(config)
+            return cls()
+    except Exception as exc:  # noqa: BLE001 - a model's own constructor, whatever it raises
+        raise AdapterError(f"adapter derive: expected {cls.__name__} to build from its default config, got "
+                           f"{type(exc).__name__}: {exc}. Pass the model's folder (with its config.json) instead."
+                           ) from None
+
+
+def cmd_adapter_derive(args: argparse.Namespace) -> int:
+    """Print the adapter hookkit derives from the model's code, as TOML that `register_adapter` reads back."""
+    from hookkit.adapters.derive import adapter_toml, derive_adapter
+
+    model = _model_for_derive(args.model)
+    print(adapter_toml(derive_adapter(model)), end="")
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------------
 
 
@@ -603,6 +653,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result", default=None)
     _add_model_args(p)
     p.set_defaults(func=cmd_bench_one)
+
+    p = sub.add_parser("adapter", help="adapters: `adapter derive MODEL` prints the one hookkit derives, as TOML")
+    adapter_sub = p.add_subparsers(dest="adapter_command", required=True, metavar="ACTION")
+    d = adapter_sub.add_parser("derive", help="derive an adapter from the model's code and print it as TOML")
+    d.add_argument("model", metavar="MODEL_CLASS_OR_PATH",
+                   help="a diffusers class name, a dotted path pkg.module.Class, or a model folder with config.json")
+    d.set_defaults(func=cmd_adapter_derive)
     return parser
 
 

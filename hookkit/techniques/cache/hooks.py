@@ -720,6 +720,7 @@ class _CacheFeature(BaseFeature):
         _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
+        _check_long_skips(spec, blocks, type(ctx.transformer).__name__)
         out: list[Attachment] = []
         if layout.needs_diff:
             out.append(Attachment(feature=NAME, target=blocks[0][0], name=ENTRY_HOOK))
@@ -748,6 +749,8 @@ class _CacheFeature(BaseFeature):
             found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
             ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
             ctx.provide(SplitDecisions, lambda: _install_bridge(shared))
+            # heard once, at the first call; the listener goes with the handle
+            ctx.add_first_call_listener(functools.partial(_refuse_split_across_changes, ctx))
             logger.info(
                 "cache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
                 layout.num_middle, layout.spec.bn_blocks,
@@ -772,6 +775,53 @@ class _Slot:
 
 
 FEATURE = _CacheFeature()
+
+
+def _refuse_split_across_changes(ctx: AttachContext, report: Any) -> None:
+    """Refuse a split whose middle blocks the forward changes the hidden stream between (seen at the first call).
+
+    On a cached step the middle blocks return their inputs and the last adds the stored residual, which already
+    holds what the forward added between them on the computed step: it would be added twice.
+    """
+    spec = ctx.spec.cache
+    model = type(ctx.transformer).__name__
+    last = len(report.paths) - spec.bn_blocks - 1
+    inside = [i for i in report.gaps if spec.fn_blocks <= i < last]
+    if inside:
+        i = inside[0]
+        raise UnsupportedError(
+            f"DBCache F{spec.fn_blocks}B{spec.bn_blocks} on {model}: expected the middle blocks "
+            f"({report.paths[spec.fn_blocks]} .. {report.paths[last]}) to pass the hidden stream straight from one to "
+            f"the next, got {model}.forward changing it between {report.paths[i]} and {report.paths[i + 1]} at the "
+            f"first call (a hint, adapter or residual added there); a cached step would add it twice. Raise "
+            f"fn_blocks to {i + 1} or bn_blocks so that no middle block follows such a point, or leave cache off."
+        )
+
+
+def _check_long_skips(spec: DBCache, blocks: list[tuple[str, Any, torch.nn.Module]], model: str) -> None:
+    """A list with long skips (block k feeds block n-1-k of it) must have both ends of each skip in the middle or
+    both outside: a cached step would otherwise feed a skipped block's input (its identity output) to a block that
+    runs, or skip a block whose skip input was computed."""
+    first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
+    start = 0
+    while start < len(blocks):
+        block_spec = blocks[start][1]
+        end = start
+        while end < len(blocks) and blocks[end][1] is block_spec:
+            end += 1
+        if block_spec.long_skips:
+            n = end - start
+            for k in range(n // 2):
+                a, b = start + k, end - 1 - k
+                if (first <= a <= last) != (first <= b <= last):
+                    raise SpecError(
+                        f"DBCache.fn_blocks/bn_blocks: expected a split that keeps both ends of each long skip of "
+                        f"{model}.{block_spec.attr} (block k feeds block {n - 1}-k; adapter long_skips = true) in the "
+                        f"middle or both outside it, got F{spec.fn_blocks}B{spec.bn_blocks}, which cuts the skip "
+                        f"{blocks[a][0]} -> {blocks[b][0]}. Use fn_blocks == bn_blocks (e.g. "
+                        f"DBCache(fn_blocks={spec.fn_blocks}, bn_blocks={spec.fn_blocks}))."
+                    )
+        start = end
 
 
 # --- statistics ---------------------------------------------------------------------------------------------
