@@ -332,6 +332,10 @@ class _SyncFeature:
                 f"a {type(ctx.pipeline).__name__} without a scheduler"
             raise SpecError(f"Spec.sync_free: expected a pipeline with a scheduler (the feature acts on the scheduler "
                             f"and the denoising loop), got {got}. Enable hookkit on the pipeline, or leave sync_free off.")
+        if not ctx.scheduler_owner:
+            # a pipeline's second transformer (Wan 2.2): the scheduler is the first one's to patch; this one only
+            # closes the listener's read window around its own calls
+            return [Attachment(feature=NAME, target="", name=READS_HOOK)]
         cpu_tables = type(scheduler).__name__ in CPU_TABLE_SCHEDULERS and type(scheduler).__module__.startswith("diffusers.")
         out = [Attachment(feature=NAME, target="pipeline.scheduler", name=LISTENER, params=(("cpu_tables", cpu_tables),))]
         if searches_step_index(scheduler):
@@ -345,7 +349,7 @@ class _SyncFeature:
             handle.scheduler_listeners.append(listener)
             logger.info("sync: {} (CPU tables mapped: {})", type(handle.pipeline.scheduler).__name__, listener.cpu_tables)
             return _ListenerRemoval(handle, listener)
-        listener = handle.resources[NAME]
+        listener = handle.resources.get(NAME) or handle.primary.resources[NAME]
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
             return add_hook(handle.transformer, READS_HOOK, SyncReadsHook(listener), position=1)

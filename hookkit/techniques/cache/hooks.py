@@ -57,8 +57,15 @@ Example::
     print(handle.summary())
     handle.remove()
 
-Known limit: model code that adds to the hidden stream *between* middle blocks (Flux/Qwen-Image ControlNet
-residuals) still adds on cached steps, on top of a cached residual that already contains it.
+ControlNet (and anything else the model adds into the streams *between* blocks, named by the adapter's
+`between_block_args`: Flux's `controlnet_block_samples` / `controlnet_single_block_samples`, Qwen-Image's
+`controlnet_block_samples`): on a cached step the middle blocks return their inputs and the model still adds the
+*current* step's ControlNet residuals between them, so the stored residual must hold the blocks' own contribution
+only. On a computed call where one of those arguments is given, the middle hooks measure what the model added
+between consecutive middle blocks (the next block's input minus the previous block's output: exact, whatever the
+model adds, with or without `controlnet_blocks_repeat` or several ControlNets summed) and subtract it from the
+stored residual. A cached step then returns Fn output + current ControlNet residuals + cached block residual, the
+residuals counted once, as on an uncached step. Calls without ControlNet inputs pay nothing for it.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ if TYPE_CHECKING:
 NAME = "dbcache"
 ENTRY_HOOK = "hookkit.dbcache.entry"
 MIDDLE_HOOK = "hookkit.dbcache.middle"
+BETWEEN_HOOK = "hookkit.dbcache.between"
 PERCENTILES = (("P00", 0.0), ("P25", 25.0), ("P50", 50.0), ("P75", 75.0), ("P95", 95.0))
 
 __all__ = ["FEATURE", "NAME", "apply_dbcache", "plot_cache_diffs"]
@@ -299,6 +307,13 @@ class _CallState:
         #: under whole-transformer graphs: input shapes of each branch's last computed step
         self.graph_shapes: dict[int, Hashable] = {}
         self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
+        #: the transformer call given ControlNet residuals (an adapter `between_block_args` argument), and on a
+        #: computed step of such a call: the last middle block's (hidden, encoder) output and what the model added
+        #: between middle blocks since the first one, per stream
+        self.between_call = -1
+        self.track_between = False
+        self.prev_out: tuple[Any, Any] = (None, None)
+        self.between: list[torch.Tensor | None] = [None, None]
         self.block_calls = 0
         self.transformer_calls = 0
 
@@ -417,6 +432,23 @@ class DBCacheEntryHook(ModelHook):
         return args, kwargs
 
 
+class DBCacheBetweenHook(ModelHook):
+    """On the transformer, when the adapter names `between_block_args`: marks a call given any of them (ControlNet
+    residuals), so that its computed step stores the middle blocks' own contribution only."""
+
+    def __init__(self, shared: _Shared, names: tuple[str, ...], positions: tuple[int, ...]) -> None:
+        self.shared = shared
+        self.names = names
+        self.positions = positions
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        given = any(kwargs.get(n) is not None for n in self.names) or any(
+            p < len(args) and args[p] is not None for p in self.positions)
+        if given:
+            self.shared.call_state().between_call = self.shared.handle.state.calls
+        return args, kwargs
+
+
 class DBCacheMiddleHook(ModelHook):
     """On every middle block. Runs the block or returns its inputs; the first one that runs in a transformer call
     decides for the call (its inputs are the Fn output), the last one stores the residuals (computed step) or adds
@@ -447,10 +479,27 @@ class DBCacheMiddleHook(ModelHook):
         if cs.skip:
             output = self.io.identity(args, kwargs)
             return self._apply(cs, output) if self.last else output
+        if cs.track_between:
+            self._add_between(cs, args, kwargs)
         output = call_next(*args, **kwargs)
         if self.last:
             self._store(cs, output)
+        elif cs.track_between:
+            cs.prev_out = self.io.unpack(output)
         return output
+
+    def _add_between(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
+        """Accumulate what the model added to each stream since the previous middle block returned."""
+        previous = cs.prev_out
+        if previous[0] is None:
+            return
+        for stream, now in enumerate((self.io.hidden(args, kwargs), self.io.encoder(args, kwargs))):
+            before = previous[stream]
+            if before is None or now is before or not isinstance(now, torch.Tensor) or now.shape != before.shape:
+                continue  # passed on untouched (the same tensor): nothing was added
+            added = now - before
+            total = cs.between[stream]
+            cs.between[stream] = added if total is None else total.add_(added)
 
     def _decide(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
         hidden, encoder = self.io.hidden(args, kwargs), self.io.encoder(args, kwargs)
@@ -467,6 +516,8 @@ class DBCacheMiddleHook(ModelHook):
             cached = cs.decide(state.step, state.branch, fn_residual, (hidden, encoder))
         if not cached:
             cs.middle_in = (hidden, encoder)
+        cs.track_between = not cached and cs.between_call == state.calls
+        cs.prev_out, cs.between = (None, None), [None, None]
         cs.block0_hidden = None
 
     def _store(self, cs: _CallState, output: Any) -> None:
@@ -476,6 +527,11 @@ class DBCacheMiddleHook(ModelHook):
         if encoder_out is not None and isinstance(encoder_in, torch.Tensor) and encoder_in.shape == encoder_out.shape:
             encoder_res = encoder_out - encoder_in
         residuals = (hidden_out - hidden_in, encoder_res)
+        if cs.track_between:  # keep the blocks' own contribution: the model adds the ControlNet residuals itself
+            between = cs.between
+            residuals = tuple(r if r is None or between[s] is None else r.sub_(between[s])  # type: ignore[assignment]
+                              for s, r in enumerate(residuals))
+            cs.track_between, cs.prev_out, cs.between = False, (None, None), [None, None]
         if self.shared.graph is not None:
             residuals = self.shared.graph.persist(cs.branch_index, residuals)
         cs.branch.store(cs.step, residuals, self.shared.layout.spec.taylorseer_order)
@@ -600,6 +656,8 @@ class _DBCacheFeature:
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
         out: list[Attachment] = []
+        if ctx.adapter.between_block_args:
+            out.append(Attachment(feature=NAME, target="", name=BETWEEN_HOOK))
         if layout.needs_diff:
             out.append(Attachment(feature=NAME, target=blocks[0][0], name=ENTRY_HOOK))
         first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
@@ -611,6 +669,11 @@ class _DBCacheFeature:
     def attach(self, handle: Handle, attachment: Attachment) -> Removable:
         shared, specs = self._shared(handle)
         module = module_at(handle.transformer, attachment.target)
+        if attachment.name == BETWEEN_HOOK:
+            names = handle.adapter.between_block_args
+            params = list(inspect.signature(type(module).forward).parameters)[1:]
+            positions = tuple(params.index(n) for n in names if n in params)
+            return add_hook(module, BETWEEN_HOOK, DBCacheBetweenHook(shared, names, positions))
         io = _BlockIO(module, specs[attachment.target], attachment.target)
         if attachment.name == ENTRY_HOOK:
             return add_hook(module, ENTRY_HOOK, DBCacheEntryHook(shared, io))

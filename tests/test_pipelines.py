@@ -1,0 +1,326 @@
+"""The pipelines people run: Wan 2.2's two experts, ControlNet, image editing and img2img, LoRA, changing shapes.
+
+Every pipeline is tiny and built from config (`zoo.tiny_variant`), random weights, CPU. "Bitwise" is `torch.equal`
+against a stock run of the same pipeline with the same seed; "skipped" is counted on a leaf module inside the
+last block of each transformer (it runs once per transformer call that runs its block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookkit
+from hookkit import AdapterSpec, BlockListSpec
+from hookkit.core.registry import registry_names
+from hookkit.tools import zoo
+
+STEPS = 4
+
+
+def run(pipe: Any, name: str, steps: int = STEPS, **extra: Any) -> torch.Tensor:
+    out = pipe(**zoo.variant_call_kwargs(name, steps=steps, **extra))
+    return out.frames if hasattr(out, "frames") else out.images
+
+
+@contextlib.contextmanager
+def count_calls(*modules: nn.Module) -> Iterator[list[Counter[str]]]:
+    """Counters that go up by one at every call of each module (plain torch forward hooks, removed at exit)."""
+    counters: list[Counter[str]] = [Counter() for _ in modules]
+    hooks = [m.register_forward_hook(lambda *_, c=c: c.update(["calls"])) for m, c in zip(modules, counters)]
+    try:
+        yield counters
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def leaf_of_last_block(transformer: nn.Module) -> nn.Module:
+    """A Linear inside the transformer's last block: its call count is the number of times that block ran."""
+    block = transformer.blocks[-1] if hasattr(transformer, "blocks") else transformer.single_transformer_blocks[-1]
+    return next(m for m in block.modules() if isinstance(m, nn.Linear))
+
+
+def static(mask: tuple[int, ...]) -> hookkit.DBCache:
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=mask, mask_policy="static", warmup_steps=0,
+                           taylorseer_order=0)
+
+
+# --- Wan 2.2: two transformers ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wan22() -> Any:
+    return zoo.tiny_variant("wan22")
+
+
+@pytest.fixture(scope="module")
+def wan22_stock(wan22: Any) -> torch.Tensor:
+    return run(wan22, "wan22")
+
+
+def test_wan22_steps_switch_experts_at_the_boundary(wan22: Any) -> None:
+    # the premise of every Wan 2.2 test below: with 4 steps and boundary_ratio 0.8 each expert runs 2 steps x 2 CFG
+    with count_calls(leaf_of_last_block(wan22.transformer), leaf_of_last_block(wan22.transformer_2)) as counters:
+        run(wan22, "wan22")
+    assert [c["calls"] for c in counters] == [4, 4]
+
+
+@pytest.mark.parametrize("spec", [hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0))],
+                         ids=["Spec()", "threshold0"])
+def test_wan22_bitwise_equal_to_stock(wan22: Any, wan22_stock: torch.Tensor, spec: hookkit.Spec) -> None:
+    handle = hookkit.enable(wan22, spec)
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+    finally:
+        handle.remove()
+
+
+def test_wan22_enable_hooks_every_transformer_with_its_own_handle(wan22: Any) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0))))
+    try:
+        assert [h.component for h in handle.group] == ["transformer", "transformer_2"]
+        companion = handle.companions[0]
+        assert companion.transformer is wan22.transformer_2 and companion.adapter.name == "wan"
+        assert hookkit.handle_of(wan22.transformer_2) is companion and hookkit.handle_of(wan22) is handle
+        # the scheduler is patched once, by the first handle; each transformer has its own clock hook and cache hooks
+        assert [t for t, _ in companion.plan.targets("core")] == [""]
+        assert "hookkit.dbcache.middle" in registry_names(wan22.transformer_2.blocks[1])
+    finally:
+        hookkit.disable(wan22)
+
+
+def test_wan22_static_mask_skips_the_middle_blocks_of_every_transformer(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    # steps 0, 1 on transformer (high noise), 2, 3 on transformer_2: mask (1, 0, 1, 0) caches one step of each
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0))))
+    try:
+        with count_calls(leaf_of_last_block(wan22.transformer), leaf_of_last_block(wan22.transformer_2)) as counters:
+            out = run(wan22, "wan22")
+        summary = handle.summary()
+    finally:
+        hookkit.disable(wan22)
+    assert [c["calls"] for c in counters] == [2, 2]  # 2 of 4 calls each: the cached step's CFG pair skipped
+    first = summary.features["dbcache"].data["branches"]
+    second = summary.companions[0].features["dbcache"].data["branches"]
+    assert {b: (d["computed"], d["cached"]) for b, d in first.items()} == {0: ([0], [1]), 1: ([0], [1])}
+    assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2], [3]), 1: ([2], [3])}
+    assert not torch.equal(out, wan22_stock)
+    text = str(summary)
+    assert "(pipe.transformer)" in text and "(pipe.transformer_2)" in text
+
+
+def test_wan22_disable_is_bitwise_and_leaves_nothing(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    before = [dict(t.__dict__) for t in (wan22.transformer, wan22.transformer_2)]
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0)), sync_free=True))
+    run(wan22, "wan22")
+    handle.companions[0].remove()  # any handle of the group removes the whole group
+    assert handle.removed and hookkit.handle_of(wan22) is None and hookkit.handle_of(wan22.transformer_2) is None
+    assert [set(t.__dict__) for t in (wan22.transformer, wan22.transformer_2)] == [set(b) for b in before]
+    assert "set_timesteps" not in wan22.scheduler.__dict__ and "step" not in wan22.scheduler.__dict__
+    assert torch.equal(run(wan22, "wan22"), wan22_stock)
+
+
+def test_wan22_sync_free_and_memo_on_both_experts_are_bitwise(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec(sync_free=True, memo=True))
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+        assert "hookkit.sync" in " ".join(registry_names(wan22.transformer_2))
+    finally:
+        handle.remove()
+
+
+def test_wan22_a_spec_that_cannot_apply_to_one_transformer_attaches_nothing(wan22: Any) -> None:
+    wan22.transformer_2 = zoo.tiny_transformer("wan", num_layers=1)  # one block: nothing to cache there
+    try:
+        with pytest.raises(hookkit.errors.SpecError, match="fewer than the 1 blocks") as info:
+            hookkit.enable(wan22, hookkit.Spec(cache=hookkit.DBCache()))
+        assert "WanPipeline.transformer_2" in "".join(info.value.__notes__)
+        assert hookkit.handle_of(wan22) is None and registry_names(wan22.transformer) == ()
+    finally:
+        wan22.transformer_2 = zoo.tiny_variant("wan22").transformer_2
+
+
+def test_wan22_replacing_the_second_transformer_is_refused_at_the_next_call(wan22: Any) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec())
+    original = wan22.transformer_2
+    wan22.transformer_2 = zoo.tiny_transformer("wan", seed=5)
+    try:
+        with pytest.raises(hookkit.errors.HookError, match=r"WanPipeline.transformer_2: expected the"):
+            run(wan22, "wan22")
+    finally:
+        wan22.transformer_2 = original
+        handle.remove()
+
+
+# --- ControlNet: residuals added between blocks are counted once --------------------------------------------
+
+
+class DeltaBlock(nn.Module):
+    """Adds its own constant `delta` to the hidden stream (and 1 to the encoder stream): the block's contribution is
+    known exactly, whatever its input."""
+
+    def __init__(self, delta: float) -> None:
+        super().__init__()
+        self.delta = delta
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor):
+        return encoder_hidden_states + 1.0, hidden_states + self.delta
+
+
+class ControlStub(nn.Module):
+    """Flux's loop in miniature: after block i it adds `controlnet_block_samples[i // interval]`."""
+
+    def __init__(self, num_blocks: int = 6) -> None:
+        super().__init__()
+        self.transformer_blocks = nn.ModuleList(DeltaBlock(float(2 ** i)) for i in range(num_blocks))
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                controlnet_block_samples: list[torch.Tensor] | None = None) -> torch.Tensor:
+        for i, block in enumerate(self.transformer_blocks):
+            encoder_hidden_states, hidden_states = block(hidden_states=hidden_states,
+                                                         encoder_hidden_states=encoder_hidden_states)
+            if controlnet_block_samples is not None:
+                interval = -(-len(self.transformer_blocks) // len(controlnet_block_samples))
+                hidden_states = hidden_states + controlnet_block_samples[i // interval]
+        return hidden_states
+
+
+CONTROL_ADAPTER = AdapterSpec(
+    name="control-stub", transformer=("ControlStub",), between_block_args=("controlnet_block_samples",),
+    blocks=(BlockListSpec(attr="transformer_blocks", classes=("DeltaBlock",), encoder_arg="encoder_hidden_states",
+                          returns=("encoder_hidden_states", "hidden_states")),),
+)
+
+
+def control_samples(step: int, n: int) -> list[torch.Tensor]:
+    """Integer-valued residuals that differ per step and per sample: every sum below is exact in float64."""
+    return [torch.full((1, 2, 3), float(100 * (step + 1) + 10 * k)) for k in range(n)]
+
+
+def control_loop(model: ControlStub, steps: int, n: int) -> list[torch.Tensor]:
+    return [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3), controlnet_block_samples=control_samples(s, n))
+            for s in range(steps)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6], ids=lambda n: f"{n}-samples")
+@pytest.mark.parametrize("fn,bn", [(1, 0), (2, 1)], ids=["F1B0", "F2B1"])
+def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int, bn: int) -> None:
+    # Blocks add constants, so an uncached step's output is sum(deltas) + sum(this step's control residuals), and a
+    # correct cache reproduces it exactly: the cached residual holds the blocks' deltas, the model adds the controls.
+    model = ControlStub().double()
+    expected = control_loop(model, 4, n)
+    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=fn, bn_blocks=bn, steps_mask=(1, 0, 0, 1), mask_policy="static", taylorseer_order=0)),
+        adapter=CONTROL_ADAPTER)
+    try:
+        with handle.generation(num_steps=4):
+            got = control_loop(model, 4, n)
+        data = handle.summary().features["dbcache"].data
+    finally:
+        handle.remove()
+    assert data["branches"][0]["cached"] == [1, 2]
+    for step in range(4):
+        assert torch.equal(got[step], expected[step]), step
+
+
+def test_controlnet_oracle_shows_what_double_counting_was() -> None:
+    # Without the adapter field the hooks cannot know: the cached residual then still holds step 0's controls, and the
+    # cached step's output is off by exactly the controls added between middle blocks at step 0 (the old behaviour).
+    model = ControlStub().double()
+    expected = control_loop(model, 2, 6)
+    plain = attr_evolve(CONTROL_ADAPTER, between_block_args=())
+    handle = hookkit.enable(model, hookkit.Spec(cache=static((1, 0)), ), adapter=plain)
+    try:
+        with handle.generation(num_steps=2):
+            got = control_loop(model, 2, 6)
+    finally:
+        handle.remove()
+    between = sum(float(100 + 10 * k) for k in range(1, 5))  # samples 1..4 are added between middle blocks 1..5
+    assert torch.equal(got[1] - expected[1], torch.full((1, 2, 3), between))
+
+
+def test_controlnet_calls_without_residuals_store_the_plain_residual() -> None:
+    # the same model called with no ControlNet input: nothing between blocks, nothing subtracted
+    model = ControlStub().double()
+    expected = [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3)) for _ in range(3)]
+    handle = hookkit.enable(model, hookkit.Spec(cache=static((1, 0, 0))), adapter=CONTROL_ADAPTER)
+    try:
+        with handle.generation(num_steps=3):
+            got = [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3)) for _ in range(3)]
+    finally:
+        handle.remove()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def attr_evolve(adapter: AdapterSpec, **changes: Any) -> AdapterSpec:
+    import attrs
+
+    return attrs.evolve(adapter, **changes)
+
+
+def test_adapter_between_block_args_must_name_forward_arguments() -> None:
+    bad = attr_evolve(CONTROL_ADAPTER, between_block_args=("controlnet_samples",))
+    with pytest.raises(hookkit.errors.AdapterError, match=r"between_block_args.*'controlnet_samples'"):
+        bad.check(ControlStub())
+
+
+CONTROLNETS = ["flux_controlnet", "flux_multicontrolnet", "qwenimage_controlnet"]
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_bitwise_with_spec_and_threshold0(name: str) -> None:
+    pipe = zoo.tiny_variant(name)
+    stock = run(pipe, name)
+    for spec in (hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0))):
+        handle = hookkit.enable(pipe, spec)
+        try:
+            assert torch.equal(run(pipe, name), stock)
+        finally:
+            handle.remove()
+    assert torch.equal(run(pipe, name), stock)
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
+    # The oracle on the real pipeline, in float64: spies on the middle blocks record, on the computed step, each
+    # block's own contribution (output - input); on the cached step, the first middle block's input and what the model
+    # adds between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding.
+    pipe = zoo.tiny_variant(name).to(torch.float64)
+    transformer = pipe.transformer
+    blocks = [b for lst in ("transformer_blocks", "single_transformer_blocks") for b in getattr(transformer, lst, [])]
+    middle = blocks[1:]
+    records: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def spy(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        records[-1].append((kwargs["hidden_states"], output[1]))
+
+    handles = [b.register_forward_hook(spy, with_kwargs=True) for b in middle]
+    transformer.register_forward_pre_hook(lambda *_: records.append([]))
+    h = hookkit.enable(pipe, hookkit.Spec(cache=static((1, 0))))
+    try:
+        kw = zoo.variant_call_kwargs(name, steps=2)
+        kw["prompt_embeds"] = kw["prompt_embeds"].double()
+        if "pooled_prompt_embeds" in kw:
+            kw["pooled_prompt_embeds"] = kw["pooled_prompt_embeds"].double()
+        pipe(**kw)
+        assert h.summary().features["dbcache"].data["branches"][0]["cached"] == [1]
+    finally:
+        h.remove()
+        for x in handles:
+            x.remove()
+        transformer._forward_pre_hooks.clear()
+    computed, cached = records
+    own = sum(out - inp for inp, out in computed)
+    between_now = sum(cached[i + 1][0] - cached[i][1] for i in range(len(cached) - 1))
+    between_then = sum(computed[i + 1][0] - computed[i][1] for i in range(len(computed) - 1))
+    assert between_now.abs().max() > 1e-3  # the ControlNet really adds something between middle blocks
+    expected = cached[0][0] + between_now + own
+    torch.testing.assert_close(cached[-1][1], expected, rtol=0, atol=1e-12)
+    # the old behaviour (residual with step 0's controls inside) is far from it
+    assert (cached[-1][1] - (expected + between_then)).abs().max() > 1e-3
