@@ -324,3 +324,92 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
     torch.testing.assert_close(cached[-1][1], expected, rtol=0, atol=1e-12)
     # the old behaviour (residual with step 0's controls inside) is far from it
     assert (cached[-1][1] - (expected + between_then)).abs().max() > 1e-3
+
+
+# --- image editing and img2img ------------------------------------------------------------------------------
+
+EDITS = ["qwenimage_edit", "qwenimage_edit_plus", "flux_kontext", "flux_img2img", "flux_fill"]
+
+
+@pytest.fixture
+def small_edit_area(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen-Image-Edit resizes the reference image to ~1024^2 pixels (65536 tokens at the tiny VAE's scale): cap the
+    area at 32^2 so the tiny pipelines stay tiny. Only the size changes; the code path is the pipeline's."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+    for module in (edit, plus):
+        original = module.calculate_dimensions
+        monkeypatch.setattr(module, "calculate_dimensions", lambda area, ratio, f=original: f(32 * 32, ratio))
+    monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", 32 * 32)
+    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", 32 * 32)
+
+
+def edit_run(pipe: Any, name: str, steps: int = STEPS) -> torch.Tensor:
+    kw = zoo.variant_call_kwargs(name, steps=steps)
+    if name.startswith("qwenimage_edit"):
+        from PIL import Image
+
+        g = torch.Generator().manual_seed(5)
+        pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+        kw["image"] = Image.fromarray(pixels) if name == "qwenimage_edit" else [Image.fromarray(pixels)]
+    return pipe(**kw).images
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_edit_and_img2img_bitwise_with_spec_threshold0_memo_sync_free_and_compile(name: str, small_edit_area: None) -> None:
+    pipe = zoo.tiny_variant(name)
+    stock = edit_run(pipe, name)
+    specs = [hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0)), hookkit.Spec(memo=True, sync_free=True),
+             hookkit.Spec(compile=hookkit.Compile(backend="eager"), cache=hookkit.DBCache(threshold=0.0))]
+    for spec in specs:
+        handle = hookkit.enable(pipe, spec)
+        try:
+            assert torch.equal(edit_run(pipe, name), stock), spec
+        finally:
+            handle.remove()
+    assert torch.equal(edit_run(pipe, name), stock)
+
+
+def _reference_tokens(name: str) -> bool:
+    return name in ("qwenimage_edit", "qwenimage_edit_plus", "flux_kontext")
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_edit_and_img2img_static_mask_skips_middle_blocks_and_fits_the_steps_that_run(name: str,
+                                                                                        small_edit_area: None) -> None:
+    # img2img at strength 0.6 runs 3 of 5 steps: the named mask is scaled to those 3; the others run all 5. The
+    # reference image tokens (edit, Kontext) ride along in the hidden stream: the cached residual has their length.
+    pipe = zoo.tiny_variant(name)
+    steps = 5
+    runs = 3 if name == "flux_img2img" else steps
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=(1, 0, 1, 0, 1)[:runs] if runs == 5
+                                                                     else (1, 0, 1), mask_policy="static",
+                                                                     warmup_steps=0, taylorseer_order=0)))
+    leaf = next(m for m in pipe.transformer.transformer_blocks[-1].modules() if isinstance(m, nn.Linear)) \
+        if name.startswith("qwenimage") else leaf_of_last_block(pipe.transformer)
+    try:
+        with count_calls(leaf) as (counter,):
+            edit_run(pipe, name, steps=steps)
+        data = handle.summary().features["dbcache"].data
+    finally:
+        handle.remove()
+    cached = [1, 3] if runs == 5 else [1]
+    assert data["branches"][0]["cached"] == cached
+    assert counter["calls"] == runs - len(cached)
+    assert data["transformer_calls"] == runs
+
+
+def test_img2img_named_mask_is_scaled_to_the_steps_that_run() -> None:
+    pipe = zoo.tiny_variant("flux_img2img")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    try:
+        run(pipe, "flux_img2img", steps=28)  # strength 0.6: the last 17 of 28 steps run (t_start = int(28 - 16.8))
+        data = handle.summary().features["dbcache"].data
+    finally:
+        handle.remove()
+    from hookkit.techniques.cache.spec import resolve_steps_mask
+
+    assert data["transformer_calls"] == 17
+    assert tuple(data["mask"]) == resolve_steps_mask("fast", 17)
+    assert data["branches"][0]["cached"] == [i for i, m in enumerate(resolve_steps_mask("fast", 17)) if m == 0]

@@ -7,6 +7,7 @@ full-size architectures for GPU benchmarks. No downloads, ever.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -283,8 +284,8 @@ def tiny_variant(name: str, seed: int = 0) -> Any:
     wan22: Wan 2.2 A14B's layout (`transformer` + `transformer_2`, `boundary_ratio=0.8`: 4 steps split 2 + 2); *_controlnet: one
     ControlNet, flux_multicontrolnet: two (FluxMultiControlNetModel; diffusers 0.42 runs one net only in QwenImageMultiControlNetModel); qwenimage_edit(_plus), flux_kontext: the
     reference image's tokens concatenated to the sequence; flux_img2img: `strength` < 1 runs fewer steps;
-    flux_fill: masked-image and mask channels concatenated to the latents (transformer in_channels 16 + 16 + 64 = 96
-    at this VAE's scale factor 2: 4 packed 2x2, mask of 2*2 pixels per latent pixel packed 2x2).
+    flux_fill: masked-image and mask channels concatenated to the latents (transformer in_channels 16 + 16 + 16 = 48
+    at this VAE's scale factor 2: latents, masked-image latents and the 2*2-pixel mask, each packed 2x2).
     """
     import diffusers
 
@@ -292,7 +293,7 @@ def tiny_variant(name: str, seed: int = 0) -> Any:
         raise AdapterError(f"no built-in tiny variant {name!r}; known: {list(VARIANTS)}.")
     family = "wan" if name == "wan22" else name.split("_")[0]
     if name == "flux_fill":
-        base = _flux(tiny_transformer("flux", seed=seed, in_channels=96, out_channels=16))
+        base = _flux(tiny_transformer("flux", seed=seed, in_channels=48, out_channels=16))
     else:
         base = _PIPELINES[family](tiny_transformer(family, seed=seed))
     parts = dict(base.components)
@@ -319,8 +320,8 @@ def tiny_variant(name: str, seed: int = 0) -> Any:
     else:
         cls = {"flux_kontext": diffusers.FluxKontextPipeline, "flux_img2img": diffusers.FluxImg2ImgPipeline,
                "flux_fill": diffusers.FluxFillPipeline}[name]
-        extra = dict(image_encoder=None, feature_extractor=None) if name == "flux_kontext" else {}
-        pipe = cls(**parts, **extra)
+        takes = inspect.signature(cls.__init__).parameters
+        pipe = cls(**{k: v for k, v in parts.items() if k in takes})
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
