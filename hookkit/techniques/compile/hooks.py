@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ContextManager
 
@@ -105,6 +106,8 @@ class CapturedCall:
     replay: Callable[[], None]
     static_output: Any
     replays: int = 0
+    #: device memory the capture (warm-up included) added, as the backend reports it (0 where it cannot)
+    memory_bytes: int = 0
 
 
 class CudaGraphBackend:
@@ -113,6 +116,10 @@ class CudaGraphBackend:
     def __init__(self, warmup: int = 2) -> None:
         self.warmup = warmup
         self.pool: Any = None
+
+    def memory_in_use(self) -> int:
+        """Reserved device memory: what a capture adds to it is the memory its graph keeps."""
+        return torch.cuda.memory_reserved()
 
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         if self.pool is None:
@@ -136,9 +143,13 @@ class GraphRunner:
     the CPU with a stand-in backend.
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, max_graphs: int | None = None) -> None:
         self.backend = backend
-        self.captured: dict[Hashable, CapturedCall] = {}
+        #: at most `max_graphs` entries, least recently replayed first (None: no bound)
+        self.max_graphs = max_graphs
+        self.captured: OrderedDict[Hashable, CapturedCall] = OrderedDict()
+        self.captures = 0
+        self.evictions = 0
 
     def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  extra_key: Hashable = None, capturing: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
@@ -150,12 +161,21 @@ class GraphRunner:
         entry = self.captured.get(key)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if entry is None:
+            while self.max_graphs is not None and len(self.captured) >= self.max_graphs:
+                self.captured.popitem(last=False)  # the least recently replayed graph; its memory returns to the pool
+                self.evictions += 1
+            memory = getattr(self.backend, "memory_in_use", None)
+            before = memory() if memory is not None else 0
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             static_args, static_kwargs = pytree.tree_unflatten(static, spec)
             with capturing():
                 replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
-            entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output)
+            used = max(0, memory() - before) if memory is not None else 0
+            entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output,
+                                                      memory_bytes=used)
+            self.captures += 1
         else:
+            self.captured.move_to_end(key)
             for buffer, leaf in zip(entry.static_leaves, leaves):
                 if isinstance(leaf, torch.Tensor) and leaf.data_ptr() != buffer.data_ptr():
                     buffer.copy_(leaf)
@@ -330,7 +350,7 @@ class _CompileFeature:
             return add_hook(module, STEP_MARK, StepMarkHook())
         from hookkit.techniques.cache.hooks import graph_bridge
 
-        runner = GraphRunner(CudaGraphBackend())
+        runner = GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs)
         handle.resources["compile.graphs"] = runner
         return add_hook(module, GRAPH, GraphHook(runner, graph_bridge(handle)))
 
@@ -351,9 +371,17 @@ class _CompileFeature:
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
         runner = handle.resources.get("compile.graphs")
         if runner is not None:
-            data["graphs_captured"] = len(runner.captured)
+            data["graphs_captured"] = runner.captures
+            data["graphs_kept"] = len(runner.captured)
+            data["graph_evictions"] = runner.evictions
+            data["max_graphs"] = runner.max_graphs
             data["graph_replays"] = sum(e.replays for e in runner.captured.values())
-            rows += [["transformer graphs captured", data["graphs_captured"]], ["graph replays", data["graph_replays"]]]
+            data["graph_memory_bytes"] = [e.memory_bytes for e in runner.captured.values()]
+            memory = ", ".join(f"{b / 2**20:.1f}" for b in data["graph_memory_bytes"]) or "-"
+            rows += [["transformer graphs captured", data["graphs_captured"]],
+                     ["graphs kept / max", f"{data['graphs_kept']} / {runner.max_graphs}"],
+                     ["graphs evicted", data["graph_evictions"]], ["graph replays (kept graphs)", data["graph_replays"]],
+                     ["MiB per kept graph", memory]]
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 
