@@ -135,6 +135,35 @@ def test_wan22_sync_free_and_memo_on_both_experts_are_bitwise(wan22: Any, wan22_
         handle.remove()
 
 
+def test_wan22_cache_and_regional_compile_on_both_experts_are_bitwise_at_threshold0(wan22: Any,
+                                                                                     wan22_stock: torch.Tensor) -> None:
+    torch._dynamo.reset()
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0),
+                                                compile=hookkit.Compile(backend="eager")))
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+        assert [s.features["compile"].data["regions"] for s in (handle.summary(), *handle.summary().companions)] == [3, 3]
+    finally:
+        handle.remove()
+
+
+def test_wan22_one_adapter_for_two_transformers_is_refused(wan22: Any) -> None:
+    with pytest.raises(hookkit.errors.EnableError, match=r"expected None for WanPipeline, which holds 2 transformers"):
+        hookkit.enable(wan22, adapter=hookkit.get_adapter("wan"))
+    assert hookkit.handle_of(wan22) is None
+
+
+def test_wan22_second_transformer_enabled_alone_first_is_refused(wan22: Any) -> None:
+    alone = hookkit.enable(wan22.transformer_2)
+    try:
+        with pytest.raises(hookkit.errors.EnableError, match=r"WanPipeline.transformer_2: expected a transformer hookkit "
+                                                             r"is not enabled on"):
+            hookkit.enable(wan22)
+        assert registry_names(wan22.transformer) == ()
+    finally:
+        alone.remove()
+
+
 def test_wan22_a_spec_that_cannot_apply_to_one_transformer_attaches_nothing(wan22: Any) -> None:
     wan22.transformer_2 = zoo.tiny_transformer("wan", num_layers=1)  # one block: nothing to cache there
     try:
