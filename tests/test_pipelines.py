@@ -400,8 +400,18 @@ def test_edit_and_img2img_bitwise_with_spec_threshold0_memo_sync_free_and_compil
     assert torch.equal(edit_run(pipe, name), stock)
 
 
-def _reference_tokens(name: str) -> bool:
-    return name in ("qwenimage_edit", "qwenimage_edit_plus", "flux_kontext")
+def test_qwenimage_edit_2511_layout_memoizes_modulate_index_once_per_call(small_edit_area: None) -> None:
+    # zero_cond_t=True (Qwen-Image-Edit-2511): the prologue rebuilds modulate_index from Python data every step;
+    # memo builds it at the first step and serves the other 3 from its table
+    pipe = zoo.tiny_variant("qwenimage_edit_plus", zero_cond_t=True)
+    stock = edit_run(pipe, "qwenimage_edit_plus")
+    handle = hookkit.enable(pipe, hookkit.Spec(memo=True))
+    try:
+        assert torch.equal(edit_run(pipe, "qwenimage_edit_plus"), stock)
+        stats = handle.summary().features["memo"].data
+    finally:
+        handle.remove()
+    assert (stats["misses"], stats["hits"], stats["entries"]) == (1, STEPS - 1, 1)
 
 
 @pytest.mark.parametrize("name", EDITS)
@@ -446,8 +456,6 @@ def test_img2img_named_mask_is_scaled_to_the_steps_that_run() -> None:
 
 # --- LoRA -----------------------------------------------------------------------------------------------------
 
-pytest.importorskip("peft")
-
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v")
 
 
@@ -481,6 +489,7 @@ def lora_steps(pipe: Any) -> list[tuple[str, Any]]:
 def test_lora_load_switch_fuse_unload_equal_a_fresh_pipeline(compile_spec: hookkit.Compile | None) -> None:
     # on the CPU reduce-overhead compiles without CUDA graphs (the summary says so); the graph invalidation for
     # whole-transformer CUDA graphs is issue 14's
+    pytest.importorskip("peft")
     torch._dynamo.reset()
     hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
     handle = hookkit.enable(hooked, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0), compile=compile_spec))
@@ -499,6 +508,7 @@ def test_lora_load_switch_fuse_unload_equal_a_fresh_pipeline(compile_spec: hookk
 def test_lora_hotswap_under_regional_compile_does_not_recompile() -> None:
     from torch._dynamo.utils import counters
 
+    pytest.importorskip("peft")
     torch._dynamo.reset()
     hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
     a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)

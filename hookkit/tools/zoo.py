@@ -278,12 +278,13 @@ VARIANTS: tuple[str, ...] = (
 )
 
 
-def tiny_variant(name: str, seed: int = 0) -> Any:
+def tiny_variant(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
     """A tiny pipeline of one of `VARIANTS` on the CPU, built from config (random weights, no text encoders).
 
     wan22: Wan 2.2 A14B's layout (`transformer` + `transformer_2`, `boundary_ratio=0.8`: 4 steps split 2 + 2); *_controlnet: one
     ControlNet, flux_multicontrolnet: two (FluxMultiControlNetModel; diffusers 0.42 runs one net only in QwenImageMultiControlNetModel); qwenimage_edit(_plus), flux_kontext: the
-    reference image's tokens concatenated to the sequence; flux_img2img: `strength` < 1 runs fewer steps;
+    reference image's tokens concatenated to the sequence (`zero_cond_t=True` in `transformer_overrides`: the
+    Qwen-Image-Edit-2511 layout, whose prologue builds `modulate_index` every step); flux_img2img: `strength` < 1 runs fewer steps;
     flux_fill: masked-image and mask channels concatenated to the latents (transformer in_channels 16 + 16 + 16 = 48
     at this VAE's scale factor 2: latents, masked-image latents and the 2*2-pixel mask, each packed 2x2).
     """
@@ -293,9 +294,10 @@ def tiny_variant(name: str, seed: int = 0) -> Any:
         raise AdapterError(f"no built-in tiny variant {name!r}; known: {list(VARIANTS)}.")
     family = "wan" if name == "wan22" else name.split("_")[0]
     if name == "flux_fill":
-        base = _flux(tiny_transformer("flux", seed=seed, in_channels=48, out_channels=16))
+        base = _flux(tiny_transformer("flux", seed=seed, **{"in_channels": 48, "out_channels": 16,
+                                                             **transformer_overrides}))
     else:
-        base = _PIPELINES[family](tiny_transformer(family, seed=seed))
+        base = _PIPELINES[family](tiny_transformer(family, seed=seed, **transformer_overrides))
     parts = dict(base.components)
     if name == "wan22":
         pipe = diffusers.WanPipeline(**{**parts, "transformer_2": tiny_transformer("wan", seed=seed + 1)},
