@@ -187,6 +187,8 @@ def transformer_components(pipeline: Any) -> list[tuple[str, torch.nn.Module]]:
     components = getattr(pipeline, "components", None)
     names = [n for n in (components if isinstance(components, dict) else ()) if _COMPONENT.fullmatch(n)]
     names.sort(key=lambda n: int(n.rsplit("_", 1)[1]) if "_" in n else 1)
+    if "transformer" not in names and components is not None:  # a pipeline-like object with an unregistered one
+        names.insert(0, "transformer")
     return [(n, m) for n in names if isinstance(m := getattr(pipeline, n, None), torch.nn.Module)]
 
 
