@@ -113,7 +113,7 @@ def run_mode(mode: str, pipe: Any, spec: Any, args: argparse.Namespace,
         try:
             t, out = timed(lambda: pipe(**kwargs).images)
             if handle is not None:
-                feature = handle.summary().features["dbcache"]
+                feature = handle.summary().features["cache"]
                 summary_data.update(feature.data, text=feature.text)
         finally:
             if handle is not None:
@@ -196,8 +196,8 @@ def run_graph_mode(pipe: Any, spec: Any, args: argparse.Namespace, kw: Callable[
                 samples.append(t)
             times[cache], medians[cache] = samples, statistics.median(samples)
             if cache:
-                data = dict(handle.summary().features["dbcache"].data)
-                data["text"] = handle.summary().features["dbcache"].text
+                data = dict(handle.summary().features["cache"].data)
+                data["text"] = handle.summary().features["cache"].text
             graphs = handle.summary().features["compile"].data
         finally:
             handle.remove()

@@ -66,7 +66,7 @@ def main() -> None:
                 handle = hookkit.enable(pipe, spec) if spec is not None else None
                 results[name].append(timed_calls(pipe, kwargs, args.calls))
                 if name.startswith("DBCache"):
-                    cached = handle.summary().features["dbcache"].data["branches"][0]["cached"]
+                    cached = handle.summary().features["cache"].data["branches"][0]["cached"]
                     if cached:
                         raise RuntimeError(f"{name}: cached steps {cached}; the variant must never cache")
                 if handle is not None:

@@ -62,7 +62,7 @@ def cached_steps(summary: Any) -> dict[str, dict[int, list[int]]]:
     """Per transformer (pipe attribute) and CFG branch: the cached steps."""
     out = {}
     for s in (summary, *summary.companions):
-        cache = s.features.get("dbcache")
+        cache = s.features.get("cache")
         if cache is not None:
             out[s.component or "transformer"] = {b: d["cached"] for b, d in cache.data["branches"].items()}
     return out
@@ -163,7 +163,7 @@ def part_controlnet(opts: argparse.Namespace, device: torch.device) -> list[dict
         summary = handle.summary()
     finally:
         handle.remove()
-    data = summary.features["dbcache"].data
+    data = summary.features["cache"].data
     return [{"part": "controlnet", "size": size, "steps": opts.steps, "uncached_s": uncached_s,
              "uncached_times": uncached_times, "cached_s": cached_s, "cached_times": cached_times,
              "speedup": round(uncached_s / cached_s, 3), "psnr_db": psnr(latents(ref).float(), latents(out).float()),

@@ -87,7 +87,7 @@ def main() -> None:
     import hookkit
     from hookkit.tools import bench, zoo
 
-    bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only --summary.")
+    bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quantize int8_weight_only --summary.")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         pipe = zoo.full_pipeline("flux", **overrides)

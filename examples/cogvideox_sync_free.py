@@ -68,7 +68,7 @@ def main() -> None:
     out, syncs_free = run(pipe, args.steps, device, dtype)
     summary = handle.summary()
     print(summary)
-    data = summary.features["sync"].data
+    data = summary.features["sync_free"].data
     print(f"sync-free: {data['scheduler']} with CPU tables mapped: {data['cpu_tables']}; "
           f"timestep reads answered on the host: {data['host_reads']}")
     if cuda:

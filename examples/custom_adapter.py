@@ -125,7 +125,7 @@ def main() -> None:
         cached_out = generate(model, text, args.steps)
     summary = handle.summary()
     print(summary)
-    cached = summary.features["dbcache"].data["branches"][0]["cached"]
+    cached = summary.features["cache"].data["branches"][0]["cached"]
     print(f"cached steps: {cached} of {args.steps}")
     mse = torch.mean((cached_out - reference) ** 2).item()
     print(f"cached output vs uncached: relative MSE {mse / torch.mean(reference ** 2).item():.2e}")

@@ -81,7 +81,7 @@ def main() -> None:
     fast, t_fast = timed(pipe, call_kwargs(args.steps, device, dtype))
     summary = handle.summary()
     print(summary)
-    cached = summary.features["dbcache"].data["branches"][0]["cached"]
+    cached = summary.features["cache"].data["branches"][0]["cached"]
     print(f"cached steps: {len(cached)} of {args.steps}: {cached}")
 
     mse = torch.mean((fast.double() - reference.double()) ** 2).item()

@@ -21,7 +21,8 @@ from hookkit.adapters import (
     resolve_adapter,
     unregister_adapter,
 )
-from hookkit.core.handle import Handle, build_plan, disable, enable, handle_of
+from hookkit.core.handle import Handle, disable, handle_of
+from hookkit.features import build_plan, enable
 from hookkit.spec import Spec
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile

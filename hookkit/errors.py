@@ -6,6 +6,8 @@ Messages name *where* (the field, module path or adapter key), *what was expecte
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class HookkitError(Exception):
     """Base class: catch this to catch anything hookkit raises deliberately."""
@@ -31,9 +33,22 @@ class UnsupportedError(HookkitError, RuntimeError):
     """A feature needs something this machine or installation does not have (a GPU, a compute capability, a package)."""
 
 
-def spec_error(owner: str, field: str, value: object, expected: str, fix: str = "") -> SpecError:
-    """Build a `SpecError` with the standard shape: `Owner.field: expected ..., got ...`."""
+E = TypeVar("E", bound=HookkitError)
+
+
+def field_error(owner: str, field: str, value: object, expected: str, fix: str = "",
+                error: type[E] = SpecError) -> E:  # type: ignore[assignment]
+    """The one shape of a bad-value error, for specs and adapters alike: `owner.field: expected ..., got ....`
+
+    Args:
+        owner: where the value is: a class name (`"DBCache"`) or an adapter (`"adapter 'flux' (flux.toml)"`).
+        field: the field's name or path inside `owner` (`"threshold"`, `"blocks[transformer_blocks].returns"`).
+        value: what came.
+        expected: what is allowed, as a phrase (`"an int >= 0"`).
+        fix: one sentence on how to fix it, when the expectation alone does not say.
+        error: the `HookkitError` subclass to build (`SpecError` for specs, `AdapterError` for adapters).
+    """
     msg = f"{owner}.{field}: expected {expected}, got {value!r}."
     if fix:
         msg += f" {fix}"
-    return SpecError(msg)
+    return error(msg)

@@ -1,29 +1,36 @@
 """`Spec`: everything to turn on for one transformer, composed of the techniques' own specs.
 
-Specs are pure data. Hooks read them and never change them; per-call state lives in the handle.
+Specs are pure data. Hooks read them and never change them; per-call state lives in `CallState`.
 A bad value raises `hookkit.errors.SpecError` naming the field, the value and what is allowed. Every spec
 round-trips through a plain dict: `Spec.from_dict(spec.to_dict()) == spec`.
 """
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import attrs
 
 from hookkit.core.validate import boolean, instance_of
-from hookkit.errors import SpecError, spec_error
+from hookkit.errors import SpecError, field_error
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.quantize.spec import Quantize
 
-_FEATURES: dict[str, type] = {"cache": DBCache, "quantize": Quantize, "compile": Compile}
-
-
 @attrs.frozen(kw_only=True)
 class Spec:
     """Everything to turn on for one transformer. Every feature is optional; `Spec()` turns on nothing
-    but the per-call bookkeeping (and is still a valid, removable attachment)."""
+    but the per-call bookkeeping (and is still a valid, removable attachment). Which features combine is
+    in `hookkit.core.compat`.
+
+    Args:
+        cache: DBCache residual caching (`hookkit.DBCache`), or None (default).
+        quantize: torchao quantization of the Linear layers (`hookkit.Quantize`), or None (default).
+        compile: regional or whole torch.compile, CUDA graphs (`hookkit.Compile`), or None (default).
+        sync_free: keep the denoising loop free of host syncs (default False; needs a pipeline).
+        memo: memoize index tensors built from Python data in the adapter's `memo_scope` (default False).
+    """
 
     cache: DBCache | None = attrs.field(default=None, validator=instance_of(DBCache, "a hookkit.DBCache"))
     quantize: Quantize | None = attrs.field(default=None, validator=instance_of(Quantize, "a hookkit.Quantize"))
@@ -45,24 +52,30 @@ class Spec:
     def from_dict(cls, data: dict[str, Any]) -> Spec:
         """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them."""
         if not isinstance(data, dict):
-            raise spec_error("Spec", "<dict>", data, "a dict of feature name -> settings")
+            raise field_error("Spec", "<dict>", data, "a dict of feature name -> settings")
         kwargs: dict[str, Any] = {}
         names = {f.name for f in attrs.fields(Spec)}
         for key, value in data.items():
             if key not in names:
-                raise spec_error("Spec", key, value, f"a known feature: {sorted(names)}", "Remove or rename the key.")
-            feature = _FEATURES.get(key)
+                raise field_error("Spec", key, value, f"a known feature: {sorted(names)}", "Remove or rename the key.")
+            feature = _spec_class(key)
             if feature is not None and isinstance(value, dict):
                 value = _build(feature, value)
             kwargs[key] = value
         return cls(**kwargs)
 
 
+def _spec_class(field: str) -> type | None:
+    """The attrs spec class a `Spec` field holds (`cache` -> `DBCache`), or None for a plain value (`memo`)."""
+    hint = typing.get_type_hints(Spec)[field]
+    return next((t for t in typing.get_args(hint) or (hint,) if attrs.has(t)), None)
+
+
 def _build(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in attrs.fields(cls)}
     for key, value in data.items():
         if key not in names:
-            raise spec_error(cls.__name__, key, value, f"a known field: {sorted(names)}", "Remove or rename the key.")
+            raise field_error(cls.__name__, key, value, f"a known field: {sorted(names)}", "Remove or rename the key.")
     for field in attrs.fields(cls):
         if field.default is attrs.NOTHING and field.name not in data:
             raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "

@@ -65,7 +65,7 @@ def test_cogvideox_adapter_supplies_repeated_blocks_its_class_lacks() -> None:
 
 
 def test_a_wrong_adapter_gives_the_clear_error() -> None:
-    with pytest.raises(AdapterError, match=r"adapter 'wan' .*field 'transformer' expected to list the class 'FluxTransformer2DModel'"):
+    with pytest.raises(AdapterError, match=r"adapter 'wan' .*transformer: expected to list the class 'FluxTransformer2DModel'"):
         hookkit.get_adapter("wan").check(zoo.tiny_transformer("flux"))
 
 
@@ -106,7 +106,7 @@ def test_wrong_argument_name_is_reported_with_the_real_ones() -> None:
         name="bad", transformer=["WanTransformer3DModel"],
         blocks=[hookkit.BlockListSpec(attr="blocks", classes=["WanTransformerBlock"], hidden_arg="x")],
     )
-    with pytest.raises(AdapterError, match=r"hidden_arg' expected an argument of WanTransformerBlock.forward \(\['hidden_states'"):
+    with pytest.raises(AdapterError, match=r"hidden_arg: expected an argument of WanTransformerBlock.forward \(\['hidden_states'"):
         spec.check(zoo.tiny_transformer("wan"))
 
 
@@ -119,7 +119,7 @@ def test_returns_must_name_known_streams() -> None:
 def test_toml_with_unknown_key_names_it(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text('name = "mine"\ntransformer = ["X"]\ncfg_style = "batched"\n[[blocks]]\nattr = "b"\nclass = "B"\n')
-    with pytest.raises(AdapterError, match=r"field 'cfg_style' expected one of the known keys"):
+    with pytest.raises(AdapterError, match=r"cfg_style: expected one of the known keys"):
         hookkit.register_adapter(path)
 
 
@@ -155,7 +155,7 @@ def test_a_block_without_an_encoder_argument_leaves_encoder_arg_out(tmp_path: Pa
 
 
 def test_returning_the_encoder_stream_needs_its_argument_name() -> None:
-    with pytest.raises(AdapterError, match=r"encoder_arg' expected an argument name, since the block returns the encoder stream"):
+    with pytest.raises(AdapterError, match=r"encoder_arg: expected an argument name, since the block returns the encoder stream"):
         hookkit.BlockListSpec(attr="b", classes=["B"], returns=["encoder_hidden_states", "hidden_states"]).validate("x")
 
 
@@ -175,7 +175,7 @@ def test_a_return_order_diffusers_contradicts_fails_at_enable_with_the_block_pat
     with pytest.raises(AdapterError) as info:
         hookkit.enable(transformer, hookkit.Spec(), adapter=adapter)
     assert str(info.value) == (
-        "adapter 'flux-edited' (edited): field 'blocks[transformer_blocks].returns' expected ['encoder_hidden_states', "
+        "adapter 'flux-edited' (edited).blocks[transformer_blocks].returns: expected ['encoder_hidden_states', "
         "'hidden_states'], the return order diffusers registers for FluxTransformerBlock (transformer_blocks.0), got "
         "['hidden_states', 'encoder_hidden_states']. Set returns = ['encoder_hidden_states', 'hidden_states']."
     )
@@ -184,7 +184,7 @@ def test_a_return_order_diffusers_contradicts_fails_at_enable_with_the_block_pat
 
 def test_an_encoder_arg_diffusers_contradicts_is_rejected() -> None:
     adapter = _flux_with_block(encoder_arg="temb")
-    with pytest.raises(AdapterError, match=r"field 'blocks\[transformer_blocks\].encoder_arg' expected 'encoder_hidden_states', "
+    with pytest.raises(AdapterError, match=r"blocks\[transformer_blocks\].encoder_arg: expected 'encoder_hidden_states', "
                                            r"the argument diffusers registers for FluxTransformerBlock \(transformer_blocks.0\), "
                                            r"got 'temb'. Set encoder_arg = 'encoder_hidden_states'."):
         adapter.check(zoo.tiny_transformer("flux"))
@@ -195,7 +195,7 @@ def test_an_argument_missing_from_forward_names_the_block_path_and_the_fix() -> 
     with pytest.raises(AdapterError) as info:
         adapter.check(zoo.tiny_transformer("flux"))
     assert str(info.value) == (
-        "adapter 'flux-edited' (edited): field 'blocks[transformer_blocks].hidden_arg' expected an argument of "
+        "adapter 'flux-edited' (edited).blocks[transformer_blocks].hidden_arg: expected an argument of "
         "FluxTransformerBlock.forward (['hidden_states', 'encoder_hidden_states', 'temb', 'image_rotary_emb', "
         "'joint_attention_kwargs']) for transformer_blocks.0, got 'x'. Set hidden_arg to the name "
         "FluxTransformerBlock.forward gives that stream."
@@ -223,7 +223,7 @@ def test_a_repeated_class_the_model_lacks_must_be_a_block_variant() -> None:
     with pytest.raises(AdapterError) as info:
         adapter.check(zoo.tiny_transformer("flux"))
     assert str(info.value) == (
-        "adapter 'flux-typo' (typo): field 'repeated_blocks' expected classes that occur inside FluxTransformer2DModel, "
+        "adapter 'flux-typo' (typo).repeated_blocks: expected classes that occur inside FluxTransformer2DModel, "
         "got ['FluxBlock']. Remove them, or list them as a `class` of a [[blocks]] table if they are block variants."
     )
 
@@ -307,7 +307,7 @@ def test_without_repeated_blocks_every_registered_block_list_is_derived() -> Non
 def test_a_blocks_table_with_both_class_and_classes_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "both.toml"
     path.write_text('name = "both"\ntransformer = ["X"]\n[[blocks]]\nattr = "b"\nclass = "B"\nclasses = ["C"]\n')
-    with pytest.raises(AdapterError, match=r"field 'blocks\[b\].classes' expected to be absent, since 'class' is given, "
+    with pytest.raises(AdapterError, match=r"blocks\[b\].classes: expected to be absent, since 'class' is given, "
                                            r"got \['C'\]. Keep one of 'class' and 'classes'."):
         hookkit.AdapterSpec.from_toml(path)
 
@@ -320,7 +320,7 @@ def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
 def test_a_missing_required_key_says_how_to_add_it() -> None:
     with pytest.raises(AdapterError) as info:
         hookkit.AdapterSpec.from_dict({"name": "x", "blocks": [{"attr": "b", "class": "B"}]})
-    assert str(info.value) == "adapter 'x' (dict): field 'transformer' expected to be present, got None. " \
+    assert str(info.value) == "adapter 'x' (dict).transformer: expected to be present, got None. " \
                               "Add `transformer = ...` (see the files in adapters/)."
 
 
@@ -367,7 +367,7 @@ def test_a_broken_adapter_file_raises_on_every_lookup_not_just_the_first(tmp_pat
     monkeypatch.setattr(adapters, "adapters_dir", lambda: tmp_path)
     registry = adapters._Registry()
     for _ in range(2):
-        with pytest.raises(AdapterError, match=rf"^adapter 'b' \({tmp_path / 'b.toml'}\): field 'transformer' expected to be present"):
+        with pytest.raises(AdapterError, match=rf"^adapter 'b' \({tmp_path / 'b.toml'}\).transformer: expected to be present"):
             registry.all()
     (tmp_path / "b.toml").unlink()
     assert sorted(registry.all()) == ["flux", "wan"]
@@ -376,13 +376,13 @@ def test_a_broken_adapter_file_raises_on_every_lookup_not_just_the_first(tmp_pat
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"transformer": 5}, "field 'transformer' expected a list of non-empty strings (at least one), got 5."),
-        ({"blocks": []}, "field 'blocks' expected at least one [[blocks]] table (BlockListSpec), got ()."),
-        ({"blocks": [{"attr": "b", "class": []}]}, "field 'blocks[b].classes' expected a list of non-empty strings "
+        ({"transformer": 5}, "transformer: expected a list of non-empty strings (at least one), got 5."),
+        ({"blocks": []}, "blocks: expected at least one [[blocks]] table (BlockListSpec), got ()."),
+        ({"blocks": [{"attr": "b", "class": []}]}, "blocks[b].classes: expected a list of non-empty strings "
                                                    "(at least one), got ()."),
-        ({"blocks": [{"attr": "b", "class": "B", "hidden_arg": 3}]}, "field 'blocks[b].hidden_arg' expected an "
+        ({"blocks": [{"attr": "b", "class": "B", "hidden_arg": 3}]}, "blocks[b].hidden_arg: expected an "
                                                                       "argument name, got 3."),
-        ({"cfg": "twice"}, "field 'cfg' expected one of ('batched', 'separate') (one batched call per step, or one "
+        ({"cfg": "twice"}, "cfg: expected one of ('batched', 'separate') (one batched call per step, or one "
                            "call per CFG branch), got 'twice'."),
         ({"quant_exclude": "proj_out"}, None),  # one string is a list of one
     ],
@@ -394,7 +394,7 @@ def test_malformed_values_name_the_field_what_was_expected_and_what_came(change:
         return
     with pytest.raises(AdapterError) as info:
         hookkit.AdapterSpec.from_dict(data)
-    assert str(info.value) == f"adapter 'm' (dict): {message}"
+    assert str(info.value) == f"adapter 'm' (dict).{message}"
 
 
 def test_registering_a_name_twice_needs_replace(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
     if SECOND == "hookkit-cache-fast":
         mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
         assert second["identical"] is False and math.isfinite(second["psnr_db"])
-        assert second["features"]["dbcache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
+        assert second["features"]["cache"]["branches"]["0"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
     else:
         assert second["identical"] is True
 
@@ -155,7 +155,7 @@ def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
     assert "regional-compile-ro: skipped (needs a CUDA device)" in notes
 
 
-def test_unknown_configuration_is_a_spec_error_naming_the_known_ones() -> None:
+def test_unknown_configuration_is_a_field_error_naming_the_known_ones() -> None:
     with pytest.raises(SpecError, match=r"--configs: unknown configuration 'turbo'; known: \['eager', "):
         bench.select_configs(["eager", "turbo"], torch.device("cpu"))
 
@@ -305,9 +305,9 @@ def test_a_gpu_benchmark_script_without_cuda_ends_with_one_line_saying_what_runs
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as end:
-        bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quant int8_weight_only.")
+        bench.require_cuda("quant_flux.py", "On the CPU: hookkit generate flux --quantize int8_weight_only.")
     assert end.value.code == ("quant_flux.py: needs a CUDA device (full-size architectures on the GPU); none is "
-                              "visible. On the CPU: hookkit generate flux --quant int8_weight_only.")
+                              "visible. On the CPU: hookkit generate flux --quantize int8_weight_only.")
 
 
 def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:

@@ -41,12 +41,12 @@ def test_demo_prints_summary_timings_and_bitwise_equality_after_disable() -> Non
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "hookkit summary: FluxTransformer2DModel in FluxPipeline" in out
-    assert "| core    | hookkit.clock" in out
+    assert "| core      | hookkit.clock" in out
     assert re.search(r"^\| plain diffusers \| \d+\.\d{4} +\| 1\.00x", out, re.MULTILINE)
     assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.MULTILINE)
     assert "after hookkit.disable: output bitwise equal to the plain run: True" in out
     assert "plain   1/1" in proc.stderr  # diffusers' progress bar, labelled per run
-    assert "[dbcache]" in out
+    assert "[cache]" in out
 
 
 def test_demo_spec_uses_the_installed_cpu_features() -> None:
@@ -165,7 +165,7 @@ def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, 
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only"))
     expected = hookkit.enable(zoo.tiny_pipeline("flux"), spec).summary().features["quantize"].data
     out = tmp_path / "q.png"
-    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--quant", "int8_weight_only", "--out", str(out))
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--quantize", "int8_weight_only", "--out", str(out))
     assert code == 0 and out.is_file()
     assert (f"- Quantized Linear Layers: {expected['quantized']} int8_weight_only, skipped {expected['skipped']}, "
             f"total {expected['total']}") in stdout
@@ -275,16 +275,16 @@ def test_generate_cuda_graphs_on_the_cpu_fails_with_the_library_error(tmp_path: 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_generate_fp8_on_the_cpu_fails_with_the_library_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, stderr = generate(capsys, "flux", "--quant", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
+    code, _, stderr = generate(capsys, "flux", "--quantize", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
     assert code == 2
     assert "Quantize.scheme='fp8_row' needs an NVIDIA GPU with compute capability 8.9" in stderr
 
 
 def test_unknown_choice_is_an_argparse_error_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        cli.main(["generate", "flux", "--quant", "int3"])
+        cli.main(["generate", "flux", "--quantize", "int3"])
     assert exc.value.code == 2
-    assert "argument --quant: invalid choice: 'int3'" in capsys.readouterr().err
+    assert "argument --quantize: invalid choice: 'int3'" in capsys.readouterr().err
 
 
 # --- the pieces ------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from hookkit.errors import EnableError, SpecError, UnsupportedError
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.techniques.compile.hooks import (
     GraphRunner,
-    apply_compile,
     compile_kwargs,
     regional_paths,
     signature,
@@ -171,9 +170,9 @@ def test_a_failing_torch_compile_leaves_every_module_as_it_was(monkeypatch: pyte
     assert snapshot() == before  # the rollback removed the 2 compiled regions and the clock; the 3rd was never touched
 
 
-def test_apply_compile_is_enable_so_a_later_enable_is_refused() -> None:
+def test_compile_on_a_bare_transformer_is_one_enable_so_a_later_enable_is_refused() -> None:
     pipe = zoo.tiny_pipeline("flux")
-    handle = apply_compile(pipe.transformer, hookkit.Compile(**FAST))
+    handle = hookkit.enable(pipe.transformer, hookkit.Spec(compile=hookkit.Compile(**FAST)))
     assert hookkit.handle_of(pipe.transformer) is handle
     assert registry_names(pipe.transformer) == ("hookkit.clock",)
     with pytest.raises(EnableError, match="hookkit is already enabled on this FluxTransformer2DModel"):
@@ -326,7 +325,7 @@ def _graph_cached_pipeline(name: str, cache: hookkit.DBCache):
 
 
 def _cache_stats(handle) -> tuple:
-    data = handle.summary().features["dbcache"].data
+    data = handle.summary().features["cache"].data
     return data["block_calls"], {i: (b["computed"], b["cached"]) for i, b in data["branches"].items()}
 
 

@@ -19,7 +19,7 @@ from hookkit import AdapterSpec, BlockListSpec
 from hookkit.tools import zoo
 from hookkit.errors import HookError, SpecError, UnsupportedError
 from hookkit.core.registry import HookRegistry, registry_names
-from hookkit.techniques.cache.hooks import apply_dbcache, plot_cache_diffs
+from hookkit.techniques.cache.hooks import plot_cache_diffs
 from hookkit.core.plan import flat_blocks
 from hookkit.techniques.cache.spec import MASK_POLICIES
 
@@ -73,7 +73,7 @@ def drive(model: nn.Module, handle: hookkit.Handle, tembs: list[float]) -> list[
 
 
 def branch(handle: hookkit.Handle, index: int = 0) -> dict:
-    return handle.summary().features["dbcache"].data["branches"][index]
+    return handle.summary().features["cache"].data["branches"][index]
 
 
 def steps(handle: hookkit.Handle, index: int = 0) -> tuple[list[int], list[int]]:
@@ -173,7 +173,7 @@ def test_static_mask_needs_no_host_read_and_a_dynamic_decision_exactly_one(monke
 
 def test_static_mask_has_no_hook_on_block_zero() -> None:
     model, handle = stub(hookkit.DBCache(steps_mask=MASK, mask_policy="static"))
-    assert handle.plan.targets("dbcache") == [(f"blocks.{i}", "hookkit.dbcache.middle") for i in range(1, 5)]
+    assert handle.plan.targets("cache") == [(f"blocks.{i}", "hookkit.cache.middle") for i in range(1, 5)]
 
 
 def test_counters_and_block_executions_follow_the_decisions() -> None:
@@ -181,7 +181,7 @@ def test_counters_and_block_executions_follow_the_decisions() -> None:
     counts = count_executions(list(model.blocks))
     drive(model, handle, [1.0] * 4)
     assert counts == [4, 4, 2, 2, 4]  # Fn = blocks 0-1 and Bn = block 4 always run; the middle on 2 of 4 steps
-    data = handle.summary().features["dbcache"].data
+    data = handle.summary().features["cache"].data
     assert (data["block_calls"], data["block_calls_uncached"]) == (2 * 5 + 2 * 3, 4 * 5)
 
 
@@ -293,14 +293,15 @@ def test_more_calls_than_the_generation_has_steps_are_refused() -> None:
             model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
 
 
-def test_apply_dbcache_refuses_a_spec_that_is_not_a_dbcache() -> None:
-    with pytest.raises(SpecError, match=r"apply_dbcache.spec: expected a hookkit.DBCache, got 'fast'. Pass one"):
-        apply_dbcache(StubTransformer(), "fast", adapter=STUB_ADAPTER)
+def test_spec_cache_refuses_a_value_that_is_not_a_dbcache() -> None:
+    with pytest.raises(SpecError, match=r"Spec.cache: expected a hookkit.DBCache or None, got 'fast'."):
+        hookkit.Spec(cache="fast")
 
 
-def test_apply_dbcache_works_on_a_bare_transformer_and_remove_undoes_it() -> None:
+def test_cache_works_on_a_bare_transformer_and_remove_undoes_it() -> None:
     model = StubTransformer().double()
-    handle = apply_dbcache(model, hookkit.DBCache(steps_mask=[1, 0], mask_policy="static"), adapter=STUB_ADAPTER)
+    spec = hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0], mask_policy="static"))
+    handle = hookkit.enable(model, spec, adapter=STUB_ADAPTER)
     drive(model, handle, [1.0, 1.0])
     assert steps(handle) == ([0], [1])
     handle.remove()
@@ -326,7 +327,7 @@ def test_threshold_zero_is_bitwise_equal_to_uncached(name: str, branches: set[in
     reference = run(pipe, name)
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0, warmup_steps=0)))
     assert torch.equal(run(pipe, name), reference)
-    data = handle.summary().features["dbcache"].data
+    data = handle.summary().features["cache"].data
     assert set(data["branches"]) == branches  # batched CFG (CogVideoX) is one branch, Wan's two calls two
     assert all(b["cached"] == [] and b["computed"] == [0, 1, 2, 3] for b in data["branches"].values())
 
@@ -366,7 +367,7 @@ def test_static_mask_on_flux_runs_exactly_the_masked_steps() -> None:
     out = run(pipe, "flux", steps=6)
     assert counts == [6, 4, 4, 4, 6]
     assert steps(handle) == ([0, 1, 3, 5], [2, 4])
-    assert handle.summary().features["dbcache"].data["block_calls"] == 4 * 5 + 2 * 2
+    assert handle.summary().features["cache"].data["block_calls"] == 4 * 5 + 2 * 2
     assert not torch.equal(out, reference)
 
 
@@ -418,8 +419,8 @@ def test_removal_restores_every_block_exactly() -> None:
     reference = run(pipe, "flux")
     before = {path: set(m.__dict__) for path, m in pipe.transformer.named_modules()}
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, steps_mask=[1, 0, 0, 1])))
-    assert registry_names(pipe.transformer.transformer_blocks[0]) == ("hookkit.dbcache.entry",)
-    assert registry_names(pipe.transformer.transformer_blocks[1]) == ("hookkit.dbcache.middle",)
+    assert registry_names(pipe.transformer.transformer_blocks[0]) == ("hookkit.cache.entry",)
+    assert registry_names(pipe.transformer.transformer_blocks[1]) == ("hookkit.cache.middle",)
     assert not torch.equal(run(pipe, "flux"), reference)
     assert steps(handle) == ([0, 3], [1, 2])
     handle.remove()
@@ -433,7 +434,7 @@ def test_removal_restores_every_block_exactly() -> None:
 def test_summary_has_per_branch_steps_diffs_and_percentiles() -> None:
     model, handle = stub(hookkit.DBCache(threshold=0.2, warmup_steps=1))
     drive(model, handle, [1.0, 1.125, 1.25, 1.5, 1.5])
-    summary = handle.summary().features["dbcache"]
+    summary = handle.summary().features["cache"]
     assert summary.data["branches"][0]["percentiles"] == {
         "P00": 0.0, "P25": 0.09375, "P50": 0.1625, "P75": pytest.approx(0.2125), "P95": pytest.approx(0.2425),
         "min": 0.0, "max": 0.25}
@@ -444,7 +445,7 @@ def test_summary_has_per_branch_steps_diffs_and_percentiles() -> None:
 
 def test_summary_before_any_transformer_call_is_empty() -> None:
     _model, handle = stub(hookkit.DBCache(threshold=0.2))
-    summary = handle.summary().features["dbcache"]
+    summary = handle.summary().features["cache"]
     assert (summary.data["branches"], summary.data["transformer_calls"], summary.data["block_calls"]) == ({}, 0, 0)
     assert summary.text.endswith("\nno transformer call in this generation yet")
 
@@ -655,5 +656,5 @@ def test_video_to_video_sizes_the_mask_for_the_steps_that_run() -> None:
         pipe(**kwargs, video=video, strength=0.5)
     mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 10)
     assert handle.state.num_steps == 10
-    assert handle.summary().features["dbcache"].data["mask"] == list(mask)
+    assert handle.summary().features["cache"].data["mask"] == list(mask)
     assert steps(handle) == ([i for i, m in enumerate(mask) if m], [i for i, m in enumerate(mask) if not m])

@@ -11,7 +11,8 @@ import torch
 import hookkit
 from hookkit.tools import zoo
 from hookkit.errors import EnableError, HookError, SpecError
-from hookkit.core.handle import SchedulerListener
+from hookkit.core.feature import BaseFeature, FeatureTable
+from hookkit.core.listeners import SchedulerListener
 from hookkit.core.registry import ModelHook, registry_names
 from hookkit.core.plan import Attachment, add_hook
 
@@ -148,28 +149,15 @@ def test_calls_per_step_is_for_bare_transformers_only() -> None:
 
 
 def test_failed_attach_detaches_everything_in_reverse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.core import handle as handle_mod
-
     pipe = zoo.tiny_pipeline("flux")
     before = snapshot(pipe)
 
-    class Broken:
-        name = "broken"
-        fields: tuple[str, ...] = ()
+    def refuse(ctx, attachment):
+        raise HookError("cannot attach here")
 
-        def enabled(self, spec):
-            return True
-
-        def plan(self, ctx):
-            return [Attachment(feature="broken", target="transformer_blocks.0", name="x")]
-
-        def attach(self, handle, attachment):
-            raise HookError("cannot attach here")
-
-    real = handle_mod.features
-    monkeypatch.setattr(handle_mod, "features", lambda: [*real(), Broken()])
+    spec = _with_features(monkeypatch, _Feature("memo", ["transformer_blocks.0"], refuse))
     with pytest.raises(HookError, match="cannot attach here"):
-        hookkit.enable(pipe)
+        hookkit.enable(pipe, spec)
     assert snapshot(pipe) == before
     assert hookkit.handle_of(pipe) is None
 
@@ -259,33 +247,14 @@ def test_set_verbosity_rejects_unknown_levels() -> None:
         hookkit.set_verbosity("LOUD")
 
 
-def test_every_pipeline_call_resets_the_hooks_on_hooked_modules() -> None:
-    pipe = zoo.tiny_pipeline("flux")
-    resets: list[int] = []
+class _Feature(BaseFeature):
+    """A stand-in technique for attach-failure tests, registered under a real bool `Spec` field (`memo` or
+    `sync_free`) in place of the shipped feature: attaches what `attach_one` does, one per target."""
 
-    class Stateful(ModelHook):
-        def reset(self) -> None:
-            resets.append(1)
-
-    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0], mask_policy="static")))
-    from hookkit.core.registry import HookRegistry
-
-    HookRegistry.of(pipe.transformer.transformer_blocks[1]).register("stateful", Stateful())
-    run(pipe, "flux")
-    run(pipe, "flux")
-    assert len(resets) == 2
-
-
-class _Feature:
-    """A stand-in technique for attach-failure tests: attaches what `attach_one` does, one per target."""
-
-    fields: tuple[str, ...] = ()
+    spec_class = bool
 
     def __init__(self, name: str, targets: list[str], attach_one) -> None:
-        self.name, self.targets, self.attach_one = name, targets, attach_one
-
-    def enabled(self, spec) -> bool:
-        return True
+        self.name, self.targets, self.attach_one = name, targets, attach_one  # type: ignore[misc]
 
     def plan(self, ctx) -> list[Attachment]:
         return [Attachment(feature=self.name, target=t, name=f"test.{self.name}") for t in self.targets]
@@ -294,21 +263,22 @@ class _Feature:
         return self.attach_one(handle, attachment)
 
 
-def _with_features(monkeypatch: pytest.MonkeyPatch, *extra: _Feature) -> None:
-    from hookkit.core import handle as handle_mod
+def _with_features(monkeypatch: pytest.MonkeyPatch, *stand_ins: _Feature) -> hookkit.Spec:
+    """Register `stand_ins` as hookkit's features; returns the Spec that turns them all on."""
+    import hookkit.features
 
-    real = handle_mod.features
-    monkeypatch.setattr(handle_mod, "features", lambda: [*real(), *extra])
+    monkeypatch.setattr(hookkit.features, "FEATURES", FeatureTable(hookkit.Spec, list(stand_ins)))
+    return hookkit.Spec(**{f.name: True for f in stand_ins})
 
 
 def test_a_feature_whose_add_hook_fails_leaves_no_wrapper_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     """add_hook creates the block's registry first; the refused hook must take it away again."""
     pipe = zoo.tiny_pipeline("flux")
     before = snapshot(pipe)
-    _with_features(monkeypatch, _Feature("bad", ["transformer_blocks.0"], lambda h, a: add_hook(
+    spec = _with_features(monkeypatch, _Feature("memo", ["transformer_blocks.0"], lambda h, a: add_hook(
         h.transformer.get_submodule(a.target), a.name, object())))  # type: ignore[arg-type]
-    with pytest.raises(HookError, match="expected a hookkit.core.feature.ModelHook, got object"):
-        hookkit.enable(pipe)
+    with pytest.raises(HookError, match="expected a hookkit.core.registry.ModelHook, got object"):
+        hookkit.enable(pipe, spec)
     assert snapshot(pipe) == before
 
 
@@ -321,9 +291,9 @@ def test_keyboard_interrupt_mid_attach_leaves_the_pipeline_untouched(monkeypatch
             raise KeyboardInterrupt
         return add_hook(handle.transformer.get_submodule(attachment.target), attachment.name, ModelHook())
 
-    _with_features(monkeypatch, _Feature("slow", ["transformer_blocks.0", "transformer_blocks.1"], attach_one))
+    spec = _with_features(monkeypatch, _Feature("memo", ["transformer_blocks.0", "transformer_blocks.1"], attach_one))
     with pytest.raises(KeyboardInterrupt):
-        hookkit.enable(pipe)
+        hookkit.enable(pipe, spec)
     assert snapshot(pipe) == before
     assert hookkit.handle_of(pipe) is None
 
@@ -336,10 +306,11 @@ def test_a_rollback_that_fails_keeps_the_original_error(monkeypatch: pytest.Monk
     def refuse(handle, attachment):
         raise HookError("cannot attach here")
 
-    _with_features(monkeypatch, _Feature("stuck", [""], lambda h, a: Stuck()), _Feature("broken", [""], refuse))
+    spec = _with_features(monkeypatch, _Feature("memo", [""], lambda h, a: Stuck()),
+                          _Feature("sync_free", [""], refuse))
     pipe = zoo.tiny_pipeline("flux")
     with pytest.raises(HookError, match="cannot attach here") as info:
-        hookkit.enable(pipe)
+        hookkit.enable(pipe, spec)
     assert info.value.__notes__ == ["hookkit: undoing the partial attach also failed: RuntimeError: stuck"]
     assert registry_names(pipe.transformer) == () and "step" not in pipe.scheduler.__dict__
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_example(name: str, *args: str) -> str:
+    # `python examples/x.py` puts examples/ first on sys.path, not the checkout: point it at this checkout's
+    # hookkit, not whichever one the environment has installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -68,7 +72,7 @@ def test_custom_adapter() -> None:
     assert "before registering: AdapterError: no adapter for TinyDiT and none can be derived" in out
     assert "registered adapter 'tinydit' for ['TinyDiT']: 6 blocks in ['blocks']" in out
     assert "hookkit summary: TinyDiT (bare transformer)" in out
-    assert "| dbcache | hookkit.dbcache.middle | blocks.{1..5} |" in out
+    assert "| cache   | hookkit.cache.middle | blocks.{1..5} |" in out
     assert "cached steps: [2, 3, 5, 6] of 8" in out  # the zeros of the mask [1, 1, 0, 0, 1, 0, 0, 1]
     assert "bitwise equal to the unhooked run after handle.remove(): True" in out
     assert "nothing left on the model: True" in out

@@ -17,14 +17,8 @@ import hookkit
 from hookkit import AdapterSpec, BlockListSpec
 from hookkit.tools import zoo
 from hookkit.core.registry import registry_names
-from hookkit.techniques.memo import (
-    MemoMode,
-    MemoTable,
-    apply_memo,
-    freeze,
-    push_mode,
-    remove_mode,
-)
+from hookkit.core.modes import push_mode, remove_mode
+from hookkit.techniques.memo import MemoMode, MemoTable, apply_memo, freeze
 
 
 def memo_active() -> bool:

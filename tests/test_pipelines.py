@@ -91,7 +91,7 @@ def test_wan22_enable_hooks_every_transformer_with_its_own_handle(wan22: Any) ->
         assert hookkit.handle_of(wan22.transformer_2) is companion and hookkit.handle_of(wan22) is handle
         # the scheduler is patched once, by the first handle; each transformer has its own clock hook and cache hooks
         assert [t for t, _ in companion.plan.targets("core")] == [""]
-        assert "hookkit.dbcache.middle" in registry_names(wan22.transformer_2.blocks[1])
+        assert "hookkit.cache.middle" in registry_names(wan22.transformer_2.blocks[1])
     finally:
         hookkit.disable(wan22)
 
@@ -106,8 +106,8 @@ def test_wan22_static_mask_skips_the_middle_blocks_of_every_transformer(wan22: A
     finally:
         hookkit.disable(wan22)
     assert [c["calls"] for c in counters] == [2, 2]  # 2 of 4 calls each: the cached step's CFG pair skipped
-    first = summary.features["dbcache"].data["branches"]
-    second = summary.companions[0].features["dbcache"].data["branches"]
+    first = summary.features["cache"].data["branches"]
+    second = summary.companions[0].features["cache"].data["branches"]
     assert {b: (d["computed"], d["cached"]) for b, d in first.items()} == {0: ([0], [1]), 1: ([0], [1])}
     assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2], [3]), 1: ([2], [3])}
     assert not torch.equal(out, wan22_stock)
@@ -130,7 +130,7 @@ def test_wan22_sync_free_and_memo_on_both_experts_are_bitwise(wan22: Any, wan22_
     handle = hookkit.enable(wan22, hookkit.Spec(sync_free=True, memo=True))
     try:
         assert torch.equal(run(wan22, "wan22"), wan22_stock)
-        assert "hookkit.sync" in " ".join(registry_names(wan22.transformer_2))
+        assert "hookkit.sync_free" in " ".join(registry_names(wan22.transformer_2))
     finally:
         handle.remove()
 
@@ -250,7 +250,7 @@ def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int
     try:
         with handle.generation(num_steps=4):
             got = control_loop(model, 4, n)
-        data = handle.summary().features["dbcache"].data
+        data = handle.summary().features["cache"].data
     finally:
         handle.remove()
     assert data["branches"][0]["cached"] == [1, 2]
@@ -338,7 +338,7 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
         if "pooled_prompt_embeds" in kw:
             kw["pooled_prompt_embeds"] = kw["pooled_prompt_embeds"].double()
         pipe(**kw)
-        assert h.summary().features["dbcache"].data["branches"][0]["cached"] == [1]
+        assert h.summary().features["cache"].data["branches"][0]["cached"] == [1]
     finally:
         h.remove()
         for x in handles:
@@ -430,7 +430,7 @@ def test_edit_and_img2img_static_mask_skips_middle_blocks_and_fits_the_steps_tha
     try:
         with count_calls(leaf) as (counter,):
             edit_run(pipe, name, steps=steps)
-        data = handle.summary().features["dbcache"].data
+        data = handle.summary().features["cache"].data
     finally:
         handle.remove()
     cached = [1, 3] if runs == 5 else [1]
@@ -444,7 +444,7 @@ def test_img2img_named_mask_is_scaled_to_the_steps_that_run() -> None:
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     try:
         run(pipe, "flux_img2img", steps=28)  # strength 0.6: the last 17 of 28 steps run (t_start = int(28 - 16.8))
-        data = handle.summary().features["dbcache"].data
+        data = handle.summary().features["cache"].data
     finally:
         handle.remove()
     from hookkit.techniques.cache.spec import resolve_steps_mask

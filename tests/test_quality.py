@@ -16,7 +16,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import hookkit
-from hookkit.tools import quality, trained, zoo
+from hookkit.tools import bench, quality, trained, zoo
 from hookkit.errors import SpecError
 from hookkit.tools.quality import BlockCounter, QualityConfig
 
@@ -53,8 +53,8 @@ def test_ssim_needs_images_at_least_as_large_as_its_window() -> None:
 
 
 def test_psnr_of_an_error_and_of_none() -> None:
-    assert quality.psnr(0.01) == pytest.approx(20.0)
-    assert quality.psnr(0.0) == math.inf
+    assert bench.psnr_from_mse(0.01) == pytest.approx(20.0)
+    assert bench.psnr_from_mse(0.0) == math.inf
 
 
 # --- counting blocks ----------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_block_counter_agrees_with_hookkit_dbcache_summary() -> None:
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 0, 0, 1], mask_policy="static")))
     tiny_flux_call(pipe)
     assert (counter.block_calls, counter.partial_calls) == (12, 2)
-    assert handle.summary().features["dbcache"].data["block_calls"] == 12
+    assert handle.summary().features["cache"].data["block_calls"] == 12
     handle.remove()
 
 

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import pytest
 import torch
 
 import hookkit
-from hookkit.tools import zoo
+from hookkit.tools import bench, zoo
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.quantize.filters import (
     Predicate,
@@ -68,9 +67,7 @@ def run(pipe, name: str, steps: int = 3, **extra) -> torch.Tensor:
 
 def psnr(reference: torch.Tensor, output: torch.Tensor) -> float:
     """Peak signal-to-noise ratio in dB, peak = max |reference|."""
-    mse = (output.double() - reference.double()).pow(2).mean().item()
-    peak = reference.double().abs().max().item()
-    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+    return bench.psnr(reference, output, peak=reference.double().abs().max().item())
 
 
 def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -22,7 +22,6 @@ from hookkit.techniques.sync_free import (
     CPU_TABLE_SCHEDULERS,
     HostSchedule,
     TimestepReadMode,
-    apply_sync_free,
 )
 
 
@@ -44,7 +43,7 @@ def stock_and_hooked(pipe: Any, kwargs: Callable[[], dict[str, Any]],
     handle = hookkit.enable(pipe, spec or hookkit.Spec(sync_free=True))
     try:
         hooked = _latents(pipe(**kwargs()))
-        data = handle.summary().features["sync"].data
+        data = handle.summary().features["sync_free"].data
     finally:
         handle.remove()
     return stock, hooked, data
@@ -155,10 +154,10 @@ def test_unclip_scheduler_driven_by_hand_is_bitwise_equal() -> None:
 
     pipe = cog_with(diffusers.UnCLIPScheduler)
     stock = loop(pipe.scheduler)
-    handle = apply_sync_free(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))
     try:
         hooked = loop(pipe.scheduler)
-        data = handle.summary().features["sync"].data
+        data = handle.summary().features["sync_free"].data
     finally:
         handle.remove()
     assert torch.equal(stock, hooked)
@@ -171,7 +170,7 @@ def test_step_gets_back_the_device_schedule_after_each_step() -> None:
     seen: list[bool] = []
 
     def callback(p: Any, i: int, t: torch.Tensor, kw: dict[str, Any]) -> dict[str, Any]:
-        seen.append(p.scheduler.timesteps is handle.state.features["sync"].schedule.source)
+        seen.append(p.scheduler.timesteps is handle.state.features["sync_free"].schedule.source)
         return {}
 
     try:
@@ -224,7 +223,7 @@ def test_host_search_finds_what_the_device_search_finds(first: int, sigmas: list
     try:
         assert _first_step_index(stock_pipe.scheduler, first, sigmas) == expected
         assert _first_step_index(hooked_pipe.scheduler, first, sigmas) == expected
-        data = handle.summary().features["sync"].data
+        data = handle.summary().features["sync_free"].data
         assert (data["host_step_index"], data["host_copies"]) == (1, 1)
         assert hooked_pipe.scheduler.begin_index is None
     finally:
@@ -262,19 +261,19 @@ def test_read_window_is_closed_after_the_call_and_outside_the_loop() -> None:
 
 def test_plan_of_a_cpu_table_scheduler_and_of_a_searching_scheduler() -> None:
     cog = hookkit.build_plan(cog_with(), hookkit.Spec(sync_free=True))
-    assert cog.targets("sync") == [("pipeline.scheduler", "hookkit.sync.scheduler"), ("", "hookkit.sync.reads")]
-    assert [a.params for a in cog.attachments if a.feature == "sync"][0] == (("cpu_tables", True),)
+    assert cog.targets("sync_free") == [("pipeline.scheduler", "hookkit.sync_free.scheduler"), ("", "hookkit.sync_free.reads")]
+    assert [a.params for a in cog.attachments if a.feature == "sync_free"][0] == (("cpu_tables", True),)
     flux = hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(sync_free=True))
-    assert flux.targets("sync") == [("pipeline.scheduler", "hookkit.sync.scheduler"),
-                                    ("pipeline.scheduler._init_step_index", "hookkit.sync.step_index"),
-                                    ("", "hookkit.sync.reads")]
+    assert flux.targets("sync_free") == [("pipeline.scheduler", "hookkit.sync_free.scheduler"),
+                                    ("pipeline.scheduler._init_step_index", "hookkit.sync_free.step_index"),
+                                    ("", "hookkit.sync_free.reads")]
 
 
 def test_removal_restores_the_scheduler_and_transformer_exactly() -> None:
     pipe = cog_with(diffusers.EulerDiscreteScheduler)
     scheduler_before = dict_snapshot(pipe.scheduler)
     transformer_before = dict_snapshot(pipe.transformer)
-    handle = apply_sync_free(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))
     handle.remove()
     assert dict_snapshot(pipe.scheduler).keys() == scheduler_before.keys()
     assert all(pipe.scheduler.__dict__[k] is v for k, v in scheduler_before.items())
@@ -285,7 +284,7 @@ def test_removal_restores_the_scheduler_and_transformer_exactly() -> None:
 def test_scheduler_after_a_hooked_call_is_in_the_state_a_stock_call_leaves() -> None:
     stock_pipe, hooked_pipe = cog_with(diffusers.EulerDiscreteScheduler), cog_with(diffusers.EulerDiscreteScheduler)
     stock_pipe(**cog_kwargs())
-    handle = apply_sync_free(hooked_pipe)
+    handle = hookkit.enable(hooked_pipe, hookkit.Spec(sync_free=True))
     hooked_pipe(**cog_kwargs())
     handle.remove()
     assert_same_state(dict_snapshot(stock_pipe.scheduler), dict_snapshot(hooked_pipe.scheduler))

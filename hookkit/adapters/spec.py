@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from hookkit.errors import AdapterError
+from hookkit.errors import AdapterError, field_error
 
 STREAMS = ("hidden_states", "encoder_hidden_states")
 CFG_STYLES = ("batched", "separate")
@@ -25,10 +25,8 @@ MEMO_SCOPES = ("none", "prologue")
 
 
 def _fail(where: str, field: str, value: Any, expected: str, fix: str = "") -> AdapterError:
-    msg = f"adapter {where}: field {field!r} expected {expected}, got {value!r}."
-    if fix:
-        msg += f" {fix}"
-    return AdapterError(msg)
+    """`errors.field_error` for an adapter: `adapter 'name' (source).field: expected ..., got ....`"""
+    return field_error(f"adapter {where}", field, value, expected, fix, error=AdapterError)
 
 
 def _tuple(value: Any) -> Any:
@@ -160,6 +158,15 @@ class AdapterSpec:
     def block_lists(self, transformer: torch.nn.Module) -> list[tuple[BlockListSpec, torch.nn.ModuleList]]:
         """The transformer's block lists in execution order, each with its spec (after `check`)."""
         return [(b, getattr(transformer, b.attr)) for b in self.blocks]
+
+    def repeated_block_classes(self) -> tuple[str, ...]:
+        """The classes regional compilation and quantization work on: `repeated_blocks`, else every block class."""
+        return self.repeated_blocks or tuple(dict.fromkeys(c for b in self.blocks for c in b.classes))
+
+    def repeated_block_paths(self, transformer: torch.nn.Module) -> list[str]:
+        """Module paths of every instance of `repeated_block_classes()` in `transformer`, in module order."""
+        classes = set(self.repeated_block_classes())
+        return [path for path, m in transformer.named_modules() if path and type(m).__name__ in classes]
 
     def check(self, transformer: torch.nn.Module) -> None:
         """Raise `AdapterError` unless this adapter describes `transformer` exactly."""

@@ -1,6 +1,7 @@
-"""`hookkit.enable` / `hookkit.disable` and the `Handle` they hand out.
+"""The `Handle` that `hookkit.enable` hands out, and the enable / disable machinery over a feature table.
 
-enable: resolve the adapter (exact class), build the plan (pure data), attach it all or nothing.
+`enable_with`: resolve the adapter (exact class), apply the compat table, build the plan (pure data) from
+the features of a `FeatureTable`, attach it all or nothing (`hookkit.enable` passes the shipped table).
 The handle owns every removable and the per-call state; `remove()` undoes everything in reverse order,
 after which the pipeline is exactly as before (its output bitwise equal to a never-hooked run).
 
@@ -10,12 +11,10 @@ fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that
 `set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
 A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
 
-Several transformers (Wan 2.2 A14B: `transformer` for the high-noise steps, `transformer_2` after `boundary_ratio`):
-`enable(pipe, spec)` hooks every transformer component of the pipeline, each with its own handle (its own adapter,
-resolved by its exact class, its own plan, per-call state and statistics), grouped under the first one, which
-`enable` returns and which owns the scheduler patches. Its `set_timesteps` starts a generation on every handle of
-the group and its `step` advances every clock, so the step index stays the pipeline's whichever transformer runs
-it, and the CFG branch is counted per transformer. `handle.companions` holds the others; the summary shows each.
+Several transformers (Wan 2.2 A14B: `transformer`, then `transformer_2` after `boundary_ratio`): every
+transformer component gets its own handle (adapter by exact class, plan, per-call state, statistics), grouped
+under the first, which `enable` returns and whose scheduler patches start a generation on, and advance the clock
+of, every handle of the group: the step index is the pipeline's, the CFG branch is counted per transformer.
 
 One call at a time per handle: the clock is not thread-safe (nor is a diffusers pipeline), and a call of the
 same pipeline started from inside its own loop (a callback) restarts the per-call state of the outer one.
@@ -26,34 +25,28 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
-from hookkit.errors import (
-    AdapterError,
-    EnableError,
-    HookError,
-    HookkitError,
-    SpecError,
-    UnsupportedError,
-)
+from hookkit.core import compat
+from hookkit.core.feature import AttachContext, Feature, FeatureTable, requested
+from hookkit.core.listeners import SchedulerListener
 from hookkit.core.methods import MethodPatch
+from hookkit.core.plan import Attachment, Plan, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
-from hookkit.core.plan import (
-    Attachment,
-    Feature,
-    Plan,
-    PlanContext,
-    Removable,
-    add_hook,
-    module_at,
-)
-from hookkit.spec import Spec
+from hookkit.core.removal import Removable
 from hookkit.core.state import CallState, Clock
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
+from hookkit.errors import AdapterError, EnableError, HookError, HookkitError, SpecError, UnsupportedError
+
+if TYPE_CHECKING:
+    from hookkit.spec import Spec
+
+__all__ = ["CLOCK_HOOK", "Handle", "SchedulerListener", "disable", "enable_with", "handle_of", "plan_for"]
 
 CLOCK_HOOK = "hookkit.clock"
 
@@ -85,33 +78,10 @@ def _start_in_schedule(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return None
 
 
-class SchedulerListener:
-    """Callbacks run by the core's scheduler patches, for features that act around `set_timesteps`/`step`.
-
-    A scheduler method carries one hookkit patch (the core's), so features do not patch `step` themselves:
-    they append a listener to `handle.scheduler_listeners` on attach and take it out on detach.
-    """
-
-    def after_set_timesteps(self, scheduler: Any) -> None:
-        """After the pipeline's `set_timesteps` and the start of a fresh `CallState`."""
-
-    def before_step(self, scheduler: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Before `step`; may replace its arguments. Listeners run in registration order."""
-        return args, kwargs
-
-    def after_step(self, scheduler: Any) -> None:
-        """After `step` (also when it or a later listener's `before_step` raised), before the clock advances; in
-        reverse registration order, for every listener whose `before_step` returned."""
-
-
 class _CoreFeature:
-    """Per-call bookkeeping; always on."""
+    """Per-call bookkeeping; always on, attached first. Part of the core, so it may use the whole handle."""
 
     name = "core"
-
-    def enabled(self, spec: Spec) -> bool:
-        return True
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         out = [Attachment(feature="core", target="", name=CLOCK_HOOK)]
@@ -123,7 +93,8 @@ class _CoreFeature:
             out.append(Attachment(feature="core", target="pipeline.scheduler.step", name="hookkit.step"))
         return out
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        handle = ctx._handle
         if attachment.name == CLOCK_HOOK:
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
@@ -164,15 +135,8 @@ class _CoreFeature:
             return step
         return MethodPatch(scheduler, "step", make_step)
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        return None
 
-
-def features() -> list[Feature]:
-    """Every feature in attach order. Later features wrap earlier ones (compile goes last)."""
-    from hookkit.core.feature import registered_features
-
-    return [_CoreFeature(), *registered_features()]
+_CORE = _CoreFeature()
 
 
 _COMPONENT = re.compile(r"transformer(_[0-9]+)?")
@@ -207,11 +171,16 @@ def _split_target(target: Any, caller: str = "hookkit.enable") -> tuple[Any | No
 
 
 class Handle:
-    """What `hookkit.enable` returns: remove it, summarize it, mark generations on a bare transformer."""
+    """What `hookkit.enable` returns: remove it, summarize it, mark generations on a bare transformer.
+
+    A context manager too: `with hookkit.enable(pipe, spec): ...` removes everything on exit.
+    """
 
     def __init__(self, plan: Plan, transformer: torch.nn.Module, pipeline: Any | None,
-                 component: str = "transformer") -> None:
+                 features: FeatureTable, component: str = "transformer") -> None:
         self.plan = plan
+        #: the features this handle was planned with, keyed by Spec field
+        self.features = features
         self.transformer: torch.nn.Module = transformer
         self.pipeline = pipeline
         #: the pipeline attribute holding `transformer` ("transformer", "transformer_2", ...)
@@ -231,14 +200,40 @@ class Handle:
             2 if plan.adapter.cfg == "separate" else 1)
         self._clock = Clock(calls_per_step)
         self._attached: list[tuple[Attachment, Removable]] = []
-        self._hooked_modules: list[torch.nn.Module] = []
         #: (path, module) of every module carrying hookkit hooks, checked at each call for replacement
         self._hooked_paths: list[tuple[str, torch.nn.Module]] = []
-        #: objects features keep for the handle's lifetime (compiled callables, quantization reports)
-        self.resources: dict[str, Any] = {}
+        #: one attach context per feature (what the feature sees of this handle)
+        self._contexts: dict[str, AttachContext] = {}
+        #: each feature's long-lived object (`AttachContext.keep`), keyed by feature name
+        self._slots: dict[str, Any] = {}
+        #: services features provide to later ones (`AttachContext.provide`): protocol -> [factory, instance]
+        self._services: dict[type, list[Any]] = {}
         #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
         self.scheduler_listeners: list[SchedulerListener] = []
         self.removed = False
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        on = [name for name in self.features if requested(self.spec, name)]
+        where = f" on {self._pipeline_class}" if self._pipeline_class else ""
+        status = "removed" if self.removed else f"{len(self._attached)} attachments"
+        return (f"<hookkit.Handle {self.plan.transformer_class}{where}, adapter {self.adapter.name!r}, features "
+                f"[{', '.join(on) or 'none'}], {status}, {self._clock.generations} generations>")
+
+    def service(self, protocol: type) -> Any | None:
+        """The service a feature provides for `protocol` (see `AttachContext.provide`), or None."""
+        return self._context("core").request(protocol)
+
+    def _context(self, feature: str) -> AttachContext:
+        ctx = self._contexts.get(feature)
+        if ctx is None:
+            ctx = self._contexts[feature] = AttachContext(self, feature)
+        return ctx
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -324,13 +319,9 @@ class Handle:
         self._clock.on_transformer_call()
 
     def new_generation(self, num_steps: int | None = None) -> CallState:
-        """Start a fresh generation: per-call state of every feature is dropped, hooks are reset."""
+        """Start a fresh generation: a new `CallState`, so the per-call state of every feature is dropped."""
         state = self._clock.new_generation(num_steps)
         self._begin_pending = False
-        for module in self._hooked_modules:
-            registry = HookRegistry.of(module, create=False)
-            if registry is not None:
-                registry.reset()
         return state
 
     @contextlib.contextmanager
@@ -363,16 +354,16 @@ class Handle:
             self._clock.calls_per_step = saved
 
     # -- attach / remove --------------------------------------------------------------------------------
-    def _attach(self, feature_map: dict[str, Feature]) -> None:
+    def _attach(self) -> None:
         try:
             for attachment in self.plan.attachments:
-                removable = feature_map[attachment.feature].attach(self, attachment)
+                feature = _CORE if attachment.feature == _CORE.name else self.features[attachment.feature]
+                removable = feature.attach(self._context(attachment.feature), attachment)
                 self._attached.append((attachment, removable))
                 logger.debug("attached {} to {}", attachment.name, attachment.target or "<transformer>")
-            # the modules whose hooks `new_generation` resets, resolved once rather than at every call
             targets = dict.fromkeys(a.target for a, _ in self._attached if not a.target.startswith("pipeline."))
-            self._hooked_modules = [module_at(self.transformer, t) for t in targets]
-            self._hooked_paths = [(t, m) for t, m in zip(targets, self._hooked_modules)
+            modules = [module_at(self.transformer, t) for t in targets]
+            self._hooked_paths = [(t, m) for t, m in zip(targets, modules)
                                   if t and HookRegistry.of(m, create=False) is not None]
         except BaseException as exc:
             try:
@@ -380,6 +371,9 @@ class Handle:
             except BaseException as cleanup:  # the cause is `exc`: keep it, note what rollback could not undo
                 exc.add_note(f"hookkit: undoing the partial attach also failed: {type(cleanup).__name__}: {cleanup}")
             raise
+
+    def _enabled(self) -> list[tuple[str, Feature]]:
+        return [(name, f) for name, f in self.features.items() if requested(self.spec, name)]
 
     def _detach_all(self) -> None:
         errors: list[BaseException] = []
@@ -390,8 +384,8 @@ class Handle:
                 logger.debug("detached {} from {}", attachment.name, attachment.target or "<transformer>")
             except BaseException as exc:  # keep going: leave as little behind as possible
                 errors.append(exc)
-        self.resources.clear()
-        self._hooked_modules = []
+        self._slots.clear()
+        self._services.clear()
         self._hooked_paths = []
         if errors:
             raise errors[0]
@@ -406,11 +400,9 @@ class Handle:
             return
         if self.removed:
             return
-        for member in self.group:
-            for feature in features():  # a feature may refuse (quantized weights it cannot restore) before anything goes
-                check = getattr(feature, "check_removable", None)
-                if check is not None and feature.enabled(member.spec):
-                    check(member)
+        for member in self.group:  # a feature may refuse (weights it cannot restore) before anything goes
+            for name, feature in member._enabled():
+                feature.check_removable(member._context(name))
         errors: list[BaseException] = []
         for member in reversed(self.companions):
             try:
@@ -438,12 +430,10 @@ class Handle:
         rows = tuple(HookRow(module=a.target, name=a.name, feature=a.feature) for a, _ in self._attached)
         stats: dict[str, FeatureSummary] = {}
         if not self.removed:
-            for feature in features():
-                if feature.enabled(self.spec):
-                    summarize = getattr(feature, "summarize", None)
-                    result = summarize(self) if summarize is not None else None
-                    if result is not None:
-                        stats[result.name] = result
+            for name, feature in self._enabled():
+                result = feature.summarize(self._context(name))
+                if result is not None:
+                    stats[result.name] = result
         return Summary(
             adapter=self.adapter.name, adapter_source=self.adapter.source, transformer=self.plan.transformer_class,
             pipeline=self._pipeline_class, spec=self.spec.to_dict(), hooks=rows, generations=self._clock.generations,
@@ -452,15 +442,15 @@ class Handle:
         )
 
 
-def build_plan(target: Any, spec: Spec | None = None, adapter: AdapterSpec | None = None) -> Plan:
-    """The plan `enable(target, spec)` would attach, as data. Attaches nothing."""
+def plan_for(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Plan:
+    """The plan `enable_with(target, spec, adapter, features)` would attach, as data. Attaches nothing."""
     pipeline, transformer = _split_target(target)
-    return _plan(pipeline, transformer, spec if spec is not None else Spec(), adapter)
+    return _plan(pipeline, transformer, spec, adapter, features)
 
 
 def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapter: AdapterSpec | None,
-          scheduler_owner: bool = True) -> Plan:
-    if not isinstance(spec, Spec):
+          features: FeatureTable, scheduler_owner: bool = True) -> Plan:
+    if not isinstance(spec, features.spec_type):
         raise SpecError(f"hookkit.enable.spec: expected a hookkit.Spec or None, got {spec!r}.")
     if adapter is None:
         adapter = resolve_adapter(transformer)
@@ -468,26 +458,25 @@ def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapte
         adapter.check(transformer)
     else:
         raise AdapterError(f"hookkit.enable.adapter: expected a hookkit.AdapterSpec or None, got {adapter!r}.")
-    ctx = PlanContext(spec=spec, adapter=adapter, transformer=transformer, pipeline=pipeline,
-                      scheduler_owner=scheduler_owner)
-    attachments: list[Attachment] = []
-    claimed: set[str] = set()
-    for feature in features():
-        if feature.enabled(spec):
-            claimed.update(getattr(feature, "fields", ()))
-            attachments.extend(feature.plan(ctx))
-    requested = {k for k, v in spec.to_dict().items() if v not in (None, False)}
-    if requested - claimed:
+    missing = [name for name in attrs.fields_dict(type(spec)) if requested(spec, name) and name not in features]
+    if missing:
         raise UnsupportedError(
-            f"Spec.{sorted(requested - claimed)[0]}: no installed hookkit feature implements it in this version. "
+            f"Spec.{missing[0]}: no installed hookkit feature implements it in this version. "
             "Leave it unset or upgrade hookkit."
         )
+    compat.check(spec, adapter)
+    ctx = PlanContext(spec=spec, adapter=adapter, transformer=transformer, pipeline=pipeline,
+                      scheduler_owner=scheduler_owner)
+    attachments: list[Attachment] = list(_CORE.plan(ctx))
+    for name, feature in features.items():
+        if requested(spec, name):
+            attachments.extend(feature.plan(ctx))
     return Plan(adapter=adapter, spec=spec, transformer_class=type(transformer).__name__,
                 has_pipeline=pipeline is not None, attachments=tuple(attachments))
 
 
-def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None = None) -> Handle:
-    """Attach hookkit to a diffusers pipeline or a bare transformer. All or nothing; twice raises."""
+def enable_with(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
+    """Attach `features` as `spec` says to a pipeline or a bare transformer. All or nothing; twice raises."""
     pipeline, transformer = _split_target(target)
     if handle_of(transformer) is not None:
         raise EnableError(
@@ -499,18 +488,17 @@ def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None
             f"hookkit is already enabled on this {type(pipeline).__name__} (on the transformer it had then: "
             "pipe.transformer was replaced since); call hookkit.disable(pipe) first, then enable again."
         )
-    spec = spec if spec is not None else Spec()
     if pipeline is None:
-        plan = _plan(pipeline, transformer, spec, adapter)
-        handle = Handle(plan, transformer, pipeline)
-        handle._attach({f.name: f for f in features()})
+        plan = _plan(pipeline, transformer, spec, adapter, features)
+        handle = Handle(plan, transformer, pipeline, features)
+        handle._attach()
         logger.info("hookkit enabled on {} with adapter {}: {} attachments", plan.transformer_class, plan.adapter.name,
                     len(plan.attachments))
         return handle
-    return _enable_pipeline(pipeline, spec, adapter)
+    return _enable_pipeline(pipeline, spec, adapter, features)
 
 
-def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None) -> Handle:
+def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
     """Every transformer of `pipeline` planned first (nothing attached while any plan can still fail), then
     attached in order; a failure detaches what the earlier ones attached."""
     components = transformer_components(pipeline)
@@ -529,23 +517,22 @@ def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None) -> 
     plans: list[tuple[str, torch.nn.Module, Plan]] = []
     for index, (name, module) in enumerate(components):
         try:
-            plans.append((name, module, _plan(pipeline, module, spec, adapter, scheduler_owner=index == 0)))
+            plans.append((name, module, _plan(pipeline, module, spec, adapter, features, scheduler_owner=index == 0)))
         except HookkitError as exc:
             if len(components) > 1:  # say which transformer it cannot apply to, rather than apply to the others only
                 exc.add_note(f"hookkit: raised for {type(pipeline).__name__}.{name} ({type(module).__name__}), one "
                              f"of its {len(components)} transformers; nothing was attached to any of them.")
             raise
-    feature_map = {f.name: f for f in features()}
     name, module, plan = plans[0]
-    primary = Handle(plan, module, pipeline, component=name)
-    primary._attach(feature_map)
+    primary = Handle(plan, module, pipeline, features, component=name)
+    primary._attach()
     try:
         for name, module, plan in plans[1:]:
-            companion = Handle(plan, module, pipeline, component=name)
+            companion = Handle(plan, module, pipeline, features, component=name)
             companion.primary = primary
             companion._scheduler = primary._scheduler
             companion._clock.calls_per_step = None  # the pipeline's scheduler counts its steps
-            companion._attach(feature_map)  # rolls itself back if it fails
+            companion._attach()  # rolls itself back if it fails
             primary.companions.append(companion)
     except BaseException:
         primary.remove()

@@ -21,7 +21,7 @@ _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 def set_verbosity(level: str | None) -> None:
     """Log hookkit's attach/detach messages to stderr at `level` ("DEBUG", "INFO", ...); `None` silences it."""
     global _sink_id
-    from hookkit.errors import spec_error
+    from hookkit.errors import field_error
 
     if _sink_id is not None:
         logger.remove(_sink_id)
@@ -30,7 +30,7 @@ def set_verbosity(level: str | None) -> None:
         logger.disable("hookkit")
         return
     if not isinstance(level, str) or level.upper() not in _LEVELS:
-        raise spec_error("set_verbosity", "level", level, f"one of {_LEVELS} or None")
+        raise field_error("set_verbosity", "level", level, f"one of {_LEVELS} or None")
     _take_over_default_handler()
     logger.enable("hookkit")
     _sink_id = logger.add(

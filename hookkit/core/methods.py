@@ -16,9 +16,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from hookkit.core.removal import MISSING, Removal, restore_entry
 from hookkit.errors import HookError
 
-_MISSING = object()
 _MARK = "__hookkit_patch__"
 
 
@@ -42,7 +42,7 @@ class PatchedMethod:
         if twin is None:
             raise HookError(f"copy.deepcopy of hookkit's patched {type(self._obj).__name__}.{self._name} alone: "
                             "expected it copied with its object. Copy the object instead.")
-        if self._saved is _MISSING:  # what the copy would have had without hookkit: the class's method
+        if self._saved is MISSING:  # what the copy would have had without hookkit: the class's method
             return getattr(type(twin), self._name).__get__(twin, type(twin))
         return copy.deepcopy(self._saved, memo)
 
@@ -52,7 +52,7 @@ class PatchedMethod:
                         "hookkit.disable(...)), then pickle.")
 
 
-class MethodPatch:
+class MethodPatch(Removal):
     """Replace `obj.name` on the instance with `make_wrapper(original)`; undo with `remove()`."""
 
     def __init__(self, obj: Any, name: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -69,18 +69,11 @@ class MethodPatch:
             )
         self.obj: Any = obj
         self.name = name
-        self._saved = obj.__dict__.get(name, _MISSING)
+        self._saved = obj.__dict__.get(name, MISSING)
         self._wrapper = PatchedMethod(make_wrapper(original), original, obj, name, self._saved, owner)
         obj.__dict__[name] = self._wrapper
 
-    def remove(self) -> None:
+    def _undo(self) -> None:
         """Restore what was there, unless something replaced hookkit's patch since (then leave theirs alone)."""
-        if self.obj is None:
-            return
-        d = self.obj.__dict__
-        if d.get(self.name) is self._wrapper:
-            if self._saved is _MISSING:
-                d.pop(self.name, None)
-            else:
-                d[self.name] = self._saved
+        restore_entry(self.obj.__dict__, self.name, self._wrapper, self._saved)
         self.obj = None

@@ -7,18 +7,20 @@ any step fails, everything attached so far is removed in reverse order and the e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from hookkit.adapters import AdapterSpec
-from hookkit.errors import HookError
 from hookkit.core.registry import HookRegistry, ModelHook
-from hookkit.spec import Spec
+from hookkit.core.removal import Removable, Removal
+from hookkit.errors import HookError
 
 if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
+    from hookkit.adapters import AdapterSpec
+    from hookkit.spec import Spec
+
+__all__ = ["Attachment", "HookRemoval", "Plan", "PlanContext", "Removable", "add_hook", "flat_blocks", "module_at"]
 
 
 @attrs.frozen(kw_only=True)
@@ -48,10 +50,6 @@ class Plan:
         return [(a.target, a.name) for a in self.attachments if feature is None or a.feature == feature]
 
 
-class Removable(Protocol):
-    def remove(self) -> None: ...
-
-
 @attrs.frozen(kw_only=True)
 class PlanContext:
     """What a feature may look at while planning (read only)."""
@@ -66,28 +64,14 @@ class PlanContext:
     scheduler_owner: bool = True
 
 
-class Feature(Protocol):
-    """A technique's integration with `enable`: plan attachments as data, then attach each one."""
-
-    name: str
-
-    def enabled(self, spec: Spec) -> bool: ...
-
-    def plan(self, ctx: PlanContext) -> list[Attachment]: ...
-
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable: ...
-
-
-class HookRemoval:
+class HookRemoval(Removal):
     """Removes one named hook from one module; removing the last hook restores the module."""
 
     def __init__(self, module: torch.nn.Module, name: str) -> None:
         self.module: torch.nn.Module | None = module
         self.name = name
 
-    def remove(self) -> None:
-        if self.module is None:
-            return
+    def _undo(self) -> None:
         registry = HookRegistry.of(self.module, create=False)
         if registry is not None and self.name in registry:
             registry.remove(self.name)

@@ -1,24 +1,16 @@
 """The hook core: `ModelHook` and one ordered, named `HookRegistry` per module.
 
-How a hooked module runs
-------------------------
 The first hook on a module puts two entries into `module.__dict__`: `forward` (a wrapper that runs the
 chain) and `_hookkit_registry`. Removing the last hook deletes both, so the module is exactly as it was:
-`module.forward` is the class's again (or whatever instance `forward` it had before), nothing is left in
-`module.__dict__`, and no reference cycle keeps it alive. Nothing is ever set on a class.
-`copy.deepcopy` of a hooked module raises: the copy would run this module's hooks (remove them first).
+nothing is left in `module.__dict__`, no reference cycle keeps it alive, nothing is ever set on a class.
+`copy.deepcopy` and pickling of a hooked module raise (the copy would run this module's hooks).
 
-Hooks run in registry order, which is explicit data (`registry.names`): for hooks `[a, b]`,
-`a.pre_forward -> b.pre_forward -> forward -> b.post_forward -> a.post_forward`. `position=` on
-`register` inserts anywhere; `remove(name)` takes a hook out of the middle of the chain.
-
-Compiled regions
-----------------
-`module.compile()` compiles `module._call_impl`, which calls `module.forward`: hooks registered on that
-module are *traced into the graph* (a `.clone()` there is compiled away; a Python side effect becomes a
-guard or a graph break). Hooks on a module compiled with `registry.set_inner(torch.compile(forward))` —
-what `hookkit.Compile` does — run *outside* the compiled region, in eager Python, around it. hookkit
-compiles that way so that decisions (caching) and copies (CUDA-graph safety) stay outside the graph.
+Hooks run in registry order (`registry.names`): for hooks `[a, b]`, `a.pre_forward -> b.pre_forward ->
+forward -> b.post_forward -> a.post_forward`; `position=` inserts anywhere, `remove(name)` takes a hook out
+of the middle. `set_inner(fn)` replaces the callable at the centre of the chain: `hookkit.Compile` installs
+`torch.compile(forward)` there, so hooks run *outside* the compiled region, in eager Python, and decisions
+(caching) and copies (CUDA-graph safety) are never traced into a graph. (`module.compile()` would trace the
+hooks into the graph instead: a `.clone()` there is compiled away.)
 """
 
 from __future__ import annotations
@@ -29,10 +21,10 @@ from typing import Any
 
 import torch
 
+from hookkit.core.removal import MISSING, restore_entry
 from hookkit.errors import HookError
 
 _REGISTRY_ATTR = "_hookkit_registry"
-_MISSING = object()
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -46,7 +38,6 @@ class ModelHook:
     - `new_forward(module, call_next, args, kwargs) -> output`: only when `replaces_forward = True`;
       decides whether and how to run the rest of the chain (`call_next(*args, **kwargs)`), so a hook
       can skip a block and return a cached result.
-    - `reset()`: clears per-call state; called at the start of every pipeline call.
     - `on_attach(module)` / `on_detach(module)`: called once when registered / removed.
     """
 
@@ -67,9 +58,6 @@ class ModelHook:
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         return call_next(*args, **kwargs)
 
-    def reset(self) -> None:
-        """Clear per-call state. Stateless hooks need not override it."""
-
 
 class HookRegistry:
     """The ordered, named hooks of one module. Get it with `HookRegistry.of(module)`."""
@@ -78,7 +66,7 @@ class HookRegistry:
         self._module = module
         self._hooks: dict[str, ModelHook] = {}
         self._chain: tuple[ModelHook, ...] = ()
-        self._saved_forward = module.__dict__.get("forward", _MISSING)
+        self._saved_forward = module.__dict__.get("forward", MISSING)
         self._original_forward: Callable[..., Any] = module.forward
         self._inner: Callable[..., Any] = self._original_forward
         self._wrapper: Callable[..., Any] | None = None
@@ -119,7 +107,7 @@ class HookRegistry:
         try:
             if not isinstance(hook, ModelHook):
                 raise HookError(
-                    f"register({name!r}): expected a hookkit.core.feature.ModelHook, got {type(hook).__name__}. "
+                    f"register({name!r}): expected a hookkit.core.registry.ModelHook, got {type(hook).__name__}. "
                     "Subclass ModelHook and override pre_forward/post_forward/new_forward."
                 )
             if name in self._hooks:
@@ -171,10 +159,6 @@ class HookRegistry:
     def original_forward(self) -> Callable[..., Any]:
         """The forward that was in place before hookkit (bound method of the class, usually)."""
         return self._original_forward
-
-    def reset(self) -> None:
-        for hook in self._chain:
-            hook.reset()
 
     def _set_hooks(self, hooks: dict[str, ModelHook]) -> None:
         self._hooks = hooks
@@ -252,12 +236,7 @@ class HookRegistry:
         is left as it is.
         """
         d = self._module.__dict__
-        ours = d.get("forward") is self._wrapper
-        if ours:
-            if self._saved_forward is _MISSING:
-                d.pop("forward", None)
-            else:
-                d["forward"] = self._saved_forward
+        if restore_entry(d, "forward", self._wrapper, self._saved_forward):
             # Nobody else holds the wrapper: drop every reference to the module so nothing here keeps it alive
             # (a `module.forward` captured while enabled and called now gets a clear error).
             self._original_forward = self._inner = _dead_forward

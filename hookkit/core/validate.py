@@ -1,6 +1,6 @@
 """attrs validators shared by every spec and adapter schema: one message shape everywhere.
 
-Each raises `hookkit.errors.SpecError` as `Owner.field: expected ..., got ....` (see `errors.spec_error`),
+Each raises `hookkit.errors.SpecError` as `Owner.field: expected ..., got ....` (see `errors.field_error`),
 so a bad value names where it is, what was allowed and what came.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from hookkit.errors import spec_error
+from hookkit.errors import field_error
 
 def owner(inst: Any) -> str:
     return type(inst).__name__
@@ -22,9 +22,9 @@ def int_field(minimum: int, maximum: int | None = None) -> Callable[[Any, attrs.
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         bound = f"an int >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
         if value < minimum or (maximum is not None and value > maximum):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
 
     return check
 
@@ -35,9 +35,9 @@ def float_field(minimum: float, allow_none: bool = False, strict: bool = False) 
         if value is None and allow_none:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
         if value < minimum or (strict and value == minimum) or value != value:
-            raise spec_error(owner(inst), attr.name, value, bound)
+            raise field_error(owner(inst), attr.name, value, bound)
 
     return check
 
@@ -46,19 +46,19 @@ def choice(*allowed: Any) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         # `0 == False` and `1 == True`: an int must not pass for a bool choice, nor a bool for an int one
         if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
-            raise spec_error(owner(inst), attr.name, value, f"one of {allowed}")
+            raise field_error(owner(inst), attr.name, value, f"one of {allowed}")
 
     return check
 
 
 def boolean(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
-        raise spec_error(owner(inst), attr.name, value, "True or False")
+        raise field_error(owner(inst), attr.name, value, "True or False")
 
 
 def str_tuple(inst: Any, attr: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
-        raise spec_error(owner(inst), attr.name, value, "a list of non-empty strings")
+        raise field_error(owner(inst), attr.name, value, "a list of non-empty strings")
 
 
 def to_tuple(value: Any) -> Any:
@@ -69,7 +69,7 @@ def to_tuple(value: Any) -> Any:
 def instance_of(cls: type | tuple[type, ...], what: str) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         if value is not None and not isinstance(value, cls):
-            raise spec_error(owner(inst), attr.name, value, f"{what} or None")
+            raise field_error(owner(inst), attr.name, value, f"{what} or None")
 
     return check
 

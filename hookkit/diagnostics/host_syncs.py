@@ -1,25 +1,18 @@
 """Find the host syncs of a denoising loop: how many, in which step, and where (file:line).
 
-`profile_syncs(pipe, **call_kwargs)` runs the pipeline once with `torch.cuda.set_sync_debug_mode("warn")`
-on for the denoising steps after the first `skip_first_steps` (the one-off setup copies of step 0 are not
-what a sync-free loop is about). hookkit's clock switches it: on after step `skip_first_steps - 1`'s
-`scheduler.step`, off after the last step's (off also before and after those, whatever mode the caller had set;
-it is restored at the end). Each "called a synchronizing CUDA operation" warning is caught
-with its Python stack and attributed to the first frame outside torch (and outside any torch-function
-mode's pass-through), then counted per step and per place, like seed 003's table:
+`profile_syncs(pipe, **call_kwargs)` runs the pipeline once with `torch.cuda.set_sync_debug_mode("warn")` on
+for the denoising steps after the first `skip_first_steps` (one-off setup copies are not what a sync-free
+loop is about); a scheduler listener switches it at `scheduler.step`, and the caller's mode is restored at
+the end. Each "called a synchronizing CUDA operation" warning is attributed to the first frame outside torch
+and counted per step and per place (`SyncReport`, a table of count, file:line, function and code).
 
-    | count | where                             | function | code                                |
-    | 39    | scheduling_ddim_cogvideox.py:392  | step     | alpha_prod_t_prev = self.alphas_... |
+Step k runs from the end of step k-1's `scheduler.step` to the end of step k's. GPU only; the bookkeeping
+(`SyncRecorder`: warning capture -> attribution -> aggregation) runs anywhere, which is what the CPU tests
+feed with synthetic warnings. `hookkit.diagnostics.testing.assert_no_host_sync` asserts on it.
 
-Step k is from the end of step k-1's `scheduler.step` to the end of step k's. GPU only; the bookkeeping
-(`SyncRecorder`: warning capture -> attribution -> aggregation -> `SyncReport`) runs anywhere and is what
-the CPU tests feed with synthetic warnings and stacks. `hookkit.diagnostics.testing.assert_no_host_sync` asserts on it.
-
-The debug mode sees what PyTorch routes through its sync check (`memcpy_and_sync`, `stream_synchronize`):
-`.item()`, `.cpu()`/`.tolist()` of device tensors, `nonzero`, `bool()` of a device tensor, indexing with a
-device tensor that must be read, pageable host-to-device copies (`torch.tensor(list, device="cuda")`). It
-does not see `torch.cuda.synchronize()` or event waits; PyTorch calls the feature a prototype that "does not
-yet detect all synchronizing operations".
+The debug mode sees what PyTorch routes through its sync check: `.item()`, `.cpu()`/`.tolist()` of device
+tensors, `nonzero`, `bool()` of a device tensor, pageable host-to-device copies. It does not see
+`torch.cuda.synchronize()` or event waits (PyTorch calls the feature a prototype).
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ import attrs
 import torch
 
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.core.handle import SchedulerListener
+from hookkit.core.listeners import SchedulerListener
 from hookkit.core.summary import table
 
 if TYPE_CHECKING:
@@ -218,7 +211,8 @@ class _ProfileListener(SchedulerListener):
 def _profile(pipe: Any, skip_first_steps: int, call_kwargs: dict[str, Any],
              set_mode: Callable[[Any], None], get_mode: Callable[[], Any]) -> SyncReport:
     """`profile_syncs` with the debug-mode switch injected (the CPU tests pass a fake one)."""
-    from hookkit.core.handle import enable, handle_of
+    from hookkit.core.handle import handle_of
+    from hookkit.features import enable
     from hookkit.spec import Spec
 
     if isinstance(skip_first_steps, bool) or not isinstance(skip_first_steps, int) or skip_first_steps < 0:

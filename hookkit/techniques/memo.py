@@ -1,47 +1,22 @@
 """Memoized index tensors: build small host-data tensors once, not at every denoising step.
 
-Why: some transformers build index tensors from Python lists in their prologue at every call. Qwen-Image
-with `zero_cond_t=True` runs
+Why: some transformers build index tensors from Python lists in their prologue at every call (Qwen-Image's
+`modulate_index = torch.tensor([...], device=...)`). On a CUDA device each is a pageable host-to-device
+copy: the CPU waits until the GPU has drained its queue. The values depend only on the call's shapes.
 
-    modulate_index = torch.tensor([[0] * n0 + [1] * n1 for ...], device=timestep.device, dtype=torch.int)
+How: `MemoMode`, a `TorchFunctionMode`, answers `torch.tensor`/`torch.as_tensor` calls whose data are plain
+Python (keyed by value, scalar types and float bits, dtype and device) from a `MemoTable`, only in the scope
+the adapter names (`memo_scope = "prologue"`: from the transformer's entry to its first block), so blocks
+run with no mode on the stack. Factories that launch a kernel (`arange`, `zeros`) are left alone.
 
-every step, and `compute_text_seq_len_from_mask` runs `torch.as_tensor(text_seq_len, device=...)`. With a
-CUDA device each is a pageable host-to-device copy: the CPU waits until the GPU has drained its queue
-(seed 004). The values depend only on the call's shapes, so the second step onwards can reuse the first
-step's tensor.
+Contract: a memoized tensor is shared by every call asking for the same value; an in-place change or
+`requires_grad_()` is detected (version counter) and the entry rebuilt. Entries are built outside inference
+mode and never evicted while the handle lives (a captured CUDA graph reads their memory at every replay);
+past `MAX_ENTRIES` values, new ones are built normally. With `Compile(regional=False)` the prologue itself is
+compiled and memo attaches nothing (`hookkit.core.compat`).
 
-How: `MemoMode`, a `TorchFunctionMode`, memoizes `torch.tensor` and `torch.as_tensor` calls whose data
-are plain Python (int, float, bool and nested lists/tuples of them), keyed by value (with each scalar's
-type and a float's exact bits), dtype (or the default dtype it would infer) and device. It is active only
-in the scope the adapter names: `memo_scope = "prologue"` is from the transformer's entry to its first
-block call. A hook on the transformer pushes the mode (and pops it on exit, also on an exception, if no
-block ran); a hook on the first block pops it. Blocks therefore run with no mode on the stack: the
-interception costs nothing where the work is. `torch.arange`/`full`/`zeros` are not memoized: they launch
-a kernel and never wait for the host, so memoizing them would save a launch and share more tensors.
-
-Contract: a memoized tensor is shared by every call that asks for the same value. Callers must not
-modify it in place. An in-place change is detected (the tensor's version counter moves), as is
-`requires_grad_()`, and the entry is rebuilt at the next lookup, but a caller that still holds the tensor
-sees the change. Stored tensors are built outside inference mode, even under `torch.inference_mode()`:
-inference tensors have no version counter (the check would be blind there), and one memoized in inference
-mode would raise "Inference tensors cannot be saved for backward" when a later call runs with autograd.
-Used inside inference mode they behave as stock (results are inference tensors). The table lives in
-`handle.resources` and stays valid across pipeline calls because it is keyed by value. Entries are never
-evicted while the handle lives: a CUDA graph captured over the prologue (whole-transformer graphs) reads
-the memoized tensor's memory at every replay, so freeing it would be silent corruption. Past
-`MAX_ENTRIES` distinct values, new ones are built normally and not stored.
-
-Compilation: under hookkit's `Compile` the hooks run outside the compiled regions, so blocks compiled
-regionally are fine. With `Compile(regional=False)` the prologue itself is compiled (its constants are baked
-into the graph), so memo attaches nothing. If the first block was compiled by other means
-(`Module.compile()`, e.g. diffusers' `compile_repeated_blocks`), the closing hook would be traced into its
-graph; memo then stands aside for that call.
-
-    from hookkit.techniques.memo import apply_memo
-    memo = apply_memo(pipe.transformer)     # or hookkit.enable(pipe, hookkit.Spec(memo=True))
-    pipe(...)
-    print(memo.table.stats())               # hits, misses, ...
-    memo.remove()
+    memo = apply_memo(pipe.transformer)     # standalone; or hookkit.enable(pipe, hookkit.Spec(memo=True))
+    pipe(...); print(memo.table.stats()); memo.remove()
 """
 
 from __future__ import annotations
@@ -56,22 +31,18 @@ import torch
 from loguru import logger
 from torch.overrides import TorchFunctionMode
 
-from hookkit.errors import AdapterError, HookError
+from hookkit.core import compat
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.modes import ModeScope
+from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
-from hookkit.core.plan import (
-    Attachment,
-    PlanContext,
-    Removable,
-    add_hook,
-    flat_blocks,
-    module_at,
-)
-from hookkit.spec import Spec
+from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
+from hookkit.errors import AdapterError, HookError
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.core.handle import Handle
+    from hookkit.spec import Spec
 
 NAME = "memo"
 PROLOGUE_HOOK = "hookkit.memo.prologue"
@@ -81,35 +52,7 @@ MAX_ENTRIES = 1024
 #: the factories memoized: both copy host data to the device
 FACTORIES: frozenset[Callable[..., Any]] = frozenset({torch.tensor, torch.as_tensor})
 
-__all__ = ["FEATURE", "MemoMode", "MemoTable", "ModeScope", "apply_memo", "freeze", "push_mode", "remove_mode"]
-
-
-# --- the mode stack ----------------------------------------------------------------------------------------
-
-
-def push_mode(mode: TorchFunctionMode) -> None:
-    """Push `mode` on this thread's torch-function mode stack (what `with mode:` does on entry)."""
-    mode.__enter__()
-
-
-def remove_mode(mode: TorchFunctionMode) -> bool:
-    """Take `mode` off the stack wherever it is, leaving the others in order. False if it was not there.
-
-    Normally `mode` is on top and this is one pop. If code pushed another mode above it and did not pop it
-    (it raised), the modes above are popped, `mode` is dropped, and they are pushed back.
-    """
-    stack = torch.overrides._get_current_function_mode_stack()
-    if not any(m is mode for m in stack):
-        return False
-    above: list[TorchFunctionMode] = []
-    while True:
-        top = torch.overrides._pop_mode()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch.overrides._push_mode(m)
-    return True
+__all__ = ["FEATURE", "MemoHandle", "MemoMode", "MemoTable", "apply_memo", "freeze"]
 
 
 # --- keys ------------------------------------------------------------------------------------------------------
@@ -249,30 +192,6 @@ class MemoMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class ModeScope:
-    """Pushes and removes one mode, at most once at a time: a scope whose ends are hooks, not a `with` block.
-
-    `close()` is safe to call any number of times and takes the mode off the stack wherever it is.
-    """
-
-    def __init__(self, mode: TorchFunctionMode) -> None:
-        self.mode = mode
-        self.active = False
-
-    def open(self) -> bool:
-        """Push the mode unless it is already on; True if this call pushed it."""
-        if self.active:
-            return False
-        push_mode(self.mode)
-        self.active = True
-        return True
-
-    def close(self) -> None:
-        if self.active:
-            self.active = False
-            remove_mode(self.mode)
-
-
 # --- hooks -------------------------------------------------------------------------------------------------
 
 
@@ -333,7 +252,7 @@ class MemoHandle:
 def _first_block_path(adapter: AdapterSpec, transformer: torch.nn.Module) -> str:
     blocks = flat_blocks(adapter, transformer)
     if not blocks:
-        raise AdapterError(f"adapter {adapter.name!r}: field 'blocks' expected at least one block in "
+        raise AdapterError(f"adapter {adapter.name!r}.blocks: expected at least one block in "
                            f"{type(transformer).__name__}, got none (memo ends its scope at the first block). "
                            "Declare the transformer's block lists in the adapter's `blocks`, or leave memo off.")
     return blocks[0][0]
@@ -370,19 +289,14 @@ def _inactive_reason(spec: Spec, adapter: AdapterSpec) -> str | None:
     """Why memo attaches nothing for this spec and adapter, or None when it attaches."""
     if adapter.memo_scope == "none":
         return f"adapter {adapter.name!r} declares memo_scope='none' (no per-step host-data tensors known)"
-    if spec.compile is not None and not spec.compile.regional:
-        return "Compile(regional=False) compiles the prologue itself (its constants are baked into the graph)"
-    return None
+    return compat.inactive_reason(NAME, spec, adapter)
 
 
-class _MemoFeature:
+class _MemoFeature(BaseFeature):
     """Plugs memoization into `hookkit.enable`: `Spec.memo`, scoped by the adapter's `memo_scope`."""
 
     name = NAME
-    fields = ("memo",)
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.memo
+    spec_class = bool
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         if _inactive_reason(ctx.spec, ctx.adapter) is not None:
@@ -391,26 +305,26 @@ class _MemoFeature:
         return [Attachment(feature=NAME, target="", name=PROLOGUE_HOOK, params=(("first_block", path),)),
                 Attachment(feature=NAME, target=path, name=FIRST_BLOCK_HOOK)]
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
-        scope: ModeScope | None = handle.resources.get(NAME)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        scope: ModeScope | None = ctx.kept()
         if scope is None:
-            scope = handle.resources[NAME] = ModeScope(MemoMode(MemoTable()))
+            scope = ctx.keep(ModeScope(MemoMode(MemoTable())))
             logger.info("memo: torch.tensor/as_tensor with plain Python data memoized in the {} prologue",
-                        handle.plan.transformer_class)
+                        ctx.plan.transformer_class)
         if attachment.name == PROLOGUE_HOOK:
-            first_block = module_at(handle.transformer, attachment.param("first_block"))
-            return add_hook(handle.transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))
-        return add_hook(module_at(handle.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
+            first_block = module_at(ctx.transformer, attachment.param("first_block"))
+            return add_hook(ctx.transformer, PROLOGUE_HOOK, MemoPrologueHook(scope, first_block))
+        return add_hook(module_at(ctx.transformer, attachment.target), FIRST_BLOCK_HOOK, MemoFirstBlockHook(scope),
                         position=0)
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        scope: ModeScope | None = handle.resources.get(NAME)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        scope: ModeScope | None = ctx.kept()
         if scope is None:
-            reason = _inactive_reason(handle.spec, handle.adapter) or "nothing attached"
-            data: dict[str, Any] = {"scope": handle.adapter.memo_scope, "attached": False, "reason": reason}
+            reason = _inactive_reason(ctx.spec, ctx.adapter) or "nothing attached"
+            data: dict[str, Any] = {"scope": ctx.adapter.memo_scope, "attached": False, "reason": reason}
             return FeatureSummary(name=NAME, data=data, text=f"{reason}: nothing attached")
         stats = scope.mode.table.stats()
-        data = {"scope": handle.adapter.memo_scope, "attached": True, **stats}
+        data = {"scope": ctx.adapter.memo_scope, "attached": True, **stats}
         text = table(["scope", "hits", "misses", "rebuilt", "not memoizable", "table full", "entries"],
                      [[data["scope"], stats["hits"], stats["misses"], stats["rebuilt"], stats["passed"], stats["overflow"],
                        stats["entries"]]])

@@ -1,70 +1,49 @@
 """Sync-free denoising loop: the scheduler reads its schedule from the host, not back from the GPU.
 
-Why: a pipeline iterates `scheduler.timesteps`, which lives on the GPU, and hands each `t` back to the
-scheduler. Wherever the scheduler (or the pipeline) turns that `t` into a host value, the CPU waits until the
-GPU has drained its queue. CogVideoX with its DDIM scheduler does it four times a step: 79 stalls in 20 steps
-(seed 003). No pipeline or scheduler is edited here; three patches, each exact:
+Why: a pipeline iterates `scheduler.timesteps` on the GPU and hands each `t` back to the scheduler; wherever
+that `t` becomes a host value, the CPU waits for the GPU to drain its queue (CogVideoX's DDIM loop does it
+four times a step). Three exact patches, no pipeline or scheduler edited:
 
-1. Step-index search. A scheduler whose begin index is not set finds its step index by value
-   (`_init_step_index` -> `index_for_timestep`: `(timesteps == t).nonzero()` ... `.item()`), on the device.
-   hookkit runs the scheduler's own `index_for_timestep` on host tensors instead, hands the result to
-   `_init_step_index` as the begin index and clears it again: the same step index, the same scheduler state
-   afterwards, no device read. Unlike a blanket `set_begin_index(0)`, this is also right for a pipeline that
-   starts mid-schedule without telling the scheduler, and keeps the "second match" rule for repeated values.
-2. CPU tables. Schedulers that index CPU tables (`alphas_cumprod[timestep]`) in `step()`
-   (`CPU_TABLE_SCHEDULERS`) get, during `step()`, the host view of each timestep argument and of
-   `scheduler.timesteps`. Same values, so the same table entries; nothing is copied back from the GPU.
-3. Pipeline reads of `t`. Between the transformer's exit and `scheduler.step` (where CogVideoX's dynamic
-   CFG calls `t.item()`), a `TorchFunctionMode` answers `t.item()`, `float(t)`, `int(t)` and `t.tolist()`
-   from the host copy. Outside that window nothing is intercepted.
+1. Step-index search: the scheduler's own `index_for_timestep` runs on host tensors and its result is
+   handed to `_init_step_index` as the begin index (and cleared again): the same step index, no device read.
+2. CPU tables (`CPU_TABLE_SCHEDULERS`): during `step()` the timestep arguments and `scheduler.timesteps` are
+   their host views, so `alphas_cumprod[timestep]` needs no device read.
+3. Pipeline reads of `t` between the transformer's exit and `scheduler.step`: a `TorchFunctionMode` answers
+   `t.item()`, `float(t)`, `int(t)`, `t.tolist()` from the host copy.
 
-How a device timestep is mapped without reading the device: at `set_timesteps` hookkit records
-`scheduler.timesteps` (and keeps it alive). Every timestep a pipeline iterates is a view of that tensor's
-storage (`for t in timesteps`, `timesteps[i - 1]`, `timesteps[t_start:]`). `HostSchedule.map(t)` accepts `t`
-only if it is such a view (same storage, dtype, device) and the storage is unmodified since (version
-counter), and returns the same view (size, stride, offset) of a host copy of the storage, read from the
-device once per call. Anything else (a tensor computed from a timestep, a Python number) is left alone,
-which is stock behaviour. On a CPU pipeline there is nothing to save; the mapping still runs (that is what
-the CPU tests check).
+A device timestep is mapped only if it is a view of the recorded schedule's storage, unmodified since
+(`HostSchedule`), and becomes the same view of a host copy read once per call; anything else is left alone
+(stock behaviour). On a CPU pipeline the same mapping runs, which is what the CPU tests check.
 
-Reading the schedule costs one device read per call: right after `set_timesteps`, before the loop, for the
-CPU-table schedulers (they need it every step); at first need otherwise. Limits: the window of (3) covers
-the code between the transformer and `scheduler.step` only; a read elsewhere in the loop (e.g. before the
-transformer call) is not mapped. An exception raised inside that window leaves a pass-through mode on the
-thread's mode stack until the next transformer call, `set_timesteps`, or removal.
-
-    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))   # or apply_sync_free(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(sync_free=True))
     video = pipe(prompt_embeds=..., use_dynamic_cfg=True).frames
-    print(handle.summary())
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from loguru import logger
 from torch.overrides import TorchFunctionMode
 
-from hookkit.errors import SpecError
-from hookkit.core.handle import SchedulerListener
-from hookkit.techniques.memo import ModeScope
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.listeners import SchedulerListener
 from hookkit.core.methods import MethodPatch
+from hookkit.core.modes import ModeScope
+from hookkit.core.plan import Attachment, PlanContext, add_hook
 from hookkit.core.registry import Args, Kwargs, ModelHook
-from hookkit.core.plan import Attachment, PlanContext, Removable, add_hook
-from hookkit.spec import Spec
+from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
+from hookkit.errors import SpecError
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
-
-NAME = "sync"
-LISTENER = "hookkit.sync.scheduler"
-STEP_INDEX = "hookkit.sync.step_index"
-READS_HOOK = "hookkit.sync.reads"
+NAME = "sync_free"
+LISTENER = "hookkit.sync_free.scheduler"
+STEP_INDEX = "hookkit.sync_free.step_index"
+READS_HOOK = "hookkit.sync_free.reads"
 
 #: Schedulers (exact class names) whose `step()` indexes CPU tables with the timestep it is given, or reads
 #: `self.timesteps` back to do so. The other diffusers schedulers index by step (sigmas on the device).
@@ -77,7 +56,7 @@ CPU_TABLE_SCHEDULERS: frozenset[str] = frozenset({
 #: Tensor methods that read a value to the host and are answered from the host copy in the read window.
 READS: frozenset[Any] = frozenset({torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.tolist})
 
-__all__ = ["CPU_TABLE_SCHEDULERS", "FEATURE", "HostSchedule", "apply_sync_free"]
+__all__ = ["CPU_TABLE_SCHEDULERS", "FEATURE", "HostSchedule"]
 
 
 def _version(tensor: torch.Tensor) -> int | None:
@@ -141,7 +120,7 @@ class SyncStats:
 
 @attrs.define
 class _CallSync:
-    """Per-call state (in `handle.state.features["sync"]`)."""
+    """Per-call state (in `CallState.features["sync_free"]`)."""
 
     schedule: HostSchedule | None = None
     #: (device schedule, host view) while `step()` runs with the host schedule
@@ -169,15 +148,15 @@ class TimestepReadMode(TorchFunctionMode):
 class SyncListener(SchedulerListener):
     """The scheduler side: records the schedule, maps `step()` arguments, answers step-index searches."""
 
-    def __init__(self, handle: Handle, cpu_tables: bool) -> None:
-        self.handle = handle
+    def __init__(self, ctx: AttachContext, cpu_tables: bool) -> None:
+        self.ctx = ctx
         self.cpu_tables = cpu_tables
         self.stats = SyncStats()
         self.window = ModeScope(TimestepReadMode(self._map, self._count_read))
 
     # -- per call ---------------------------------------------------------------------------------------
     def _call(self) -> _CallSync:
-        return self.handle.state.feature(NAME, _CallSync)
+        return self.ctx.state.feature(NAME, _CallSync)
 
     def _map(self, value: Any) -> torch.Tensor | None:
         schedule = self._call().schedule
@@ -191,7 +170,7 @@ class SyncListener(SchedulerListener):
 
     def in_loop(self) -> bool:
         """True between `set_timesteps` and the last `step()` of a pipeline call with a recorded schedule."""
-        state = self.handle.state
+        state = self.ctx.state
         call: _CallSync | None = state.features.get(NAME)
         return (call is not None and call.schedule is not None and state.num_steps is not None
                 and state.step < state.num_steps)
@@ -238,7 +217,7 @@ class SyncListener(SchedulerListener):
         return args, kwargs
 
     def after_step(self, scheduler: Any) -> None:
-        call: _CallSync | None = self.handle.state.features.get(NAME)
+        call: _CallSync | None = self.ctx.state.features.get(NAME)
         if call is not None and call.swapped is not None:
             device_schedule, host_schedule = call.swapped
             call.swapped = None
@@ -299,31 +278,14 @@ class SyncReadsHook(ModelHook):
         self.listener.window.close()
 
 
-class _ListenerRemoval:
-    def __init__(self, handle: Handle, listener: SyncListener) -> None:
-        self.handle: Handle | None = handle
-        self.listener = listener
-
-    def remove(self) -> None:
-        if self.handle is None:
-            return
-        self.listener.window.close()
-        if self.listener in self.handle.scheduler_listeners:
-            self.handle.scheduler_listeners.remove(self.listener)
-        self.handle = None
-
-
 # --- feature ---------------------------------------------------------------------------------------------------
 
 
-class _SyncFeature:
+class _SyncFreeFeature(BaseFeature):
     """Plugs the sync-free loop into `hookkit.enable`: `Spec.sync_free`."""
 
     name = NAME
-    fields = ("sync_free",)
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.sync_free
+    spec_class = bool
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         scheduler = getattr(ctx.pipeline, "scheduler", None) if ctx.pipeline is not None else None
@@ -343,17 +305,18 @@ class _SyncFeature:
         out.append(Attachment(feature=NAME, target="", name=READS_HOOK))
         return out
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         if attachment.name == LISTENER:
-            listener = handle.resources[NAME] = SyncListener(handle, cpu_tables=attachment.param("cpu_tables", False))
-            handle.scheduler_listeners.append(listener)
-            logger.info("sync: {} (CPU tables mapped: {})", type(handle.pipeline.scheduler).__name__, listener.cpu_tables)
-            return _ListenerRemoval(handle, listener)
-        listener = handle.resources.get(NAME) or handle.primary.resources[NAME]
+            listener = ctx.keep(SyncListener(ctx, cpu_tables=attachment.param("cpu_tables", False)))
+            logger.info("sync_free: {} (CPU tables mapped: {})", type(ctx.pipeline.scheduler).__name__,
+                        listener.cpu_tables)
+            return _SyncListenerRemoval(ctx.add_listener(listener), listener)
+        # a pipeline's second transformer uses the listener of the first (which patched the scheduler)
+        listener = ctx.kept() or ctx.owner_kept()
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
-            return add_hook(handle.transformer, READS_HOOK, SyncReadsHook(listener), position=1)
-        scheduler = handle.pipeline.scheduler
+            return add_hook(ctx.transformer, READS_HOOK, SyncReadsHook(listener), position=1)
+        scheduler = ctx.pipeline.scheduler
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def _init_step_index(timestep: Any, *args: Any, **kwargs: Any) -> Any:
@@ -369,13 +332,13 @@ class _SyncFeature:
 
         return MethodPatch(scheduler, "_init_step_index", make)
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        listener: SyncListener | None = handle.resources.get(NAME)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        listener: SyncListener | None = ctx.kept()
         if listener is None:
             return None
         stats = attrs.asdict(listener.stats)
-        data = {"scheduler": type(handle.pipeline.scheduler).__name__, "cpu_tables": listener.cpu_tables,
-                "step_index_search": any(a.name == STEP_INDEX for a in handle.plan.attachments), **stats}
+        data = {"scheduler": type(ctx.pipeline.scheduler).__name__, "cpu_tables": listener.cpu_tables,
+                "step_index_search": any(a.name == STEP_INDEX for a in ctx.attachments()), **stats}
         text = table(
             ["scheduler", "CPU tables", "schedule reads", "args mapped", "steps on host schedule", "step index on host",
              "t reads on host"],
@@ -385,15 +348,16 @@ class _SyncFeature:
         return FeatureSummary(name=NAME, data=data, text=text)
 
 
-FEATURE = _SyncFeature()
+class _SyncListenerRemoval:
+    """Closes the read window, then takes the listener out of the scheduler patches."""
+
+    def __init__(self, removal: Removable, listener: SyncListener) -> None:
+        self._removal = removal
+        self._listener = listener
+
+    def remove(self) -> None:
+        self._listener.window.close()
+        self._removal.remove()
 
 
-def apply_sync_free(pipe: Any) -> Handle:
-    """Make `pipe`'s denoising loop sync-free; returns the handle (`.remove()` undoes it).
-
-    Same as `hookkit.enable(pipe, hookkit.Spec(sync_free=True))`: the feature needs the per-call clock and the
-    scheduler patches that `enable` installs.
-    """
-    from hookkit.core.handle import enable
-
-    return enable(pipe, Spec(sync_free=True))
+FEATURE = _SyncFreeFeature()

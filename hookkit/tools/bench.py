@@ -44,10 +44,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def available_fields() -> frozenset[str]:
-    """`Spec` fields some installed technique implements (the modules listed in `hookkit.core.feature.TECHNIQUES`)."""
-    from hookkit.core.feature import registered_features
+    """`Spec` fields some installed technique implements (the keys of `hookkit.features.FEATURES`)."""
+    from hookkit.features import FEATURES
 
-    return frozenset(f for feature in registered_features() for f in getattr(feature, "fields", ()))
+    return frozenset(FEATURES)
 
 
 def tiny_models() -> tuple[str, ...]:
@@ -381,9 +381,12 @@ def psnr(reference: torch.Tensor, output: torch.Tensor, peak: float | None = Non
     mse = torch.mean((ref - out) ** 2).item()
     if peak is None:
         peak = (ref.max() - ref.min()).item() or 1.0
-    if mse == 0.0:
-        return math.inf
-    return 10.0 * math.log10(peak * peak / mse)
+    return psnr_from_mse(mse, peak)
+
+
+def psnr_from_mse(mse: float, peak: float = 1.0) -> float:
+    """PSNR in dB of a mean squared error against `peak`; `math.inf` when it is 0 (bitwise-equal outputs)."""
+    return math.inf if mse == 0 else 10.0 * math.log10(peak * peak / mse)
 
 
 # --- configurations --------------------------------------------------------------------------------------
@@ -788,7 +791,7 @@ def _status_line(row: dict[str, Any]) -> str:
 
 def cache_stats(features: dict[str, Any]) -> tuple[int, int] | None:
     """(cached, total) transformer steps from the DBCache summary data, summed over CFG branches."""
-    data = features.get("dbcache") or features.get("cache")
+    data = features.get("cache") or features.get("dbcache")  # "dbcache": result files written before 0.1
     if not isinstance(data, dict) or not isinstance(data.get("branches"), dict):
         return None
     cached = total = 0

@@ -205,7 +205,7 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
     if args.compile or args.cuda_graphs:
         compile_ = hookkit.Compile(regional=True, mode=args.compile_mode,
                                    cuda_graphs="transformer" if args.cuda_graphs else "none")
-    quantize = hookkit.Quantize(scheme=args.quant) if args.quant else None
+    quantize = hookkit.Quantize(scheme=args.quantize) if args.quantize else None
     return hookkit.Spec(cache=cache, quantize=quantize, compile=compile_, sync_free=args.sync_free, memo=args.memo)
 
 
@@ -238,7 +238,7 @@ def _feature_lines(summary: Any) -> list[str]:
     lines = []
     for name, feature in summary.features.items():
         data = feature.data
-        stats = bench.cache_stats({name: data}) if name in ("dbcache", "cache") else None
+        stats = bench.cache_stats({name: data}) if name == "cache" else None
         if stats is not None:
             cached = sorted({s for b in data["branches"].values() for s in b.get("cached", ())})
             lines.append(f"Cached Steps: {stats[0]} of {stats[1]} transformer steps"
@@ -251,7 +251,7 @@ def _feature_lines(summary: Any) -> list[str]:
         elif name == "memo" and "hits" in data:
             lines.append(f"Memoized Tensors: {data['hits']} hits, {data.get('misses', '?')} misses "
                          f"({data.get('scope', '?')} scope)")
-        elif name == "sync" and "host_reads" in data:
+        elif name == "sync_free" and "host_reads" in data:
             lines.append(f"Sync-free Loop: {data.get('scheduler', '?')}, timestep reads answered on the host: "
                          f"{data['host_reads']}, schedule copies: {data.get('host_copies', '?')}")
         elif name == "compile" and "regions" in data:
@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="regional torch.compile of the repeated blocks")
     p.add_argument("--compile-mode", default=None, choices=[m for m in COMPILE_MODES if m], help="torch.compile mode")
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
-    p.add_argument("--quant", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
+    p.add_argument("--quantize", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
     p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12, TaylorSeer order 1 unless set below)")
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",

@@ -10,14 +10,11 @@ reference:
 - PSNR and SSIM of the final images (in [0, 1]) against the reference images of the same class and seed;
 - the fraction of samples the shipped classifier still recognises as the class asked for.
 
-A configuration is a hookkit `Spec` (enabled with `hookkit.enable(pipe, spec)`, removed with
-`handle.remove()`) or a `setup(pipe) -> undo` callable for a peer method: diffusers' FirstBlockCache,
-cache-dit's DBCache (skipped, with the reason, when `cache_dit` does not import). Every configuration
-gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
+A configuration is a hookkit `Spec` or a `setup(pipe) -> undo` callable for a peer method (diffusers'
+FirstBlockCache; cache-dit's DBCache, skipped with the reason when `cache_dit` does not import). Every
+configuration gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
 
-    from hookkit.tools import quality
     report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
-    print(report.markdown())
     report.write("out/quality")          # quality.md, quality.json, quality.png
 
 or `python -m hookkit.tools.quality --out out/quality` (the function behind `hookkit bench --quality`).
@@ -40,7 +37,7 @@ import torch
 
 import hookkit
 from hookkit.diagnostics.plot import pyplot
-from hookkit.tools.bench import DTYPES, environment, resolve_device, timed
+from hookkit.tools.bench import DTYPES, environment, psnr_from_mse, resolve_device, timed
 from hookkit.errors import HookkitError, SpecError
 from hookkit.core.summary import table
 
@@ -54,7 +51,6 @@ __all__ = [
     "default_configs",
     "fbcache_config",
     "hookkit_config",
-    "psnr",
     "quality_main",
     "run_quality",
     "ssim",
@@ -106,11 +102,6 @@ def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, window: int 
 def mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean squared error per image (B,), in float64."""
     return (x.double() - y.double()).pow(2).mean(dim=tuple(range(1, x.ndim)))
-
-
-def psnr(mse_value: float, data_range: float = 1.0) -> float:
-    """PSNR in dB of a mean squared error; `math.inf` when it is 0 (bitwise-equal images)."""
-    return math.inf if mse_value == 0 else 10 * math.log10(data_range**2 / mse_value)
 
 
 # --- counting the blocks that ran ---------------------------------------------------------------------------
@@ -480,14 +471,14 @@ def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], lab
     pooled = sum(errors) / len(errors)
     identical = bool(torch.equal(images, ref_images))
     hits = [p == l for p, l in zip(predicted, labels)]
-    per_psnr = [psnr(e) for e in errors]
+    per_psnr = [psnr_from_mse(e) for e in errors]
     return QualityRow(
         name=config.name, family=config.family, kind=config.kind, description=config.description, x=config.x,
         status="ok", samples=len(labels), transformer_calls=result["transformer_calls"],
         cached_calls=result["cached_calls"], block_calls=result["block_calls"],
         block_speedup=ref["block_calls"] / result["block_calls"], reported_block_calls=result["reported_block_calls"],
         wall_s=result["seconds"], wall_speedup=ref["seconds"] / result["seconds"],
-        psnr_db=None if pooled == 0 else psnr(pooled), psnr_min_db=None if pooled == 0 else min(per_psnr),
+        psnr_db=None if pooled == 0 else psnr_from_mse(pooled), psnr_min_db=None if pooled == 0 else min(per_psnr),
         ssim=sum(ssims) / len(ssims), ssim_min=min(ssims), recognised=sum(hits) / len(hits), identical=identical,
         per_sample=dict(label=labels, predicted=predicted,
                         psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),

@@ -1,1 +1,1 @@
-"""techniques/cache"""
+"""DBCache residual caching: `spec.py` (the `DBCache` spec and step masks), `hooks.py` (hooks and `FEATURE`)."""

@@ -1,71 +1,24 @@
 """DBCache: skip the middle transformer blocks on steps where they would change little.
 
-The adapter's block lists, flattened in execution order, are split into three parts:
+The adapter's blocks, flattened in execution order, are split into Fn (the first `fn_blocks`, always run;
+their residual is the change detector), M (the middle blocks, skipped on cached steps) and Bn (the last
+`bn_blocks`, always run). On a computed step the middle blocks run and their residuals (output minus input,
+per stream) are stored; on a cached step every middle block returns its inputs untouched and the last one
+adds the stored residual (or, with `taylorseer_order`, its extrapolation). Which steps are cached is decided
+per CFG branch by the rules in `_CallState.rules`; all state is per pipeline call (`CallState.features`).
 
-    Fn = the first `fn_blocks` blocks      always run; their residual is the change detector
-    M  = the middle blocks                 run on computed steps, skipped on cached steps
-    Bn = the last `bn_blocks` blocks       always run (they refine the approximated hidden states)
+Host syncs: only a threshold decision reads the device, one `.item()` per step and branch; a static mask
+needs no read at all (and then no hook on block 0). Everything kept across steps is computed outside any
+compiled region, so outputs of compiled regions or CUDA graphs are never held across calls. Hooks run around
+the block's compiled callable (`HookRegistry.set_inner`), so a decision never becomes a graph break. Under
+whole-transformer CUDA graphs the cache provides `hookkit.core.graphs.GraphDecisions` (`GraphBridge`).
 
-On a computed step the middle blocks run and their residuals (output minus input, for the hidden stream and
-for the encoder stream where the blocks return it) are stored. On a cached step every middle block returns
-its inputs untouched without running (identity, in the block's own return order), and the last one adds
-the stored residual(s): hidden = Fn output + cached middle residual. With `taylorseer_order` 1 or 2 the
-residual is instead extrapolated from the last computed ones (Newton divided differences in step units).
-
-When a step is cached (per CFG branch, checked in this order; the first rule that applies decides):
-  1. no computed step yet in this branch            -> compute (nothing to reuse)
-  2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut to
-     the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
-  3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (limits and threshold are not
-     consulted); a 0 with "dynamic" goes on to the rules below
-  4. `max_cached_steps` cached steps already        -> compute
-  5. `max_continuous_cached_steps` cached in a row  -> compute (the run restarts at every computed step)
-  6. the diffs recorded so far sum to `max_accumulated_diff` -> compute (for the rest of the call)
-  7. threshold <= 0                                  -> compute
-  8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r (Fn output minus the input of block 0)
-     against r_ref, the Fn residual of this branch's last computed step: cache iff diff < threshold.
-
-Host syncs: only rule 8 reads the device, with exactly one `.item()` per step per branch (the diff is
-needed on the host to branch). Nothing else does: a static mask needs no device-to-host read at all, and
-then the Fn residual is not even computed (no hook on block 0). Everything this file keeps across steps
-(residuals, the Fn reference) is a fresh tensor computed outside any compiled region, so outputs of
-compiled regions or CUDA graphs are never held across calls.
-
-Regional compilation: the hooks run around the block's callable (`HookRegistry.set_inner`), never inside
-it, pass the block exactly the arguments the model gave, and add no Python scalars to its inputs: no graph
-break in a block and no recompilation from one step to the next.
-
-CFG: state is kept per `handle.state.branch` (0, 1 for pipelines that call the transformer twice per step,
-such as Qwen-Image with true_cfg_scale > 1 or Wan); batched CFG is one call, hence one branch. All state is
-per pipeline call, in `handle.state.feature("dbcache", ...)`: it starts empty at every call (on a bare
-transformer at every `with handle.generation():`; a transformer call outside any generation raises, and so does
-one after the generation's last step, which only a caller hookkit never saw start can make: another pipeline
-sharing the transformer with its own scheduler, or `pipe.transformer(...)` after a pipeline call).
-
-Statistics (`handle.summary()`): per branch the computed and cached steps, every measured diff and its
-percentiles, and the number of block calls that actually ran. `plot_cache_diffs(handle, "diffs.png")`
-draws the diffs against the threshold (needs matplotlib: `pip install hookkit[plot]`).
-
-Example::
-
-    import hookkit
-    from hookkit.techniques.cache.hooks import plot_cache_diffs
-
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0,
-                                                                      steps_mask="fast", mask_policy="static")))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
-    print(handle.summary())
-    handle.remove()
+    print(handle.summary())           # per branch: computed and cached steps, diffs; plot_cache_diffs draws them
 
-ControlNet (and anything else the model adds into the streams *between* blocks, named by the adapter's
-`between_block_args`: Flux's `controlnet_block_samples` / `controlnet_single_block_samples`, Qwen-Image's
-`controlnet_block_samples`): on a cached step the middle blocks return their inputs and the model still adds the
-*current* step's ControlNet residuals between them, so the stored residual must hold the blocks' own contribution
-only. On a computed call where one of those arguments is given, the middle hooks measure what the model added
-between consecutive middle blocks (the next block's input minus the previous block's output: exact, whatever the
-model adds, with or without `controlnet_blocks_repeat` or several ControlNets summed) and subtract it from the
-stored residual. A cached step then returns Fn output + current ControlNet residuals + cached block residual, the
-residuals counted once, as on an uncached step. Calls without ControlNet inputs pay nothing for it.
+ControlNet residuals that the model adds between blocks (adapter `between_block_args`) are counted once on a
+cached step: the stored residual holds the blocks' own contribution only (`DBCacheBetweenHook`).
 """
 
 from __future__ import annotations
@@ -76,37 +29,29 @@ import inspect
 import math
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from loguru import logger
 
 from hookkit.adapters import BlockListSpec
-from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.graphs import GraphDecisions
+from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
-from hookkit.core.plan import (
-    Attachment,
-    PlanContext,
-    Removable,
-    add_hook,
-    flat_blocks,
-    module_at,
-)
-from hookkit.spec import Spec
-from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, Summary, table
+from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
+from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
-
-NAME = "dbcache"
-ENTRY_HOOK = "hookkit.dbcache.entry"
-MIDDLE_HOOK = "hookkit.dbcache.middle"
-BETWEEN_HOOK = "hookkit.dbcache.between"
+NAME = "cache"
+ENTRY_HOOK = "hookkit.cache.entry"
+MIDDLE_HOOK = "hookkit.cache.middle"
+BETWEEN_HOOK = "hookkit.cache.between"
 PERCENTILES = (("P00", 0.0), ("P25", 25.0), ("P50", 50.0), ("P75", 75.0), ("P95", 95.0))
 
-__all__ = ["FEATURE", "NAME", "apply_dbcache", "plot_cache_diffs"]
+__all__ = ["FEATURE", "NAME", "graph_bridge", "plot_cache_diffs"]
 
 
 # --- layout (fixed at attach time) -------------------------------------------------------------------------
@@ -274,7 +219,7 @@ def _fits(branch: _Branch, middle: tuple[torch.Tensor, Any]) -> bool:
 
 
 class _CallState:
-    """Everything DBCache keeps during one pipeline call (lives in `handle.state.features["dbcache"]`)."""
+    """Everything DBCache keeps during one pipeline call (lives in `CallState.features["cache"]`)."""
 
     def __init__(self, layout: _Layout, num_steps: int | None) -> None:
         spec = layout.spec
@@ -326,7 +271,7 @@ class _CallState:
         """
         branch = self.branch_at(branch_index)
         self.branch, self.branch_index, self.step = branch, branch_index, step
-        cached = self._rules(step, branch, fn_residual, middle)
+        cached = self.rules(step, branch, fn_residual, middle)
         if not cached and fn_residual is not None:
             branch.fn_ref = fn_residual
         branch.record(step, cached)
@@ -347,8 +292,23 @@ class _CallState:
         self.branch, self.branch_index, self.step = self.branch_at(branch_index), branch_index, step
         self.skip = cached
 
-    def _rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
-               middle: tuple[torch.Tensor, Any] | None = None) -> bool:
+    def rules(self, step: int, branch: _Branch, residual: torch.Tensor | None,
+              middle: tuple[torch.Tensor, Any] | None = None) -> bool:
+        """Whether this call (step, branch) may reuse the middle residual; records nothing (`decide` records).
+
+        Checked in this order; the first rule that applies decides:
+          1. no computed step yet in this branch             -> compute (nothing to reuse)
+          2. warmup: step in range(0, warmup, warmup_interval) -> compute; with a `steps_mask` the warmup is cut
+             to the mask's leading run of 1s, so the mask is the schedule (as in cache-dit)
+          3. `steps_mask`: a 1 computes; a 0 with mask_policy="static" caches (nothing below is consulted);
+             a 0 with "dynamic" goes on to the rules below
+          4. `max_cached_steps` cached steps already         -> compute
+          5. `max_continuous_cached_steps` cached in a row   -> compute (the run restarts at every computed step)
+          6. the diffs so far sum to `max_accumulated_diff`  -> compute (for the rest of the call)
+          7. threshold <= 0                                   -> compute
+          8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r against r_ref, the Fn residual of this
+             branch's last computed step: cache iff diff < threshold (the one `.item()` of a decision).
+        """
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
             return False
@@ -381,10 +341,11 @@ class _CallState:
 
 
 class _Shared:
-    """What all DBCache hooks of one handle share: the handle (for its clock and state) and the layout."""
+    """What all DBCache hooks of one handle share: the attach context (for the clock and state) and the layout."""
 
-    def __init__(self, handle: Handle, layout: _Layout) -> None:
-        self.handle = handle
+    def __init__(self, ctx: AttachContext, layout: _Layout) -> None:
+        #: the cache's attach context: the transformer, the pipeline and the per-call state the hooks read
+        self.handle = ctx
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
         self.graph: GraphBridge | None = None
@@ -433,8 +394,17 @@ class DBCacheEntryHook(ModelHook):
 
 
 class DBCacheBetweenHook(ModelHook):
-    """On the transformer, when the adapter names `between_block_args`: marks a call given any of them (ControlNet
-    residuals), so that its computed step stores the middle blocks' own contribution only."""
+    """On the transformer, when the adapter names `between_block_args`: marks a call given any of them.
+
+    Why: Flux (`controlnet_block_samples`, `controlnet_single_block_samples`) and Qwen-Image
+    (`controlnet_block_samples`) add ControlNet residuals into the hidden stream after blocks. On a cached step the
+    middle blocks return their inputs and the model still adds the *current* step's residuals between them, so a
+    stored residual that contained the computed step's residuals would count them twice. On a computed step of a
+    marked call the middle hooks measure what the model added between consecutive middle blocks (the next block's
+    input minus the previous block's output: exact whatever the model adds, `controlnet_blocks_repeat` or several
+    ControlNets summed) and subtract it from the stored residual. A cached step then returns Fn output + the current
+    residuals + the blocks' cached contribution, as an uncached step adds them: once. Unmarked calls pay nothing.
+    """
 
     def __init__(self, shared: _Shared, names: tuple[str, ...], positions: tuple[int, ...]) -> None:
         self.shared = shared
@@ -572,7 +542,7 @@ class GraphBridge:
         """
         state = self.shared.handle.state
         cs = self.shared.call_state()
-        cached = cs._rules(state.step, cs.branch_at(state.branch), None)
+        cached = cs.rules(state.step, cs.branch_at(state.branch), None)
         return state.branch, cached and cs.graph_shapes.get(state.branch) == shapes
 
     @contextlib.contextmanager
@@ -626,12 +596,12 @@ class GraphBridge:
         cs.transformer_calls += 1
 
 
-def graph_bridge(handle: Handle) -> GraphBridge | None:
-    """Install (once) and return the bridge of a handle with DBCache, or None without DBCache."""
-    found = handle.resources.get(NAME)
-    if found is None:
-        return None
-    shared = found[0]
+def graph_bridge(handle: Any) -> GraphBridge | None:
+    """Install (once) and return the bridge of a `hookkit.Handle` with DBCache, or None without DBCache."""
+    return handle.service(GraphDecisions)
+
+
+def _install_bridge(shared: _Shared) -> GraphBridge:
     if shared.graph is None:
         shared.graph = GraphBridge(shared)
     return shared.graph
@@ -640,14 +610,11 @@ def graph_bridge(handle: Handle) -> GraphBridge | None:
 # --- feature ------------------------------------------------------------------------------------------------
 
 
-class _DBCacheFeature:
+class _CacheFeature(BaseFeature):
     """Plugs DBCache into `hookkit.enable`: `Spec.cache`."""
 
     name = NAME
-    fields = ("cache",)
-
-    def enabled(self, spec: Spec) -> bool:
-        return spec.cache is not None
+    spec_class = DBCache
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         spec = ctx.spec.cache
@@ -666,11 +633,11 @@ class _DBCacheFeature:
                                   params=(("last", i == last),)))
         return out
 
-    def attach(self, handle: Handle, attachment: Attachment) -> Removable:
-        shared, specs = self._shared(handle)
-        module = module_at(handle.transformer, attachment.target)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        shared, specs = self._shared(ctx)
+        module = module_at(ctx.transformer, attachment.target)
         if attachment.name == BETWEEN_HOOK:
-            names = handle.adapter.between_block_args
+            names = ctx.adapter.between_block_args
             params = list(inspect.signature(type(module).forward).parameters)[1:]
             positions = tuple(params.index(n) for n in names if n in params)
             return add_hook(module, BETWEEN_HOOK, DBCacheBetweenHook(shared, names, positions))
@@ -680,30 +647,39 @@ class _DBCacheFeature:
         hook = DBCacheMiddleHook(shared, io, last=attachment.param("last"))
         return add_hook(module, MIDDLE_HOOK, hook)
 
-    def _shared(self, handle: Handle) -> tuple[_Shared, dict[str, BlockListSpec]]:
-        """The hooks' shared object, made at the first attachment and kept in `handle.resources`."""
-        found = handle.resources.get(NAME)
+    def _shared(self, ctx: AttachContext) -> tuple[_Shared, dict[str, BlockListSpec]]:
+        """The hooks' shared object, made at the first attachment and kept in the feature's slot."""
+        found: _Slot | None = ctx.kept()
         if found is None:
-            blocks = flat_blocks(handle.adapter, handle.transformer)
-            layout = _layout(handle.spec.cache, len(blocks))  # type: ignore[arg-type]
-            found = handle.resources[NAME] = (_Shared(handle, layout), {path: spec for path, spec, _ in blocks})
+            blocks = flat_blocks(ctx.adapter, ctx.transformer)
+            layout = _layout(ctx.spec.cache, len(blocks))  # type: ignore[arg-type]
+            shared = _Shared(ctx, layout)
+            found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
+            ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
             logger.info(
-                "dbcache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
+                "cache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
                 layout.num_middle, layout.spec.bn_blocks,
                 "one host read per decided step and branch" if layout.needs_diff else "no host read (no diff needed)",
             )
-        return found
+        return found.shared, found.blocks
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        found = handle.resources.get(NAME)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        found: _Slot | None = ctx.kept()
         if found is None:
             return None
-        layout = found[0].layout
-        cs: _CallState | None = handle.state.features.get(NAME)
-        return _summary(layout, cs, handle.state.generation)
+        cs: _CallState | None = ctx.state.features.get(NAME)
+        return _summary(found.shared.layout, cs, ctx.state.generation)
 
 
-FEATURE = _DBCacheFeature()
+@attrs.define
+class _Slot:
+    """What the cache keeps per handle: the hooks' shared state and each hooked block's list spec."""
+
+    shared: _Shared
+    blocks: dict[str, BlockListSpec]
+
+
+FEATURE = _CacheFeature()
 
 
 # --- statistics ---------------------------------------------------------------------------------------------
@@ -776,7 +752,7 @@ def _render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_cache_diffs(source: Handle | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
+def plot_cache_diffs(source: Any | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
     """Write a PNG of each branch's diff per step against the threshold, cached steps shaded.
 
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
@@ -821,21 +797,3 @@ def _plot_data(source: Any) -> dict[str, Any]:
         f"its data, got {type(source).__name__} without DBCache statistics. "
         "Enable hookkit.Spec(cache=hookkit.DBCache(...))."
     )
-
-
-# --- public API ---------------------------------------------------------------------------------------------
-
-
-def apply_dbcache(transformer: torch.nn.Module, spec: DBCache, adapter: Any = None) -> Handle:
-    """Turn DBCache on for a bare transformer (or a pipeline); returns the handle (`.remove()` undoes it).
-
-    Same as `hookkit.enable(transformer, hookkit.Spec(cache=spec), adapter=adapter)`: the cache needs the
-    per-call clock (step and CFG branch) that `enable` installs. Wrap each generation of a bare transformer
-    in `with handle.generation(num_steps=N):` (a call outside one raises: nothing would reset the cache).
-    """
-    from hookkit.core.handle import enable
-
-    if not isinstance(spec, DBCache):
-        raise SpecError(f"apply_dbcache.spec: expected a hookkit.DBCache, got {spec!r}. "
-                        "Pass one, e.g. hookkit.DBCache().")
-    return enable(transformer, Spec(cache=spec), adapter=adapter)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
 from hookkit.core.validate import float_field, choice, int_field, is_int, owner, to_tuple
-from hookkit.errors import SpecError, spec_error
+from hookkit.errors import SpecError, field_error
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
@@ -29,26 +29,41 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         return
     if isinstance(value, str):
         if value not in MASK_POLICIES:
-            raise spec_error(owner(inst), attr.name, value, f"one of {tuple(MASK_POLICIES)} or a list of 0/1")
+            raise field_error(owner(inst), attr.name, value, f"one of {tuple(MASK_POLICIES)} or a list of 0/1")
         return
     if not isinstance(value, tuple) or not value or any(not is_int(v) or v not in (0, 1) for v in value):
-        raise spec_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
+        raise field_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
 
 
 @attrs.frozen(kw_only=True)
 class DBCache:
-    """DBCache-style residual caching (Fn first blocks always run, Bn last blocks always run).
+    """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
+    blocks are skipped on steps where the first blocks' residual changed little, and their stored residual
+    is added instead. The order in which the rules below decide is in `hookkit.techniques.cache.hooks`.
+    The defaults are the quality harness's choice on the trained tiny Flux (BENCHMARKS.md).
 
-    On a step that may be cached, the first `fn_blocks` run; if the relative L1 change of their residual
-    against the last computed step is below `threshold`, the middle blocks are skipped and their cached
-    residual is added instead; the last `bn_blocks` always run.
+    Args:
+        fn_blocks: blocks at the start that always run (default 1, >= 1); their residual detects change.
+        bn_blocks: blocks at the end that always run (default 0), refining the approximated hidden states.
+        threshold: cache a step when the relative L1 change of the Fn residual against the branch's last
+            computed step is below this (default 0.24); 0 never caches dynamically (a mask still may).
+        warmup_steps: the first steps, always computed (default 8); cut to a `steps_mask`'s leading 1s.
+        warmup_interval: within the warm-up, compute every this-many-th step only (default 1: all of them).
+        max_cached_steps: at most this many cached steps per branch and call (default -1: no limit).
+        max_continuous_cached_steps: at most this many cached steps in a row (default -1: no limit).
+        max_accumulated_diff: once the measured diffs of a branch sum to this, compute every later step of the
+            call (default None: no limit; otherwise > 0).
+        steps_mask: which steps may be cached: a list of 1 (compute) / 0 (may cache), or a named policy
+            ("slow", "medium", "fast", "ultra") scaled to the step count (default None: no mask). A list
+            shorter than the call computes the remaining steps.
+        mask_policy: "dynamic" (default): a 0 in the mask still asks the rules and the threshold; "static":
+            a 0 caches, no diff is measured and no host sync made (needs `steps_mask`).
+        taylorseer_order: 0 reuses the last computed residual; 1 or 2 (default 1) extrapolates it from the last
+            computed steps (TaylorSeer, Newton divided differences in step units).
     """
 
-    NAME: ClassVar[str] = "cache"
     fn_blocks: int = attrs.field(default=1, validator=int_field(1))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
-    #: defaults (F1B0, threshold 0.24, TaylorSeer order 1, 8 warm-up steps) measured on hookkit's trained tiny
-    #: Flux: 1.91x fewer block calls at 41.2 dB PSNR against uncached (BENCHMARKS.md, quality table)
     threshold: float = attrs.field(default=0.24, validator=float_field(0.0))
     warmup_steps: int = attrs.field(default=8, validator=int_field(0))
     warmup_interval: int = attrs.field(default=1, validator=int_field(1))

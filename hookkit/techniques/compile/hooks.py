@@ -1,32 +1,20 @@
 """Regional compilation, CUDA-graph safety by hooks, and whole-transformer CUDA graphs.
 
-Regional (`Compile(regional=True)`): every module of the adapter's repeated block classes gets
-`torch.compile(block.forward)` as the *inner* callable of its hook registry. Hooks on those blocks
-(DBCache decisions, clones) therefore run outside the compiled region, in eager Python, so a decision
-never becomes a graph break and a clone is never compiled away. (`block.compile()` would trace the hooks
-into the graph instead; see `hookkit.core.registry`.) CogVideoX works too: its class has no
-`_repeated_blocks`, the adapter names the class.
+Regional (`Compile(regional=True)`): every instance of the adapter's repeated block classes gets
+`torch.compile(block.forward)` as the *inner* callable of its hook registry, so the hooks on those blocks
+(cache decisions, clones) run outside the compiled region and never become graph breaks.
 
-CUDA-graph safety (`mode="reduce-overhead"` or `"max-autotune"`, or `backend="cudagraphs"`, which uses the
-same cudagraph trees: `uses_cudagraph_trees`): a CUDA-graph output lives in memory that the next replay
-of the same graph overwrites. Stock regional reduce-overhead fails on Flux with "accessing tensor output
-of CUDAGraphs that has been overwritten" because the cudagraph tree never learns where one transformer
-call ends. hookkit marks that boundary (`torch.compiler.cudagraph_mark_step_begin()`) in a pre hook on
-the transformer, outside every compiled region. That alone is correct for regional compilation, since
-the transformer's epilogue (norm_out, proj_out) is eager, so what outlives a call (CFG branch outputs,
-DBCache residuals, which are computed eagerly outside the regions) is never graph memory; it is also the
-cheapest option (measured on an H200 against cloning every region's outputs: BENCHMARKS.md). A whole
-compiled transformer's output *is* graph memory, so there hookkit also clones the transformer's outputs.
+CUDA-graph safety (inductor's CUDA-graph modes or `backend="cudagraphs"`): a graph output lives in memory
+that the next replay overwrites, and the cudagraph tree never learns where one transformer call ends.
+hookkit marks that boundary (`cudagraph_mark_step_begin`) in a pre hook on the transformer, outside every
+compiled region; with regional compilation nothing that outlives a call is graph memory. A wholly compiled
+transformer's outputs are, so they are also cloned.
 
-Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): the blocks are compiled regionally
-(short warm-up, no cudagraph trees), then each transformer call is captured once per input signature with
-`torch.cuda.CUDAGraph` and replayed while the signature holds: inputs are copied into static buffers,
-outputs are cloned out, so CFG branches and repeated pipeline calls are safe. One replay replaces every
-kernel launch, Dynamo guard and Python hook inside the transformer. Hooks *inside* the transformer do not
-run on replay; DBCache therefore works in this mode with decisions known before the call (a static step
-mask): the decision is part of the graph key (a computed-step graph and a cached-step graph per branch),
-residuals live in persistent slots, and the statistics are kept by the graph hook
-(`hookkit.techniques.cache.hooks.GraphBridge`). Dynamic (threshold) decisions are refused with a clear error.
+Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): blocks compiled regionally, then each
+transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the
+signature holds (inputs copied into static buffers, outputs cloned out). Hooks inside the transformer do not
+run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the
+cache with a static mask does): the decision becomes part of the graph key.
 """
 
 from __future__ import annotations
@@ -40,18 +28,19 @@ from typing import TYPE_CHECKING, Any, ContextManager
 import attrs
 import torch
 import torch.utils._pytree as pytree
-from loguru import logger
 
-from hookkit.adapters import AdapterSpec, resolve_adapter
-from hookkit.errors import SpecError, UnsupportedError
+from hookkit.core.compat import CUDA_GRAPH_MODES
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.graphs import GraphDecisions
+from hookkit.core.plan import Attachment, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
-from hookkit.core.plan import Attachment, PlanContext, Removable, add_hook, module_at
-from hookkit.spec import Spec
-from hookkit.techniques.compile.spec import Compile
+from hookkit.core.removal import Removable, Removal
 from hookkit.core.summary import FeatureSummary, table
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.techniques.compile.spec import Compile
 
 if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
+    from hookkit.adapters import AdapterSpec
 
 NAME = "compile"
 INNER = "hookkit.compile.inner"
@@ -187,13 +176,14 @@ class GraphRunner:
 class GraphHook(ModelHook):
     """Innermost hook on the transformer: runs the rest of the call through a `GraphRunner`.
 
-    With DBCache (`cache` is its graph bridge) the step's decision is part of the graph key: a computed step
-    and a cached step are two graphs, and the cache is told about every call that a graph served.
+    With a feature that decides per call (`cache`: the `GraphDecisions` DBCache provides) the decision is part
+    of the graph key: a computed step and a cached step are two graphs, and the cache is told about every call
+    that a graph served.
     """
 
     replaces_forward = True
 
-    def __init__(self, runner: GraphRunner, cache: Any = None) -> None:
+    def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None) -> None:
         self.runner = runner
         self.cache = cache
 
@@ -213,14 +203,13 @@ class GraphHook(ModelHook):
 
 def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[str]:
     """Module paths of every instance of the adapter's repeated block classes, in module order."""
-    classes = set(adapter.repeated_blocks) or {c for b in adapter.blocks for c in b.classes}
-    return [path for path, m in transformer.named_modules() if path and type(m).__name__ in classes]
+    return adapter.repeated_block_paths(transformer)
 
 
 #: From torchao's recommended inductor settings for quantized models (`recommended_inductor_config_setter`),
 #: passed to *hookkit's own* `torch.compile` calls instead of changing the process-wide config. Its
-#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) did not finish
-#: within 4 minutes on an H200 (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
+#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) took far too
+#: long (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
 #: it would without quantization: the chosen mode means the same for quantized and unquantized models.
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
 
@@ -250,21 +239,14 @@ def uses_cudagraph_trees(spec: Compile) -> bool:
     """Whether torch.compile replays cudagraph trees: inductor's CUDA-graph modes, or the "cudagraphs"
     backend (torch/_dynamo/backends/cudagraphs.py runs `torch._inductor.cudagraph_trees` too). Their
     outputs are graph memory, so they need hookkit's step mark (and output clone when whole)."""
-    return spec.backend == "cudagraphs" or spec.mode in ("reduce-overhead", "max-autotune")
+    return spec.backend == "cudagraphs" or spec.mode in CUDA_GRAPH_MODES
 
 
-def check_spec(spec: Spec) -> None:
-    """Combinations that cannot work, refused before anything is attached."""
-    c = spec.compile
-    if c is None:
-        return
-    if spec.cache is not None and not c.regional:
-        raise SpecError(
-            "Compile.regional: expected True with DBCache (its per-step decision must stay outside the compiled "
-            "graph), got False. Use Compile(regional=True)."
-        )
+def check_spec(c: Compile) -> None:
+    """Settings of `Compile` that cannot work together, refused before anything is attached (the rules that
+    involve other features are in `hookkit.core.compat`)."""
     if c.cuda_graphs == "transformer":
-        if c.mode in ("reduce-overhead", "max-autotune"):
+        if c.mode in CUDA_GRAPH_MODES:
             raise SpecError(
                 f"Compile.mode: expected None, 'default' or 'max-autotune-no-cudagraphs' with "
                 f"cuda_graphs='transformer' (hookkit captures the graph itself), got {c.mode!r}."
@@ -275,15 +257,6 @@ def check_spec(spec: Spec) -> None:
                 "(hookkit captures the whole transformer itself; the 'cudagraphs' backend would capture graphs "
                 "inside that capture), got 'cudagraphs'. Use Compile(cuda_graphs='transformer') or "
                 "Compile(backend='cudagraphs') alone."
-            )
-        cache = spec.cache
-        if cache is not None and (cache.steps_mask is None or cache.mask_policy != "static" or cache.taylorseer_order):
-            raise SpecError(
-                "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call: "
-                f"DBCache(steps_mask=<mask or policy>, mask_policy='static', taylorseer_order=0), got "
-                f"steps_mask={cache.steps_mask!r}, mask_policy={cache.mask_policy!r}, "
-                f"taylorseer_order={cache.taylorseer_order}. For dynamic decisions use "
-                "Compile(mode='reduce-overhead') (CUDA graphs per block)."
             )
 
 
@@ -306,24 +279,15 @@ def check_on_cuda(transformer: torch.nn.Module) -> None:
     )
 
 
-class _CompileFeature:
-    name = NAME
-    fields = ("compile",)
+class _CompileFeature(BaseFeature):
+    """Plugs compilation into `hookkit.enable`: `Spec.compile`."""
 
-    def enabled(self, spec: Spec) -> bool:
-        return spec.compile is not None
+    name = NAME
+    spec_class = Compile
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
-        spec: Compile = ctx.spec.compile  # type: ignore[assignment]  # enabled() guarantees it
-        check_spec(ctx.spec)
-        if spec.cuda_graphs == "transformer" and ctx.adapter.memo_scope != "none" and not ctx.spec.memo:
-            # e.g. Qwen-Image's prologue runs torch.as_tensor(python_int, device=cuda): a pageable host copy
-            # that stream capture refuses, and a constant a replayed graph would never rebuild.
-            raise SpecError(
-                f"Spec.memo: expected True with Compile(cuda_graphs='transformer') on {ctx.adapter.name!r} (its "
-                f"prologue builds tensors from Python data every call: adapter memo_scope="
-                f"{ctx.adapter.memo_scope!r}), got False. Use Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."
-            )
+        spec: Compile = ctx.spec.compile  # type: ignore[assignment]  # planned only when set
+        check_spec(spec)
         if spec.cuda_graphs == "transformer":
             check_on_cuda(ctx.transformer)
         out: list[Attachment] = []
@@ -339,24 +303,21 @@ class _CompileFeature:
             out.append(Attachment(feature=NAME, target="", name=GRAPH))
         return out
 
-    def attach(self, handle: Any, attachment: Attachment) -> Removable:
-        spec: Compile = handle.spec.compile
-        module = module_at(handle.transformer, attachment.target)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        spec: Compile = ctx.spec.compile  # type: ignore[assignment]
+        module = module_at(ctx.transformer, attachment.target)
         if attachment.name == INNER:
-            return _InnerCompile(module, compile_kwargs(spec, quantized=handle.spec.quantize is not None))
+            return _InnerCompile(module, compile_kwargs(spec, quantized=ctx.spec.quantize is not None))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
             return add_hook(module, STEP_MARK, StepMarkHook())
-        from hookkit.techniques.cache.hooks import graph_bridge
+        runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
+        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions)))
 
-        runner = GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs)
-        handle.resources["compile.graphs"] = runner
-        return add_hook(module, GRAPH, GraphHook(runner, graph_bridge(handle)))
-
-    def summarize(self, handle: Any) -> FeatureSummary | None:
-        spec: Compile = handle.spec.compile
-        regions = [a.target for a in handle.plan.attachments if a.name == INNER]
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        spec: Compile = ctx.spec.compile  # type: ignore[assignment]
+        regions = [a.target for a in ctx.attachments() if a.name == INNER]
         data: dict[str, Any] = {
             "regional": spec.regional, "mode": spec.mode or "default", "regions": len(regions),
             "cuda_graphs": spec.cuda_graphs,
@@ -365,11 +326,11 @@ class _CompileFeature:
                 ["mode", data["mode"]], ["fullgraph", spec.fullgraph]]
         if uses_cudagraph_trees(spec):
             # torch accepts reduce-overhead on the CPU and compiles without CUDA graphs: say so, once, here
-            device = next(handle.transformer.parameters()).device
+            device = next(ctx.transformer.parameters()).device
             data["cudagraph_trees"] = device.type == "cuda"
             rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
-        runner = handle.resources.get("compile.graphs")
+        runner: GraphRunner | None = ctx.kept()
         if runner is not None:
             data["graphs_captured"] = runner.captures
             data["graphs_kept"] = len(runner.captured)
@@ -385,7 +346,7 @@ class _CompileFeature:
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 
-class _InnerCompile:
+class _InnerCompile(Removal):
     """Installs `torch.compile(original forward)` as a module's inner callable; removal restores it."""
 
     def __init__(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
@@ -396,9 +357,7 @@ class _InnerCompile:
         HookRegistry.of(module).set_inner(compiled)
         self.module: torch.nn.Module | None = module
 
-    def remove(self) -> None:
-        if self.module is None:
-            return
+    def _undo(self) -> None:
         registry = HookRegistry.of(self.module, create=False)
         if registry is not None:
             registry.set_inner(None)
@@ -406,24 +365,3 @@ class _InnerCompile:
 
 
 FEATURE = _CompileFeature()
-
-
-def apply_compile(transformer: torch.nn.Module, spec: Compile, adapter: AdapterSpec | None = None) -> Handle:
-    """Compile `transformer` as `spec` says, without a pipeline; returns the handle (`.remove()` undoes it).
-
-    This *is* `hookkit.enable(transformer, Spec(compile=spec))`: it also installs the clock hook, so a later
-    `hookkit.enable` on the same transformer raises "already enabled" (put every feature in one Spec
-    instead), and after `apply_quantize` it compiles without torchao's inductor options (the Spec it
-    enables has no `quantize`; `hookkit.enable(pipe, Spec(quantize=..., compile=...))` passes them).
-
-    Example::
-
-        handle = hookkit.techniques.compile.hooks.apply_compile(pipe.transformer, hookkit.Compile(mode="reduce-overhead"))
-    """
-    from hookkit.core.handle import enable
-
-    if adapter is None:
-        adapter = resolve_adapter(transformer)
-    handle = enable(transformer, Spec(compile=spec), adapter=adapter)
-    logger.info("compiled {} ({})", type(transformer).__name__, "regional" if spec.regional else "whole")
-    return handle

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 
 from hookkit.core.validate import boolean, choice, int_field
@@ -15,32 +13,31 @@ COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotu
 class Compile:
     """torch.compile of the adapter's repeated blocks (`regional=True`) or of the whole transformer.
 
-    `cuda_graphs="transformer"` captures one CUDA graph per transformer call signature on top of
-    regional compilation (GPU only).
-
     Args:
-        regional: compile each repeated block (True) or the whole transformer (False).
-        mode: torch.compile mode; "reduce-overhead" adds cudagraph trees (hookkit marks the step boundary).
-        fullgraph: refuse graph breaks inside a compiled region.
+        regional: compile each instance of the adapter's repeated block classes (default True: short warm-up,
+            hooks stay outside the graphs); False compiles the whole transformer.
+        mode: torch.compile's mode (default None, as "default"); "reduce-overhead" and "max-autotune" use
+            CUDA graph trees, for which hookkit marks every transformer call as a step boundary.
+        fullgraph: refuse graph breaks inside a compiled region (default True).
         dynamic: torch.compile's `dynamic`. None (default) is automatic dynamic shapes: the first resolution (or
-            batch size) compiles static, the second recompiles once with the changed dimensions symbolic (the
-            sequence length), and later ones reuse that graph, so 10 resolutions are 2 compiles per region, not 10.
-            False compiles every new shape again until torch's recompile limit (8), after which the region runs
+            batch size) compiles static, the second recompiles once with the changed dimensions (the sequence
+            length) symbolic, later ones reuse that graph: 10 resolutions are 2 compiles per region, not 10.
+            False compiles every new shape again until torch's recompile limit, after which the region runs
             eagerly; True starts symbolic (one compile, possibly slower kernels).
-        cuda_graphs: "transformer" captures the whole transformer call as one CUDA graph per input signature.
-        backend: torch.compile backend; "inductor" for speed, "eager"/"aot_eager" to debug tracing without codegen.
-        max_graphs: with cuda_graphs="transformer", how many captured graphs are kept (least recently replayed
-            evicted first; each input signature, CFG branch and DBCache decision is one graph). Every graph holds
-            its static inputs and outputs in the shared pool: the summary reports captures, evictions and the
-            memory each capture took.
+        cuda_graphs: "none" (default), or "transformer": capture one CUDA graph per transformer call signature
+            on top of regional compilation and replay it (GPU only; mode must not use CUDA graphs itself).
+        backend: "inductor" (default) for speed; "eager"/"aot_eager" to debug tracing without code generation;
+            "cudagraphs" for CUDA graphs without inductor.
+        max_graphs: with cuda_graphs="transformer", how many captured graphs are kept (default 16; the least
+            recently replayed is evicted first). Each input signature, CFG branch and DBCache decision is one
+            graph holding its static inputs and outputs; the summary counts captures and evictions and reports
+            the memory each kept graph took.
     """
 
-    NAME: ClassVar[str] = "compile"
     regional: bool = attrs.field(default=True, validator=boolean)
     mode: str | None = attrs.field(default=None, validator=choice(*COMPILE_MODES))
     fullgraph: bool = attrs.field(default=True, validator=boolean)
     dynamic: bool | None = attrs.field(default=None, validator=choice(None, True, False))
     cuda_graphs: str = attrs.field(default="none", validator=choice("none", "transformer"))
-    #: torch.compile backend; "inductor" for speed, "eager"/"aot_eager" to debug tracing without codegen
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
     max_graphs: int = attrs.field(default=16, validator=int_field(1))

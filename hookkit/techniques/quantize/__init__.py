@@ -1,1 +1,1 @@
-"""techniques/quantize"""
+"""torchao quantization: `spec.py` (the `Quantize` spec), `torchao.py` (layer selection, `FEATURE`), `filters.py`."""

@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
 from hookkit.core.validate import choice, int_field, str_tuple, to_tuple
-from hookkit.errors import spec_error
+from hookkit.errors import field_error
 
 QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "int8_weight_only", "nvfp4", "mxfp8")
 
 
 @attrs.frozen(kw_only=True)
 class Quantize:
-    """torchao weight quantization of the transformer's Linear layers, selected by the adapter and rules."""
+    """torchao weight quantization of the transformer's Linear layers, selected by the adapter and rules
+    (the order of the rules is in `hookkit.techniques.quantize.torchao`).
 
-    NAME: ClassVar[str] = "quantize"
+    Args:
+        scheme: the torchao scheme (required): "fp8_row", "fp8_tensor" (fp8 with dynamic activations, CUDA
+            compute capability 8.9+), "fp8_weight_only", "int8_dynamic", "int8_weight_only" (any device),
+            "nvfp4", "mxfp8" (10.0+).
+        region: "repeated_blocks" (default): only Linears inside the adapter's repeated block classes; "all".
+        exclude: fnmatch patterns on module paths never to quantize, on top of the adapter's `quant_exclude`.
+        include: patterns quantized even when `region`, `exclude` or `min_features` would skip them.
+        min_features: skip Linears with `min(in_features, out_features)` below this (default 0).
+        filter_fn: `(module, fqn) -> bool` replacing the selection rules, as torchao's `filter_fn`; it must be
+            deterministic (the plan and the attach ask it separately). Default None.
+        keep_original: where the original weights are kept so that removal restores them: "cpu", "device", or
+            None (default: nothing kept, and `handle.remove()` refuses).
+    """
+
     scheme: str = attrs.field(validator=choice(*QUANT_SCHEMES))
     region: str = attrs.field(default="repeated_blocks", validator=choice("repeated_blocks", "all"))
     exclude: tuple[str, ...] = attrs.field(default=(), converter=to_tuple, validator=str_tuple)
@@ -29,4 +43,4 @@ class Quantize:
     @filter_fn.validator
     def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:
         if value is not None and not callable(value):
-            raise spec_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
+            raise field_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")

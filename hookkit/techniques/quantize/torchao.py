@@ -1,81 +1,45 @@
 """torchao weight quantization of a transformer's Linear layers, chosen by the adapter and explicit rules.
 
-    import hookkit
+`select_layers` decides for every `nn.Linear`, with one reason per skipped layer, in this order: facts
+nothing overrides ("already quantized", "LoRA adapter"); the selection rules, which `Quantize.include`
+overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "excluded by name" from the
+adapter's `quant_exclude` and `Quantize.exclude`, "too small"); the scheme's requirements, which nothing
+overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
+on the module path with PEFT's trailing `.base_layer` removed.
+
+Quantization happens once, at attach; `build_plan` lists one attachment per chosen layer without touching it.
+Before torchao is called, every chosen layer's device is checked against the scheme (`UnsupportedError`);
+a spec that chooses no layer is refused (`SpecError`, counting the reasons); torchao's global inductor
+settings are never changed. Removal puts the originals back when `keep_original` kept them ("cpu" or
+"device"); without them `handle.remove()` refuses before removing anything. fp8 needs `torch.compile` to pay
+off (each dynamic activation quantization is its own kernel in eager mode): see BENCHMARKS.md.
+
     handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="cpu")))
     print(handle.summary())      # every Linear: quantized, or skipped and why
-    hookkit.disable(pipe)        # puts the original bf16 weights back (they were kept on the CPU)
-
-Which layers (`select_layers`, one reason per skipped layer, checked in this order):
-
-1. only `nn.Linear` modules are considered (and listed in the report);
-2. facts about the layer, which nothing overrides: "already quantized" (its weight is a tensor subclass,
-   e.g. torchao's Int8Tensor after an earlier `apply_quantize`, or a model loaded with diffusers'
-   `TorchAoConfig`: torchao only quantizes plain tensors and crashes on the others) and "LoRA adapter"
-   (PEFT's `lora_A`/`lora_B` Linears: small trained low-rank updates, kept in their own precision);
-3. selection rules, which `Quantize.include` patterns override and `Quantize.filter_fn` replaces:
-   "outside the repeated blocks" (`region="repeated_blocks"`, the default: not inside an instance of the
-   adapter's `repeated_blocks` classes), "excluded by name" (the adapter's `quant_exclude` patterns, then
-   `Quantize.exclude`), "too small" (`min(in, out) < min_features`). Name patterns (include, exclude,
-   quant_exclude) are fnmatch'ed on the module path with a trailing `.base_layer` removed: PEFT moves a
-   LoRA-wrapped Linear to `<path>.base_layer`, and it is still the layer the patterns mean. `filter_fn`
-   gets the real path, as torchao's `filter_fn` would;
-4. the scheme's requirements, which nothing overrides because torchao would silently skip or reject the
-   layer: "not divisible by 16" (32 for MX) on `in_features` or `out_features`, and the weight dtype
-   ("dtype not bfloat16" for per-row fp8 and MX, "dtype not bfloat16 or float32" for NVFP4).
-
-When: quantization happens at attach time, once; it is not a forward hook. `build_plan` returns one
-attachment per chosen Linear (target: its module path, name `hookkit.quantize`), so the plan shows
-exactly which layers will be quantized without touching them or the hardware.
-
-Hardware: before torchao is called, every chosen layer's device is checked against the scheme (fp8 with
-dynamic activations needs CUDA compute capability 8.9+, NVFP4 and MX need 10.0+; the int8 schemes and
-`fp8_weight_only`, which dequantizes in the matmul, run anywhere, the CPU included). A scheme the device
-cannot run raises `UnsupportedError` and nothing is quantized. A spec that chooses no layer (say fp8_row
-on float32 weights, or a transformer already quantized) is refused earlier, by `build_plan` and
-`apply_quantize`, with a `SpecError` counting the reasons: quantizing nothing is a mistake, not a no-op.
-That refusal checks the hardware first (on every candidate layer's device): on a CPU, fp8_row's answer is
-"needs a GPU with compute capability 8.9", not "cast to bfloat16", which would only lead to that error.
-If torchao still leaves a chosen layer unquantized (a requirement these rules missed), the layer is
-restored as it was and `HookError` names it.
-torchao's global inductor settings are never changed (`set_inductor_config=False` on every config that
-has it; the MX/NVFP4 configs have no such field and leave them alone).
-
-Removal: torchao swaps weights in place. With `keep_original="cpu"` (a CPU copy; weights already on the
-CPU are kept as they are) or `"device"` (the original Parameter objects stay where they are), removal
-puts the originals back and the module is exactly as before (same values, nothing left in
-`module.__dict__`). With `keep_original=None` nothing can be restored, so `handle.remove()` /
-`hookkit.disable` refuse with `EnableError` before removing anything. (If `enable` itself fails after
-quantizing, e.g. in a later feature, its rollback restores kept originals; without them the weights stay
-quantized.)
-
-Speed: fp8 needs `torch.compile` to pay off. Eager fp8_row on Flux-dev at 1024² measured 9.13 s against
-5.00 s in bf16 on an H200 (each dynamic activation quantization is a separate kernel launch and pass
-over memory); compiled, the quantization fuses into the preceding ops.
+    hookkit.disable(pipe)        # puts the original weights back
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from loguru import logger
 
 from hookkit.adapters import AdapterSpec, resolve_adapter
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.plan import Attachment, PlanContext, module_at
+from hookkit.core.removal import Removal
+from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.quantize.filters import Predicate
-from hookkit.core.plan import Attachment, PlanContext, module_at
-from hookkit.spec import Spec
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
-from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
-
+NAME = "quantize"
 QUANTIZE_HOOK = "hookkit.quantize"
-_RESOURCE = "quantize"
 
 # Reasons a Linear is skipped: stable strings, part of the report's data.
 EXCLUDED = "excluded by name"
@@ -322,13 +286,6 @@ def _is_plain(weight: torch.Tensor) -> bool:
     return type(weight) in (torch.nn.Parameter, torch.Tensor)
 
 
-def _region_prefixes(transformer: torch.nn.Module, adapter: AdapterSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(repeated block classes, their module paths) in the transformer."""
-    classes = adapter.repeated_blocks or tuple(dict.fromkeys(c for b in adapter.blocks for c in b.classes))
-    paths = tuple(p for p, m in transformer.named_modules() if p and type(m).__name__ in classes)
-    return classes, paths
-
-
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
     """Decide for every Linear of `transformer` whether `spec` quantizes it, and why not. Reads only."""
     if not isinstance(spec, Quantize):
@@ -336,7 +293,7 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
                         "Pass one, e.g. select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
     info = SCHEMES[spec.scheme]
-    classes, prefixes = _region_prefixes(transformer, adapter)
+    classes, prefixes = adapter.repeated_block_classes(), adapter.repeated_block_paths(transformer)
     region_on = spec.region == "repeated_blocks"
     decisions = []
     for path, module in transformer.named_modules():
@@ -390,7 +347,7 @@ def _root_only(module: torch.nn.Module, fqn: str) -> bool:
     return fqn == ""
 
 
-class QuantizedLayer:
+class QuantizedLayer(Removal):
     """One Linear whose weight torchao replaced. `remove()` puts the original back when it was kept.
 
     If torchao fails, or leaves the weight a plain tensor (it skips layers it cannot take, yet still installs
@@ -447,9 +404,9 @@ class QuantizedLayer:
         module.__dict__.update(self._replaced)
         self._weight = self._bias = None
 
-    def remove(self) -> None:
+    def _undo(self) -> None:
         module = self._module
-        if module is None:
+        if module is None:  # already restored (the constructor's failure path)
             return
         if self._weight is None:
             self._module = None
@@ -576,12 +533,11 @@ def _selection_changed(planned: list[str], now: list[str]) -> str:
             "filter_fn and enable again.")
 
 
-class _QuantizeFeature:
-    name = "quantize"
-    fields = ("quantize",)
+class _QuantizeFeature(BaseFeature):
+    """Plugs quantization into `hookkit.enable`: `Spec.quantize`."""
 
-    def enabled(self, spec: Spec) -> bool:
-        return spec.quantize is not None
+    name = NAME
+    spec_class = Quantize
 
     def plan(self, ctx: PlanContext) -> list[Attachment]:
         report = select_layers(ctx.transformer, ctx.spec.quantize, ctx.adapter)
@@ -590,39 +546,38 @@ class _QuantizeFeature:
         return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
                            params=(("scheme", report.scheme),)) for d in report.chosen]
 
-    def _session(self, handle: Handle) -> _Session:
+    def _session(self, ctx: AttachContext) -> _Session:
         """Made at the first quantize attach, before any weight changes: selection check, hardware, config."""
-        session = handle.resources.get(_RESOURCE)
+        session: _Session | None = ctx.kept()
         if session is None:
-            spec: Quantize = handle.spec.quantize
-            report = select_layers(handle.transformer, spec, handle.adapter)
-            planned = [a.target for a in handle.plan.attachments if a.feature == self.name]
+            spec: Quantize = ctx.spec.quantize  # type: ignore[assignment]
+            report = select_layers(ctx.transformer, spec, ctx.adapter)
+            planned = [a.target for a in ctx.attachments()]
             now = [d.path for d in report.chosen]
             if planned != now:
                 raise HookError(_selection_changed(planned, now))
-            session = _Session(report=report, config=_checked_config(handle.transformer, report))
-            handle.resources[_RESOURCE] = session
+            session = ctx.keep(_Session(report=report, config=_checked_config(ctx.transformer, report)))
             logger.info("quantizing {} of {} Linear layers with {}", len(planned), len(report.layers), spec.scheme)
         return session
 
-    def attach(self, handle: Handle, attachment: Attachment) -> QuantizedLayer:
-        session = self._session(handle)
-        module = module_at(handle.transformer, attachment.target)
-        return QuantizedLayer(module, attachment.target, session.config, handle.spec.quantize.keep_original)
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> QuantizedLayer:
+        session = self._session(ctx)
+        module = module_at(ctx.transformer, attachment.target)
+        return QuantizedLayer(module, attachment.target, session.config, ctx.spec.quantize.keep_original)
 
-    def check_removable(self, handle: Handle) -> None:
+    def check_removable(self, ctx: AttachContext) -> None:
         """Called by `Handle.remove` before anything is removed: refuse when weights cannot be restored."""
-        spec: Quantize = handle.spec.quantize
-        session: _Session | None = handle.resources.get(_RESOURCE)
+        spec: Quantize = ctx.spec.quantize  # type: ignore[assignment]
+        session: _Session | None = ctx.kept()
         if spec.keep_original is None and session is not None and session.report.chosen:
             raise EnableError(_refusal(spec.scheme, len(session.report.chosen), "hookkit.disable"))
 
-    def summarize(self, handle: Handle) -> FeatureSummary | None:
-        session: _Session | None = handle.resources.get(_RESOURCE)
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        session: _Session | None = ctx.kept()
         if session is None:  # a live handle always has one, unless a removal failed midway and cleared it
             return None
         data = session.report.to_data()
-        data["keep_original"] = handle.spec.quantize.keep_original
+        data["keep_original"] = ctx.spec.quantize.keep_original  # type: ignore[union-attr]
         return FeatureSummary(name=self.name, data=data, text=session.report.render())
 
 

@@ -14,13 +14,10 @@ trained model's do not. No trained weights can be downloaded here, so hookkit tr
 - a small CNN (`ShapeClassifier`), trained alongside on the procedural images, says whether a generated
   image still shows the class it was asked for.
 
-    from hookkit.tools import trained
     pipe = trained.load_pipeline()                                   # CPU, float32
     images = pipe(**trained.call_kwargs(["red circle", 3], seeds=[0, 1])).images   # (2, 3, 32, 32) in [0, 1]
-    predicted = trained.load_classifier()(images).argmax(-1)
 
-Weights (`model.safetensors`, `classifier.safetensors`) are made by `benchmarks/train_tiny_flux.py`;
-`MODEL_CARD.md` says how, on what, and how well.
+Weights are made by `benchmarks/train_tiny_flux.py`; `MODEL_CARD.md` says how, on what, and how well.
 """
 
 from __future__ import annotations

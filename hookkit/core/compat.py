@@ -1,0 +1,100 @@
+"""Every rule about which features combine, in one table.
+
+A rule names two features (`Spec` fields), when it applies (a predicate on the spec and the adapter) and
+its outcome: `refused` raises the rule's error before anything is planned or attached; `inactive` turns
+the first feature off for this spec (it plans nothing and its summary gives the reason). A pair with no
+rule combines freely. Rules that concern one feature alone stay with that feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hookkit.errors import HookkitError, SpecError
+
+if TYPE_CHECKING:
+    from hookkit.adapters import AdapterSpec
+    from hookkit.spec import Spec
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+@attrs.frozen(kw_only=True)
+class Rule:
+    """One rule of the table."""
+
+    #: the features it is about: (the one it refuses or turns off, the other)
+    features: tuple[str, str]
+    outcome: str = attrs.field(validator=attrs.validators.in_(("refused", "inactive")))
+    applies: Callable[[Spec, AdapterSpec], bool]
+    #: the error or reason, read from the spec and adapter it applies to
+    message: Callable[[Spec, AdapterSpec], str]
+    error: type[HookkitError] = SpecError
+
+
+def _whole_graphs(spec: Spec) -> bool:
+    return spec.compile is not None and spec.compile.cuda_graphs == "transformer"
+
+
+def _dynamic_cache(spec: Spec) -> bool:
+    c = spec.cache
+    return c is not None and (c.steps_mask is None or c.mask_policy != "static" or bool(c.taylorseer_order))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        features=("compile", "cache"), outcome="refused",
+        applies=lambda s, a: s.cache is not None and s.compile is not None and not s.compile.regional,
+        message=lambda s, a: (
+            "Compile.regional: expected True with DBCache (its per-step decision must stay outside the compiled "
+            "graph), got False. Use Compile(regional=True)."),
+    ),
+    Rule(
+        features=("compile", "cache"), outcome="refused",
+        applies=lambda s, a: _whole_graphs(s) and _dynamic_cache(s),
+        message=lambda s, a: (
+            "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call: "
+            f"DBCache(steps_mask=<mask or policy>, mask_policy='static', taylorseer_order=0), got "
+            f"steps_mask={s.cache.steps_mask!r}, mask_policy={s.cache.mask_policy!r}, "
+            f"taylorseer_order={s.cache.taylorseer_order}. For dynamic decisions use "
+            "Compile(mode='reduce-overhead') (CUDA graphs per block)."),
+    ),
+    Rule(
+        # e.g. Qwen-Image's prologue runs torch.as_tensor(python_int, device=cuda): a pageable host copy that
+        # stream capture refuses, and a constant a replayed graph would never rebuild
+        features=("compile", "memo"), outcome="refused",
+        applies=lambda s, a: _whole_graphs(s) and a.memo_scope != "none" and not s.memo,
+        message=lambda s, a: (
+            f"Spec.memo: expected True with Compile(cuda_graphs='transformer') on {a.name!r} (its prologue builds "
+            f"tensors from Python data every call: adapter memo_scope={a.memo_scope!r}), got False. Use "
+            "Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."),
+    ),
+    Rule(
+        features=("memo", "compile"), outcome="inactive",
+        applies=lambda s, a: s.memo and s.compile is not None and not s.compile.regional,
+        message=lambda s, a: "Compile(regional=False) compiles the prologue itself (its constants are baked into the graph)",
+    ),
+)
+
+
+def check(spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> None:
+    """Raise the error of the first refusing rule that applies to `spec` on `adapter`."""
+    for rule in rules:
+        if rule.outcome == "refused" and rule.applies(spec, adapter):
+            raise rule.error(rule.message(spec, adapter))
+
+
+def inactive_reason(feature: str, spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> str | None:
+    """Why another feature in `spec` turns `feature` off, or None."""
+    for rule in rules:
+        if rule.outcome == "inactive" and rule.features[0] == feature and rule.applies(spec, adapter):
+            return rule.message(spec, adapter)
+    return None
+
+
+def outcome(spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> list[tuple[Rule, Any]]:
+    """Every rule that applies to `spec` on `adapter`, with its message: what the table says about it."""
+    return [(r, r.message(spec, adapter)) for r in rules if r.applies(spec, adapter)]
