@@ -16,9 +16,7 @@ whole-transformer CUDA graphs the cache provides `hookkit.core.graphs.GraphDecis
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
     print(handle.summary())           # per branch: computed and cached steps, diffs; plot_cache_diffs draws them
-
-ControlNet residuals that the model adds between blocks (adapter `between_block_args`) are counted once on a
-cached step: the stored residual holds the blocks' own contribution only (`DBCacheBetweenHook`).
+ControlNet residuals the model adds between blocks (adapter `between_block_args`) count once: `DBCacheBetweenHook`.
 """
 
 from __future__ import annotations
