@@ -484,7 +484,7 @@ def lora_steps(pipe: Any) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("compile_spec", [None, hookkit.Compile(backend="eager"),
-                                          hookkit.Compile(backend="aot_eager", mode="reduce-overhead")],
+                                          hookkit.Compile(backend="eager", mode="reduce-overhead")],
                          ids=["eager", "regional-compile", "regional-reduce-overhead"])
 def test_lora_load_switch_fuse_unload_equal_a_fresh_pipeline(compile_spec: hookkit.Compile | None) -> None:
     # on the CPU reduce-overhead compiles without CUDA graphs (the summary says so); the graph invalidation for
