@@ -26,6 +26,7 @@ from hookkit.features import build_plan, enable
 from hookkit.spec import Spec
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.parallel import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 
@@ -35,6 +36,7 @@ __all__ = [
     "AdapterSpec",
     "BlockListSpec",
     "Compile",
+    "ContextParallel",
     "DBCache",
     "Handle",
     "Quantize",

@@ -1,7 +1,7 @@
 """The composition layer: every technique's feature, registered in one table, and `enable` over it.
 
 The table is keyed by `Spec` field and ordered as features attach: quantization first (it swaps weights
-before anything hooks the layers), memo and the sync-free loop next (transformer and scheduler hooks), the
+before anything hooks the layers), context parallelism (diffusers' hooks around the transformer), memo and the sync-free loop next (transformer and scheduler hooks), the
 cache, and compile last (it wraps the forwards the other hooks surround). Each entry is validated when the
 table is built (`hookkit.core.feature.FeatureTable`): a malformed feature is refused at import.
 """
@@ -15,13 +15,14 @@ from hookkit.core.feature import FeatureTable
 from hookkit.core.handle import Handle, enable_with, plan_for
 from hookkit.core.plan import Plan
 from hookkit.spec import Spec
-from hookkit.techniques import memo, sync_free
+from hookkit.techniques import memo, parallel, sync_free
 from hookkit.techniques.cache import hooks as cache
 from hookkit.techniques.compile import hooks as compile_
 from hookkit.techniques.quantize import torchao as quantize
 
 #: every feature hookkit ships, in attach order
-FEATURES = FeatureTable(Spec, [quantize.FEATURE, memo.FEATURE, sync_free.FEATURE, cache.FEATURE, compile_.FEATURE])
+FEATURES = FeatureTable(Spec, [quantize.FEATURE, parallel.FEATURE, memo.FEATURE, sync_free.FEATURE, cache.FEATURE,
+                               compile_.FEATURE])
 
 
 def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None = None) -> Handle:

@@ -16,6 +16,7 @@ from hookkit.core.validate import boolean, instance_of
 from hookkit.errors import SpecError, field_error
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
+from hookkit.techniques.parallel import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 
 @attrs.frozen(kw_only=True)
@@ -30,6 +31,8 @@ class Spec:
         compile: regional or whole torch.compile, CUDA graphs (`hookkit.Compile`), or None (default).
         sync_free: keep the denoising loop free of host syncs (default False; needs a pipeline).
         memo: memoize index tensors built from Python data in the adapter's `memo_scope` (default False).
+        parallel: context parallelism through diffusers' `enable_parallelism` (`hookkit.ContextParallel`, under
+            torchrun), or None (default: one process, or a transformer the user parallelised themselves).
     """
 
     cache: DBCache | None = attrs.field(default=None, validator=instance_of(DBCache, "a hookkit.DBCache"))
@@ -37,6 +40,8 @@ class Spec:
     compile: Compile | None = attrs.field(default=None, validator=instance_of(Compile, "a hookkit.Compile"))
     sync_free: bool = attrs.field(default=False, validator=boolean)
     memo: bool = attrs.field(default=False, validator=boolean)
+    parallel: ContextParallel | None = attrs.field(default=None,
+                                                   validator=instance_of(ContextParallel, "a hookkit.ContextParallel"))
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (lists for tuples), the inverse of `Spec.from_dict`."""

@@ -25,7 +25,7 @@ from hookkit.features import FEATURES
 from hookkit.tools import zoo
 
 PACKAGE = Path(hookkit.__file__).parent
-TECHNIQUES = ("cache", "compile", "memo", "quantize", "sync_free")
+TECHNIQUES = ("cache", "compile", "memo", "parallel", "quantize", "sync_free")
 
 
 # --- what `import hookkit` loads ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_the_import_graph_check_catches_each_kind_of_violation(module: str, sour
 
 
 def test_shipped_features_are_keyed_by_spec_field_in_attach_order() -> None:
-    assert list(FEATURES) == ["quantize", "memo", "sync_free", "cache", "compile"]
+    assert list(FEATURES) == ["quantize", "parallel", "memo", "sync_free", "cache", "compile"]
     assert all(FEATURES[name].name == name for name in FEATURES)
 
 
@@ -175,7 +175,7 @@ class _AttachWithoutAttachment(_Good):
 
 @pytest.mark.parametrize("features, message", [
     ([_NoName()], r"^hookkit feature test_architecture._NoName: name expected one of the Spec fields \['cache', "
-                  r"'compile', 'memo', 'quantize', 'sync_free'\], got 'turbo' \(a feature implements exactly one Spec "
+                  r"'compile', 'memo', 'parallel', 'quantize', 'sync_free'\], got 'turbo' \(a feature implements exactly one Spec "
                   r"field and is named after it\). Set `name`.$"),
     ([_WrongSpecClass()], r"^hookkit feature test_architecture._WrongSpecClass \('cache'\): spec_class expected the "
                           r"type of Spec.cache \(DBCache\), got <class 'hookkit.techniques.quantize.spec.Quantize'>"),
@@ -200,7 +200,7 @@ GRAPHS = hookkit.Compile(cuda_graphs="transformer")
 STATIC = hookkit.DBCache(steps_mask="fast", mask_policy="static", taylorseer_order=0)
 SETTINGS: dict[str, Any] = {
     "quantize": hookkit.Quantize(scheme="int8_weight_only"), "memo": True, "sync_free": True,
-    "cache": hookkit.DBCache(), "compile": hookkit.Compile(),
+    "cache": hookkit.DBCache(), "compile": hookkit.Compile(), "parallel": hookkit.ContextParallel(ulysses=2),
 }
 
 #: (adapter, spec fields, expected): "allowed", ("refused", error, message start), ("inactive", feature, reason start)
@@ -333,13 +333,15 @@ def test_one_name_per_technique_for_spec_field_feature_hooks_and_summary() -> No
                         sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"))
     with hookkit.enable(pipe, spec) as handle:
         summary = handle.summary()
-        assert set(summary.features) == set(FEATURES) == {f.name for f in attrs.fields(hookkit.Spec)}
-        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo"}  # Flux: no memo scope
+        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it)
+        fields = {f.name for f in attrs.fields(hookkit.Spec)}
+        assert set(summary.features) == set(FEATURES) - {"parallel"} == fields - {"parallel"}
+        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel"}  # no memo scope
         assert [a.name for a in handle.plan.attachments if a.feature != "core"
                 and not a.name.startswith(f"hookkit.{a.feature}")] == []
 
 
-SPEC_CLASSES = [hookkit.Spec, hookkit.DBCache, hookkit.Quantize, hookkit.Compile]
+SPEC_CLASSES = [hookkit.Spec, hookkit.DBCache, hookkit.Quantize, hookkit.Compile, hookkit.ContextParallel]
 
 
 @pytest.mark.parametrize("cls", SPEC_CLASSES, ids=[c.__name__ for c in SPEC_CLASSES])

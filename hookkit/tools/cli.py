@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 import hookkit
-from hookkit.tools import bench
+from hookkit.tools import bench, distributed
 from hookkit.tools.bench import ModelOptions
 from hookkit.errors import HookkitError, SpecError
 from hookkit.techniques.cache.spec import MASK_POLICIES
@@ -230,6 +231,8 @@ def optimization_tag(spec: hookkit.Spec) -> str:
         parts.append("memo")
     if spec.sync_free:
         parts.append("syncfree")
+    if spec.parallel is not None:
+        parts.append(f"CP-U{spec.parallel.ulysses}R{spec.parallel.ring}")
     return "_".join(parts) if parts else "eager"
 
 
@@ -314,6 +317,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opts = _model_options(args, args.model)
     bench.check_model(opts)
     spec = spec_from_args(args)
+    if args.parallel is not None:  # under torchrun: join the group, one device per rank, diffusers shards
+        spec = attrs.evolve(spec, parallel=distributed.parse_parallel(args.parallel))
+        opts = attrs.evolve(opts, device=distributed.init_distributed(opts.device))
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
     latent = opts.full
@@ -342,7 +348,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out = Path(args.out)
     else:
         out = Path(f"{opts.name}.{size}.{tag}" + (".pt" if latent else ".gif" if video else ".png"))
-    paths = _save(output, out, latent, video)
+    paths = _save(output, out, latent, video) if distributed.is_main() else []
+    ranks = None
+    if spec.parallel is not None:  # every rank: the gather needs them all
+        ranks = distributed.check_same_decisions({n: f.data for n, f in summary.features.items()}, "generate")
+    if not distributed.is_main():
+        return 0
 
     if args.summary:
         print(summary)
@@ -363,6 +374,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"Warmup Time: {warmup_s:.2f}s ({args.warmup} run{'s' if args.warmup != 1 else ''})",
         f"Inference Time: {infer_s:.2f}s",
     ]
+    if spec.parallel is not None:
+        lines.append(f"Parallel: {ranks} ranks, context parallel ulysses {spec.parallel.ulysses} x ring "
+                     f"{spec.parallel.ring}; DBCache decisions identical on every rank")
     if latent:
         lines.append("Decoding: skipped for --full (output_type='latent'); latents saved as a tensor")
     lines.append(f"Saved: {', '.join(str(p) for p in paths[:4])}" + (f" (+{len(paths) - 4} more)" if len(paths) > 4 else ""))
@@ -418,8 +432,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
     configs, notes = bench.select_configs(names, device)
-    rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
-                            Path(args.out_dir) if args.out_dir else None, log=_progress_line)
+    if args.parallel is not None:  # under torchrun: every rank measures in-process, rank 0 reports
+        cp = distributed.parse_parallel(args.parallel)
+        opts = attrs.evolve(opts, device=distributed.init_distributed(opts.device))
+        rows = distributed.run_matrix(configs, opts, args.runs, args.warmup,
+                                      Path(args.out_dir) if args.out_dir else None, cp, log=_progress_line)
+        notes = [*notes, f"context parallel ulysses {cp.ulysses} x ring {cp.ring} over "
+                         f"{torch.distributed.get_world_size()} ranks (diffusers' enable_parallelism)"]
+        if not distributed.is_main():
+            return 0 if rows[0]["status"] == "ok" else 1
+    else:
+        rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
+                                Path(args.out_dir) if args.out_dir else None, log=_progress_line)
     data = bench.report(rows, notes, opts, args.runs, args.warmup, args.argv)
     _print_report(data, args.json)
     return 0 if rows[0]["status"] == "ok" else 1
@@ -480,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")
     p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")
+    p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
+                   help="context parallelism under torchrun, e.g. ulysses=2 or ring=2,attention_backend=_native_cudnn")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one (compilation happens here)")
     p.add_argument("--out", default=None, help="output file (.png; .gif or .png frames for video; .pt with --full)")
     _add_model_args(p)
@@ -495,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=None, help="keep each configuration's output (.pt) and row (.json) here")
     p.add_argument("--timeout", type=float, default=bench.default_timeout(), help="seconds per configuration")
     p.add_argument("--list", action="store_true", help="list the configurations and whether they run here")
+    p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
+                   help="under torchrun: every configuration context-parallel (e.g. ulysses=2), rank 0 reports")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="print one table from several --json files of the same model and settings (runs nothing)")
     p.add_argument("--quality", action="store_true",

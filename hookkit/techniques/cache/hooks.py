@@ -7,8 +7,8 @@ per stream) are stored; on a cached step every middle block returns its inputs u
 adds the stored residual (or, with `taylorseer_order`, its extrapolation). Which steps are cached is decided
 per CFG branch by the rules in `_CallState.rules`; all state is per pipeline call (`CallState.features`).
 
-Host syncs: only a threshold decision reads the device, one `.item()` per step and branch; a static mask
-needs no read at all (and then no hook on block 0). Everything kept across steps is computed outside any
+Host syncs: only a threshold decision reads the device, one `.item()` per step and branch (under context
+parallelism after one all-reduce of its two sums, so every rank decides alike); a static mask needs none. Everything kept across steps is computed outside any
 compiled region, so outputs of compiled regions or CUDA graphs are never held across calls. Hooks run around
 the block's compiled callable (`HookRegistry.set_inner`), so a decision never becomes a graph break. Under
 whole-transformer CUDA graphs the cache provides `hookkit.core.graphs.GraphDecisions` (`GraphBridge`).
@@ -36,6 +36,7 @@ from loguru import logger
 from hookkit.adapters import BlockListSpec
 from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.graphs import GraphDecisions
+from hookkit.core.parallel import ParallelInfo, global_sums, parallel_info
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
@@ -219,9 +220,14 @@ def _fits(branch: _Branch, middle: tuple[torch.Tensor, Any]) -> bool:
 class _CallState:
     """Everything DBCache keeps during one pipeline call (lives in `CallState.features["cache"]`)."""
 
-    def __init__(self, layout: _Layout, num_steps: int | None) -> None:
+    def __init__(self, layout: _Layout, num_steps: int | None, parallel: ParallelInfo | None = None) -> None:
         spec = layout.spec
         self.layout = layout
+        #: the context-parallel group the transformer runs under in this call (None: one process); the diff is
+        #: then reduced over it so that every rank takes the same decision (`hookkit.core.parallel`)
+        self.parallel = parallel
+        #: all-reduces made for decisions in this call (one per decided step under context parallelism)
+        self.collectives = 0
         if isinstance(spec.steps_mask, str) and num_steps is None:
             raise SpecError(
                 f"DBCache.steps_mask: the named policy {spec.steps_mask!r} is scaled to the number of steps, which "
@@ -306,6 +312,7 @@ class _CallState:
           7. threshold <= 0                                   -> compute
           8. diff = mean|r - r_ref| / mean|r_ref| of the Fn residual r against r_ref, the Fn residual of this
              branch's last computed step: cache iff diff < threshold (the one `.item()` of a decision).
+             Under context parallelism each rank holds a sequence shard: the sums are reduced first (`_diff`).
         """
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
@@ -327,12 +334,22 @@ class _CallState:
         ref = branch.fn_ref
         if spec.threshold <= 0 or residual is None or ref is None or ref.shape != residual.shape:
             return False
-        # The one device-to-host read of a dynamic decision (means accumulated in float32 at least).
-        acc = torch.promote_types(residual.dtype, torch.float32)
-        diff = ((residual - ref).abs().mean(dtype=acc) / ref.abs().mean(dtype=acc)).item()
+        diff = self._diff(residual, ref)
         branch.diffs[step] = diff
         branch.accumulated += diff
         return diff < spec.threshold
+
+    def _diff(self, residual: torch.Tensor, ref: torch.Tensor) -> float:
+        """mean|r - r_ref| / mean|r_ref|: the one device-to-host read of a dynamic decision (accumulated in float32
+        at least). Under context parallelism each rank holds a sequence shard: the two sums are all-reduced over the
+        group first (sums, not per-rank means, so uneven shards stay exact), and every rank reads the same value."""
+        acc = torch.promote_types(residual.dtype, torch.float32)
+        if self.parallel is None:
+            return ((residual - ref).abs().mean(dtype=acc) / ref.abs().mean(dtype=acc)).item()
+        local = torch.stack(((residual - ref).abs().sum(dtype=acc), ref.abs().sum(dtype=acc)))
+        num, den = global_sums(local, self.parallel.group).tolist()
+        self.collectives += 1
+        return num / den if den > 0 else math.inf
 
 
 # --- hooks --------------------------------------------------------------------------------------------------
@@ -373,7 +390,10 @@ class _Shared:
             )
         cs = state.features.get(NAME)
         if cs is None:
-            cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps))
+            # a new generation: whether the transformer runs under context parallelism is looked up here, so that
+            # `enable_parallelism` may come before or after `hookkit.enable`
+            cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps,
+                                                       parallel_info(handle.transformer)))
         return cs
 
 
@@ -723,6 +743,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "transformer_calls": calls,
         "block_calls": cs.block_calls if cs is not None else 0,
         "block_calls_uncached": calls * layout.num_blocks,
+        "parallel": cs.parallel.describe() if cs is not None and cs.parallel is not None else None,
+        "collectives": cs.collectives if cs is not None else 0,
         "branches": branches,
     }
     return FeatureSummary(name=NAME, data=data, text=_render(data))
@@ -744,6 +766,10 @@ def _render(data: dict[str, Any]) -> str:
     lines = [head, table(headers, rows)]
     for index, b in data["branches"].items():
         lines.append(f"branch {index} cached steps: {b['cached']}")
+    parallel = data.get("parallel")
+    if parallel is not None:
+        lines.append(f"context parallel: ulysses {parallel['ulysses']} x ring {parallel['ring']} over "
+                     f"{parallel['world_size']} ranks; decisions global ({data['collectives']} all-reduces)")
     total = data["block_calls_uncached"]
     share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
     lines.append(f"block calls run: {data['block_calls']} of {total}{share}")

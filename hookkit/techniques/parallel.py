@@ -1,0 +1,382 @@
+"""Context parallelism through diffusers' own engine: `hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2))`.
+
+On attach this calls `transformer.enable_parallelism(config=ContextParallelConfig(...))` (after
+`set_attention_backend` when `attention_backend` is given); diffusers shards the sequence over a ("ring",
+"ulysses") mesh by the model's `_cp_plan`. A pipeline the user parallelised with diffusers' API works as well, in
+either order: the cache detects the mesh at every generation (`hookkit.core.parallel`).
+
+Refused, with the fix: no `_cp_plan`, a head count the Ulysses degree does not divide, a backend without
+context-parallel support (and ring with `native`, whose op returns no log-sum-exp), no process group or too few
+ranks, a transformer already parallelised, and at each call a sequence the degree does not divide.
+
+Removal restores every module's `forward`/`_diffusers_hook` entries, each attention processor's
+`_parallel_config`/`_attention_backend`, diffusers' process-wide active backend and `transformer._parallel_config`;
+the transformer then runs unsharded. The device mesh and its process groups stay alive (torch cannot destroy one
+mesh's subgroups alone). Under torchrun, one process per GPU, same seed and inputs on every rank:
+
+    torch.distributed.init_process_group("nccl"); torch.cuda.set_device(rank)
+    handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2)))
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+from loguru import logger
+
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.parallel import context_parallel_config, parallel_info
+from hookkit.core.plan import Attachment
+from hookkit.core.removal import Removal
+from hookkit.core.summary import FeatureSummary
+from hookkit.core.validate import boolean, int_field
+from hookkit.errors import EnableError, SpecError, UnsupportedError
+
+if TYPE_CHECKING:
+    from hookkit.core.plan import PlanContext
+
+NAME = "parallel"
+CONTEXT_HOOK = "hookkit.parallel.context"
+#: name of hookkit's sequence-length check in diffusers' hook registry of the transformer (outermost there)
+CHECK_HOOK = "hookkit.parallel.check"
+#: backends whose context-parallel forward op cannot return the log-sum-exp that ring attention merges with
+#: (diffusers 0.42.1: `_native_attention_forward_op` raises for `return_lse=True`)
+NO_LSE_BACKENDS = frozenset({"native"})
+_MISSING = object()
+
+__all__ = ["FEATURE", "ContextParallel"]
+
+
+def _check_str_or_none(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpecError(f"ContextParallel.{attr.name}: expected a diffusers attention backend name (e.g. 'native', "
+                        f"'_native_cudnn', 'flash') or None, got {value!r}.")
+
+
+@attrs.frozen(kw_only=True)
+class ContextParallel:
+    """Sequence (context) parallelism over torch.distributed, run by diffusers' `enable_parallelism`.
+
+    Args:
+        ulysses: Ulysses degree: ranks that exchange heads for sequence with all-to-alls around attention. Must
+            divide the attention head count (unless `ulysses_anything`).
+        ring: ring degree: ranks that pass key/value shards around a ring (needs an attention backend whose op
+            returns the log-sum-exp: `_native_cudnn`, `flash`, `_native_flash`, `sage`, not `native`).
+            `ulysses * ring` ranks share one sequence; at least 2.
+        ulysses_anything: let Ulysses split sequence lengths and head counts it does not divide (uneven shards;
+            only with `ring=1`).
+        ring_anything: let ring attention split sequence lengths it does not divide (only with `ulysses=1`).
+        attention_backend: set on the transformer (`set_attention_backend`) before enabling; None keeps the one it
+            has (diffusers' default: `native`). Restored on removal.
+        convert_to_fp32: ring attention merges partial outputs and log-sum-exps in float32 (diffusers' default).
+    """
+
+    NAME: ClassVar[str] = "parallel"
+    ulysses: int = attrs.field(default=1, validator=int_field(1))
+    ring: int = attrs.field(default=1, validator=int_field(1))
+    ulysses_anything: bool = attrs.field(default=False, validator=boolean)
+    ring_anything: bool = attrs.field(default=False, validator=boolean)
+    attention_backend: str | None = attrs.field(default=None, validator=_check_str_or_none)
+    convert_to_fp32: bool = attrs.field(default=True, validator=boolean)
+
+    def __attrs_post_init__(self) -> None:
+        if self.ulysses * self.ring < 2:
+            raise SpecError(f"ContextParallel.ulysses * ContextParallel.ring: expected at least 2 ranks per sequence, "
+                            f"got ulysses={self.ulysses} * ring={self.ring} = {self.ulysses * self.ring}. Set ulysses=2 "
+                            "(or ring=2), or leave Spec.parallel unset for one process.")
+        if self.ulysses_anything and self.ring > 1:
+            raise SpecError(f"ContextParallel.ulysses_anything: expected ring=1 with it (diffusers' rule), got "
+                            f"ring={self.ring}. Use ring=1 or drop ulysses_anything.")
+        if self.ulysses_anything and self.ulysses < 2:
+            raise SpecError("ContextParallel.ulysses_anything: expected ulysses >= 2 with it, got ulysses=1. "
+                            "Raise ulysses or drop ulysses_anything.")
+        if self.ring_anything and (self.ulysses > 1 or self.ring < 2):
+            raise SpecError(f"ContextParallel.ring_anything: expected ring >= 2 and ulysses=1 with it, got "
+                            f"ring={self.ring}, ulysses={self.ulysses}. Fix the degrees or drop ring_anything.")
+
+    @property
+    def degree(self) -> int:
+        """Ranks that share one sequence."""
+        return self.ulysses * self.ring
+
+    @property
+    def anything(self) -> bool:
+        return self.ulysses_anything or self.ring_anything
+
+    def diffusers_config(self) -> Any:
+        """The `diffusers.ContextParallelConfig` this spec stands for (a new one each time: diffusers fills it in)."""
+        from diffusers import ContextParallelConfig
+
+        return ContextParallelConfig(ulysses_degree=self.ulysses, ring_degree=self.ring,
+                                     ulysses_anything=self.ulysses_anything, ring_anything=self.ring_anything,
+                                     convert_to_fp32=self.convert_to_fp32)
+
+
+# --- attention processors ----------------------------------------------------------------------------------------
+
+
+def _processors(transformer: torch.nn.Module) -> list[Any]:
+    """The attention processors diffusers' `enable_parallelism` configures (one per attention module)."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention, MochiAttention
+
+    out = []
+    for module in transformer.modules():
+        if isinstance(module, (Attention, MochiAttention, AttentionModuleMixin)):
+            processor = getattr(module, "processor", None)
+            if processor is not None:
+                out.append(processor)
+    return out
+
+
+def current_backend(transformer: torch.nn.Module, requested: str | None = None) -> str:
+    """The attention backend the processors will run (`requested` when given), as diffusers resolves it."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    if requested is not None:
+        return requested.lower()
+    for processor in _processors(transformer):
+        if hasattr(processor, "_attention_backend"):
+            backend = processor._attention_backend
+            if backend is not None:
+                return str(getattr(backend, "value", backend))
+            break
+    return str(_AttentionBackendRegistry.get_active_backend()[0].value)
+
+
+def _check_backend(spec: ContextParallel, transformer: torch.nn.Module) -> str:
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    backend = current_backend(transformer, spec.attention_backend)
+    known = {b.value for b in AttentionBackendName}
+    if backend not in known:
+        raise SpecError(f"ContextParallel.attention_backend: expected one of diffusers' backends {sorted(known)}, got "
+                        f"{backend!r}. Pick one with context-parallel support, e.g. 'native' or '_native_cudnn'.")
+    supported = sorted(_AttentionBackendRegistry._supports_context_parallel)
+    if backend not in supported:
+        raise UnsupportedError(f"ContextParallel.attention_backend: expected a backend with context-parallel support "
+                               f"({supported}), got {backend!r}. Set attention_backend='native' (Ulysses) or "
+                               "'_native_cudnn' (ring, CUDA).")
+    if spec.ring > 1 and backend in NO_LSE_BACKENDS:
+        raise UnsupportedError(f"ContextParallel.ring: ring attention merges partial results by their log-sum-exp, "
+                               f"which the {backend!r} backend's op does not return (diffusers 0.42.1), got ring="
+                               f"{spec.ring}. Set attention_backend='_native_cudnn' or 'flash' (CUDA), or use "
+                               "ulysses instead of ring.")
+    return backend
+
+
+# --- the per-call sequence check -----------------------------------------------------------------------------------
+
+
+def _split_inputs(plan: dict[str, Any]) -> dict[str, Any]:
+    """The transformer inputs the plan splits (its "" entry), name -> ContextParallelInput."""
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    root = plan.get("", {})
+    if not isinstance(root, dict):
+        return {}
+    return {k: v for k, v in root.items()
+            if isinstance(k, str) and isinstance(v, ContextParallelInput) and not v.split_output}
+
+
+def _make_check_hook(transformer: torch.nn.Module, inputs: dict[str, Any], degree: int) -> Any:
+    """A diffusers hook (outermost on the transformer, so it sees the whole sequence) that refuses a call whose
+    split inputs the degree does not divide, before diffusers' bare `assert` in `EquipartitionSharder.shard`."""
+    from diffusers.hooks import ModelHook as DiffusersHook
+
+    names = list(inspect.signature(type(transformer).forward).parameters)[1:]
+    cls = type(transformer).__name__
+
+    class _SequenceCheck(DiffusersHook):
+        def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            for name, cpi in inputs.items():
+                value = kwargs.get(name)
+                if value is None and name in names and names.index(name) < len(args):
+                    value = args[names.index(name)]
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if cpi.expected_dims is not None and value.dim() != cpi.expected_dims:
+                    continue  # diffusers does not split it either
+                size = value.shape[cpi.split_dim]
+                if size % degree:
+                    raise UnsupportedError(
+                        f"{cls}.forward({name}): context parallelism over {degree} ranks splits dim {cpi.split_dim} "
+                        f"of size {size}, expected a multiple of {degree}, got {size}. Pick a height/width (or prompt "
+                        f"length) whose token count is a multiple of {degree}, or set ContextParallel("
+                        "ulysses_anything=True) (or ring_anything=True).")
+            return args, kwargs
+
+    return _SequenceCheck()
+
+
+# --- attach / remove ---------------------------------------------------------------------------------------------
+
+
+class _ParallelAttachment(Removal):
+    """What `enable_parallelism` changed, and how to take it back (see the module docstring for what is restored)."""
+
+    def __init__(self, transformer: torch.nn.Module, spec: ContextParallel, plan: dict[str, Any], backend: str) -> None:
+        self.transformer: torch.nn.Module | None = transformer
+        self.spec = spec
+        self.plan = plan
+        self.backend = backend
+        self.check = False
+        from diffusers.hooks.context_parallel import _get_submodule_by_name
+
+        self.modules: list[torch.nn.Module] = []
+        for module_id in plan:
+            found = _get_submodule_by_name(transformer, module_id)
+            self.modules.extend(found if isinstance(found, list) else [found])
+        if transformer not in self.modules:
+            self.modules.append(transformer)
+        self.saved_modules = [(m, m.__dict__.get("forward", _MISSING), m.__dict__.get("_diffusers_hook", _MISSING))
+                              for m in self.modules]
+        self.saved_processors = [(p, p.__dict__.get("_parallel_config", _MISSING),
+                                  p.__dict__.get("_attention_backend", _MISSING)) for p in _processors(transformer)]
+        self.saved_config = transformer.__dict__.get("_parallel_config", _MISSING)
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        #: `set_attention_backend` also sets diffusers' process-wide active backend
+        self.saved_active = _AttentionBackendRegistry._active_backend
+        self.set_active: Any = _MISSING
+
+    def apply(self) -> None:
+        transformer = self.transformer
+        assert transformer is not None
+        if self.spec.attention_backend is not None:
+            from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+            transformer.set_attention_backend(self.spec.attention_backend)
+            self.set_active = _AttentionBackendRegistry._active_backend
+        transformer.enable_parallelism(config=self.spec.diffusers_config())
+        inputs = _split_inputs(self.plan)
+        if inputs and not self.spec.anything:
+            from diffusers.hooks import HookRegistry as DiffusersRegistry
+
+            DiffusersRegistry.check_if_exists_or_initialize(transformer).register_hook(
+                _make_check_hook(transformer, inputs, self.spec.degree), CHECK_HOOK)
+            self.check = True
+
+    def _undo(self) -> None:
+        transformer = self.transformer
+        if transformer is None:
+            return
+        from diffusers.hooks.context_parallel import remove_context_parallel
+
+        registry = transformer.__dict__.get("_diffusers_hook")
+        if self.check and registry is not None:
+            registry.remove_hook(CHECK_HOOK, recurse=False)
+        if context_parallel_config(transformer) is not None:
+            remove_context_parallel(transformer, self.plan)
+        for module, forward, hook_registry in self.saved_modules:
+            d = module.__dict__
+            current = d.get("_diffusers_hook")
+            if current is not None and current is not hook_registry and not current.hooks:
+                del d["_diffusers_hook"]  # diffusers made it for the context-parallel hooks and leaves it behind
+                if forward is _MISSING:
+                    d.pop("forward", None)
+                else:
+                    d["forward"] = forward
+        for processor, config, backend in self.saved_processors:
+            for attr, value in (("_parallel_config", config), ("_attention_backend", backend)):
+                if value is _MISSING:
+                    processor.__dict__.pop(attr, None)
+                else:
+                    processor.__dict__[attr] = value
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        if self.set_active is not _MISSING and _AttentionBackendRegistry._active_backend == self.set_active:
+            _AttentionBackendRegistry._active_backend = self.saved_active  # unless someone set another one since
+        if self.saved_config is _MISSING:
+            transformer.__dict__.pop("_parallel_config", None)
+        else:
+            transformer.__dict__["_parallel_config"] = self.saved_config
+        self.transformer = None
+
+
+def _world() -> tuple[bool, int]:
+    available = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return available, torch.distributed.get_world_size() if available else 1
+
+
+class _ParallelFeature(BaseFeature):
+    """Plugs context parallelism into `hookkit.enable`: `Spec.parallel`."""
+
+    name = NAME
+    spec_class = ContextParallel
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        spec = ctx.spec.parallel
+        if spec is None:
+            return []
+        transformer = ctx.transformer
+        cls = type(transformer).__name__
+        if getattr(transformer, "_cp_plan", None) is None:
+            raise UnsupportedError(
+                f"Spec.parallel on {cls}: expected a transformer class with a context-parallel plan (`_cp_plan`, "
+                f"diffusers 0.42.1 has one for Flux, Flux.2, Qwen-Image, Wan, LTX, LTX-2, ChronoEdit), got {cls} "
+                "without one, and the adapter gives none. Leave Spec.parallel unset for this model.")
+        heads = getattr(getattr(transformer, "config", None), "num_attention_heads", None)
+        if isinstance(heads, int) and heads % spec.ulysses and not spec.ulysses_anything:
+            raise SpecError(f"ContextParallel.ulysses: expected a divisor of {cls}'s {heads} attention heads, got "
+                            f"{spec.ulysses}. Pick a divisor, or set ulysses_anything=True.")
+        _check_backend(spec, transformer)
+        return [Attachment(feature=NAME, target="", name=CONTEXT_HOOK)]
+
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> _ParallelAttachment:
+        spec = ctx.spec.parallel
+        assert spec is not None  # planned only with Spec.parallel
+        transformer = ctx.transformer
+        cls = type(transformer).__name__
+        initialised, world = _world()
+        if not initialised:
+            raise UnsupportedError(
+                "Spec.parallel: expected an initialised torch.distributed process group (one process per GPU), got "
+                "none. Launch with `torchrun --nproc_per_node N ...` and call "
+                "torch.distributed.init_process_group('nccl') (gloo on the CPU) before hookkit.enable.")
+        if world < spec.degree:
+            raise UnsupportedError(f"Spec.parallel: expected at least ulysses * ring = {spec.degree} ranks, got a "
+                                   f"world of {world}. Launch {spec.degree} processes or lower the degrees.")
+        if context_parallel_config(transformer) is not None or getattr(transformer, "_parallel_config", None):
+            raise EnableError(
+                f"Spec.parallel on {cls}: expected a transformer diffusers has not parallelised yet, got one with "
+                "enable_parallelism already applied. hookkit rides on it as it is: drop Spec.parallel.")
+        if torch.accelerator.device_count() == 0:
+            raise UnsupportedError(
+                "Spec.parallel: diffusers' enable_parallelism picks the device as rank % "
+                "torch.accelerator.device_count(), which is 0 on a CPU-only torch build (ZeroDivisionError), got 0 "
+                "accelerators. Run on GPUs; the known limit and its workaround are in the README (Multi-GPU).")
+        backend = _check_backend(spec, transformer)
+        change = _ParallelAttachment(transformer, spec, dict(transformer._cp_plan), backend)
+        try:
+            change.apply()
+        except BaseException:
+            change.remove()
+            raise
+        ctx.keep(change)
+        info = parallel_info(transformer)
+        logger.info("parallel: {} context parallel ulysses {} x ring {} ({} backend) over {}", cls, spec.ulysses,
+                    spec.ring, backend, info.mesh if info is not None else "?")
+        return change
+
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        change: _ParallelAttachment | None = ctx.kept()
+        if change is None or change.transformer is None:
+            return None
+        info = parallel_info(change.transformer)
+        spec = change.spec
+        data: dict[str, Any] = {
+            "ulysses": spec.ulysses, "ring": spec.ring, "anything": spec.anything, "attention_backend": change.backend,
+            "world_size": info.world_size if info is not None else None, "rank": info.rank if info is not None else None,
+            "mesh": info.mesh if info is not None else None, "sequence_check": change.check,
+        }
+        text = (f"context parallel: ulysses {spec.ulysses} x ring {spec.ring}"
+                f"{' (uneven shards allowed)' if spec.anything else ''}, attention backend {change.backend!r}\n"
+                f"mesh: {data['mesh']}; this is rank {data['rank']} of {data['world_size']}")
+        return FeatureSummary(name=NAME, data=data, text=text)
+
+
+FEATURE = _ParallelFeature()

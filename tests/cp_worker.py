@@ -1,0 +1,353 @@
+"""One rank of the 2-process gloo runs of tests/test_parallel.py (not a test module: pytest starts it as a subprocess).
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=... python tests/cp_worker.py OUT_DIR SCENARIO
+
+Writes OUT_DIR/rank<N>.json with plain results the tests compare across ranks and against a single process.
+Every rank runs the same code on the same tiny Flux (same seed, same inputs). gloo's timeout is short, so a
+deadlock (ranks disagreeing on a cache decision) raises here within seconds instead of hanging.
+
+Test-harness workaround, not a fix: diffusers' `enable_parallelism` picks the device as
+`rank % torch.accelerator.device_count()`, which is 0 on a CPU build of torch; `one_accelerator_slot()` reports 1
+while the mesh is built (diffusers itself is not patched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import io
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GLOO_TIMEOUT_S = float(os.environ.get("HOOKKIT_TEST_GLOO_TIMEOUT", "20"))
+STEPS = 4
+
+
+@contextlib.contextmanager
+def one_accelerator_slot() -> Iterator[None]:
+    """`torch.accelerator.device_count()` is 1 inside (0 on CPU torch, which diffusers divides the rank by)."""
+    original = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def cpu_ring_op() -> Iterator[str]:
+    """TEST-ONLY attention op for ring attention on the CPU, under the `_native_flash` backend name.
+
+    Ring attention merges each key/value shard's partial result by its log-sum-exp; on the CPU no diffusers backend
+    returns one (`native` raises for `return_lse=True`, `_native_flash` needs CUDA). Inside, `_native_flash` dispatches
+    to plain math attention (softmax(q k^T * scale) v, and logsumexp of the scores), through diffusers' own ring
+    template. Yields the backend name to set. Not shipped: hookkit refuses ring with `native` instead.
+    """
+    from diffusers.models import attention_dispatch as ad
+
+    def forward_op(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False, return_lse: bool = False, _save_ctx: bool = True,
+                   _parallel_config: Any = None) -> Any:
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))  # (B, H, S, D)
+        scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+        lse = torch.logsumexp(scores, dim=-1)  # (B, H, S)
+        out = (torch.softmax(scores, dim=-1) @ v).permute(0, 2, 1, 3)  # (B, S, H, D)
+        return (out, lse.permute(0, 2, 1)) if return_lse else out
+
+    def backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                return_lse: bool = False, _parallel_config: Any = None) -> Any:
+        if _parallel_config is None:
+            return forward_op(None, query, key, value, scale=scale, return_lse=return_lse)
+        return ad._templated_context_parallel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            forward_op=forward_op, backward_op=None, _parallel_config=_parallel_config)
+
+    name = ad.AttentionBackendName._NATIVE_FLASH
+    registry = ad._AttentionBackendRegistry
+    saved = registry._backends[name], registry._constraints[name], registry._active_backend
+    registry._backends[name], registry._constraints[name] = backend, []
+    try:
+        yield name.value
+    finally:  # `set_attention_backend` also set the process-wide active backend
+        registry._backends[name], registry._constraints[name], registry._active_backend = saved
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def pipeline() -> Any:
+    from hookkit.tools import zoo
+
+    return zoo.tiny_pipeline("flux")
+
+
+def call(pipe: Any, **extra: Any) -> torch.Tensor:
+    from hookkit.tools import zoo
+
+    kwargs = zoo.call_kwargs("flux", steps=STEPS, **extra)
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    if device.type != "cpu":  # the GPU scenario: embeddings where the transformer is
+        kwargs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in kwargs.items()}
+    return pipe(**kwargs).images
+
+
+def parallelise(pipe: Any, ulysses: int = 2, ring: int = 1) -> None:
+    from diffusers import ContextParallelConfig
+
+    with one_accelerator_slot():
+        pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring))
+
+
+def cache_data(handle: Any) -> dict[str, Any]:
+    from hookkit.techniques.cache.hooks import NAME
+
+    data = handle.summary().features[NAME].data
+    branch = data["branches"][0]
+    return {"cached": branch["cached"], "computed": branch["computed"],
+            "diffs": {str(k): v for k, v in branch["diffs"].items()}, "collectives": data["collectives"],
+            "parallel": data["parallel"]}
+
+
+def cached_run(spec: Any, order: str, parallel: bool = True) -> dict[str, Any]:
+    """A fresh pipeline, hookkit enabled before ("hookkit_first") or after ("cp_first") enable_parallelism."""
+    import hookkit
+
+    pipe = pipeline()
+    if parallel and order == "cp_first":
+        parallelise(pipe)
+    handle = hookkit.enable(pipe, spec)
+    if parallel and order == "hookkit_first":
+        parallelise(pipe)
+    out = call(pipe)
+    result = cache_data(handle)
+    result["digest"] = digest(out)
+    hookkit.disable(pipe)
+    return result
+
+
+def local_diff_at_step_1() -> float:
+    """This rank's own (unreduced) Fn diff at step 1, as a per-rank decision would see it: DBCache with the
+    detection switched off and a threshold every rank passes (all ranks cache alike: no deadlock)."""
+    return local_diff_at_step_1_on(pipeline())
+
+
+def uneven_statistic() -> dict[str, float]:
+    from hookkit.core.parallel import ParallelInfo
+    from hookkit.techniques.cache.hooks import _CallState, _layout
+    import hookkit
+
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randn(1, 81, 16, generator=g) * torch.linspace(0.1, 3.0, 81)[None, :, None]  # shards differ in scale
+    residual = ref + 0.3 * torch.randn(1, 81, 16, generator=g)
+    shard = dist.get_rank()
+    mine = residual.tensor_split(2, dim=1)[shard], ref.tensor_split(2, dim=1)[shard]
+    layout = _layout(hookkit.DBCache(), 5)
+    info = ParallelInfo(group=dist.group.WORLD, rank=shard, world_size=2, ulysses=2, ring=1, anything=True, mesh="world")
+    local = _CallState(layout, 4)._diff(*mine)
+    ratios = [None, None]
+    dist.all_gather_object(ratios, local)
+    return {"global": _CallState(layout, 4, info)._diff(*mine), "single": _CallState(layout, 4)._diff(residual, ref),
+            "mean_of_ratios": sum(ratios) / 2, "shard_tokens": mine[0].shape[1]}
+
+
+def module_state(pipe: Any) -> dict[str, Any]:
+    """What removal must restore: instance `__dict__` keys of every module and attention processor."""
+    modules = {name or "<root>": sorted(m.__dict__) for name, m in pipe.transformer.named_modules()}
+    processors = {name: sorted(m.processor.__dict__) for name, m in pipe.transformer.named_modules()
+                  if getattr(m, "processor", None) is not None}
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    return {"modules": modules, "processors": processors,
+            "active_backend": str(_AttentionBackendRegistry._active_backend)}
+
+
+def scenario_ulysses() -> dict[str, Any]:
+    import hookkit
+
+    res: dict[str, Any] = {}
+    single = call(pipeline())
+
+    # diffusers' context parallelism alone against one process
+    pipe = pipeline()
+    parallelise(pipe)
+    cp = call(pipe)
+    res["cp_alone_max_abs"] = (cp - single).abs().max().item()
+    res["cp_alone_digest"] = digest(cp)
+
+    # Spec(parallel=...) on a transformer diffusers already parallelised: refused, nothing attached
+    try:
+        hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2)))
+        res["already_parallel_error"] = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        res["already_parallel_error"] = f"{type(exc).__name__}: {exc}"
+    res["already_parallel_left_no_handle"] = hookkit.handle_of(pipe) is None
+
+    # hookkit Spec() (bookkeeping only) on top, then disabled: CP output unchanged, CP still working
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    res["spec_empty_equal"] = torch.equal(call(pipe), cp)
+    handle.remove()
+    res["after_disable_equal"] = torch.equal(call(pipe), cp)
+
+    # static mask: no statistic, no collective; both orders
+    static = hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 1, 0, 1], mask_policy="static"))
+    res["static_single"] = cached_run(static, "", parallel=False)
+    for order in ("hookkit_first", "cp_first"):
+        res[f"static_{order}"] = cached_run(static, order)
+
+    # dynamic threshold halfway between the two ranks' local step-1 diffs: per-rank decisions would disagree
+    local = local_diff_at_step_1()
+    locals_ = [None] * dist.get_world_size()
+    dist.all_gather_object(locals_, local)
+    threshold = (min(locals_) + max(locals_)) / 2
+    res["local_diffs_step1"] = locals_
+    res["threshold"] = threshold
+    dynamic = hookkit.Spec(cache=hookkit.DBCache(threshold=threshold, warmup_steps=1))
+    res["dynamic_single"] = cached_run(dynamic, "", parallel=False)
+    for order in ("hookkit_first", "cp_first"):
+        res[f"dynamic_{order}"] = cached_run(dynamic, order)
+
+    # ring over 2 ranks with the test-only CPU op: CP alone against one process, and the dynamic decisions
+    reference = pipeline()  # one process, the same cache spec: what the ring run must reproduce
+    hookkit.enable(reference, dynamic)
+    cached_single = call(reference)
+    hookkit.disable(reference)
+    with cpu_ring_op() as backend:
+        pipe = pipeline()
+        before = module_state(pipe)
+        with one_accelerator_slot():
+            handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ring=2, attention_backend=backend),
+                                                       cache=dynamic.cache))
+        out = call(pipe)
+        res["ring"] = {**cache_data(handle), "digest": digest(out), "max_abs_vs_single": (out - cached_single).abs().max().item(),
+                       "backend": handle.summary().features["parallel"].data["attention_backend"]}
+        hookkit.disable(pipe)
+        # the backend hookkit set (on every processor and process-wide) is undone with the rest
+        res["ring"]["removal_state_equal"] = module_state(pipe) == before
+
+    # uneven shards (what ulysses_anything makes: 81 tokens as 41 + 40): DBCache's statistic on this rank's shard,
+    # reduced over the group, against the one-process value on the whole tensors (gloo cannot gather uneven
+    # outputs at the end of a real call, so the statistic is checked on its own)
+    res["uneven"] = uneven_statistic()
+
+    # the same through Spec(parallel=...): hookkit calls diffusers' API and undoes it on removal
+    pipe = pipeline()
+    before = module_state(pipe)
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2),
+                                                   cache=hookkit.DBCache(threshold=threshold, warmup_steps=1)))
+    out = call(pipe)
+    res["spec_parallel"] = {**cache_data(handle), "digest": digest(out),
+                            "summary": handle.summary().features["parallel"].data}
+    res["spec_parallel_text"] = str(handle.summary())
+    try:
+        call(pipe, height=36, width=36)  # 9 x 9 = 81 image tokens: 2 ranks do not divide them
+        res["odd_sequence_error"] = None
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        res["odd_sequence_error"] = f"{type(exc).__name__}: {exc}"
+    hookkit.disable(pipe)
+    res["removal_state_equal"] = module_state(pipe) == before
+    res["removal_parallel_config"] = "_parallel_config" in pipe.transformer.__dict__
+    res["after_removal_equal_single"] = torch.equal(call(pipe), single)
+    return res
+
+
+def scenario_cli() -> dict[str, Any]:
+    """`hookkit generate` and `hookkit bench` with --parallel, as torchrun would start them (the group is up)."""
+    from hookkit.tools import cli
+
+    out_dir = Path(sys.argv[1])
+    res: dict[str, Any] = {}
+    for name, argv in (
+        ("generate", ["generate", "flux", "--parallel", "ulysses=2", "--steps", "4", "--cache", "--cache-warmup", "1",
+                      "--cache-threshold", "0.3", "--cache-max-continuous", "-1", "--cache-taylorseer", "0",
+                      "--warmup", "0", "--out", str(out_dir / "flux.png")]),
+        ("bench", ["bench", "--model", "flux", "--parallel", "ulysses=2", "--configs", "eager,hookkit-cache-fast",
+                   "--steps", "4", "--runs", "1", "--warmup", "0", "--json", str(out_dir / f"bench.json")]),
+    ):
+        stdout = io.StringIO()
+        with one_accelerator_slot(), contextlib.redirect_stdout(stdout):
+            res[f"{name}_rc"] = cli.main(argv)
+        res[f"{name}_stdout"] = stdout.getvalue()
+    return res
+
+
+def scenario_gpu() -> dict[str, Any]:
+    """2 GPUs over NCCL: the tiny Flux in bfloat16, dynamic threshold between the ranks' local diffs, Ulysses with
+    the native backend and ring with cuDNN (whose op returns the log-sum-exp ring attention needs)."""
+    import hookkit
+
+    device = torch.device("cuda", dist.get_rank())
+    res: dict[str, Any] = {}
+
+    def gpu_pipeline() -> Any:
+        return pipeline().to(device=device, dtype=torch.bfloat16)
+
+    single_pipe = gpu_pipeline()
+    local = local_diff_at_step_1_on(gpu_pipeline())
+    locals_ = [None] * dist.get_world_size()
+    dist.all_gather_object(locals_, local)
+    threshold = (min(locals_) + max(locals_)) / 2
+    res["local_diffs_step1"], res["threshold"] = locals_, threshold
+    spec = hookkit.Spec(cache=hookkit.DBCache(threshold=threshold, warmup_steps=1))
+    handle = hookkit.enable(single_pipe, spec)
+    single = call(single_pipe)
+    res["single"] = cache_data(handle)
+    for name, cp in (("ulysses", hookkit.ContextParallel(ulysses=2)),
+                     ("ring", hookkit.ContextParallel(ring=2, attention_backend="_native_cudnn"))):
+        pipe = gpu_pipeline()
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp, cache=spec.cache))
+        out = call(pipe)
+        res[name] = {**cache_data(handle), "digest": digest(out.float().cpu()),
+                     "max_abs_vs_single": (out.float() - single.float()).abs().max().item()}
+        hookkit.disable(pipe)
+    return res
+
+
+def local_diff_at_step_1_on(pipe: Any) -> float:
+    """`local_diff_at_step_1` for a given (GPU) pipeline, parallelised here with Ulysses 2."""
+    import hookkit
+    from hookkit.techniques.cache import hooks
+
+    parallelise(pipe)
+    original = hooks.parallel_info
+    hooks.parallel_info = lambda module: None  # type: ignore[assignment]
+    try:
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=100.0, warmup_steps=1)))
+        call(pipe)
+        diff = cache_data(handle)["diffs"]["1"]
+        hookkit.disable(pipe)
+    finally:
+        hooks.parallel_info = original  # type: ignore[assignment]
+    return diff
+
+
+SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli, "gpu": scenario_gpu}
+
+
+def main() -> None:
+    out_dir, name = Path(sys.argv[1]), sys.argv[2]
+    if name == "gpu":
+        torch.cuda.set_device(int(os.environ["RANK"]))
+    dist.init_process_group("nccl" if name == "gpu" else "gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    try:
+        result = SCENARIOS[name]()
+        (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
