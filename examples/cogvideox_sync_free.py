@@ -1,10 +1,13 @@
-"""CogVideoX without host syncs in the denoising loop, and regional compilation it cannot do stock.
+"""CogVideoX without host syncs in the denoising loop, and a regional-compilation plan it cannot make stock.
 
 CogVideoX's loop hands a CUDA timestep to a DDIM scheduler whose tables live on the CPU: every lookup, and
 dynamic CFG's `t.item()`, waits for the GPU to drain its queue (3-4 a step on CogVideoX-2b on an H200: BENCHMARKS.md). `Spec(sync_free=True)`
 answers those reads from a host copy of the schedule: same values, same output, no stall. And
 `CogVideoXTransformer3DModel` has no `_repeated_blocks`, so stock `compile_repeated_blocks()` refuses;
-hookkit's adapter names the repeated block class, so `Compile(regional=True)` works.
+hookkit's adapter names the repeated block class, so `Compile(regional=True)` finds one region per block. This
+example shows that plan (`hookkit.build_plan`, nothing attached) and runs no compiled call: compiling takes
+minutes on a CPU. `hookkit generate cogvideox --compile` (or `hookkit bench --configs eager,hookkit-compile`)
+runs it.
 
 On a CUDA device the example counts host syncs with `hookkit.profile_syncs` (sync debug mode), with and
 without hookkit. On the CPU there is no device queue to wait for: it runs the same hooks, checks the output is

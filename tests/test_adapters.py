@@ -384,6 +384,7 @@ def test_a_broken_adapter_file_raises_on_every_lookup_not_just_the_first(tmp_pat
                                                                       "argument name, got 3."),
         ({"cfg": "twice"}, "cfg: expected one of ('batched', 'separate') (one batched call per step, or one "
                            "call per CFG branch), got 'twice'."),
+        ({"quant_modulation": [""]}, "quant_modulation: expected a list of non-empty strings, got ('',)."),
         ({"quant_exclude": "proj_out"}, None),  # one string is a list of one
     ],
 )

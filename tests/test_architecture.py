@@ -209,8 +209,9 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
     ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS},
-     ("refused", SpecError, "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call")),
+     ("refused", SpecError, "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer')")),
     ("flux", {"cache": STATIC, "compile": GRAPHS}, "allowed"),
+    ("flux", {"cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0), "compile": GRAPHS}, "allowed"),  # split graphs
     ("flux", {"memo": True, "compile": WHOLE},
      ("inactive", "memo", "Compile(regional=False) compiles the prologue itself")),
     ("qwenimage", {"compile": GRAPHS},

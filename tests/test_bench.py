@@ -11,8 +11,10 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -61,11 +63,14 @@ def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> Non
     assert lines[0].startswith("hookkit bench: flux (tiny), the model's default size, 6 steps, batch 1, float32, CPU")
     header = next(i for i, line in enumerate(lines) if line.startswith("| config "))
     assert [cell.strip() for cell in lines[header].split("|")[1:-1]] == [
-        "config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)", "notes"]
+        "config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up",
+        "PSNR vs eager (dB)", "notes"]
     body = lines[header + 2:header + 4]
     assert [line.split("|")[1].strip() for line in body] == ["eager", SECOND]
     assert lines[header + 4:header + 5] in ([], [""])
-    assert body[0].split("|")[6].strip() == "reference"
+    assert body[0].split("|")[7].strip() == "reference"
+    low, high = min(eager["latencies_s"]), max(eager["latencies_s"])
+    assert body[0].split("|")[3].strip() == f"{low:.4f}–{high:.4f}"
     assert "[1/2] eager" in proc.stderr and f"[2/2] {SECOND}" in proc.stderr
 
 
@@ -158,6 +163,49 @@ def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
 def test_unknown_configuration_is_a_field_error_naming_the_known_ones() -> None:
     with pytest.raises(SpecError, match=r"--configs: unknown configuration 'turbo'; known: \['eager', "):
         bench.select_configs(["eager", "turbo"], torch.device("cpu"))
+
+
+def test_a_typo_in_a_configuration_name_gets_the_closest_match() -> None:
+    with pytest.raises(SpecError, match=r"unknown configuration 'hookkit-cache-fsat'; did you mean 'hookkit-cache-fast'\? "):
+        bench.select_configs(["eager", "hookkit-cache-fsat"], torch.device("cpu"))
+
+
+def _timed_row(config: str, latencies: list[float]) -> dict:
+    row = _row(config, statistics.median(latencies))
+    row.update(latencies_s=latencies, peak_memory_gb=1.0, warmup_s=0.0)
+    return row
+
+
+def test_a_row_whose_spread_exceeds_the_difference_it_claims_is_flagged() -> None:
+    eager = _timed_row("eager", [1.00, 1.05, 1.40])          # spread 0.40
+    noisy = _timed_row("regional-compile", [0.80, 0.90, 0.95])  # claims 0.15 s faster: inside eager's spread
+    clear = _timed_row("hookkit-cache-fast", [0.40, 0.41, 0.42])  # claims 0.64 s: larger than either spread
+    assert bench.unresolved(noisy, eager) == ("not resolved: spread 0.4000 s > the 0.1500 s difference to eager "
+                                              "(a busy host? more --runs)")
+    assert bench.unresolved(clear, eager) is None
+    assert bench.unresolved(eager, eager) is None
+    table = bench.markdown_table([eager, noisy, clear]).splitlines()
+    assert "not resolved" in table[3] and "not resolved" not in table[2] + table[4]
+    assert table[3].split("|")[3].strip() == "0.8000–0.9500"
+
+
+def test_a_row_without_timed_runs_has_no_spread() -> None:
+    assert bench.spread(_row("eager", 1.0)) is None
+    assert bench.unresolved(_row("hookkit", 1.0), _timed_row("eager", [1.0, 2.0])) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_bench_full_without_a_gpu_is_refused_up_front() -> None:
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hookkit", "bench", "--full", "--model", "flux"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("hookkit bench: error: --full flux: no CUDA device is visible")
+    assert "[1/" not in proc.stderr  # no row was started
+    assert elapsed < 60  # the interpreter start and the import only (seconds; a loaded CI host is slower)
 
 
 def test_hookkit_rows_run_exactly_when_their_features_are_installed() -> None:
@@ -315,3 +363,119 @@ def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
     header, _, line = bench.markdown_table([row]).splitlines()
     assert line.count("|") == header.count("|")
     assert "failed: RuntimeError: a / b" in line
+
+
+# --- issue 18: the strongest peer's row, cold starts ------------------------------------------------------
+
+
+class _FakeCacheDit:
+    """Records what `_cache_dit_fp8_compile` hands cache-dit (cache-dit is not installable on this CPU box)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, dict]] = []
+
+    def enable_cache(self, pipe: object, **kwargs: object) -> object:
+        self.calls.append((pipe, kwargs))
+        return pipe
+
+    @staticmethod
+    def QuantizeConfig(**kwargs: object) -> dict:  # noqa: N802 (cache-dit's class name)
+        return {"QuantizeConfig": kwargs}
+
+    @staticmethod
+    def DBCacheConfig(**kwargs: object) -> dict:  # noqa: N802
+        return {"DBCacheConfig": kwargs}
+
+    @staticmethod
+    def steps_mask(mask_policy: str, total_steps: int) -> list[int]:
+        return [mask_policy, total_steps]  # type: ignore[list-item]
+
+    @staticmethod
+    def summary(pipe: object, logging: bool = False) -> list:
+        return []
+
+
+def test_cache_dit_fp8_row_passes_its_own_per_row_fp8_to_enable_cache_then_compiles_the_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeCacheDit()
+    monkeypatch.setitem(sys.modules, "cache_dit", fake)
+    pipe = hookkit.tools.zoo.tiny_pipeline("flux")
+    compiled: list[dict] = []
+    monkeypatch.setattr(pipe.transformer, "compile_repeated_blocks", lambda **kw: compiled.append(kw))
+    config = bench.CONFIGS["cache-dit+fp8+compile"]
+    assert (config.kind, config.needs_cuda, config.needs_module) == ("peer", True, "cache_dit")
+    config.setup(bench.RunContext(pipe=pipe, opts=bench.ModelOptions(name="flux", steps=28)))
+    [(target, kwargs)] = fake.calls
+    assert target is pipe
+    assert kwargs["quantize_config"] == {"QuantizeConfig": {"quant_type": "float8_per_row"}}
+    assert kwargs["cache_config"]["DBCacheConfig"]["steps_computation_mask"] == ["fast", 28]
+    assert compiled == [{"fullgraph": True}]
+
+
+def test_cache_dit_without_fp8_passes_no_quantize_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeCacheDit()
+    monkeypatch.setitem(sys.modules, "cache_dit", fake)
+    bench.CONFIGS["cache-dit"].setup(bench.RunContext(pipe=hookkit.tools.zoo.tiny_pipeline("flux"),
+                                                      opts=bench.ModelOptions(name="flux", steps=6)))
+    assert "quantize_config" not in fake.calls[0][1]
+
+
+def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quantized(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    for name in ("hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs"):
+        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
+    fastest, modulation = specs
+    assert modulation.quantize == attrs.evolve(fastest.quantize, include_modulation=True)
+    assert (modulation.cache, modulation.compile, modulation.memo) == (fastest.cache, fastest.compile, fastest.memo)
+
+
+def test_cold_env_points_every_compiler_cache_at_a_new_empty_folder(tmp_path: Path) -> None:
+    env = bench.cold_env(tmp_path / "row", {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm"})
+    assert set(env) == {"PATH", "HOOKKIT_BENCH_COLD", *bench.COLD_CACHE_VARS}
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "row" / "torchinductor_cache_dir")
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "row" / "triton_cache_dir")
+    assert all(list(Path(env[v]).iterdir()) == [] for v in bench.COLD_CACHE_VARS)
+    with pytest.raises(FileExistsError):  # never an old folder: a reused one would not be cold
+        bench.cold_env(tmp_path / "row", {})
+
+
+@pytest.mark.slow
+def test_a_cold_row_runs_on_its_own_fresh_caches_and_reports_time_to_first_image(tmp_path: Path) -> None:
+    """An uncompiled row keeps this fast (a cold inductor compile of even the tiny Flux takes minutes on 2
+    cores); what is checked is that the row's process saw new folders, gone after the row."""
+    row = bench._run_child(bench.CONFIGS["hookkit"], bench.ModelOptions(name="flux", steps=2), runs=1, warmup=1,
+                           timeout_s=600, out_dir=tmp_path, cold=True)
+    assert row["status"] == "ok", row["note"]
+    folders = [row["cold"][var] for var in bench.COLD_CACHE_VARS]
+    assert len(set(folders)) == 2 and all(f.startswith(tempfile.gettempdir()) for f in folders)
+    assert not any(Path(f).exists() for f in folders)
+    assert row["cold"]["files_written"] == {var: 0 for var in bench.COLD_CACHE_VARS}
+    assert row["time_to_first_image_s"] == row["setup_s"] + row["first_call_s"]
+    assert 0 < row["first_call_s"] <= row["warmup_s"]
+    assert f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable" in bench.markdown_table([row])
+
+
+def test_a_warm_row_reports_no_cold_caches(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["eager"], bench.ModelOptions(name="flux", steps=2), runs=1, warmup=0,
+                        out_dir=tmp_path)
+    assert row["cold"] is None
+    assert row["first_call_s"] == row["latencies_s"][0]  # no warm-up: the first timed call is the first call
+
+
+def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> None:
+    """Its step set must be the static row's, so that their times differ only by the cost of deciding."""
+    from hookkit.techniques.cache.spec import resolve_steps_mask
+
+    pipe = hookkit.tools.zoo.tiny_pipeline("flux")
+    specs: list[hookkit.Spec] = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hookkit, "enable", lambda p, spec: specs.append(spec))
+        bench.CONFIGS["hookkit-fp8+cache-dyn+cuda-graphs"].setup(bench.RunContext(pipe=None, opts=None))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=specs[0].cache))
+    pipe(**hookkit.tools.zoo.call_kwargs("flux", steps=28))
+    [branch] = handle.summary().features["cache"].data["branches"].values()
+    mask = resolve_steps_mask("fast", 28)
+    assert branch["cached"] == [i for i, m in enumerate(mask) if m == 0]
+    assert sorted(branch["diffs"]) == branch["cached"]  # each decided by a measured diff, not by the mask

@@ -35,25 +35,10 @@ def generate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 # --- demo ----------------------------------------------------------------------------------------------
 
 
-def test_demo_prints_summary_timings_and_bitwise_equality_after_disable() -> None:
-    proc = subprocess.run([sys.executable, "-m", "hookkit", "demo", "--steps", "8", "--runs", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
-    assert "hookkit summary: FluxTransformer2DModel in FluxPipeline" in out
-    assert "| core      | hookkit.clock" in out
-    assert re.search(r"^\| plain diffusers \| \d+\.\d{4} +\| 1\.00x", out, re.MULTILINE)
-    assert re.search(r"^\| hookkit +\| \d+\.\d{4} +\| \d+\.\d\dx", out, re.MULTILINE)
-    assert "after hookkit.disable: output bitwise equal to the plain run: True" in out
-    assert "plain   1/1" in proc.stderr  # diffusers' progress bar, labelled per run
-    assert "[cache]" in out
+def test_demo_spec_is_the_measured_dbcache_default_and_the_sync_free_loop() -> None:
+    from hookkit.tools import demo
 
-
-def test_demo_spec_uses_the_installed_cpu_features() -> None:
-    spec = cli.demo_spec(HAVE)
-    assert spec.cache is not None and spec.cache.steps_mask == "fast" and spec.cache.mask_policy == "static"
-    assert spec.memo is True and spec.sync_free is True
-    assert spec.compile is None and spec.quantize is None
+    assert demo.demo_spec() == hookkit.Spec(cache=hookkit.DBCache(), sync_free=True)
 
 
 # --- generate: what runs on the CPU writes its file ---------------------------------------------------------
@@ -101,7 +86,7 @@ def test_generate_cache_with_static_mask_reports_cached_steps(tmp_path: Path, ca
     mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
     cached = [i for i, m in enumerate(mask) if m == 0]
     assert f"- Cached Steps: {len(cached)} of 6 transformer steps, steps {cached}" in stdout
-    assert "- Optimization: DBCache_F1B0_W0MC-1_R0.12_SCM-fast-static" in stdout
+    assert "- Optimization: DBCache_F1B0_W0MC-1_R0.24_SCM-fast-static" in stdout
 
 
 def test_generate_every_cache_flag_reaches_the_dbcache_spec() -> None:
@@ -133,7 +118,8 @@ def test_generate_same_seed_same_image_other_seed_other_image(tmp_path: Path,
     assert pixels["a"] != pixels["c"]
 
 
-@pytest.mark.parametrize(("warmup", "line"), [("0", "(0 runs)"), ("1", "(1 run)"), ("2", "(2 runs)")])
+@pytest.mark.parametrize(("warmup", "line"), [("0", "(0 runs; none needed without --compile)"), ("1", "(1 run)"),
+                                             ("2", "(2 runs)")])
 def test_generate_warmup_runs_are_counted_in_the_summary(warmup: str, line: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--warmup", warmup, "--out", str(tmp_path / "w.png"))
@@ -152,13 +138,28 @@ def test_generate_threads_and_dtype_show_in_the_device_line(tmp_path: Path, caps
     assert "- Device: CPU (1 thread), bfloat16" in stdout
 
 
-def test_generate_dynamic_cache_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_cache_on_the_6_step_tiny_model_caches_with_the_dbcache_defaults(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.png"
-    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--out", str(out))
+    code, stdout, _ = generate(capsys, "flux", "--steps", "6", "--cache", "--out", str(out))
     assert code == 0 and out.is_file()
-    # 8 warm-up steps (seed 002's W8) cover all 4: nothing may be cached
+    # the README's first command: warm-up scaled to 6 steps (2), threshold 0.24, no run limit (DBCache())
+    assert "- Cached Steps: 2 of 6 transformer steps, steps [2, 4];" in stdout
+    assert "- Optimization: DBCache_F1B0_WautoMC-1_R0.24_TS1\n" in stdout
+
+
+def test_generate_cache_flags_default_to_dbcache_defaults() -> None:
+    args = cli.build_parser().parse_args(["generate", "flux", "--cache"])
+    assert cli.spec_from_args(args).cache == hookkit.DBCache()
+
+
+def test_generate_warmup_covering_every_step_says_why_nothing_was_cached(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary",
+                               "--out", str(tmp_path / "w.png"))
+    assert code == 0
     assert "- Cached Steps: 0 of 4 transformer steps;" in stdout
-    assert "- Optimization: DBCache_F1B0_W8MC3_R0.12_TS1\n" in stdout  # TaylorSeer order 1, the DBCache default
+    assert "no step cached: warmup_steps=8 covers all 4 steps of this call" in stdout
 
 
 def test_generate_int8_weight_only_reports_the_quantized_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -229,8 +230,8 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
     zoo.tiny_pipeline("flux").save_pretrained(folder)
     code, _, stderr = generate(capsys, "wan", "--model-path", str(folder), "--out", str(tmp_path / "x.png"))
     assert code == 2
-    assert (f"--model-path {str(folder)!r}: holds FluxPipeline with FluxTransformer2DModel; MODEL 'wan' is for "
-            "['WanTransformer3DModel']") in stderr
+    assert (f"MODEL 'wan': its adapter is for ['WanTransformer3DModel'], but {str(folder)!r} holds FluxPipeline with "
+            "FluxTransformer2DModel. Pass MODEL 'flux' (or the folder alone).") in stderr
 
 
 # --- generate: what cannot run here fails with hookkit's message and exit code 2 --------------------------------
@@ -266,18 +267,19 @@ def test_generate_errors_exit_2_with_a_clear_message(argv: list[str], message: s
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-def test_generate_cuda_graphs_on_the_cpu_fails_with_the_library_error(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_cuda_graphs_on_the_cpu_says_it_in_cli_terms(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, "flux", "--cuda-graphs", "--out", str(tmp_path / "x.png"))
     assert code == 2
-    assert "Compile.cuda_graphs='transformer' needs a CUDA device" in stderr
+    assert stderr == ("hookkit generate: error: --cuda-graphs: captures CUDA graphs and needs a CUDA device; this run "
+                      "is on cpu. Drop --cuda-graphs (--compile alone compiles the repeated blocks here).\n")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_generate_fp8_on_the_cpu_fails_with_the_library_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, "flux", "--quantize", "fp8_row", "--dtype", "bfloat16", "--out", str(tmp_path / "x.png"))
     assert code == 2
-    assert "Quantize.scheme='fp8_row' needs an NVIDIA GPU with compute capability 8.9" in stderr
+    assert "--quantize fp8_row needs an NVIDIA GPU with compute capability 8.9" in stderr
 
 
 def test_unknown_choice_is_an_argparse_error_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -371,3 +373,165 @@ def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> N
                                                r"encoder, and hookkit makes random prompt embeddings only for "
                                                r"\['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
         bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")
+
+
+# --- generate for a local pipeline folder (issue 19): checks before the load, flags that reach the call ---------
+
+
+@pytest.fixture(scope="module")
+def flux_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local FluxPipeline folder saved without text encoders, as `save_pretrained` writes it."""
+    folder = tmp_path_factory.mktemp("local") / "tiny-flux"
+    zoo.tiny_pipeline("flux").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts `DiffusionPipeline.from_pretrained` calls (and still loads): the one thing these tests observe
+    of the loader."""
+    from diffusers import DiffusionPipeline
+
+    calls: list[str] = []
+    original = DiffusionPipeline.from_pretrained.__func__
+
+    def counting(cls: type, path: str, *args: object, **kwargs: object) -> object:
+        calls.append(str(path))
+        return original(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(DiffusionPipeline, "from_pretrained", classmethod(counting))
+    return calls
+
+
+def test_generate_reads_model_from_the_folder(flux_folder: Path, tmp_path: Path, loads: list[str],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = generate(capsys, str(flux_folder), "--steps", "2", "--out", str(tmp_path / "a.png"))
+    assert code == 0, stderr
+    assert loads == [str(flux_folder)]
+    assert f"- Model: flux (FluxTransformer2DModel in FluxPipeline; local pipeline {flux_folder}, no text encoder" in stdout
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["qwenimage", "--model-path", "{folder}"], "MODEL 'qwenimage': its adapter is for ['QwenImageTransformer2DModel']"),
+    (["{folder}", "--prompt", "a red fox"], "--prompt 'a red fox': '{folder}' was saved without text encoders"),
+    (["{folder}", "--negative-prompt", "blurry"], "--negative-prompt 'blurry': '{folder}' was saved without text"),
+    (["{folder}", "--quantize", "fp8_row", "--dtype", "bfloat16"], "--quantize fp8_row needs an NVIDIA GPU"),
+    (["{folder}", "--cpu-offload", "model"], "--cpu-offload model: offloads to the CPU from a CUDA device"),
+    (["{folder}", "--lora", "/nonexistent/lora.safetensors:0.8"], "--lora /nonexistent/lora.safetensors: no such file"),
+    (["{folder}", "--num-images", "0"], "--num-images: expected an int >= 1, got 0"),
+    (["{folder}", "--cuda-graphs"], "--cuda-graphs: captures CUDA graphs and needs a CUDA device"),
+])
+def test_generate_refuses_before_loading_the_folder(argv: list[str], message: str, flux_folder: Path, tmp_path: Path,
+                                                    loads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available() and ("--quantize" in argv or "--cpu-offload" in argv or "--cuda-graphs" in argv):
+        pytest.skip("checks a CPU-only refusal")
+    argv = [a.replace("{folder}", str(flux_folder)) for a in argv]
+    code, _, stderr = generate(capsys, *argv, "--steps", "2", "--out", str(tmp_path / "x.png"))
+    assert code == 2
+    assert message.replace("{folder}", str(flux_folder)) in stderr
+    assert loads == []  # refused from model_index.json and the flags alone
+
+
+def test_weights_that_do_not_fit_are_refused_from_the_safetensors_headers(flux_folder: Path) -> None:
+    from hookkit.errors import UnsupportedError
+    from hookkit.tools import local
+
+    sizes = local.weight_bytes(flux_folder, torch.float32)
+    expected = {"transformer": 4 * sum(p.numel() for p in zoo.tiny_transformer("flux").parameters())}
+    assert sizes["transformer"] == expected["transformer"] and set(sizes) == {"transformer", "vae"}
+    total = sum(sizes.values())
+    local.check_fits(flux_folder, torch.float32, torch.device("cuda"), total, offload=None)  # fits exactly
+    with pytest.raises(UnsupportedError, match=r"its weights need .* Add --cpu-offload model"):
+        local.check_fits(flux_folder, torch.float32, torch.device("cuda"), total - 1, offload=None)
+    # model offload needs room for the largest component only; sequential for none
+    local.check_fits(flux_folder, torch.float32, torch.device("cuda"), max(sizes.values()), offload="model")
+    local.check_fits(flux_folder, torch.float32, torch.device("cuda"), 0, offload="sequential")
+
+
+def test_generate_refuses_a_height_the_pipeline_would_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = generate(capsys, "flux", "--steps", "2", "--height", "30", "--out", str(tmp_path / "h.png"))
+    assert code == 2
+    assert ("--height 30: FluxPipeline makes images in multiples of 4 and would silently make it 28. "
+            "Pass --height 28 or 32.") in stderr
+
+
+def test_generate_num_images_reaches_the_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--num-images", "3", "--out", str(tmp_path / "n.png"))
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n_0.png", "n_1.png", "n_2.png"]
+    assert "num_images_per_prompt=3" in stdout
+
+
+def test_generate_guidance_scale_reaches_the_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pixels = {}
+    for name, scale in (("a", "1.5"), ("b", "1.5"), ("c", "6.0")):  # the tiny Flux embeds guidance
+        code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--guidance-scale", scale,
+                                   "--out", str(tmp_path / f"{name}.png"))
+        assert code == 0 and f"guidance_scale={float(scale)!r}" in stdout
+        pixels[name] = Image.open(tmp_path / f"{name}.png").tobytes()
+    assert pixels["a"] == pixels["b"] and pixels["a"] != pixels["c"]
+
+
+def test_negative_prompt_and_true_cfg_go_into_the_flux_call() -> None:
+    from hookkit.tools import local
+
+    pipe = zoo.tiny_pipeline("flux")
+    kw = local.CallOptions(negative_prompt="blurry", true_cfg_scale=3.0, guidance_scale=2.0).call_kwargs(pipe, batch=2)
+    assert kw == {"guidance_scale": 2.0, "negative_prompt": ["blurry", "blurry"], "true_cfg_scale": 3.0}
+
+
+def test_lora_flag_parses_path_and_scale() -> None:
+    from hookkit.tools import local
+
+    assert [local.Lora.parse(t) for t in ("a.safetensors", "a.safetensors:0.5", "C:/x/a.safetensors", "d/b:c")] == [
+        local.Lora(path="a.safetensors"), local.Lora(path="a.safetensors", scale=0.5),
+        local.Lora(path="C:/x/a.safetensors"), local.Lora(path="d/b:c")]
+
+
+def test_generate_loads_a_lora_before_enabling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("peft")
+    from diffusers import FluxPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    transformer = zoo.tiny_transformer("flux")
+    transformer.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
+    FluxPipeline.save_lora_weights(tmp_path / "lora", transformer_lora_layers=get_peft_model_state_dict(transformer))
+    lora = tmp_path / "lora" / "pytorch_lora_weights.safetensors"
+    images = {}
+    for name, extra in (("plain", []), ("lora", ["--lora", f"{lora}:1.0"]), ("zero", ["--lora", f"{lora}:0"])):
+        code, stdout, stderr = generate(capsys, "flux", "--steps", "2", "--cache", *extra,
+                                        "--out", str(tmp_path / f"{name}.png"))
+        assert code == 0, stderr
+        images[name] = Image.open(tmp_path / f"{name}.png").tobytes()
+    assert "LoRA pytorch_lora_weights.safetensors:0" in stdout
+    assert images["lora"] != images["plain"] and images["zero"] == images["plain"]
+
+
+def test_generate_prompt_goes_into_the_summary_and_the_file_name() -> None:
+    from hookkit.tools import local
+
+    opts = bench.ModelOptions(name="flux", model_path="x", prompt="A cat, holding a sign!")
+    assert cli.output_name(opts, "1024x1024", "eager", opts.prompt, ".png") == Path(
+        "flux.a-cat-holding-a-sign.1024x1024.eager.png")
+    assert local.slug("  ") == "prompt"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["model", "sequential"])
+def test_generate_cpu_offload_runs_on_a_gpu(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("accelerate")
+    code, stdout, stderr = generate(capsys, "flux", "--steps", "2", "--cache", "--cpu-offload", mode,
+                                    "--out", str(tmp_path / "o.png"))
+    assert code == 0, stderr
+    assert f"cpu offload {mode}" in stdout and (tmp_path / "o.png").is_file()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["./no/such/folder"], "MODEL './no/such/folder': no such folder (a path, not a shipped adapter name)"),
+    ([], "MODEL: expected a shipped adapter name (cogvideox, flux, hunyuanvideo, qwenimage, sd3, wan) or a local "
+         "pipeline folder, got neither."),
+])
+def test_generate_model_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = generate(capsys, *argv)
+    assert code == 2 and message in stderr

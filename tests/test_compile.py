@@ -361,9 +361,9 @@ def test_dbcache_under_transformer_graphs_keeps_cfg_branches_apart() -> None:
     assert _cache_stats(handle)[1] == {0: ([0, 1, 3], [2, 4, 5]), 1: ([0, 1, 3], [2, 4, 5])}
 
 
-def test_transformer_graphs_with_a_dynamic_cache_are_refused_with_the_alternative() -> None:
+def test_transformer_graphs_with_taylorseer_are_refused_with_the_alternative() -> None:
     spec = hookkit.Spec(cache=hookkit.DBCache(threshold=0.1), compile=hookkit.Compile(cuda_graphs="transformer"))
-    with pytest.raises(SpecError, match=r"mask_policy='static'.*use Compile\(mode='reduce-overhead'\)"):
+    with pytest.raises(SpecError, match=r"taylorseer_order.*Compile\(mode='reduce-overhead'\)"):
         hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
 
 

@@ -266,8 +266,9 @@ def test_a_bare_transformer_call_outside_a_generation_is_refused() -> None:
     # without `handle.generation()` nothing resets the cache: a second generation would reuse the first's residual
     model, _handle = stub(hookkit.DBCache(threshold=100.0, warmup_steps=0))
     hidden, encoder = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
-    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: expected every transformer call inside a "
-                                        r"generation.*Wrap each denoising loop .*handle.generation\(num_steps=N\)"):
+    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: hookkit was enabled on the bare transformer, "
+                                        r"and it was called outside any generation.*hookkit.enable\(pipe, spec\).*"
+                                        r"handle.generation\(num_steps=N\)"):
         model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
 
 
@@ -276,8 +277,8 @@ def test_a_bare_transformer_call_after_its_generation_block_is_refused_too() -> 
     model, handle = stub(hookkit.DBCache(threshold=100.0, warmup_steps=0))
     drive(model, handle, [1.0, 2.0])
     hidden, encoder = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
-    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: expected every transformer call inside a "
-                                        r"generation"):
+    with pytest.raises(SpecError, match=r"DBCache on StubTransformer: hookkit was enabled on the bare transformer, "
+                                        r"and it was called outside any generation"):
         model(hidden, encoder, torch.tensor(1.0, dtype=torch.float64))
     assert steps(handle) == ([0], [1])
 
@@ -610,7 +611,7 @@ def test_sd3_skip_layer_guidance_skipping_the_first_middle_block_decides_at_the_
     pipe = _tiny_sd3_pipeline()
     with torch.no_grad():
         reference = pipe(**_sd3_kwargs(6, **slg))[0]
-        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1)))  # warm-up 8: computes all
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, warmup_steps=8)))  # computes all
         assert torch.equal(pipe(**_sd3_kwargs(6, **slg))[0], reference)
         assert branch(handle, 1)["computed"] == [1, 2, 3, 4, 5]  # SLG starts at step 1 in diffusers
         hookkit.disable(pipe)

@@ -23,6 +23,7 @@ def run_example(name: str, *args: str) -> str:
     proc = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""  # no torchao/torch/diffusers import chatter (hookkit.core.quiet), no progress bars
     return proc.stdout
 
 

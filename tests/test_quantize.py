@@ -248,6 +248,43 @@ def test_include_overrides_name_excludes_and_region_but_not_scheme_requirements(
     assert wan.chosen == () and wan.reasons()["blocks.0.attn1.to_q"] == "not divisible by 16"
 
 
+MODULATION_DETAIL = "adapter 'flux' quant_modulation '*.norm1.linear' (Quantize(include_modulation=True) quantizes it)"
+FLUX_MODULATION = expand("transformer_blocks", range(2), ("norm1.linear", "norm1_context.linear")) | expand(
+    "single_transformer_blocks", range(3), ("norm.linear",))
+
+
+def test_modulation_linears_stay_in_bf16_by_default_and_say_how_to_quantize_them() -> None:
+    report = select_layers(bf16_tiny("flux"), hookkit.Quantize(scheme="fp8_row"))
+    assert FLUX_MODULATION.isdisjoint(d.path for d in report.chosen)
+    decision = next(d for d in report.layers if d.path == "transformer_blocks.0.norm1.linear")
+    assert (decision.reason, decision.detail) == (EXCLUDED, MODULATION_DETAIL)
+
+
+def test_include_modulation_adds_exactly_the_adapters_modulation_linears() -> None:
+    report = select_layers(bf16_tiny("flux"), hookkit.Quantize(scheme="fp8_row", include_modulation=True))
+    assert {d.path for d in report.chosen} == EXPECTED_FP8_ROW["flux"] | FLUX_MODULATION
+    # the embedders and the output head (norm_out.linear included) stay out: quant_exclude still applies
+    assert "norm_out.linear" in report.reasons() and "proj_out" in report.reasons()
+
+
+def test_include_modulation_on_qwen_image_takes_its_img_mod_and_txt_mod_linears() -> None:
+    transformer = bf16_tiny("qwenimage")
+    report = select_layers(transformer, hookkit.Quantize(scheme="fp8_row", include_modulation=True))
+    modulation = {p for p in linear_paths(transformer) if ".img_mod." in p or ".txt_mod." in p}
+    assert modulation and {d.path for d in report.chosen} == EXPECTED_FP8_ROW["qwenimage"] | modulation
+
+
+def test_an_explicit_exclude_wins_over_include_modulation() -> None:
+    spec = hookkit.Quantize(scheme="fp8_row", include_modulation=True, exclude=("*.norm.linear",))
+    chosen = {d.path for d in select_layers(bf16_tiny("flux"), spec).chosen}
+    assert chosen == EXPECTED_FP8_ROW["flux"] | expand("transformer_blocks", range(2), ("norm1.linear", "norm1_context.linear"))
+
+
+def test_include_modulation_must_be_a_bool() -> None:
+    with pytest.raises(SpecError, match="include_modulation"):
+        hookkit.Quantize(scheme="fp8_row", include_modulation="yes")
+
+
 def test_region_all_takes_linears_outside_the_blocks_that_no_pattern_excludes() -> None:
     flux = hookkit.get_adapter("flux")
     bare = hookkit.AdapterSpec(name="flux-no-excludes", transformer=flux.transformer, blocks=flux.blocks,
@@ -347,7 +384,7 @@ def test_peft_base_layers_are_matched_by_name_as_the_layers_they_wrap() -> None:
     assert {d.path for d in report.chosen} == EXPECTED_FP8_ROW["flux"] - {"transformer_blocks.0.attn.to_q"} | {
         "transformer_blocks.0.attn.to_q.base_layer"}
     decisions = {d.path: (d.reason, d.detail) for d in report.layers}
-    assert decisions["transformer_blocks.0.norm1.linear.base_layer"] == (EXCLUDED, "adapter 'flux' quant_exclude '*.norm1.linear'")
+    assert decisions["transformer_blocks.0.norm1.linear.base_layer"] == (EXCLUDED, MODULATION_DETAIL)
     assert decisions["proj_out.base_layer"] == (OUTSIDE, "not inside FluxTransformerBlock, FluxSingleTransformerBlock")
     # Quantize.include and Quantize.exclude match the same way
     spec = hookkit.Quantize(scheme="fp8_row", include=("*.norm1.linear",), exclude=("*.attn.to_q",))
@@ -579,7 +616,7 @@ def test_summary_lists_every_linear_with_its_decision() -> None:
     layers = {row["path"]: row for row in data["layers"]}
     assert set(layers) == linear_paths(pipe.transformer)
     assert layers["transformer_blocks.0.norm1.linear"]["reason"] == EXCLUDED
-    assert layers["transformer_blocks.0.norm1.linear"]["detail"] == "adapter 'flux' quant_exclude '*.norm1.linear'"
+    assert layers["transformer_blocks.0.norm1.linear"]["detail"] == MODULATION_DETAIL
     text = str(summary)
     assert "[quantize]\nQuantized region: FluxTransformerBlock, FluxSingleTransformerBlock (repeated blocks)" in text
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]

@@ -108,6 +108,9 @@ class AdapterSpec:
     blocks: tuple[BlockListSpec, ...] = attrs.field(converter=_tuple)
     repeated_blocks: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     quant_exclude: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    #: fnmatch patterns of the AdaLN modulation Linears (timestep embedding -> shift/scale/gate): kept out of
+    #: quantization like `quant_exclude`, unless `Quantize(include_modulation=True)` asks for them
+    quant_modulation: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     cfg: str = "batched"
     memo_scope: str = "none"
     pipelines: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
@@ -132,6 +135,7 @@ class AdapterSpec:
             raise _fail(where, "blocks", attrs_seen, "each block list attribute once")
         _strings(where, "repeated_blocks", self.repeated_blocks)
         _strings(where, "quant_exclude", self.quant_exclude)
+        _strings(where, "quant_modulation", self.quant_modulation)
         _strings(where, "pipelines", self.pipelines)
         _strings(where, "between_block_args", self.between_block_args)
         if self.cfg not in CFG_STYLES:
@@ -259,12 +263,16 @@ class AdapterSpec:
 
 def _block_metadata(block_cls: type) -> Any | None:
     """diffusers' `TransformerBlockRegistry` entry for exactly `block_cls` (never a subclass), or None."""
+    from hookkit.core.quiet import quiet_imports
+
     try:
-        from diffusers.hooks._helpers import TransformerBlockRegistry
+        with quiet_imports():  # the first diffusers.hooks import loads torchao, which talks on a CPU machine
+            from diffusers.hooks._helpers import TransformerBlockRegistry
     except ImportError:  # pragma: no cover - diffusers always has it at >= 0.35
         return None
     try:
-        return TransformerBlockRegistry.get(block_cls)
+        with quiet_imports():  # the registry's first lookup imports every diffusers transformer
+            return TransformerBlockRegistry.get(block_cls)
     except ValueError:  # not registered
         return None
 

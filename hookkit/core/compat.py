@@ -39,9 +39,8 @@ def _whole_graphs(spec: Spec) -> bool:
     return spec.compile is not None and spec.compile.cuda_graphs == "transformer"
 
 
-def _dynamic_cache(spec: Spec) -> bool:
-    c = spec.cache
-    return c is not None and (c.steps_mask is None or c.mask_policy != "static" or bool(c.taylorseer_order))
+def _taylorseer_cache(spec: Spec) -> bool:
+    return spec.cache is not None and bool(spec.cache.taylorseer_order)
 
 
 RULES: tuple[Rule, ...] = (
@@ -54,13 +53,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         features=("compile", "cache"), outcome="refused",
-        applies=lambda s, a: _whole_graphs(s) and _dynamic_cache(s),
+        # a static mask runs as one graph per decision, a threshold as graphs split at the decision; TaylorSeer's
+        # extrapolation depends on the step distance, which a replayed graph cannot change
+        applies=lambda s, a: _whole_graphs(s) and _taylorseer_cache(s),
         message=lambda s, a: (
-            "Compile.cuda_graphs: 'transformer' with DBCache needs decisions known before each call: "
-            f"DBCache(steps_mask=<mask or policy>, mask_policy='static', taylorseer_order=0), got "
-            f"steps_mask={s.cache.steps_mask!r}, mask_policy={s.cache.mask_policy!r}, "
-            f"taylorseer_order={s.cache.taylorseer_order}. For dynamic decisions use "
-            "Compile(mode='reduce-overhead') (CUDA graphs per block)."),
+            "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer') (TaylorSeer's "
+            "extrapolation depends on the step distance, which a replayed graph cannot change), got "
+            f"{s.cache.taylorseer_order}. Use DBCache(taylorseer_order=0), or Compile(mode='reduce-overhead') "
+            "(CUDA graphs per block) for TaylorSeer."),
     ),
     Rule(
         # e.g. Qwen-Image's prologue runs torch.as_tensor(python_int, device=cuda): a pageable host copy that

@@ -8,8 +8,8 @@ is being warmed up and captured, and reports every replayed call back so that st
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import ContextManager, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable
+from typing import Any, ContextManager, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -29,4 +29,38 @@ class GraphDecisions(Protocol):
 
     def replayed(self, decision: Hashable, shapes: Hashable = None) -> None:
         """Account for one transformer call served by a graph with `decision`."""
+        ...
+
+
+@runtime_checkable
+class SplitDecisions(Protocol):
+    """Per-call decisions that need a device statistic (a threshold), for a runner that splits each call into
+    a head graph ending with the statistic, one host read of it, and the tail graph of the decision.
+
+    The runner captures a head and a tail together (one Python execution) per (signature, branch, decision),
+    while the hooks run `forcing(decision)`; inside, the feature computes the statistic and calls
+    `on_decision(statistic)` exactly once, where the runner cuts the capture.
+    """
+
+    #: False when every decision is known before the call (then `GraphDecisions` serves)
+    dynamic: bool
+    #: set by the runner while it captures; the feature calls it with the statistic at the decision point
+    on_decision: Callable[[Any], None] | None
+    #: each branch's last decision: which pair the runner replays first
+    last_cached: dict[int, bool]
+
+    def host_decision(self, signature: Hashable) -> tuple[int, bool | None]:
+        """(branch, decision) from what the host knows, or (branch, None) when the statistic decides."""
+        ...
+
+    def judge(self, branch: int, statistic: float) -> bool:
+        """The decision for the statistic read after the head replayed (recorded in the statistics)."""
+        ...
+
+    def forcing(self, decision: Hashable) -> ContextManager[None]:
+        """Make the hooks take `decision` (a `(branch, cached)` pair) and record nothing."""
+        ...
+
+    def finish(self, branch: int, cached: bool, signature: Hashable) -> None:
+        """Account for one transformer call served by a head and a tail."""
         ...

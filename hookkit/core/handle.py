@@ -139,6 +139,24 @@ class _CoreFeature:
 _CORE = _CoreFeature()
 
 
+#: why hookkit refuses UNets (said by `enable` for a UNet pipeline or a bare UNet)
+UNET_WHY = ("hookkit's techniques work on a diffusion transformer's list of same-shaped blocks: DBCache skips the "
+            "middle blocks of that list and reuses their residual, regional compile compiles its repeated block "
+            "class, and adapters describe those lists; a UNet's down, mid and up blocks change resolution and "
+            "channels from block to block, so there is no such list to cache or compile")
+
+
+def _unet_error(what: str, unet: torch.nn.Module, caller: str) -> EnableError:
+    return EnableError(f"{caller}: UNets are not supported, because {UNET_WHY}; got {what} "
+                       f"({type(unet).__name__}). Use a transformer pipeline (Flux, Qwen-Image, SD3, Wan, ...), or "
+                       "diffusers' own tools for UNets (e.g. pipe.unet.compile()).")
+
+
+def _is_unet(module: Any) -> bool:
+    """A diffusers UNet: a model class defined in `diffusers.models.unets` (by module, not by a class-name prefix)."""
+    return isinstance(module, torch.nn.Module) and type(module).__module__.startswith("diffusers.models.unets.")
+
+
 _COMPONENT = re.compile(r"transformer(_[0-9]+)?")
 
 
@@ -158,8 +176,13 @@ def transformer_components(pipeline: Any) -> list[tuple[str, torch.nn.Module]]:
 
 def _split_target(target: Any, caller: str = "hookkit.enable") -> tuple[Any | None, torch.nn.Module]:
     """(pipeline or None, first transformer) from whatever `enable` (or `caller`) was given."""
+    if _is_unet(target):
+        raise _unet_error("a bare UNet", target, caller)
     if isinstance(target, torch.nn.Module):
         return None, target
+    unet = getattr(target, "unet", None)
+    if getattr(target, "transformer", None) is None and _is_unet(unet):
+        raise _unet_error(f"{type(target).__name__}, which denoises with a UNet", unet, caller)
     if hasattr(target, "components"):
         found = transformer_components(target)
         if found:

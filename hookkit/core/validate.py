@@ -18,9 +18,13 @@ def owner(inst: Any) -> str:
     return type(inst).__name__
 
 
-def int_field(minimum: int, maximum: int | None = None) -> Callable[[Any, attrs.Attribute, Any], None]:
+def int_field(minimum: int, maximum: int | None = None,
+              allow_none: bool = False) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        bound = f"an int >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        bound = (f"an int >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+                 + (" or None" if allow_none else ""))
+        if value is None and allow_none:
+            return
         if isinstance(value, bool) or not isinstance(value, int):
             raise field_error(owner(inst), attr.name, value, bound)
         if value < minimum or (maximum is not None and value > maximum):

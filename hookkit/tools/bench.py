@@ -31,6 +31,7 @@ import attrs
 import torch
 
 import hookkit
+from hookkit.core.quiet import quiet_imports
 from hookkit.tools import zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
@@ -279,6 +280,7 @@ def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:
             "for the tiny model.")
 
 
+@quiet_imports()
 def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
 
@@ -475,19 +477,23 @@ def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
     return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", 1.0))) > 1.0
 
 
-def _cache_dit(ctx: RunContext) -> None:
+def _cache_dit(ctx: RunContext, quant_type: str | None = None) -> None:
     """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured, told
-    whether this call's CFG runs as separate transformer calls."""
+    whether this call's CFG runs as separate transformer calls. `quant_type`: cache-dit's own torchao
+    quantization (`QuantizeConfig(quant_type=...)`, applied by `enable_cache` after the cache hooks)."""
     import cache_dit  # type: ignore[import-not-found]
 
     steps = ctx.opts.num_steps()
     separate = separate_cfg_calls(ctx.pipe, call_kwargs(ctx.pipe, ctx.opts, output_type_for(ctx.opts)))
+    extra: dict[str, Any] = {}
+    if quant_type is not None:
+        extra["quantize_config"] = cache_dit.QuantizeConfig(quant_type=quant_type)
     cache_dit.enable_cache(ctx.pipe, cache_config=cache_dit.DBCacheConfig(
         Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
         enable_separate_cfg=separate,
         steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=steps),
         steps_computation_policy="static",
-    ))
+    ), **extra)
     ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
 
 
@@ -495,6 +501,14 @@ def _cache_dit_compile(ctx: RunContext) -> None:
     """cache-dit as above, then stock regional compilation of the blocks inside cache-dit's wrapper (DESIGN.md's
     "cache-dit + regional compile"): the peer's fastest configuration on the same mask."""
     _cache_dit(ctx)
+    _stock_regional_compile(None)(ctx)
+
+
+def _cache_dit_fp8_compile(ctx: RunContext) -> None:
+    """The strongest peer configuration (issue 18): cache-dit DBCache on the "fast" mask with cache-dit's own
+    fp8 (`QuantizeConfig(quant_type="float8_per_row")`: torchao dynamic per-row on every Linear of the
+    repeated blocks, the AdaLN modulation Linears included), then stock regional compilation."""
+    _cache_dit(ctx, quant_type="float8_per_row")
     _stock_regional_compile(None)(ctx)
 
 
@@ -531,6 +545,16 @@ def _cache_dynamic() -> Any:
                            taylorseer_order=0)
 
 
+def _cache_fast_dynamic() -> Any:
+    """The "fast" mask's computed steps, its other steps decided by the threshold (mask_policy="dynamic"),
+    with a threshold no diff reaches: it caches exactly the static "fast" row's steps, but through the whole
+    dynamic machinery (the statistic and its host read on each of those steps; under CUDA graphs the split
+    head/tail graphs), so its time against hookkit-...cache-fast rows is the cost of deciding dynamically.
+    Random weights never cache at a real threshold (DESIGN.md)."""
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="dynamic",
+                           threshold=1e9, taylorseer_order=0)
+
+
 def _compile(mode: str | None = None, cuda_graphs: str = "none") -> Any:
     return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs)
 
@@ -553,6 +577,9 @@ def _configs() -> dict[str, BenchConfig]:
                     description="cache-dit DBCache F1B0, static 'fast' mask"),
         BenchConfig(name="cache-dit+compile", kind="peer", setup=_cache_dit_compile, needs_module="cache_dit",
                     description="cache-dit DBCache F1B0, static 'fast' mask + stock regional compile"),
+        BenchConfig(name="cache-dit+fp8+compile", kind="peer", setup=_cache_dit_fp8_compile, needs_module="cache_dit",
+                    needs_cuda=True, description="cache-dit DBCache F1B0, static 'fast' mask + its fp8 per-row + "
+                                                 "stock regional compile"),
         BenchConfig(name="hookkit", kind="hookkit", setup=_hookkit(lambda: S()),
                     description="hookkit.enable(pipe, Spec()): bookkeeping only (overhead)"),
         BenchConfig(name="hookkit-cache", kind="hookkit", setup=_hookkit(lambda: S(cache=_cache_dynamic())),
@@ -589,6 +616,29 @@ def _configs() -> dict[str, BenchConfig]:
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="static 'fast' DBCache + fp8 dynamic per-row + one CUDA graph per call and decision"),
+        BenchConfig(name="hookkit-fp8+cache-dyn+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_dynamic(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(cuda_graphs="transformer"), memo=True)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="dynamic DBCache (caching the 'fast' mask's steps) + fp8 + transformer graphs split "
+                                "at each decision"),
+        BenchConfig(name="hookkit-cache-dyn+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_dynamic(), compile=_compile(cuda_graphs="transformer"),
+                                             memo=True)),
+                    fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
+                    description="dynamic DBCache (caching the 'fast' mask's steps) + transformer graphs split at "
+                                "each decision"),
+        BenchConfig(name="hookkit-cache-fast+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), compile=_compile(cuda_graphs="transformer"),
+                                             memo=True)),
+                    fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
+                    description="static 'fast' DBCache + one CUDA graph per call and decision"),
+        BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(),
+                                             quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
+                                             compile=_compile(cuda_graphs="transformer"), memo=True)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
@@ -611,7 +661,12 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
     if names:
         unknown = [n for n in names if n not in CONFIGS]
         if unknown:
-            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; known: {list(CONFIGS)}.")
+            import difflib
+
+            close = difflib.get_close_matches(unknown[0], list(CONFIGS), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; {hint}known: {list(CONFIGS)} "
+                            "(`hookkit bench --list` says what each does and whether it runs here).")
         chosen = [CONFIGS[n] for n in dict.fromkeys(names)]
     else:
         chosen = []
@@ -632,7 +687,7 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
 
 ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
             "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
-            "compiled_graphs", "graphs_compiled_while_timed")
+            "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold")
 
 
 def _dynamo_graphs() -> int:
@@ -681,8 +736,11 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         row["setup_s"] = time.perf_counter() - t0
         output_type = output_type_for(opts)
         t0 = time.perf_counter()
-        for _ in range(warmup):
+        for i in range(warmup):
             output_of(pipe(**call_kwargs(pipe, opts, output_type)))
+            if i == 0:
+                synchronize(device)
+                row["first_call_s"] = time.perf_counter() - t0
         synchronize(device)
         row["warmup_s"] = time.perf_counter() - t0
         graphs_warm = _dynamo_graphs()
@@ -695,6 +753,12 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
             seconds, output = timed(lambda: output_of(pipe(**kwargs)), device)
             latencies.append(seconds)
         row["latencies_s"] = latencies
+        if warmup == 0:
+            row["first_call_s"] = latencies[0]
+        # what a user waits for after building the pipeline: enable (quantize, hooks) plus the first call
+        # (compilation, autotuning, graph capture)
+        row["time_to_first_image_s"] = row["setup_s"] + row["first_call_s"]
+        row["cold"] = cold_cache_dirs()
         # a graph compiled after the warm-up means the timed runs include compilation: the median is suspect
         graphs_after = _dynamo_graphs()
         row["compiled_graphs"] = graphs_after - graphs_before
@@ -713,9 +777,43 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
 # --- the matrix (in the parent process) ------------------------------------------------------------------
 
 
+#: The compiler caches `--cold` points at fresh, empty folders in each row's process: inductor's (FX graphs,
+#: AOTAutograd, autotuning results, generated kernels) and Triton's (compiled kernels).
+COLD_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def cold_env(root: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `--cold` row's process: `environ` (default: this process's) with every compiler
+    cache in `COLD_CACHE_VARS` pointed at a new empty folder under `root`, so that nothing compiled by an
+    earlier row or run is reused."""
+    env = dict(os.environ if environ is None else environ)
+    for var in COLD_CACHE_VARS:
+        folder = root / var.lower()
+        folder.mkdir(parents=True, exist_ok=False)
+        env[var] = str(folder)
+    env["HOOKKIT_BENCH_COLD"] = "1"
+    return env
+
+
+def cold_cache_dirs() -> dict[str, Any] | None:
+    """In a row's process: the fresh cache folders `--cold` gave it, or None for a warm row."""
+    if os.environ.get("HOOKKIT_BENCH_COLD") != "1":
+        return None
+    return {var: os.environ.get(var) for var in COLD_CACHE_VARS}
+
+
+def _files_under(folder: str | None) -> int:
+    return sum(len(files) for _, _, files in os.walk(folder)) if folder else 0
+
+
 def run_matrix(configs: Sequence[BenchConfig], opts: ModelOptions, runs: int, warmup: int, timeout_s: float,
-               out_dir: Path | None = None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Run each configuration in its own `python -m hookkit bench-one` process; rows in `configs` order."""
+               out_dir: Path | None = None, log: Callable[[str], None] = print,
+               cold: bool = False) -> list[dict[str, Any]]:
+    """Run each configuration in its own `python -m hookkit bench-one` process; rows in `configs` order.
+
+    `cold`: every row's process gets fresh, empty compiler cache folders (`cold_env`), deleted after the row;
+    its `first_call_s` and `time_to_first_image_s` then include all compilation and autotuning.
+    """
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         if out_dir is None:
@@ -725,7 +823,7 @@ def run_matrix(configs: Sequence[BenchConfig], opts: ModelOptions, runs: int, wa
         for i, config in enumerate(configs, 1):
             log(f"[{i}/{len(configs)}] {config.name}: {config.description}")
             reason = config.unavailable(device, have)
-            rows.append(_run_child(config, opts, runs, warmup, timeout_s, out_dir) if reason is None
+            rows.append(_run_child(config, opts, runs, warmup, timeout_s, out_dir, cold) if reason is None
                         else _empty_row(config, "skipped", reason))
             log(f"[{i}/{len(configs)}] {config.name}: {_status_line(rows[-1])}")
         _compare(rows, out_dir, peak=None if opts.full else 1.0)
@@ -733,13 +831,24 @@ def run_matrix(configs: Sequence[BenchConfig], opts: ModelOptions, runs: int, wa
 
 
 def _run_child(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, timeout_s: float,
-               out_dir: Path) -> dict[str, Any]:
+               out_dir: Path, cold: bool = False) -> dict[str, Any]:
+    if not cold:
+        return _run_child_process(config, opts, runs, warmup, timeout_s, out_dir, None)
+    with tempfile.TemporaryDirectory(prefix=f"hookkit-cold-{config.name}-") as root:
+        row = _run_child_process(config, opts, runs, warmup, timeout_s, out_dir, cold_env(Path(root)))
+        if isinstance(row.get("cold"), dict):  # what the row compiled from nothing (the folders go away now)
+            row["cold"]["files_written"] = {var: _files_under(row["cold"].get(var)) for var in COLD_CACHE_VARS}
+    return row
+
+
+def _run_child_process(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, timeout_s: float,
+                       out_dir: Path, env: dict[str, str] | None) -> dict[str, Any]:
     result = out_dir / f"{config.name}.json"
     argv = [sys.executable, "-m", "hookkit", "bench-one", "--config", config.name, "--runs", str(runs),
             "--warmup", str(warmup), "--out-dir", str(out_dir), "--result", str(result), *opts.to_argv()]
     log = out_dir / f"{config.name}.log"  # the child's stderr: tracebacks of failed rows, compile warnings
     try:
-        proc = subprocess.run(argv, timeout=timeout_s, capture_output=True, text=True)
+        proc = subprocess.run(argv, timeout=timeout_s, capture_output=True, text=True, env=env)
         log.write_text(proc.stderr)
         failure = None if proc.returncode == 0 else f"exit code {proc.returncode}: {_tail(proc.stderr)}"
     except subprocess.TimeoutExpired as exc:
@@ -806,17 +915,45 @@ def _cached_steps(features: dict[str, Any]) -> str | None:
     return None if stats is None else f"cached {stats[0]}/{stats[1]} steps"
 
 
+def spread(row: dict[str, Any]) -> tuple[float, float] | None:
+    """(min, max) of a row's timed runs, None without them (a skipped row, or an older JSON)."""
+    latencies = row.get("latencies_s") or []
+    return (min(latencies), max(latencies)) if row.get("status") == "ok" and latencies else None
+
+
+def unresolved(row: dict[str, Any], reference: dict[str, Any]) -> str | None:
+    """A note when the row's or the reference's spread (max - min) is larger than the latency difference the
+    row claims against the reference: on a busy host the speed-up (or slow-down) is then noise."""
+    if row is reference or row.get("status") != "ok" or reference.get("status") != "ok":
+        return None
+    mine, theirs = spread(row), spread(reference)
+    if mine is None or theirs is None:
+        return None
+    width = max(mine[1] - mine[0], theirs[1] - theirs[0])
+    diff = abs(reference["latency_s"] - row["latency_s"])
+    if width <= diff:
+        return None
+    return (f"not resolved: spread {width:.4f} s > the {diff:.4f} s difference to {reference['config']} "
+            "(a busy host? more --runs)")
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The results as a markdown table (also readable in a terminal)."""
+    """The results as a markdown table (also readable in a terminal): the median of the timed runs and their
+    spread (min-max), and a note on rows whose spread is larger than the difference they claim to the first row."""
     out = []
     for i, row in enumerate(rows):
         ok = row["status"] == "ok"
         notes = [] if ok else [f"{row['status']}: {row['note']}"]
         if ok and row["note"]:
             notes.append(row["note"])
+        flag = unresolved(row, rows[0]) if rows else None
+        if flag:
+            notes.append(flag)
         cached = _cached_steps(row.get("features") or {})
         if cached:
             notes.append(cached)
+        if ok and row.get("cold") is not None and row.get("time_to_first_image_s") is not None:
+            notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):
             notes.append(f"{row['graphs_compiled_while_timed']} graph(s) compiled during the timed runs: add warm-up")
         if i == 0 and ok:
@@ -827,16 +964,18 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             psnr_cell = f"{row['psnr_db']:.2f}"
         else:
             psnr_cell = "—"
+        bounds = spread(row)
         out.append([
             row["config"],
             f"{row['latency_s']:.4f}" if ok else "—",
+            f"{bounds[0]:.4f}–{bounds[1]:.4f}" if bounds else "—",
             f"{row['warmup_s']:.2f}" if ok and row["warmup_s"] is not None else "—",
             f"{row['peak_memory_gb']:.3f}" if ok else "—",
             f"{row['speedup']:.2f}x" if ok and row["speedup"] is not None else "—",
             psnr_cell,
             "; ".join(notes),
         ])
-    return table(["config", "median latency (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
+    return table(["config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
                   "notes"], out)
 
 

@@ -1,6 +1,6 @@
 """The `hookkit` command line (also `python -m hookkit`).
 
-    hookkit demo                         tiny Flux on the CPU: plain vs hookkit, summary, timings
+    hookkit demo                         trained tiny Flux on the CPU: plain vs hookkit side by side in a PNG
     hookkit generate flux --cache ...    one generation with the chosen optimizations, saved to a file
     hookkit bench --configs eager,...    a matrix of configurations, one process each, as a markdown table
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,11 +25,13 @@ import torch
 import hookkit
 from hookkit.tools import bench, distributed
 from hookkit.tools.bench import ModelOptions
-from hookkit.errors import HookkitError, SpecError
+from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.techniques.cache.spec import MASK_POLICIES
 from hookkit.techniques.compile.spec import COMPILE_MODES
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES
 from hookkit.core.summary import table
+from hookkit.tools import local
+from hookkit.tools.demo import DEFAULT_CLASSES as DEMO_CLASSES
 
 EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 
@@ -92,82 +93,18 @@ def _progress(pipe: Any, desc: str, leave: bool = True) -> None:
 # --- demo ------------------------------------------------------------------------------------------------
 
 
-def demo_spec(have: frozenset[str]) -> hookkit.Spec:
-    """What the demo turns on: every feature that is installed and useful on a CPU.
-
-    DBCache runs on cache-dit's static "fast" mask (random weights never cache dynamically); memo and
-    sync-free run anywhere; compile and quantization are left out (minutes of CPU compilation, schemes
-    that need a GPU).
-    """
-    kwargs: dict[str, Any] = {}
-    if "cache" in have:
-        kwargs["cache"] = hookkit.DBCache(fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask="fast",
-                                          mask_policy="static")
-    if "memo" in have:
-        kwargs["memo"] = True
-    if "sync_free" in have:
-        kwargs["sync_free"] = True
-    return hookkit.Spec(**kwargs)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hookkit.tools import zoo
+    from hookkit.tools import demo
 
-    for flag, value in (("--steps", args.steps), ("--runs", args.runs), ("--threads", args.threads),
-                        ("--height", args.height), ("--width", args.width)):
+    for flag, value in (("--steps", args.steps), ("--threads", args.threads)):
         if value < 1:
-            raise SpecError(f"{flag}: expected an int >= 1, got {value}.")
-    device = torch.device("cpu")
-    # One thread: a tiny model gains nothing from more, and timings stay stable on a busy machine.
-    torch.set_num_threads(args.threads)
-    spec = demo_spec(bench.available_fields())
-    on = [k for k, v in spec.to_dict().items() if v not in (None, False)]
-    print(f"hookkit demo: tiny FluxPipeline built from config with random weights, {bench.device_description(device)}, "
-          f"{args.steps} steps, {args.height}x{args.width}, seed {args.seed}")
-    print(f"hookkit features installed: {', '.join(sorted(bench.available_fields())) or 'none yet'}; "
-          f"demo turns on: {', '.join(on) if on else 'bookkeeping only (Spec())'}")
-    pipe = zoo.tiny_pipeline("flux", seed=args.seed)
-
-    def call() -> torch.Tensor:
-        kwargs = zoo.call_kwargs("flux", steps=args.steps, seed=args.seed, height=args.height, width=args.width,
-                                 output_type="pt")
-        return pipe(**kwargs).images
-
-    def runs(label: str, n: int) -> tuple[torch.Tensor, float]:
-        """The last output (every run gives the same: fresh seeded generator) and the median time of `n` runs."""
-        times, output = [], None
-        for i in range(n):
-            _progress(pipe, f"{label} {i + 1}/{n}", leave=i == n - 1)
-            seconds, output = bench.timed(call, device)
-            times.append(seconds)
-        return output, statistics.median(times)
-
-    call()  # warm-up: one-time allocations and lazy initialisation, untimed
-    plain, t_plain = runs("plain  ", args.runs)
-    handle = hookkit.enable(pipe, spec)
-    hooked, t_hooked = runs("hookkit", args.runs)
-    summary = handle.summary()
-    hookkit.disable(pipe)
-    after, _ = runs("after disable", 1)
-
-    print()
-    print(summary)
-    print()
-    print(table(["run", f"median of {args.runs} (s)", "speed-up"],
-                [["plain diffusers", f"{t_plain:.4f}", "1.00x"],
-                 ["hookkit", f"{t_hooked:.4f}", f"{t_plain / t_hooked:.2f}x"]]))
-    if torch.equal(hooked, plain):
-        print("hookkit output vs plain: bitwise equal")
-    else:
-        why = ""
-        if spec.cache is not None:
-            ts = spec.cache.taylorseer_order
-            why = " (cached steps reuse the middle blocks' residuals" + (
-                f", extrapolated by TaylorSeer order {ts})" if ts else ")")
-        print(f"hookkit output vs plain: PSNR {bench.psnr(plain, hooked, peak=1.0):.2f} dB{why}")
-    equal = torch.equal(after, plain)
-    print(f"after hookkit.disable: output bitwise equal to the plain run: {equal}")
-    return 0 if equal else 1
+            raise SpecError(f"--{flag.lstrip('-')}: expected an int >= 1, got {value}.")
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    if not classes:
+        raise SpecError(f"--classes: expected comma-separated class names, got {args.classes!r}. "
+                        f"Give e.g. --classes 'red circle,green square'.")
+    # One thread by default: a tiny model gains nothing from more, and timings stay stable on a busy machine.
+    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads)
 
 
 # --- generate --------------------------------------------------------------------------------------------
@@ -176,7 +113,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 #: defaults of the flags that mean something only with --cache: argparse's defaults and the check below
 #: that refuses them without --cache read this one table
 CACHE_FLAG_DEFAULTS: dict[str, Any] = {
-    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": 0.12,
+    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": None,
     "cache_warmup": None, "cache_max_continuous": None, "cache_taylorseer": None,
 }
 
@@ -192,15 +129,19 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
         raise SpecError(f"--compile-mode {args.compile_mode}: only with --compile or --cuda-graphs. Add --compile.")
     cache = None
     if args.cache:
+        # One default everywhere: unset flags take `hookkit.DBCache()`'s values (the measured ones); a mask is
+        # the schedule, so with one the warm-up is 0 and TaylorSeer off unless asked for.
+        default = hookkit.DBCache()
         masked = args.cache_mask is not None
         cache = hookkit.DBCache(
-            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn, threshold=args.cache_threshold,
-            warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else 8),
+            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn,
+            threshold=args.cache_threshold if args.cache_threshold is not None else default.threshold,
+            warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else default.warmup_steps),
             max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
-            else (-1 if masked else 3),
+            else default.max_continuous_cached_steps,
             steps_mask=args.cache_mask, mask_policy=args.cache_mode,
             taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
-            else (0 if masked else hookkit.DBCache().taylorseer_order),
+            else (0 if masked else default.taylorseer_order),
         )
     compile_ = None
     if args.compile or args.cuda_graphs:
@@ -215,7 +156,8 @@ def optimization_tag(spec: hookkit.Spec) -> str:
     parts = []
     if spec.cache is not None:
         c = spec.cache
-        parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{c.warmup_steps}MC{c.max_continuous_cached_steps}"
+        warmup = "auto" if c.warmup_steps is None else c.warmup_steps
+        parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{warmup}MC{c.max_continuous_cached_steps}"
                      f"_R{c.threshold:g}" + (f"_TS{c.taylorseer_order}" if c.taylorseer_order else ""))
         if c.steps_mask is not None:
             mask = c.steps_mask if isinstance(c.steps_mask, str) else "custom"
@@ -313,30 +255,118 @@ def _save(output: Any, out: Path, latent: bool, video: bool) -> list[Path]:
     return paths
 
 
+def _resolve_model(args: argparse.Namespace) -> None:
+    """MODEL may be a folder (then it is --model-path) or left out with --model-path: read from model_index.json."""
+    if args.model is not None and args.model not in hookkit.list_adapters() and Path(args.model).is_dir():
+        if args.model_path is not None:
+            raise SpecError(f"MODEL {args.model!r} is a folder and --model-path {args.model_path!r} is another; give one.")
+        args.model_path, args.model = args.model, None
+    if args.model is not None and args.model not in hookkit.list_adapters() and "/" in args.model:
+        raise SpecError(f"MODEL {args.model!r}: no such folder (a path, not a shipped adapter name). Give an existing "
+                        "pipeline folder or one of: " + ", ".join(sorted(hookkit.list_adapters())) + ".")
+    if args.model is None:
+        if args.model_path is None:
+            raise SpecError(f"MODEL: expected a shipped adapter name ({', '.join(sorted(hookkit.list_adapters()))}) "
+                            "or a local pipeline folder, got neither. Add one, e.g. `hookkit generate flux`.")
+        folder = Path(args.model_path)
+        args.model = local.model_of(local.read_index(folder), folder)
+
+
+def call_options(args: argparse.Namespace) -> local.CallOptions:
+    return local.CallOptions(guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
+                             true_cfg_scale=args.true_cfg_scale, num_images=args.num_images,
+                             loras=tuple(local.Lora.parse(t) for t in args.lora), cpu_offload=args.cpu_offload)
+
+
+def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookkit.Spec, options: local.CallOptions,
+                      device: torch.device, dtype: torch.dtype) -> None:
+    """Everything that needs no weights, before any are read (a FLUX.1-dev folder is tens of GB)."""
+    if args.cuda_graphs and device.type != "cuda":
+        raise UnsupportedError(f"--cuda-graphs: captures CUDA graphs and needs a CUDA device; this run is on {device}. "
+                               "Drop --cuda-graphs (--compile alone compiles the repeated blocks here).")
+    if args.cuda_graphs and args.compile_mode not in (None, "default", "max-autotune-no-cudagraphs"):
+        raise SpecError(f"--compile-mode {args.compile_mode} with --cuda-graphs: hookkit captures the graphs itself. "
+                        "Use --compile-mode default or max-autotune-no-cudagraphs, or drop --compile-mode.")
+    if spec.quantize is not None:
+        from hookkit.techniques.quantize.torchao import check_hardware
+
+        try:
+            check_hardware(spec.quantize.scheme, [device])
+        except UnsupportedError as exc:
+            raise UnsupportedError(str(exc).replace(f"Quantize.scheme={spec.quantize.scheme!r}",
+                                                    f"--quantize {spec.quantize.scheme}")
+                                   .replace("scheme='", "--quantize '")) from None
+    local.check_call_options(options, device, args.cuda_graphs)
+    if opts.model_path is None:
+        if options.negative_prompt is not None:
+            raise SpecError("--negative-prompt: needs text encoders, only with --model-path (a local pipeline with "
+                            "them); tiny and --full models get random prompt embeddings. Drop it or add --model-path.")
+        return
+    folder = Path(opts.model_path)
+    index = local.read_index(folder)
+    local.check_family(index, folder, opts.name)
+    if not local.has_text_encoders(index):
+        for flag, value in (("--prompt", args.prompt), ("--negative-prompt", options.negative_prompt)):
+            if value is not None:
+                raise SpecError(f"{flag} {value!r}: {str(folder)!r} was saved without text encoders "
+                                "(model_index.json names them null), so no text can be encoded; it would run on "
+                                f"random embeddings. Drop {flag}, or use a folder with its text encoders.")
+    local.check_fits(folder, dtype, device, bench._available_bytes(device), options.cpu_offload)
+
+
+def output_name(opts: ModelOptions, size: str, tag: str, prompt: str | None, suffix: str) -> Path:
+    """`flux.a-cat-holding-a-sign.1024x1024.DBCache_....png`: model, prompt (when one was encoded), size, tag."""
+    parts = [opts.name] + ([local.slug(prompt)] if prompt else []) + [size, tag]
+    return Path(".".join(parts) + suffix)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    _resolve_model(args)
     opts = _model_options(args, args.model)
     bench.check_model(opts)
     spec = spec_from_args(args)
     if args.parallel is not None:  # under torchrun: join the group, one device per rank, diffusers shards
         spec = attrs.evolve(spec, parallel=distributed.parse_parallel(args.parallel))
         opts = attrs.evolve(opts, device=distributed.init_distributed(opts.device))
+    options = call_options(args)
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
     latent = opts.full
     if args.out is not None and not latent:
         _check_image_suffix(Path(args.out))
+    precheck_generate(args, opts, spec, options, device, dtype)
     steps = opts.num_steps()
+    compiling = args.compile or args.cuda_graphs
+    warmup = args.warmup if args.warmup is not None else (1 if compiling else 0)
+    if warmup < 0:
+        raise SpecError(f"--warmup: expected an int >= 0, got {warmup}.")
 
-    load_s, pipe = bench.timed(lambda: bench.load_pipeline(opts), device)
+    def load() -> Any:
+        # With offload the weights stay on the CPU: accelerate moves each component to the GPU when it runs
+        # (moving all of FLUX.1-dev there first is what offload exists to avoid).
+        where = opts if options.cpu_offload is None else attrs.evolve(
+            opts, device="cpu", dtype=str(dtype).removeprefix("torch."))
+        pipe = bench.load_pipeline(where)
+        local.check_size(pipe, opts.height, opts.width)
+        options.prepare(pipe)
+        return pipe
+
+    load_s, pipe = bench.timed(load, device)
     enable_s, handle = bench.timed(lambda: hookkit.enable(pipe, spec), device)
     output_type = "latent" if latent else "pil"
+    encoded = opts.model_path is not None and bench.has_text_encoder(pipe)
+    prompt = opts.prompt if encoded else None
+
+    def kwargs_now() -> dict[str, Any]:
+        return {**bench.call_kwargs(pipe, opts, output_type), **options.call_kwargs(pipe, opts.batch)}
+
     warmup_s = 0.0
-    for i in range(args.warmup):
-        _progress(pipe, f"warmup {i + 1}/{args.warmup}")
-        seconds, _ = bench.timed(lambda: pipe(**bench.call_kwargs(pipe, opts, output_type)), device)
+    for i in range(warmup):
+        _progress(pipe, f"warmup {i + 1}/{warmup}")
+        seconds, _ = bench.timed(lambda: pipe(**kwargs_now()), device)
         warmup_s += seconds
     _progress(pipe, "inference")
-    kwargs = bench.call_kwargs(pipe, opts, output_type)
+    kwargs = kwargs_now()
     infer_s, result = bench.timed(lambda: pipe(**kwargs), device)
     output = bench.output_of(result)
     video = hasattr(result, "frames")  # what the pipeline returned, not a list of model names
@@ -347,7 +377,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.out is not None:
         out = Path(args.out)
     else:
-        out = Path(f"{opts.name}.{size}.{tag}" + (".pt" if latent else ".gif" if video else ".png"))
+        out = output_name(opts, size, tag, prompt, ".pt" if latent else ".gif" if video else ".png")
     paths = _save(output, out, latent, video) if distributed.is_main() else []
     ranks = None
     if spec.parallel is not None:  # every rank: the gather needs them all
@@ -362,16 +392,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
               + ("" if bench.has_text_encoder(pipe) else ", no text encoder: random prompt embeddings")
               if opts.model_path else
               f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights, random prompt embeddings")
+    extras = [f"{k}={v!r}" for k, v in options.call_kwargs(pipe, opts.batch).items()]
+    if options.loras:
+        extras.append(f"LoRA {local.loras_text(options.loras)}")
+    if options.cpu_offload:
+        extras.append(f"cpu offload {options.cpu_offload}")
     lines = [
         f"Model: {opts.name} ({summary.transformer} in {summary.pipeline}; {source})",
+        *([f"Prompt: {prompt!r}"] if prompt is not None else []),
         f"Optimization: {tag}",
         *_feature_lines(summary),
         f"Device: {bench.device_description(device)}, {str(dtype).removeprefix('torch.')}",
         f"Input: {size}, {steps} steps, "
-        f"batch {opts.batch}, seed {opts.seed}",
+        f"batch {opts.batch}, seed {opts.seed}" + (f"; {', '.join(extras)}" if extras else ""),
         f"Load Time: {load_s:.2f}s",
         f"Enable Time: {enable_s:.2f}s",
-        f"Warmup Time: {warmup_s:.2f}s ({args.warmup} run{'s' if args.warmup != 1 else ''})",
+        f"Warmup Time: {warmup_s:.2f}s ({warmup} run{'s' if warmup != 1 else ''}"
+        + ("" if warmup or compiling else "; none needed without --compile") + ")",
         f"Inference Time: {infer_s:.2f}s",
     ]
     if spec.parallel is not None:
@@ -428,6 +465,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     opts = _model_options(args, args.model)
     bench.check_model(opts)
+    if opts.full and device.type != "cuda" and opts.device is None:
+        # refused here, in a second, not once per row in a child process each (nor after sizing the model)
+        raise UnsupportedError(
+            f"--full {opts.name}: no CUDA device is visible, and a full-size {opts.name} transformer takes minutes per "
+            "denoising step on the CPU, for every row. Run it on a CUDA GPU, drop --full for the tiny model, or pass "
+            "--device cpu to run it on the CPU anyway.")
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
@@ -443,7 +486,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return 0 if rows[0]["status"] == "ok" else 1
     else:
         rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
-                                Path(args.out_dir) if args.out_dir else None, log=_progress_line)
+                                Path(args.out_dir) if args.out_dir else None, log=_progress_line, cold=args.cold)
     data = bench.report(rows, notes, opts, args.runs, args.warmup, args.argv)
     _print_report(data, args.json)
     return 0 if rows[0]["status"] == "ok" else 1
@@ -471,34 +514,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hookkit {hookkit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="tiny Flux on the CPU: plain vs hookkit, summary, timings, exact restore")
-    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--height", type=int, default=32)
-    p.add_argument("--width", type=int, default=32)
-    p.add_argument("--runs", type=int, default=3, help="timed runs per variant (median)")
+    p = sub.add_parser("demo", help="hookkit's trained tiny Flux on the CPU: plain vs hookkit side by side in one PNG, "
+                                    "summary, exact restore")
+    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28, the model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first class's image (the next get +1, +2, ...)")
+    p.add_argument("--classes", default=",".join(DEMO_CLASSES),
+                   help=f"comma-separated classes to draw (default {','.join(DEMO_CLASSES)!r}; all ten: "
+                        "hookkit.tools.trained.CLASSES)")
+    p.add_argument("--out", default="hookkit-demo.png", help="the side-by-side PNG (default ./hookkit-demo.png)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the tiny model needs no more)")
     p.set_defaults(func=cmd_demo)
 
     models = sorted(hookkit.list_adapters())
     p = sub.add_parser("generate", help="one generation with the chosen optimizations, saved to a file")
-    p.add_argument("model", metavar="MODEL", help=f"a shipped adapter name: {', '.join(models)}")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help=f"a shipped adapter name ({', '.join(models)}) or a local pipeline folder (then the name is read "
+                        "from its model_index.json; same as --model-path)")
     p.add_argument("--compile", action="store_true", help="regional torch.compile of the repeated blocks")
     p.add_argument("--compile-mode", default=None, choices=[m for m in COMPILE_MODES if m], help="torch.compile mode")
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
     p.add_argument("--quantize", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
-    p.add_argument("--cache", action="store_true", help="DBCache (F1B0, W8, MC3, R0.12, TaylorSeer order 1 unless set below)")
+    p.add_argument("--cache", action="store_true", help="DBCache with hookkit.DBCache()'s measured defaults (F1B0, threshold 0.24, warm-up scaled to the "
+                        "step count: 8 at 28 steps, 2 at 4-7; no run limit; TaylorSeer order 1) unless set below")
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
                    help="masked steps: cache when the residual change is small (dynamic) or always (static)")
     p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed")
     p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed")
-    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold")
-    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default 8, 0 with a mask)")
+    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold (default 0.24)")
+    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: scaled to the step count, 8 at 28; 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
-                   help="cached steps in a row (default 3, -1 with a mask)")
+                   help="cached steps in a row (default -1: no limit)")
     p.add_argument("--cache-taylorseer", type=int, default=CACHE_FLAG_DEFAULTS["cache_taylorseer"], choices=[0, 1, 2],
                    help="TaylorSeer order of cached residuals (default: DBCache's, 0 with a mask)")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
@@ -506,7 +554,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")
     p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
                    help="context parallelism under torchrun, e.g. ulysses=2 or ring=2,attention_backend=_native_cudnn")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one (compilation happens here)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed runs before the timed one (default: 1 with --compile or --cuda-graphs, where compilation "
+                        "happens, else 0)")
+    p.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance_scale (default: its own)")
+    p.add_argument("--negative-prompt", default=None,
+                   help="negative prompt: true CFG (two transformer calls per step); needs text encoders")
+    p.add_argument("--true-cfg-scale", type=float, default=4.0, help="true-CFG scale with --negative-prompt (default 4)")
+    p.add_argument("--num-images", type=int, default=1, help="images per prompt (num_images_per_prompt)")
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="load a LoRA before enabling hookkit (repeatable; scale default 1.0)")
+    p.add_argument("--cpu-offload", default=None, choices=("model", "sequential"),
+                   help="accelerate's offload (CUDA): model (one component on the GPU at a time; FLUX.1-dev bf16 on a "
+                        "24 GB card) or sequential (layer by layer, slowest, least memory)")
     p.add_argument("--out", default=None, help="output file (.png; .gif or .png frames for video; .pt with --full)")
     _add_model_args(p)
     p.set_defaults(func=cmd_generate)
@@ -520,6 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--out-dir", default=None, help="keep each configuration's output (.pt) and row (.json) here")
     p.add_argument("--timeout", type=float, default=bench.default_timeout(), help="seconds per configuration")
+    p.add_argument("--cold", action="store_true",
+                   help="fresh, empty inductor and Triton cache folders for every row: first-call and "
+                        "time-to-first-image include all compilation and autotuning")
     p.add_argument("--list", action="store_true", help="list the configurations and whether they run here")
     p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
                    help="under torchrun: every configuration context-parallel (e.g. ulysses=2), rank 0 reports")

@@ -222,7 +222,7 @@ def _cache_tag(cache: hookkit.DBCache) -> str:
     if cache.taylorseer_order:
         tag += f"-TS{cache.taylorseer_order}"
     # everything that changes decisions is in the name, so two configurations of one sweep never share it
-    if cache.warmup_steps != 8:
+    if cache.warmup_steps is not None:  # None: scaled to the step count (8 at 28)
         tag += f"-W{cache.warmup_steps}"
     if cache.max_continuous_cached_steps != -1:
         tag += f"-MC{cache.max_continuous_cached_steps}"
@@ -247,7 +247,7 @@ def hookkit_config(cache: hookkit.DBCache, family: str | None = None, name: str 
         x = cache.steps_mask if isinstance(cache.steps_mask, str) else cache.threshold
     return QualityConfig(
         name=name or f"hookkit-{tag}", family=family, spec=hookkit.Spec(cache=cache), x=x,
-        description=(f"hookkit DBCache {tag}, warmup {cache.warmup_steps}, max continuous "
+        description=(f"hookkit DBCache {tag}, warmup {'auto' if cache.warmup_steps is None else cache.warmup_steps}, max continuous "
                      f"{cache.max_continuous_cached_steps}"),
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hookkit.core.quiet import quiet_imports
 from hookkit.errors import AdapterError
 
 # Transformer configs: tiny (CPU, seconds) and full (the published architectures' defaults).
@@ -60,6 +61,7 @@ def _check(name: str) -> None:
         raise AdapterError(f"no built-in model {name!r}; known: {sorted(_TRANSFORMERS)}.")
 
 
+@quiet_imports()
 def tiny_transformer(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A tiny transformer of family `name` from config, random weights, eval mode, float32, CPU."""
     _check(name)
@@ -70,6 +72,7 @@ def tiny_transformer(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Mod
     return cls(**{**TINY_CONFIGS[name], **overrides}).eval()
 
 
+@quiet_imports()
 def full_transformer(name: str, **overrides: Any) -> torch.nn.Module:
     """The full-size architecture of family `name` with random weights (build it under a device context)."""
     _check(name)
@@ -145,6 +148,7 @@ _PIPELINES: dict[str, Callable[[torch.nn.Module], Any]] = {
 }
 
 
+@quiet_imports()
 def tiny_pipeline(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
     """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan) on the CPU, no text encoders."""
     if name not in _PIPELINES:
@@ -201,6 +205,7 @@ def _scale8_vae_kl(latent_channels: int) -> torch.nn.Module:
 _FULL_PIPELINES = ("cogvideox", "flux", "qwenimage")
 
 
+@quiet_imports()
 def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
     """A pipeline around the full-size transformer of `name` (random weights) with a small VAE of the right
     scale factor. Build it under `torch.device("cuda")` and `torch.set_default_dtype(torch.bfloat16)`;

@@ -11,7 +11,7 @@ Host syncs: only a threshold decision reads the device, one `.item()` per step a
 parallelism after one all-reduce of its two sums, so every rank decides alike); a static mask needs none. Everything kept across steps is computed outside any
 compiled region, so outputs of compiled regions or CUDA graphs are never held across calls. Hooks run around
 the block's compiled callable (`HookRegistry.set_inner`), so a decision never becomes a graph break. Under
-whole-transformer CUDA graphs the cache provides `hookkit.core.graphs.GraphDecisions` (`GraphBridge`).
+whole-transformer graphs it provides `hookkit.core.graphs.GraphDecisions` and `SplitDecisions` (`GraphBridge`).
 
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
@@ -35,14 +35,14 @@ from loguru import logger
 
 from hookkit.adapters import BlockListSpec
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.graphs import GraphDecisions
+from hookkit.core.graphs import GraphDecisions, SplitDecisions
 from hookkit.core.parallel import ParallelInfo, global_sums, parallel_info
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, Summary, table
 from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
-from hookkit.techniques.cache.spec import DBCache, resolve_steps_mask
+from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask
 
 NAME = "cache"
 ENTRY_HOOK = "hookkit.cache.entry"
@@ -236,7 +236,10 @@ class _CallState:
             )
         mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
         self.mask: tuple[int, ...] | None = mask
-        warmup = spec.warmup_steps
+        warmup = effective_warmup_steps(spec, num_steps)
+        self.num_steps = num_steps
+        #: steps of the warm-up as given (before a mask cuts it), for the summary's "why nothing was cached"
+        self.warmup_given = warmup
         if mask is not None:
             leading = next((i for i, m in enumerate(mask) if m != 1), len(mask))
             warmup = min(warmup, leading)
@@ -314,6 +317,18 @@ class _CallState:
              branch's last computed step: cache iff diff < threshold (the one `.item()` of a decision).
              Under context parallelism each rank holds a sequence shard: the sums are reduced first (`_diff`).
         """
+        host = self.host_rules(step, branch, middle)
+        if host is not None:
+            return host
+        ref = branch.fn_ref
+        if residual is None or ref is None or ref.shape != residual.shape:
+            return False
+        # The one device-to-host read of a dynamic decision (after one all-reduce under context parallelism).
+        return self.judge(step, branch, self._diff(residual, ref))
+
+    def host_rules(self, step: int, branch: _Branch, middle: tuple[torch.Tensor, Any] | None = None) -> bool | None:
+        """Rules 1-7 of `rules`, which read nothing from the device: cached (True), computed (False), or None
+        when rule 8, the diff against the threshold, decides."""
         spec = self.layout.spec
         if branch.residual[0] is None or step in self.warmup:
             return False
@@ -331,25 +346,35 @@ class _CallState:
             return False
         if spec.max_accumulated_diff is not None and branch.accumulated >= spec.max_accumulated_diff:
             return False
-        ref = branch.fn_ref
-        if spec.threshold <= 0 or residual is None or ref is None or ref.shape != residual.shape:
+        if spec.threshold <= 0:
             return False
-        diff = self._diff(residual, ref)
+        return None
+
+    def judge(self, step: int, branch: _Branch, diff: float) -> bool:
+        """Rule 8 for a diff read from the device: records it, and caches iff it is below the threshold."""
         branch.diffs[step] = diff
         branch.accumulated += diff
-        return diff < spec.threshold
+        return diff < self.layout.spec.threshold
 
     def _diff(self, residual: torch.Tensor, ref: torch.Tensor) -> float:
         """mean|r - r_ref| / mean|r_ref|: the one device-to-host read of a dynamic decision (accumulated in float32
         at least). Under context parallelism each rank holds a sequence shard: the two sums are all-reduced over the
         group first (sums, not per-rank means, so uneven shards stay exact), and every rank reads the same value."""
-        acc = torch.promote_types(residual.dtype, torch.float32)
         if self.parallel is None:
-            return ((residual - ref).abs().mean(dtype=acc) / ref.abs().mean(dtype=acc)).item()
+            return relative_l1(residual, ref).item()
+        acc = torch.promote_types(residual.dtype, torch.float32)
         local = torch.stack(((residual - ref).abs().sum(dtype=acc), ref.abs().sum(dtype=acc)))
         num, den = global_sums(local, self.parallel.group).tolist()
         self.collectives += 1
         return num / den if den > 0 else math.inf
+
+
+def relative_l1(residual: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """mean|r - r_ref| / mean|r_ref| as a 0-d device tensor (means accumulated in float32 at least): the
+    decision statistic, the same ops eagerly and inside a captured graph, so both decide bitwise alike."""
+    acc = torch.promote_types(residual.dtype, torch.float32)
+    return (residual - ref).abs().mean(dtype=acc) / ref.abs().mean(dtype=acc)
+
 
 
 # --- hooks --------------------------------------------------------------------------------------------------
@@ -364,6 +389,8 @@ class _Shared:
         self.layout = layout
         #: set by `hookkit.Compile(cuda_graphs="transformer")`: the transformer call is replayed from graphs
         self.graph: GraphBridge | None = None
+        #: reasons why no step could be cached, already logged (each once per handle)
+        self.logged: set[str] = set()
 
     def call_state(self) -> _CallState:
         handle = self.handle
@@ -371,11 +398,19 @@ class _Shared:
         outside = not handle.in_generation if handle.pipeline is None else state.generation == 0
         if outside:
             # Nothing would reset the cache: one generation's residuals (and step count) would carry into the next.
+            name = type(handle.transformer).__name__
+            if handle.pipeline is None:
+                raise SpecError(
+                    f"DBCache on {name}: hookkit was enabled on the bare transformer, and it was called outside any "
+                    "generation. With a diffusers pipeline, enable hookkit on the pipeline instead: "
+                    "hookkit.disable(pipe.transformer); hookkit.enable(pipe, spec) (it then follows every pipe(...) "
+                    "call by itself). Only for your own denoising loop over a bare transformer, wrap each loop in "
+                    "`with handle.generation(num_steps=N):`."
+                )
             raise SpecError(
-                f"DBCache on {type(handle.transformer).__name__}: expected every transformer call inside a "
-                "generation (a pipeline call, or `with handle.generation(num_steps=N):`), got a call outside any "
-                "(a bare transformer called without it, or pipe.transformer called before any pipeline call). "
-                "Wrap each denoising loop of a bare transformer in `with handle.generation(num_steps=N):`."
+                f"DBCache on {name}: expected every transformer call inside a generation (a pipeline call), got "
+                "pipe.transformer called before any pipeline call. Call the pipeline, or enable hookkit on the bare "
+                "transformer and wrap your loop in `with handle.generation(num_steps=N):`."
             )
         if state.num_steps is not None and state.step >= state.num_steps:
             # The loop ended, yet the transformer runs on: its caller's scheduler never told hookkit a new call began
@@ -390,10 +425,15 @@ class _Shared:
             )
         cs = state.features.get(NAME)
         if cs is None:
+            _refuse_diffusers_cache(handle.transformer)  # once per call: enable_cache may come after hookkit.enable
             # a new generation: whether the transformer runs under context parallelism is looked up here, so that
             # `enable_parallelism` may come before or after `hookkit.enable`
             cs = state.feature(NAME, functools.partial(_CallState, self.layout, state.num_steps,
                                                        parallel_info(handle.transformer)))
+            reason = _no_cache_reason(self.layout, cs)
+            if reason is not None and reason not in self.logged:
+                self.logged.add(reason)  # once per handle and reason: a call is no attach, but this is no per-call log
+                logger.warning("cache: {}", reason)
         return cs
 
 
@@ -496,6 +536,9 @@ class DBCacheMiddleHook(ModelHook):
         if graph is not None and graph.forced is not None:
             cs.force(state.step, state.branch, graph.forced)
             cached = graph.forced
+            if graph.dynamic:  # the decision statistic, then (capture) the cut between the two graphs
+                block0 = cs.block0_hidden if cs.block0_call == state.calls else None
+                graph.at_decision(state.branch, hidden, block0)
             if cached:  # the graph being captured must read the slots of this geometry
                 graph.use_slots(cs.branch, state.branch, hidden, encoder)
         else:
@@ -537,8 +580,11 @@ class DBCacheMiddleHook(ModelHook):
 class GraphBridge:
     """DBCache under whole-transformer CUDA graphs (`hookkit.Compile(cuda_graphs="transformer")`).
 
-    A replayed graph runs no Python, so the per-step decision must be known *before* the call: that is the
-    case for a static mask (and warmup), which is what this mode requires. The graph runner keys its graphs
+    A replayed graph runs no Python. With dynamic decisions (a threshold), the graph side splits each call at
+    the decision (`SplitGraphHook`): `host_decision` applies the rules that read nothing from the device,
+    `at_decision` computes the statistic inside the captured head (and marks the cut), the caller reads it
+    once and `judge`s it, `finish` keeps the statistics. With a static mask the decision is known *before*
+    the call (this and the rest of this docstring). The graph runner keys its graphs
     by `(branch, cached)` besides the input signature, forces that decision while a graph is warmed up and
     captured (hooks then record nothing), and reports every call with `replayed()`, which keeps the
     statistics. Residuals live in persistent slots (one per branch, stream and shape) that the computed-step
@@ -551,6 +597,79 @@ class GraphBridge:
         self.forced: bool | None = None
         self.slots: dict[tuple[Any, ...], torch.Tensor] = {}
         self.last: dict[int, list[torch.Tensor | None]] = {}
+        #: dynamic decisions (a threshold): the call is split at the decision (`SplitGraphHook` in
+        #: hookkit.techniques.compile.hooks); below, what that needs
+        self.dynamic: bool = shared.layout.needs_diff
+        #: Fn residual of each branch's last computed step, per geometry: the reference of the statistic
+        self.refs: dict[tuple[Any, ...], torch.Tensor] = {}
+        #: set by the graph side while it captures: called with the statistic where the first graph ends
+        self.on_decision: Callable[[torch.Tensor], None] | None = None
+        #: each branch's last decision (which pair of graphs to try first)
+        self.last_cached: dict[int, bool] = {}
+
+    # -- dynamic decisions (threshold) under split graphs ----------------------------------------------------
+
+    def host_decision(self, signature: Hashable) -> tuple[int, bool | None]:
+        """(branch, cached) for the transformer call about to run, or (branch, None) when the diff decides.
+
+        `signature`: of the call's inputs. A call whose signature differs from the branch's last computed step
+        in this generation is computed (no residual of its geometry exists, or the batch changed).
+        """
+        state = self.shared.handle.state
+        cs = self.shared.call_state()
+        branch = cs.branch_at(state.branch)
+        if cs.graph_shapes.get(state.branch) != signature:
+            return state.branch, False
+        return state.branch, cs.host_rules(state.step, branch)
+
+    def judge(self, index: int, diff: float) -> bool:
+        """Rule 8 for the statistic the first graph computed (read once on the host by the caller)."""
+        cs = self.shared.call_state()
+        if cs.parallel is not None:  # the head graph's statistic is this rank's shard only: ranks could disagree
+            raise UnsupportedError(
+                "DBCache threshold under Compile(cuda_graphs='transformer'): expected one process, got context "
+                f"parallelism over {cs.parallel.world_size} ranks (the split graphs' statistic is per shard, so ranks "
+                "could decide differently and deadlock). Use a static mask (DBCache(steps_mask=..., "
+                "mask_policy='static')) or Compile(cuda_graphs='none') under context parallelism.")
+        return cs.judge(self.shared.handle.state.step, cs.branch_at(index), diff)
+
+    def at_decision(self, index: int, hidden: torch.Tensor, block0: torch.Tensor | None) -> None:
+        """Inside a forced call (warm-up or capture): compute the statistic from the Fn residual, cut the capture
+        there, and on a computed step keep the Fn residual as the branch's new reference (after the cut, so that
+        the statistic of the step reads the previous one)."""
+        if block0 is None or block0.shape != hidden.shape:
+            raise HookError(
+                f"DBCache under split transformer graphs: expected the hidden input of block 0 of this call at the "
+                f"first middle block (shape {tuple(hidden.shape)}), got "
+                f"{'none' if block0 is None else tuple(block0.shape)}. The transformer skipped or reshaped block 0; "
+                "use Compile(cuda_graphs='none') with this model."
+            )
+        residual = hidden - block0
+        key = (index, tuple(residual.shape), residual.dtype, residual.device)
+        ref = self.refs.get(key)
+        if ref is None:
+            ref = self.refs[key] = torch.zeros_like(residual)  # read only after a computed step wrote it
+        statistic = relative_l1(residual, ref)
+        if self.on_decision is not None:
+            self.on_decision(statistic)
+        if not self.forced:
+            ref.copy_(residual)
+
+    def finish(self, index: int, cached: bool, signature: Hashable) -> None:
+        """Account for one transformer call served by a pair of graphs (statistics, which residuals exist)."""
+        state = self.shared.handle.state
+        cs = self.shared.call_state()
+        branch = cs.branch_at(index)
+        branch.record(state.step, cached)
+        if not cached:
+            branch.residual = list(self.last.get(index, [None, None]))
+            cs.graph_shapes[index] = signature
+        layout = self.shared.layout
+        cs.block_calls += layout.always_run if cached else layout.num_blocks
+        cs.transformer_calls += 1
+        self.last_cached[index] = cached
+
+    # -- static decisions ---------------------------------------------------------------------------------------
 
     def decision(self, shapes: Hashable = None) -> tuple[int, bool]:
         """(branch, cached) for the transformer call about to run; never reads the device.
@@ -625,6 +744,23 @@ def _install_bridge(shared: _Shared) -> GraphBridge:
     return shared.graph
 
 
+def _refuse_diffusers_cache(transformer: torch.nn.Module) -> None:
+    """Refuse hookkit's DBCache on a transformer with diffusers' own cache on (`enable_cache`: FirstBlockCache,
+    FasterCache, PAB, MagCache, ...).
+
+    Refused rather than warned: both skip block computations on their own decisions, so a step one cache skips
+    feeds the other's reference and the errors compound into a worse image with no sign why; and hookkit's log is
+    silent by default, so a warning would not be seen.
+    """
+    config = getattr(transformer, "_cache_config", None)
+    if config is not None:
+        raise UnsupportedError(
+            f"DBCache on {type(transformer).__name__}: diffusers' {type(config).__name__} is enabled on it too "
+            "(transformer.enable_cache); two caches skipping blocks on their own decisions compound their errors. "
+            "Call pipe.transformer.disable_cache() first, or drop Spec.cache."
+        )
+
+
 # --- feature ------------------------------------------------------------------------------------------------
 
 
@@ -638,6 +774,7 @@ class _CacheFeature(BaseFeature):
         spec = ctx.spec.cache
         if spec is None:
             return []
+        _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
         out: list[Attachment] = []
@@ -674,6 +811,7 @@ class _CacheFeature(BaseFeature):
             shared = _Shared(ctx, layout)
             found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
             ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
+            ctx.provide(SplitDecisions, lambda: _install_bridge(shared))
             logger.info(
                 "cache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
                 layout.num_middle, layout.spec.bn_blocks,
@@ -721,6 +859,48 @@ def _diff_stats(diffs: list[float]) -> dict[str, float] | None:
     return stats
 
 
+def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
+    """Why no step of this call can be cached, known before it runs (None when some step may be).
+
+    Only what the spec and the step count decide: that the threshold rejected every step is said by
+    `_no_cached_reason` once the call ran.
+    """
+    spec, n = layout.spec, cs.num_steps
+    if n is None:
+        return None
+    if cs.mask is not None and not any(m == 0 for m in cs.mask):
+        return (f"steps_mask computes all {n} steps of this call: no step may be cached. "
+                "Give a mask with 0s (or a named policy).")
+    if cs.static:
+        return None
+    if spec.threshold <= 0:
+        return f"threshold {spec.threshold} caches no step. Set DBCache(threshold=...) above 0 (default 0.24)."
+    if spec.max_cached_steps == 0:
+        return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if spec.max_continuous_cached_steps == 0:
+        return "max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+    if len(cs.warmup) >= n:
+        return (f"warmup_steps={cs.warmup_given} covers all {n} steps of this call: no step may be cached. "
+                f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).")
+    return None
+
+
+def _no_cached_reason(layout: _Layout, cs: _CallState | None) -> str | None:
+    """Why a call that ran cached nothing: `_no_cache_reason`, or every measured diff at or above the threshold."""
+    if cs is None or cs.transformer_calls == 0 or any(b.cached for b in cs.branches.values()):
+        return None
+    before = _no_cache_reason(layout, cs)
+    if before is not None:
+        return before
+    diffs = [d for b in cs.branches.values() for d in b.diffs.values()]
+    threshold = layout.spec.threshold
+    if diffs:
+        return (f"every measured diff ({len(diffs)} of them, smallest {min(diffs):.3g}) was at or above threshold "
+                f"{threshold:g}. Random weights rarely cache (judge with trained weights); a higher threshold "
+                "caches more steps at lower fidelity.")
+    return None
+
+
 def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> FeatureSummary:
     spec = layout.spec
     branches: dict[int, dict[str, Any]] = {}
@@ -746,6 +926,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "parallel": cs.parallel.describe() if cs is not None and cs.parallel is not None else None,
         "collectives": cs.collectives if cs is not None else 0,
         "branches": branches,
+        "warmup_steps": sorted(cs.warmup) if cs is not None else None,
+        "no_cache_reason": _no_cached_reason(layout, cs),
     }
     return FeatureSummary(name=NAME, data=data, text=_render(data))
 
@@ -773,6 +955,8 @@ def _render(data: dict[str, Any]) -> str:
     total = data["block_calls_uncached"]
     share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
     lines.append(f"block calls run: {data['block_calls']} of {total}{share}")
+    if data["no_cache_reason"]:
+        lines.append(f"no step cached: {data['no_cache_reason']}")
     return "\n".join(lines)
 
 

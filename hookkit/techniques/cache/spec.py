@@ -47,7 +47,11 @@ class DBCache:
         bn_blocks: blocks at the end that always run (default 0), refining the approximated hidden states.
         threshold: cache a step when the relative L1 change of the Fn residual against the branch's last
             computed step is below this (default 0.24); 0 never caches dynamically (a mask still may).
-        warmup_steps: the first steps, always computed (default 8); cut to a `steps_mask`'s leading 1s.
+        warmup_steps: the first steps, always computed; cut to a `steps_mask`'s leading 1s. Default None: scaled
+            to the call's step count by `auto_warmup_steps` (8 at 28 steps and more, the same share rounded up
+            below: 2 at 4-7 steps, 3 at 8-10), so 4-8-step models (FLUX.1-schnell, distilled LoRAs) cache too; 8
+            when the step count is unknown. An int is taken as given, even one that covers every step (the
+            summary then says why nothing was cached).
         warmup_interval: within the warm-up, compute every this-many-th step only (default 1: all of them).
         max_cached_steps: at most this many cached steps per branch and call (default -1: no limit).
         max_continuous_cached_steps: at most this many cached steps in a row (default -1: no limit).
@@ -65,7 +69,7 @@ class DBCache:
     fn_blocks: int = attrs.field(default=1, validator=int_field(1))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
     threshold: float = attrs.field(default=0.24, validator=float_field(0.0))
-    warmup_steps: int = attrs.field(default=8, validator=int_field(0))
+    warmup_steps: int | None = attrs.field(default=None, validator=int_field(0, allow_none=True))
     warmup_interval: int = attrs.field(default=1, validator=int_field(1))
     max_cached_steps: int = attrs.field(default=-1, validator=int_field(-1))
     max_continuous_cached_steps: int = attrs.field(default=-1, validator=int_field(-1))
@@ -80,6 +84,28 @@ class DBCache:
         if value == "static" and self.steps_mask is None:
             raise SpecError("DBCache.mask_policy: 'static' follows steps_mask alone, but steps_mask is None. "
                             "Give a mask (steps_mask='fast' or a 0/1 list) or use mask_policy='dynamic'.")
+
+
+#: warm-up of `DBCache(warmup_steps=None)` at `WARMUP_REFERENCE_STEPS` steps and more (cache-dit's default)
+WARMUP_REFERENCE = 8
+WARMUP_REFERENCE_STEPS = 28
+
+
+def auto_warmup_steps(num_steps: int | None) -> int:
+    """Warm-up of `DBCache(warmup_steps=None)` for a call of `num_steps` steps.
+
+    8 steps at 28 (the measured default) are kept at more steps; below, the same share of the schedule,
+    rounded up: 4-7 steps warm up 2, 8-10 warm up 3. A fixed 8 would leave nothing to cache on FLUX.1-schnell's
+    4 steps or the tiny demo's 6. Unknown step count: 8.
+    """
+    if num_steps is None or num_steps >= WARMUP_REFERENCE_STEPS:
+        return WARMUP_REFERENCE
+    return max(1, -(-WARMUP_REFERENCE * num_steps // WARMUP_REFERENCE_STEPS))
+
+
+def effective_warmup_steps(spec: DBCache, num_steps: int | None) -> int:
+    """The warm-up a call of `num_steps` steps gets: the spec's int, or `auto_warmup_steps` for None."""
+    return auto_warmup_steps(num_steps) if spec.warmup_steps is None else spec.warmup_steps
 
 
 def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tuple[int, ...] | None:

@@ -13,8 +13,10 @@ transformer's outputs are, so they are also cloned.
 Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): blocks compiled regionally, then each
 transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the
 signature holds (inputs copied into static buffers, outputs cloned out). Hooks inside the transformer do not
-run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the
-cache with a static mask does): the decision becomes part of the graph key.
+run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the cache
+with a static mask: the decision becomes part of the graph key) or `SplitDecisions` (the cache with a
+threshold: each call is split at the decision into a head graph ending with the statistic, one host read,
+and the computed or cached tail graph, `SplitGraphHook`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ import torch.utils._pytree as pytree
 
 from hookkit.core.compat import CUDA_GRAPH_MODES
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.graphs import GraphDecisions
+from hookkit.core.graphs import GraphDecisions, SplitDecisions
 from hookkit.core.plan import Attachment, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable, Removal
 from hookkit.core.summary import FeatureSummary, table
-from hookkit.errors import SpecError, UnsupportedError
+from hookkit.errors import HookError, SpecError, UnsupportedError
 from hookkit.techniques.compile.spec import Compile
 
 if TYPE_CHECKING:
@@ -198,6 +200,185 @@ class GraphHook(ModelHook):
         return output
 
 
+# --- whole-transformer CUDA graphs split at a dynamic DBCache decision --------------------------------------
+
+
+class CudaGraphSegments:
+    """One Python execution captured as consecutive CUDA graphs on one side stream and one memory pool, cut
+    wherever `cut()` is called (inside a hook, mid-forward). Tensors allocated by an earlier segment and read by
+    a later one stay at their addresses: the later graph reads what the earlier one's replay wrote."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.graphs: list[Any] = []
+        self.stream = torch.cuda.Stream()
+        self._stream_ctx: Any = None
+
+    def begin(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        self._stream_ctx = torch.cuda.stream(self.stream)
+        self._stream_ctx.__enter__()
+        self._start()
+
+    def _start(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(self.pool)
+        self.graphs.append(graph)
+
+    def cut(self) -> None:
+        self.graphs[-1].capture_end()
+        self._start()
+
+    def end(self) -> list[Callable[[], None]]:
+        """End the last segment; the replay callables, in capture order."""
+        try:
+            self.graphs[-1].capture_end()
+        finally:
+            self._stream_ctx.__exit__(None, None, None)
+            torch.cuda.current_stream().wait_stream(self.stream)
+        return [g.replay for g in self.graphs]
+
+
+class CudaSegmentBackend:
+    """`SplitGraphHook`'s capture backend on CUDA: side-stream warm-up, then segmented capture, one pool."""
+
+    def __init__(self, warmup: int = 2) -> None:
+        self.warmup = warmup
+        self.pool: Any = None
+
+    def warm(self, fn: Callable[[], Any]) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def segments(self) -> CudaGraphSegments:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return CudaGraphSegments(self.pool)
+
+
+@attrs.define
+class SplitPair:
+    """The two graphs of one (signature, branch, decision): `head` runs the transformer up to and including the
+    decision statistic (`stat`), `tail` the computed or the cached rest of the call, on `head`'s tensors."""
+
+    static_leaves: list[Any]
+    head: Callable[[], None]
+    tail: Callable[[], None]
+    stat: torch.Tensor
+    static_output: Any
+    replays: int = 0
+
+
+class SplitGraphHook(ModelHook):
+    """Innermost hook on the transformer with dynamic DBCache: each call is a head graph, one host read of the
+    decision statistic, then the computed-step or the cached-step tail graph.
+
+    One Python execution can only follow one path, so a head and a tail are captured together, as a pair per
+    (input signature, CFG branch, decision). A call replays the head of the pair its branch used last (the
+    decision rarely changes from one step to the next), reads the statistic, and when the decision differs,
+    replays the other pair's head (so its tail reads its own head's tensors) before that tail. A pair is only
+    captured once its decision is known (rules that need no statistic, or a statistic read from another pair's
+    head): warming a pair up runs its path, and the computed path writes the residual and reference slots. Same
+    rules, same statistic ops as eager DBCache, so the same decisions (tested bitwise on the CPU with a
+    recording stand-in for capture).
+
+    `backend`: `warm(fn)` and `segments()` (`CudaSegmentBackend` on a GPU; injectable for CPU tests).
+    """
+
+    replaces_forward = True
+
+    def __init__(self, backend: Any, cache: Any) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.captured: dict[Hashable, SplitPair] = {}
+        #: host reads of the decision statistic, and heads replayed a second time (the decision changed)
+        self.reads = 0
+        self.switches = 0
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        sig = signature(args, kwargs)
+        branch, cached = self.cache.host_decision(sig)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if cached is None:  # the statistic decides: try the pair the branch used last
+            guess = self.cache.last_cached.get(branch, False)
+            pair = self.captured.get((sig, branch, guess))
+            if pair is None:  # the computed pair of this signature exists: it served the step that set the reference
+                guess, pair = False, self.captured.get((sig, branch, False))
+            if pair is None:
+                raise HookError(
+                    f"SplitGraphHook: expected the computed-step graphs of branch {branch} for this input signature "
+                    "(the branch's last computed step had it), found none. Report this to hookkit; "
+                    "Compile(cuda_graphs='none') runs this cache without graphs meanwhile."
+                )
+            self._load(pair, leaves)
+            pair.head()
+            self.reads += 1
+            cached = self.cache.judge(branch, float(pair.stat.item()))  # the one host read of the step
+            if cached != guess:
+                self.switches += 1
+                pair = self._pair(call_next, leaves, spec, sig, branch, cached, head=True)
+        else:
+            pair = self._pair(call_next, leaves, spec, sig, branch, cached, head=True)
+        pair.tail()
+        pair.replays += 1
+        self.cache.finish(branch, cached, sig)
+        return _clone_tensors(pair.static_output)
+
+    def _pair(self, call_next: Callable[..., Any], leaves: list[Any], spec: Any, sig: Hashable, branch: int,
+              cached: bool, head: bool) -> SplitPair:
+        """The pair of this decision with this call's inputs loaded and (when `head`) its head replayed."""
+        pair = self.captured.get((sig, branch, cached))
+        if pair is None:
+            pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
+        self._load(pair, leaves)
+        if head:
+            pair.head()
+        return pair
+
+    @staticmethod
+    def _load(pair: SplitPair, leaves: list[Any]) -> None:
+        for buffer, leaf in zip(pair.static_leaves, leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.data_ptr() != buffer.data_ptr():
+                buffer.copy_(leaf)
+
+    def _capture(self, call_next: Callable[..., Any], leaves: list[Any], spec: Any, branch: int,
+                 cached: bool) -> SplitPair:
+        static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        static_args, static_kwargs = pytree.tree_unflatten(static, spec)
+        run = lambda: call_next(*static_args, **static_kwargs)  # noqa: E731
+        stats: list[torch.Tensor] = []
+        with self.cache.forcing((branch, cached)):
+            # One plain call first, whatever the backend's warm-up: the residual and reference slots this path
+            # uses are allocated (and zeroed) here, outside any capture; allocated inside one, their zeroing
+            # would be part of the graph and wipe them at every replay.
+            run()
+            self.backend.warm(run)
+            segments = self.backend.segments()
+
+            def cut(stat: torch.Tensor) -> None:
+                if stats:
+                    raise HookError("SplitGraphHook: expected one DBCache decision per transformer call, got a "
+                                    "second one in the same call. Use Compile(cuda_graphs='none') with this model.")
+                stats.append(stat)
+                segments.cut()
+
+            self.cache.on_decision = cut
+            segments.begin()
+            try:
+                output = run()
+            finally:
+                self.cache.on_decision = None
+                replays = segments.end()
+        if not stats or len(replays) != 2:
+            raise HookError("SplitGraphHook: expected the DBCache decision inside the transformer call, the call "
+                            "ended without reaching it (no middle block ran). Use Compile(cuda_graphs='none').")
+        return SplitPair(static_leaves=static, head=replays[0], tail=replays[1], stat=stats[0], static_output=output)
+
+
 # --- plan / attach ----------------------------------------------------------------------------------------
 
 
@@ -312,6 +493,9 @@ class _CompileFeature(BaseFeature):
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
             return add_hook(module, STEP_MARK, StepMarkHook())
+        split = ctx.request(SplitDecisions)
+        if split is not None and split.dynamic:  # a threshold decides: each call split at the decision
+            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split)))
         runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
         return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions)))
 
@@ -330,8 +514,8 @@ class _CompileFeature(BaseFeature):
             data["cudagraph_trees"] = device.type == "cuda"
             rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
-        runner: GraphRunner | None = ctx.kept()
-        if runner is not None:
+        runner: GraphRunner | SplitGraphHook | None = ctx.kept()
+        if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
             data["graphs_kept"] = len(runner.captured)
             data["graph_evictions"] = runner.evictions
@@ -343,6 +527,13 @@ class _CompileFeature(BaseFeature):
                      ["graphs kept / max", f"{data['graphs_kept']} / {runner.max_graphs}"],
                      ["graphs evicted", data["graph_evictions"]], ["graph replays (kept graphs)", data["graph_replays"]],
                      ["MiB per kept graph", memory]]
+        elif isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
+            data["graphs_captured"] = 2 * len(runner.captured)
+            data["graph_replays"] = sum(e.replays for e in runner.captured.values())
+            data["decision_reads"], data["head_switches"] = runner.reads, runner.switches
+            rows += [["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"],
+                     ["graph replays", data["graph_replays"]], ["decision statistic host reads", runner.reads],
+                     ["heads replayed twice (decision changed)", runner.switches]]
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 

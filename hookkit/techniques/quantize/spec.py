@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from hookkit.core.validate import choice, int_field, str_tuple, to_tuple
+from hookkit.core.validate import boolean, choice, int_field, str_tuple, to_tuple
 from hookkit.errors import field_error
 
 QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "int8_weight_only", "nvfp4", "mxfp8")
@@ -30,6 +30,11 @@ class Quantize:
             deterministic (the plan and the attach ask it separately). Default None.
         keep_original: where the original weights are kept so that removal restores them: "cpu", "device", or
             None (default: nothing kept, and `handle.remove()` refuses).
+        include_modulation: also quantize the adapter's AdaLN modulation Linears (its `quant_modulation`
+            patterns; on Flux `*.norm1.linear`, `*.norm1_context.linear`, `*.norm.linear`), which stay in bf16
+            by default. They run at one activation row per sample; in per-row fp8 they take half the memory
+            (what cache-dit's fp8 saves on Flux), and their output scales and gates every block, so their
+            quality cost is measured by `benchmarks/quality_fp8.py`. Default False.
     """
 
     scheme: str = attrs.field(validator=choice(*QUANT_SCHEMES))
@@ -39,6 +44,7 @@ class Quantize:
     min_features: int = attrs.field(default=0, validator=int_field(0))
     filter_fn: Callable[..., bool] | None = attrs.field(default=None, eq=False)
     keep_original: str | None = attrs.field(default=None, validator=choice(None, "cpu", "device"))
+    include_modulation: bool = attrs.field(default=False, validator=boolean)
 
     @filter_fn.validator
     def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:

@@ -3,7 +3,8 @@
 `select_layers` decides for every `nn.Linear`, with one reason per skipped layer, in this order: facts
 nothing overrides ("already quantized", "LoRA adapter"); the selection rules, which `Quantize.include`
 overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "excluded by name" from the
-adapter's `quant_exclude` and `Quantize.exclude`, "too small"); the scheme's requirements, which nothing
+adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and
+`Quantize.exclude`, "too small"); the scheme's requirements, which nothing
 overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
 on the module path with PEFT's trailing `.base_layer` removed.
 
@@ -312,11 +313,16 @@ def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: Adapter
                 ok, reason, detail = False, REJECTED, f"Quantize.filter_fn={spec.filter_fn!r}"
         elif _first_match(name, spec.include) is None:
             adapter_pattern = _first_match(name, adapter.quant_exclude)
+            modulation_pattern = None if spec.include_modulation else _first_match(name, adapter.quant_modulation)
             spec_pattern = _first_match(name, spec.exclude)
             if region_on and not any(path.startswith(p + ".") for p in prefixes):
                 ok, reason, detail = False, OUTSIDE, f"not inside {', '.join(classes)}"
             elif adapter_pattern is not None:
                 ok, reason, detail = False, EXCLUDED, f"adapter {adapter.name!r} quant_exclude {adapter_pattern!r}"
+            elif modulation_pattern is not None:
+                ok, reason = False, EXCLUDED
+                detail = (f"adapter {adapter.name!r} quant_modulation {modulation_pattern!r} "
+                          "(Quantize(include_modulation=True) quantizes it)")
             elif spec_pattern is not None:
                 ok, reason, detail = False, EXCLUDED, f"Quantize.exclude {spec_pattern!r}"
             elif min(module.in_features, module.out_features) < spec.min_features:

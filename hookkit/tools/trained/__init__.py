@@ -30,9 +30,13 @@ from typing import Any
 
 import attrs
 import torch
-from diffusers import ConfigMixin, ModelMixin
-from diffusers.configuration_utils import register_to_config
 from torch import nn
+
+from hookkit.core.quiet import quiet_imports
+
+with quiet_imports():
+    from diffusers import ConfigMixin, ModelMixin
+    from diffusers.configuration_utils import register_to_config
 
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.tools.trained.shapes import CLASSES
@@ -253,12 +257,14 @@ def load_conditions(path: str | Path | None = None) -> ClassConditions:
                            pooled_prompt_embeds=tensors["conditions.pooled_prompt_embeds"].float())
 
 
+@quiet_imports()
 def make_scheduler() -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     return FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
 
 
+@quiet_imports()
 def build_pipeline(transformer: nn.Module) -> Any:
     """A stock `FluxPipeline` around `transformer` with `PatchVAE`, the Flux-dev scheduler and no text encoders.
 
@@ -300,6 +306,7 @@ def save_classifier(path: str | Path, classifier: ShapeClassifier) -> Path:
     return out
 
 
+@quiet_imports()
 def load_transformer(path: str | Path | None = None, device: torch.device | str = "cpu",
                      dtype: torch.dtype = torch.float32) -> nn.Module:
     """The trained `FluxTransformer2DModel` (eval mode) from its weights file."""

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Issue 18 on ONE H200 lease (nvidia-h200): hookkit's fastest rows beside the strongest peer
+# (cache-dit + its fp8 per-row + regional compile), side by side, medians after warm-up with their spread.
+# One background queue (setsid), so that it outlives a 10-minute device command; a later call collects.
+#
+#   call 1:  bash benchmarks/h200_issue18.sh start && sleep 540 && bash benchmarks/h200_issue18.sh status
+#   call 2:  bash benchmarks/h200_issue18.sh collect 300      # waits up to 300 s for the queue, then collects
+#   CPU:     bash benchmarks/h200_issue18.sh quick            # every piece, tiny models, synchronously (~6 min)
+#
+# `start` snapshots the working tree to /tmp/hk18/repo and installs the wheels of $WHL (default .whl: carry
+# it) into /tmp/site when diffusers/torchao/loguru/cache_dit do not import. Pieces, in this order (each
+# streams its results; expected wall time on an H200, first calls included):
+#   gpu-check   GPU test of dynamic DBCache under split graphs (trained tiny Flux) + fp8 quality  ~1.5 min
+#   flux-1024   Flux-dev 1024², fresh compiler caches per row (--cold: first call, time to first image):
+#               hookkit fastest, + modulation fp8, cache-dit+fp8+compile                           ~6 min
+#   flux-512    Flux-dev 512²: fastest, dynamic DBCache under split graphs, + modulation, the peer  ~5 min
+#   profile     step profile, Flux 1024² uncached fp8 + graphs, per attention backend              ~2.5 min
+#   ------ ~15 min: what one 15-device-minute budget covers; the rest runs if the lease lasts ------
+#   qwen-1024   Qwen-Image 1024²: fastest, + modulation fp8 (6.8 GB less), the peer                ~7 min
+#   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
+# PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
+# Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
+# quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
+# step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
+set -u
+W=${W:-/tmp/hk18}
+RUNS=${RUNS:-"--runs 3 --warmup 1 --steps 28"}
+ALL="gpu-check flux-1024 flux-512 profile qwen-1024 flux-256"
+PIECES=${PIECES:-$ALL}
+FAST=${FAST:-hookkit-fp8+cache-fast+cuda-graphs}
+MOD=${MOD:-hookkit-fp8-mod+cache-fast+cuda-graphs}
+DYN=${DYN:-hookkit-fp8+cache-dyn+cuda-graphs}
+PEER=${PEER:-cache-dit+fp8+compile}
+
+log() { echo "[$(date -u +%H:%M:%S)] $*" >> "$W/res/queue.log"; }
+
+row() {  # row GROUP MODEL SIZE CONFIG COLD   (one process; fresh compiler caches when COLD=1)
+  local dir="$W/res/$1" size_args="--full --height $3 --width $3"
+  mkdir -p "$dir"
+  [ "${QUICK:-0}" = 1 ] && size_args="--steps 6"
+  log "row $1 $4 start"
+  if [ "$5" = 1 ]; then
+    local caches; caches=$(mktemp -d)
+    mkdir -p "$caches/inductor" "$caches/triton"
+    TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" HOOKKIT_BENCH_COLD=1 \
+      timeout "${ROW_TIMEOUT:-900}" python3 -m hookkit bench-one --config "$4" --model "$2" $RUNS $size_args \
+      --out-dir "$dir" --result "$dir/$4.json" > /dev/null 2> "$dir/$4.err"
+    rc=$?
+    rm -rf "$caches"
+  else
+    timeout "${ROW_TIMEOUT:-900}" python3 -m hookkit bench-one --config "$4" --model "$2" $RUNS $size_args \
+      --out-dir "$dir" --result "$dir/$4.json" > /dev/null 2> "$dir/$4.err"
+    rc=$?
+  fi
+  rm -f "$dir/$4.pt"
+  log "row $1 $4 exit $rc $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['status'], r['latency_s'], r['note'][:100])" "$dir/$4.json" 2>/dev/null)"
+}
+
+piece() {
+  local cpu_note=""
+  [ "${QUICK:-0}" = 1 ] && cpu_note="--quick"
+  case "$1" in
+    gpu-check)
+      python3 -m pytest -q -p no:cacheprovider tests/test_split_graphs.py > "$W/res/gpu_tests.log" 2>&1
+      python3 benchmarks/quality_fp8.py $cpu_note --seeds 2 --out "$W/res/quality_fp8" > "$W/res/quality.log" 2>&1
+      python3 benchmarks/held_memory.py --out "$W/res" > "$W/res/held_memory.log" 2>&1 ;;
+    flux-1024) for c in $FAST $MOD $PEER; do row flux-1024-cold flux 1024 "$c" 1; done ;;
+    flux-512) for c in $FAST $DYN $MOD $PEER; do row flux-512 flux 512 "$c" 0; done ;;
+    profile)
+      if [ "${QUICK:-0}" = 1 ]; then python3 benchmarks/step_profile.py --quick --out "$W/res" > "$W/res/profile.log" 2>&1
+      else python3 benchmarks/step_profile.py --size 1024 --variants native,native+mod,native+fused,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3 \
+             --out "$W/res" > "$W/res/profile.log" 2>&1; fi ;;
+    qwen-1024) for c in $FAST $MOD $PEER; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
+    flux-256) for c in $FAST $MOD $PEER; do row flux-256 flux 256 "$c" 0; done ;;
+    *) log "unknown piece $1" ;;
+  esac
+}
+
+queue() {
+  for p in $PIECES; do log "piece $p start"; piece "$p"; log "piece $p done"; done
+  echo done > "$W/res/queue.done"
+}
+
+report() { python3 benchmarks/issue18_report.py "$W/res" --out "$W/res" > /dev/null 2> "$W/res/report.err"; }  # FAST.. from env
+
+ensure_packages() {
+  python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
+  local whl=${WHL:-.whl}
+  [ -d "$whl" ] || { echo "no $whl folder and diffusers/torchao/loguru/cache_dit do not all import" >&2; return 1; }
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl"/*.whl
+}
+
+case "${1:-}" in
+start)
+  rm -rf "$W"; mkdir -p "$W/res"; cp -r . "$W/repo"; cd "$W/repo" || exit 1
+  export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
+  ensure_packages || exit 1
+  nvidia-smi -L > "$W/res/gpus.txt" 2>&1
+  export W RUNS PIECES FAST MOD DYN PEER
+  export -f log row piece queue report
+  setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
+  sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
+  ;;
+status)
+  cat "$W/res/queue.log"; ls "$W/res"
+  ;;
+collect)
+  for _ in $(seq 1 "${2:-0}"); do [ -f "$W/res/queue.done" ] && break; sleep 1; done
+  cd "$W/repo" || exit 1
+  export PYTHONPATH="/tmp/site:$W/repo"
+  [ -f "$W/res/queue.done" ] || echo "queue still running: collecting what has finished" | tee -a "$W/res/queue.log"
+  report
+  out=${OUT:-out}; mkdir -p "$out"
+  cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
+  cp "$W/res/step_profile.json" "$out/" 2>/dev/null
+  cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
+  tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
+  cat "$W/res/issue18.md"
+  ;;
+quick)  # CPU: every piece with tiny models; CPU-runnable stand-ins for the CUDA rows (the peer's row stays
+        # and is "skipped: needs a CUDA device"), so that the report's ok-row path runs too
+  rm -rf "$W"; mkdir -p "$W/res"
+  FAST=hookkit-cache-fast DYN=hookkit-cache MOD=hookkit
+  export PYTHONPATH="$PWD" QUICK=1 W RUNS="--runs 2 --warmup 1" PIECES FAST MOD DYN PEER
+  queue
+  report && cat "$W/res/issue18.md"
+  ;;
+*) echo "usage: $0 start | status | collect [WAIT_S] | quick" >&2; exit 2 ;;
+esac

@@ -1,0 +1,184 @@
+"""One markdown table and one JSON document from the pieces of `benchmarks/h200_issue18.sh` (issue 18).
+
+Reads the `hookkit bench-one` rows (`<res>/<group>/<config>.json`), `step_profile.json`, `quality_fp8/quality.json`
+and `held_memory.json` under `<res>`, whatever of them exists (a piece the lease did not reach is listed as
+such), and checks the issue's goals against the numbers:
+
+    python benchmarks/issue18_report.py /tmp/hk18/res --out "$OUT"     # writes issue18.md, issue18.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+#: the rows' configurations (the queue exports them; its `quick` flavour swaps in CPU-runnable ones)
+FAST = os.environ.get("FAST", "hookkit-fp8+cache-fast+cuda-graphs")
+MOD = os.environ.get("MOD", "hookkit-fp8-mod+cache-fast+cuda-graphs")
+DYN = os.environ.get("DYN", "hookkit-fp8+cache-dyn+cuda-graphs")
+PEER = os.environ.get("PEER", "cache-dit+fp8+compile")
+FASTEST = (FAST, MOD)
+#: group -> (model, size, cold, configs in table order); the queue runs them in this order
+GROUPS: dict[str, tuple[str, int, bool, tuple[str, ...]]] = {
+    "flux-1024-cold": ("flux", 1024, True, (FAST, MOD, PEER)),
+    "flux-512": ("flux", 512, False, (FAST, DYN, MOD, PEER)),
+    "qwen-1024": ("qwenimage", 1024, False, (FAST, MOD, PEER)),
+    "flux-256": ("flux", 256, False, (FAST, MOD, PEER)),
+}
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _spread(row: dict[str, Any]) -> float | None:
+    lat = row.get("latencies_s") or []
+    return 100.0 * (max(lat) - min(lat)) / statistics.median(lat) if len(lat) > 1 else None
+
+
+def _cached(row: dict[str, Any]) -> str:
+    data = (row.get("features") or {}).get("dbcache") or (row.get("features") or {}).get("cache") or {}
+    branches = data.get("branches") or {}
+    cached = sum(len(b.get("cached", [])) for b in branches.values())
+    total = sum(len(b.get("cached", [])) + len(b.get("computed", [])) for b in branches.values())
+    return f"{cached}/{total}" if total else "—"
+
+
+def _f(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "—"
+
+
+def collect(res: Path) -> dict[str, Any]:
+    groups: dict[str, Any] = {}
+    for name, (model, size, cold, configs) in GROUPS.items():
+        rows = []
+        for config in configs:
+            row = _load(res / name / f"{config}.json")
+            rows.append(row if isinstance(row, dict) else {"config": config, "status": "not reached", "note": ""})
+        groups[name] = dict(model=model, size=size, cold=cold, rows=rows)
+    return dict(groups=groups, step_profile=_load(res / "step_profile.json"),
+                quality=_load(res / "quality_fp8" / "quality.json"), held_memory=_load(res / "held_memory.json"))
+
+
+def _ok(rows: list[dict[str, Any]], config: str) -> dict[str, Any] | None:
+    row = next((r for r in rows if r.get("config") == config), None)
+    return row if row is not None and row.get("status") == "ok" else None
+
+
+def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(goal, measured, verdict) for every goal of the issue that the numbers can answer."""
+    out: list[tuple[str, str, str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "not measured" if ok is None else "met" if ok else "missed"
+
+    for name in ("flux-1024-cold", "qwen-1024"):
+        rows = doc["groups"][name]["rows"]
+        best = min((r for c in FASTEST if (r := _ok(rows, c))), key=lambda r: r["latency_s"], default=None)
+        peer = _ok(rows, PEER)
+        if best is None:
+            out.append((f"{name}: hookkit fastest <= 1.08 s and <= 12.6 GB", "—", verdict(None)))
+            continue
+        ok = best["latency_s"] <= 1.08 and (best["peak_memory_gb"] or 99) <= 12.6
+        vs = f", peer {peer['latency_s']:.3f} s / {peer['peak_memory_gb']:.2f} GB" if peer else ", peer not measured"
+        out.append((f"{name}: hookkit fastest <= 1.08 s and <= 12.6 GB",
+                    f"{best['config']}: {best['latency_s']:.3f} s, {best['peak_memory_gb']:.2f} GB{vs}", verdict(ok)))
+    rows = doc["groups"]["flux-1024-cold"]["rows"]
+    hk, peer = _ok(rows, FASTEST[0]), _ok(rows, PEER)
+    if hk is not None:
+        ttfi = hk.get("time_to_first_image_s")
+        ok = ttfi is not None and ttfi <= 30 and (peer is None or ttfi <= peer["time_to_first_image_s"] / 5)
+        peer_text = f", peer {peer['time_to_first_image_s']:.1f} s" if peer else ", peer not measured"
+        out.append(("cold start 1024²: <= 30 s and <= 1/5 of the peer's", f"hookkit {ttfi:.1f} s{peer_text}",
+                    verdict(ok if peer is not None else None)))
+    for name in ("flux-512", "flux-256"):
+        rows = doc["groups"][name]["rows"]
+        best = min((r for c in FASTEST if (r := _ok(rows, c))), key=lambda r: r["latency_s"], default=None)
+        peer = _ok(rows, PEER)
+        ratio = peer["latency_s"] / best["latency_s"] if best and peer else None
+        out.append((f"{name}: hookkit fastest >= 1.3x faster than the peer", _f(ratio, ".2f") + "x", verdict(
+            None if ratio is None else ratio >= 1.3)))
+    rows = doc["groups"]["flux-512"]["rows"]
+    dyn, static = _ok(rows, DYN), _ok(rows, FAST)
+    if dyn and static:
+        r = dyn["latency_s"] / static["latency_s"]
+        same = _cached(dyn) == _cached(static)
+        out.append(("dynamic DBCache under graphs, 512²: within 5 % of static-mask graphs, same steps",
+                    f"{dyn['latency_s']:.3f} s vs {static['latency_s']:.3f} s ({100 * (r - 1):+.1f} %), cached "
+                    f"{_cached(dyn)} vs {_cached(static)}", verdict(r <= 1.05 and same)))
+    else:
+        out.append(("dynamic DBCache under graphs, 512²: within 5 % of static-mask graphs", "—", verdict(None)))
+    prof = doc.get("step_profile") or {}
+    native = next((r for r in prof.get("rows", []) if r.get("variant") == "native" and r.get("status") == "ok"), None)
+    best = min((r for r in prof.get("rows", []) if r.get("status") == "ok"), key=lambda r: r["step_ms"], default=None)
+    out.append(("uncached fp8 step at 1024² <= 92 ms", (f"native {native['step_ms']:.1f} ms; best {best['variant']} "
+                f"{best['step_ms']:.1f} ms") if native and best else "—",
+                verdict(None if best is None else best["step_ms"] <= 92)))
+    return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    quick = os.environ.get("QUICK") == "1"
+    title = "# issue 18: CPU plumbing check (`quick`: tiny models, CPU stand-in rows; the numbers mean nothing)" \
+        if quick else "# issue 18 on one lease"
+    lines = [title, "", "| group | config | status | median (s) | spread (%) | peak (GB) | "
+             "first call (s) | to first image (s) | cached | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, group in doc["groups"].items():
+        for r in group["rows"]:
+            ok = r.get("status") == "ok"
+            lines.append(f"| {name} | {r.get('config')} | {r.get('status')} | {_f(r.get('latency_s') if ok else None, '.3f')} | "
+                         f"{_f(_spread(r) if ok else None, '.1f')} | {_f(r.get('peak_memory_gb') if ok else None, '.2f')} | "
+                         f"{_f(r.get('first_call_s') if ok else None, '.1f')} | "
+                         f"{_f(r.get('time_to_first_image_s') if ok else None, '.1f')} | {_cached(r) if ok else '—'} | "
+                         f"{(r.get('note') or '')[:120]} |")
+    prof = doc.get("step_profile")
+    if prof:
+        groups = prof.get("groups", [])
+        lines += ["", f"## step profile (Flux {prof.get('size')}², uncached, fp8 + transformer graphs; floor "
+                      f"{prof.get('floor_ms')} ms)", "", "| variant | step (ms) | kernels (ms) | " + " | ".join(groups) + " |",
+                  "|" + "---|" * (len(groups) + 3)]
+        for r in prof.get("rows", []):
+            if r.get("status") != "ok":
+                lines.append(f"| {r['variant']} | {r['status']}: {r.get('note', '')[:80]} |" + " |" * (len(groups) + 1))
+                continue
+            lines.append(f"| {r['variant']} | {r['step_ms']:.2f} | {r['kernel_ms']:.2f} | "
+                         + " | ".join(f"{r['groups_ms'].get(g, 0):.2f}" for g in groups) + " |")
+    quality = doc.get("quality")
+    if quality:
+        lines += ["", "## quality on the trained tiny Flux (vs bf16 uncached)", "",
+                  "| config | PSNR (dB) | min PSNR | SSIM | recognised | note |", "|---|---|---|---|---|---|"]
+        for r in quality.get("rows", []):
+            lines.append(f"| {r['name']} | {_f(r.get('psnr_db'), '.2f')} | {_f(r.get('psnr_min_db'), '.2f')} | "
+                         f"{_f(r.get('ssim'), '.4f')} | {_f(r.get('recognised'), '.0%')} | {r.get('note', '')[:80]} |")
+    lines += ["", "## goals", "", "| goal | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {g} | {m} | {v} |" for g, m, v in goals(doc)]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("res", help="the queue's result folder")
+    p.add_argument("--out", default=None, help="where issue18.md and issue18.json go (default: RES)")
+    args = p.parse_args()
+    res = Path(args.res)
+    doc = collect(res)
+    doc["goals"] = [dict(goal=g, measured=m, verdict=v) for g, m, v in goals(doc)]
+    out = Path(args.out) if args.out else res
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(doc)
+    (out / "issue18.md").write_text(text + "\n")
+    (out / "issue18.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Checks and call options of `hookkit generate` for a local pipeline folder, run before any weight is read.
+
+A FLUX.1-dev folder is tens of GB: what can be known from `model_index.json`, the components' `config.json`
+and the safetensors headers (a few KB each) is checked first, so a wrong MODEL, a folder without text encoders
+given `--prompt`, a quantization scheme this GPU lacks or a model larger than the device fails in a second,
+not after the load.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+import hookkit
+from hookkit.errors import SpecError, UnsupportedError
+
+#: bytes per element of the safetensors dtypes a pipeline holds
+_ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+                  "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_FLOATS = {"F64", "F32", "F16", "BF16"}
+#: model_index.json keys of the text encoders a prompt needs
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+def read_index(folder: Path) -> dict[str, Any]:
+    """The folder's `model_index.json`, or a SpecError saying what the folder lacks."""
+    if not folder.is_dir():
+        raise SpecError(f"--model-path: expected a local pipeline folder (with model_index.json), got {str(folder)!r}.")
+    try:
+        return json.loads((folder / "model_index.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--model-path {str(folder)!r}: expected a diffusers pipeline folder with a readable "
+                        f"model_index.json ({exc}).") from None
+
+
+def _component(index: dict[str, Any], key: str) -> str | None:
+    """The class name of component `key` (`["diffusers", "FluxTransformer2DModel"]`), None when saved as null."""
+    value = index.get(key)
+    if isinstance(value, list) and len(value) == 2 and value[1] is not None:
+        return str(value[1])
+    return None
+
+
+def model_of(index: dict[str, Any], folder: Path) -> str:
+    """The shipped adapter whose transformer class is exactly the folder's (MODEL read from the folder)."""
+    cls = _component(index, "transformer")
+    if cls is None:
+        raise UnsupportedError(f"--model-path {str(folder)!r}: model_index.json names no transformer "
+                               f"({index.get('_class_name', '?')}); hookkit optimizes diffusion transformers.")
+    for name, adapter in sorted(hookkit.list_adapters().items()):
+        if cls in adapter.transformer:
+            return name
+    raise UnsupportedError(f"--model-path {str(folder)!r}: transformer {cls} has no shipped adapter "
+                           f"(adapters: {sorted(hookkit.list_adapters())}). Register one (hookkit.register_adapter).")
+
+
+def check_family(index: dict[str, Any], folder: Path, model: str) -> None:
+    """MODEL's adapter must name the folder's transformer class exactly."""
+    cls = _component(index, "transformer")
+    adapter = hookkit.get_adapter(model)
+    if cls not in adapter.transformer:
+        guess = model_of(index, folder) if cls is not None else None
+        raise SpecError(f"MODEL {model!r}: its adapter is for {list(adapter.transformer)}, but {str(folder)!r} holds "
+                        f"{index.get('_class_name', '?')} with {cls}. "
+                        + (f"Pass MODEL {guess!r} (or the folder alone)." if guess else "Pass the matching MODEL."))
+
+
+def has_text_encoders(index: dict[str, Any]) -> bool:
+    """Whether the folder has every text encoder its pipeline names (none saved as null)."""
+    keys = [k for k in TEXT_ENCODERS if k in index]
+    return bool(keys) and all(_component(index, k) is not None for k in keys)
+
+
+def weight_bytes(folder: Path, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes each component's weights take in `dtype` (float tensors cast, others as stored), from the
+    safetensors headers only."""
+    size = torch.empty((), dtype=dtype).element_size()
+    out: dict[str, int] = {}
+    for path in sorted(folder.glob("*/*.safetensors")):
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        total = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+            total += numel * (size if info["dtype"] in _FLOATS else _ELEMENT_BYTES.get(info["dtype"], 4))
+        out[path.parent.name] = out.get(path.parent.name, 0) + total
+    return out
+
+
+def check_fits(folder: Path, dtype: torch.dtype, device: torch.device, available: int, offload: str | None) -> None:
+    """Refuse a pipeline whose weights cannot fit `device` (`available` bytes) before loading them.
+
+    Without offload every component goes to the device; `model` offload moves one component at a time (the
+    largest must fit); `sequential` streams layer by layer (no check).
+    """
+    sizes = weight_bytes(folder, dtype)
+    if not sizes or offload == "sequential":
+        return
+    need = max(sizes.values()) if offload == "model" else sum(sizes.values())
+    if need > available:
+        what = f"its largest component ({max(sizes, key=sizes.get)})" if offload == "model" else "its weights"
+        dtype_name = str(dtype).removeprefix("torch.")
+        fix = ("Use --cpu-offload sequential, a smaller --dtype, or a larger device." if offload == "model" else
+               "Add --cpu-offload model (one component on the GPU at a time) or sequential, or use a larger device.")
+        raise UnsupportedError(f"--model-path {str(folder)!r}: {what} need {need / 1e9:.1f} GB in {dtype_name}, "
+                               f"{device} has {available / 1e9:.1f} GB available. {fix}")
+
+
+@attrs.frozen(kw_only=True)
+class Lora:
+    """One `--lora PATH[:SCALE]`.
+
+    Args:
+        path: a LoRA file or folder diffusers' `load_lora_weights` reads.
+        scale: its weight in `set_adapters` (default 1.0).
+    """
+
+    path: str
+    scale: float = 1.0
+
+    @staticmethod
+    def parse(text: str) -> Lora:
+        path, sep, tail = text.rpartition(":")
+        if sep and path:
+            try:
+                return Lora(path=path, scale=float(tail))
+            except ValueError:
+                pass  # a colon inside the path, no scale
+        return Lora(path=text)
+
+
+@attrs.frozen(kw_only=True)
+class CallOptions:
+    """What `generate` adds to the pipeline call and load, beyond `bench.ModelOptions`.
+
+    Args:
+        guidance_scale: the pipeline's `guidance_scale` (Flux-dev: distilled guidance), None for its default.
+        negative_prompt: a negative prompt; with it, true CFG at `true_cfg_scale` (two transformer calls per step).
+        true_cfg_scale: the true-CFG scale used with `negative_prompt`.
+        num_images: images per prompt (`num_images_per_prompt`).
+        loras: LoRAs loaded (in order) before hookkit is enabled.
+        cpu_offload: "model" or "sequential" (accelerate's offload; CUDA only), None for none.
+    """
+
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    true_cfg_scale: float = 4.0
+    num_images: int = 1
+    loras: tuple[Lora, ...] = ()
+    cpu_offload: str | None = None
+
+    def call_kwargs(self, pipe: Any, batch: int = 1) -> dict[str, Any]:
+        """The extra keyword arguments for `pipe(...)` of `batch` prompts; a flag the pipeline does not take is
+        refused."""
+        import inspect
+
+        accepted = set(inspect.signature(type(pipe).__call__).parameters)
+        kw: dict[str, Any] = {}
+        if self.guidance_scale is not None:
+            kw["guidance_scale"] = self.guidance_scale
+        if self.negative_prompt is not None:
+            kw["negative_prompt"] = [self.negative_prompt] * batch
+            if "true_cfg_scale" in accepted:
+                kw["true_cfg_scale"] = self.true_cfg_scale
+        if self.num_images != 1:
+            kw["num_images_per_prompt"] = self.num_images
+        flags = {"guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
+                 "num_images_per_prompt": "--num-images"}
+        for key in kw:
+            if key in flags and key not in accepted:
+                raise UnsupportedError(f"{flags[key]}: {type(pipe).__name__} takes no {key}. Drop {flags[key]}.")
+        return kw
+
+    def prepare(self, pipe: Any) -> None:
+        """Load the LoRAs and turn on offload (before hookkit.enable: both replace or wrap modules)."""
+        if self.loras:
+            names = []
+            for i, lora in enumerate(self.loras):
+                name = f"lora_{i}"
+                try:
+                    pipe.load_lora_weights(lora.path, adapter_name=name)
+                except (OSError, ValueError, KeyError) as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise SpecError(f"--lora {lora.path}: diffusers could not load it into {type(pipe).__name__}: "
+                                    f"{first}") from None
+                names.append(name)
+            pipe.set_adapters(names, adapter_weights=[lora.scale for lora in self.loras])
+        if self.cpu_offload == "model":
+            pipe.enable_model_cpu_offload()
+        elif self.cpu_offload == "sequential":
+            pipe.enable_sequential_cpu_offload()
+
+
+def check_call_options(options: CallOptions, device: torch.device, cuda_graphs: bool) -> None:
+    """What the call options need that this machine or the other flags lack, before anything is loaded."""
+    if options.num_images < 1:
+        raise SpecError(f"--num-images: expected an int >= 1, got {options.num_images}.")
+    for lora in options.loras:
+        if not Path(lora.path).exists():
+            raise SpecError(f"--lora {lora.path}: no such file or folder. Give a local LoRA (.safetensors or a "
+                            "folder), optionally with :SCALE.")
+    if options.cpu_offload is not None:
+        if device.type != "cuda":
+            raise UnsupportedError(f"--cpu-offload {options.cpu_offload}: offloads to the CPU from a CUDA device, and "
+                                   f"this run is on {device}. Drop --cpu-offload.")
+        if cuda_graphs:
+            raise SpecError(f"--cpu-offload {options.cpu_offload} with --cuda-graphs: a CUDA graph replays fixed "
+                            "device addresses, and offload moves the weights every call. Drop one of them.")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise UnsupportedError(f"--cpu-offload {options.cpu_offload}: needs accelerate. "
+                                   "pip install accelerate.") from None
+
+
+def size_multiple(pipe: Any) -> int | None:
+    """The multiple of which the pipeline's height and width must be, or None when unknown.
+
+    Flux and Qwen-Image pack 2x2 latent patches, SD3 and Wan patchify by the transformer's patch size; a
+    size that is no multiple is silently rounded down by the pipeline (30 becomes 28 on the tiny Flux).
+    """
+    vae = getattr(pipe, "vae_scale_factor", None) or getattr(pipe, "vae_scale_factor_spatial", None)
+    if not isinstance(vae, int):
+        return None
+    name = type(pipe).__name__
+    patch = getattr(getattr(pipe.transformer, "config", None), "patch_size", 1)
+    if isinstance(patch, (tuple, list)):
+        patch = patch[-1]
+    if name.startswith(("Flux", "QwenImage")):
+        return vae * 2
+    return vae * int(patch or 1)
+
+
+def check_size(pipe: Any, height: int | None, width: int | None) -> None:
+    """Refuse a height or width the pipeline would silently change."""
+    multiple = size_multiple(pipe)
+    if multiple is None:
+        return
+    for flag, value in (("--height", height), ("--width", width)):
+        if value is not None and value % multiple:
+            down, up = value - value % multiple, value - value % multiple + multiple
+            raise SpecError(f"{flag} {value}: {type(pipe).__name__} makes images in multiples of {multiple} and "
+                            f"would silently make it {down or multiple}. Pass {flag} {down or up} or {up}.")
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A file-name-safe short form of a prompt: lower case, words joined by '-'."""
+    words = "".join(c.lower() if c.isalnum() else " " for c in text).split()
+    out = "-".join(words)[:limit].rstrip("-")
+    return out or "prompt"
+
+
+def loras_text(loras: Sequence[Lora]) -> str:
+    return ", ".join(f"{Path(lo.path).name}:{lo.scale:g}" for lo in loras)
