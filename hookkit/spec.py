@@ -12,13 +12,14 @@ from typing import Any
 
 import attrs
 
-from hookkit.core.validate import boolean, instance_of
+from hookkit.core.validate import boolean, callable_name, closest, instance_of, resolve_callable, strict_init
 from hookkit.errors import SpecError, field_error
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.parallel import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 
+@strict_init
 @attrs.frozen(kw_only=True)
 class Spec:
     """Everything to turn on for one transformer. Every feature is optional; `Spec()` turns on nothing
@@ -44,12 +45,17 @@ class Spec:
                                                    validator=instance_of(ContextParallel, "a hookkit.ContextParallel"))
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict (lists for tuples), the inverse of `Spec.from_dict`."""
+        """A plain, JSON-safe dict (lists for tuples), the inverse of `Spec.from_dict`.
+
+        A callable field (`Quantize.filter_fn`) is written as 'module:qualname' (`validate.callable_name`), which
+        `from_dict` imports again; a lambda or local function is written as its repr, which `from_dict` refuses.
+        """
         out: dict[str, Any] = {}
         for field in attrs.fields(Spec):
             value = getattr(self, field.name)
             if attrs.has(type(value)):
-                value = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(value, recurse=False).items()}
+                value = {k: list(v) if isinstance(v, tuple) else callable_name(v) if callable(v) else v
+                         for k, v in attrs.asdict(value, recurse=False).items()}
             out[field.name] = value
         return out
 
@@ -58,11 +64,15 @@ class Spec:
         """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them."""
         if not isinstance(data, dict):
             raise field_error("Spec", "<dict>", data, "a dict of feature name -> settings")
+        if any(not isinstance(key, str) for key in data):
+            bad = next(key for key in data if not isinstance(key, str))
+            raise field_error("Spec", "<dict>", bad, "string keys (feature names)")
         kwargs: dict[str, Any] = {}
         names = {f.name for f in attrs.fields(Spec)}
         for key, value in data.items():
             if key not in names:
-                raise field_error("Spec", key, value, f"a known feature: {sorted(names)}", "Remove or rename the key.")
+                raise field_error("Spec", key, value, f"a known feature: {sorted(names)}",
+                                  f"Remove or rename the key.{closest(key, names)}")
             feature = _spec_class(key)
             if feature is not None and isinstance(value, dict):
                 value = _build(feature, value)
@@ -78,11 +88,16 @@ def _spec_class(field: str) -> type | None:
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in attrs.fields(cls)}
+    if any(not isinstance(key, str) for key in data):
+        raise field_error(cls.__name__, "<dict>", next(k for k in data if not isinstance(k, str)), "string keys (field names)")
     for key, value in data.items():
         if key not in names:
-            raise field_error(cls.__name__, key, value, f"a known field: {sorted(names)}", "Remove or rename the key.")
+            raise field_error(cls.__name__, key, value, f"a known field: {sorted(names)}",
+                              f"Remove or rename the key.{closest(key, names)}")
     for field in attrs.fields(cls):
         if field.default is attrs.NOTHING and field.name not in data:
             raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "
                             f"{data!r}. Add the key {field.name!r}.")
+    data = {k: resolve_callable(cls.__name__, k, v) if k == "filter_fn" and isinstance(v, str) else v
+            for k, v in data.items()}
     return cls(**data)

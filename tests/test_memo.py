@@ -1,4 +1,4 @@
-"""Memo: which factory calls share one tensor, where the mode is active, and that outputs do not change.
+"""Memo: which factory calls get a tensor back (one call site, once per pass; never two sites), where the mode is active, and that outputs do not change.
 
 The table and the mode are tested directly; the scope (transformer entry to first block) on a stub
 transformer that builds an index tensor in its prologue as Qwen-Image does; bitwise equality on tiny
@@ -28,19 +28,49 @@ def memo_active() -> bool:
 # --- the table and the mode -----------------------------------------------------------------------------------
 
 
-def test_equal_values_give_one_tensor() -> None:
+def passes(table: MemoTable, build, n: int = 2) -> list:
+    """`build()` run in `n` passes of the mode, as `n` prologue runs (steps) of a transformer would."""
+    out = []
+    for _ in range(n):
+        with MemoMode(table):
+            out.append(build())
+    return out
+
+
+def test_one_call_site_gets_its_tensor_back_at_the_next_pass() -> None:
     table = MemoTable()
-    with MemoMode(table):
-        a = torch.tensor([[0, 0, 1]], dtype=torch.int)
-        b = torch.tensor([[0, 0, 1]], dtype=torch.int)
+    a, b = passes(table, lambda: torch.tensor([[0, 0, 1]], dtype=torch.int))
     assert a is b
     assert table.stats() == {"hits": 1, "misses": 1, "rebuilt": 0, "passed": 0, "overflow": 0, "entries": 1}
 
 
+def test_two_call_sites_with_equal_values_never_share_a_tensor() -> None:
+    """The issue's case: two equal torch.tensor calls in one prologue, one changed in place."""
+    table = MemoTable()
+
+    def prologue() -> tuple[torch.Tensor, torch.Tensor]:
+        first = torch.tensor([1.0, 2.0])
+        second = torch.tensor([1.0, 2.0])
+        first.add_(1.0)
+        return first, second
+
+    (a1, b1), (a2, b2) = passes(table, prologue)
+    assert a1 is not b1 and a2 is not b2
+    assert b1.tolist() == [1.0, 2.0] and b2.tolist() == [1.0, 2.0] and a2.tolist() == [2.0, 3.0]
+    assert table.stats()["rebuilt"] == 1  # the site whose tensor was changed in place got a fresh one
+
+
+def test_one_call_site_run_twice_in_a_pass_gives_two_tensors() -> None:
+    table = MemoTable()
+    ((a, b),) = passes(table, lambda: [torch.tensor([0, 1]) for _ in range(2)], n=1)
+    assert a is not b and a.tolist() == b.tolist() == [0, 1]
+    (again,) = passes(table, lambda: [torch.tensor([0, 1]) for _ in range(2)], n=1)
+    assert again[0] is not again[1]
+
+
 def test_list_and_tuple_of_equal_values_give_one_tensor() -> None:
-    with MemoMode(MemoTable()):
-        a = torch.tensor([[0, 1], [1, 0]])
-        b = torch.tensor(((0, 1), (1, 0)))
+    table = MemoTable()
+    a, b = (passes(table, lambda: torch.tensor(data), n=1)[0] for data in ([[0, 1], [1, 0]], ((0, 1), (1, 0))))
     assert a is b
 
 
@@ -93,10 +123,12 @@ def test_default_dtype_is_part_of_the_key() -> None:
 
 
 def test_different_devices_give_different_tensors() -> None:
-    with MemoMode(MemoTable()):
-        cpu = torch.tensor([1, 2], device="cpu")
-        meta = torch.tensor([1, 2], device="meta")
-        cpu_again = torch.tensor([1, 2], device=torch.device("cpu"))
+    table = MemoTable()
+
+    def build(device) -> torch.Tensor:
+        return torch.tensor([1, 2], device=device)
+
+    cpu, meta, cpu_again = (passes(table, lambda: build(d), n=1)[0] for d in ("cpu", "meta", torch.device("cpu")))
     assert cpu is not meta
     assert (cpu.device.type, meta.device.type) == ("cpu", "meta")
     assert cpu_again is cpu
@@ -104,10 +136,8 @@ def test_different_devices_give_different_tensors() -> None:
 
 def test_as_tensor_of_a_python_number_is_memoized() -> None:
     table = MemoTable()
-    with MemoMode(table):
-        a = torch.as_tensor(7, dtype=torch.int32)
-        b = torch.as_tensor(7, dtype=torch.int32)
-        c = torch.as_tensor(7)
+    a, b = passes(table, lambda: torch.as_tensor(7, dtype=torch.int32))
+    [c] = passes(table, lambda: torch.as_tensor(7), n=1)
     assert a is b and a is not c
     assert (a.dtype, c.dtype) == (torch.int32, torch.int64)
     assert table.stats()["hits"] == 1 and table.stats()["misses"] == 2
@@ -125,10 +155,13 @@ def test_non_plain_data_and_other_arguments_are_not_memoized() -> None:
 
 def test_tensor_modified_in_place_is_rebuilt() -> None:
     table = MemoTable()
-    with MemoMode(table):
-        first = torch.tensor([1, 2])
-        first.add_(10)
-        second = torch.tensor([1, 2])
+
+    def build() -> torch.Tensor:
+        return torch.tensor([1, 2])
+
+    [first] = passes(table, build, n=1)
+    first.add_(10)
+    [second] = passes(table, build, n=1)
     assert second is not first
     assert second.tolist() == [1, 2]
     assert table.stats()["rebuilt"] == 1
@@ -136,21 +169,27 @@ def test_tensor_modified_in_place_is_rebuilt() -> None:
 
 def test_tensor_made_to_require_grad_is_rebuilt() -> None:
     table = MemoTable()
-    with MemoMode(table):
-        first = torch.tensor([1.0])
-        first.requires_grad_()  # no version bump, but stock would hand the next caller a tensor without grad
-        second = torch.tensor([1.0])
+
+    def build() -> torch.Tensor:
+        return torch.tensor([1.0])
+
+    [first] = passes(table, build, n=1)
+    first.requires_grad_()  # no version bump, but stock would hand the next caller a tensor without grad
+    [second] = passes(table, build, n=1)
     assert second is not first and second.requires_grad is False
     assert table.stats()["rebuilt"] == 1
 
 
-def test_under_inference_mode_calls_share_one_tensor_that_keeps_a_version_counter() -> None:
+def test_under_inference_mode_a_site_gets_one_tensor_that_keeps_a_version_counter() -> None:
     table = MemoTable()
-    with torch.inference_mode(), MemoMode(table):
-        a = torch.tensor([1, 2])
-        b = torch.tensor([1, 2])
+
+    def build() -> torch.Tensor:
+        return torch.tensor([1, 2])
+
+    with torch.inference_mode():
+        a, b = passes(table, build)
         a.add_(10)  # allowed on a normal tensor in inference mode, and counted
-        c = torch.tensor([1, 2])
+        [c] = passes(table, build, n=1)
     assert a is b and a.is_inference() is False
     assert c is not a and c.tolist() == [1, 2]
     assert table.stats() == {"hits": 1, "misses": 1, "rebuilt": 1, "passed": 0, "overflow": 0, "entries": 1}
@@ -158,11 +197,14 @@ def test_under_inference_mode_calls_share_one_tensor_that_keeps_a_version_counte
 
 def test_tensor_memoized_under_inference_mode_serves_a_later_call_with_autograd() -> None:
     table = MemoTable()
-    with torch.inference_mode(), MemoMode(table):
-        first = torch.tensor([2.0])
+
+    def build() -> torch.Tensor:
+        return torch.tensor([2.0])
+
+    with torch.inference_mode():
+        [first] = passes(table, build, n=1)
     weight = torch.ones(1, requires_grad=True)
-    with MemoMode(table):
-        again = torch.tensor([2.0])
+    [again] = passes(table, build, n=1)
     (weight * again).sum().backward()  # an inference tensor here: "Inference tensors cannot be saved for backward"
     assert again is first and weight.grad.tolist() == [2.0]
 
@@ -183,10 +225,12 @@ def test_numpy_data_is_not_memoized() -> None:
 def test_full_table_keeps_its_entries_and_builds_new_values_unstored() -> None:
     # entries are never evicted: a CUDA graph captured over the prologue may still read them
     table = MemoTable(max_entries=2)
-    with MemoMode(table):
-        a, b = torch.tensor([1]), torch.tensor([2])
-        c1, c2 = torch.tensor([3]), torch.tensor([3])
-        assert torch.tensor([1]) is a and torch.tensor([2]) is b
+
+    def build() -> tuple[torch.Tensor, ...]:
+        return torch.tensor([1]), torch.tensor([2]), torch.tensor([3])
+
+    (a, b, c1), (a2, b2, c2) = passes(table, build)
+    assert a2 is a and b2 is b
     assert c1 is not c2 and c1.tolist() == [3]
     assert table.stats() == {"hits": 2, "misses": 2, "rebuilt": 0, "passed": 0, "overflow": 2, "entries": 2}
 

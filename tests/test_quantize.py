@@ -165,7 +165,8 @@ def test_fp8_row_chooses_exactly_the_listed_layers(name: str) -> None:
 def test_build_plan_attaches_one_quantize_entry_per_chosen_layer_without_checking_hardware(name: str) -> None:
     transformer = bf16_tiny(name, **OVERRIDES.get(name, {}))
     plan = hookkit.build_plan(transformer, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row")))  # CPU: no raise
-    targets = plan.targets("quantize")
+    guard, *targets = plan.targets("quantize")
+    assert guard == ("", "hookkit.quantize.guard")  # refuses load_state_dict/save_pretrained while quantized
     assert {t for t, _ in targets} == EXPECTED_FP8_ROW[name]
     assert len(targets) == len(EXPECTED_FP8_ROW[name])
     assert {n for _, n in targets} == {"hookkit.quantize"}

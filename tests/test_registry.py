@@ -114,7 +114,7 @@ def test_removing_the_last_hook_restores_the_module_exactly() -> None:
     reg = HookRegistry.of(m)
     reg.register("a", ModelHook())
     reg.register("b", AddOne())
-    assert set(m.__dict__) - set(before) == {"forward", "_hookkit_registry"}
+    assert set(m.__dict__) - set(before) == {"forward", "_hookkit_registry", "__getstate__"}
     reg.remove("a")
     reg.remove("b")
     assert m.__dict__ == before
@@ -290,3 +290,15 @@ def test_a_hook_around_a_compiled_inner_forward_runs_outside_the_graph() -> None
     assert len(graphs) == 1
     assert not any("add" in op for op in _ops(graphs[0]))
     assert torch.equal(out, torch.nn.Linear.forward(m, torch.ones(1, 4)) + 1)
+
+
+def test_shallow_copy_of_a_hooked_module_is_refused_and_works_after_removal() -> None:
+    """copy.copy shares `__dict__` values: the copy would run this module's hooks and never be enabled itself."""
+    m = linear()
+    reg = HookRegistry.of(m)
+    reg.register("add", AddOne())
+    with pytest.raises(HookError, match=r"^copy.copy\(Linear\): expected a module without hookkit hooks, got one carrying \['add'\]"):
+        copy.copy(m)
+    reg.remove("add")
+    clone = copy.copy(m)
+    assert "forward" not in clone.__dict__ and "__getstate__" not in clone.__dict__

@@ -17,8 +17,69 @@ def test_specs_are_frozen() -> None:
 
 
 def test_specs_are_keyword_only() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(SpecError, match=r"^DBCache: expected keyword arguments only, got 2 positional \(\(1, 0\)\)\. "
+                                        r"Name each one, e.g. DBCache\(fn_blocks=\.\.\.\); valid fields: fn_blocks, "):
         hookkit.DBCache(1, 0)  # type: ignore[misc]
+
+
+def test_a_misspelled_field_names_the_closest_valid_one_and_lists_them_all() -> None:
+    with pytest.raises(SpecError) as info:
+        hookkit.DBCache(treshold=0.1)
+    assert str(info.value).startswith("DBCache.treshold: expected one of the fields of DBCache, got the unknown field "
+                                      "'treshold'. Did you mean 'threshold'? Valid fields: fn_blocks, bn_blocks, threshold,")
+
+
+def test_a_missing_required_field_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match=r"^Quantize.scheme: expected a value \(the field is required\), got none\. "
+                                        r"Pass it, e.g. Quantize\(scheme=\.\.\.\); valid fields: scheme, region,"):
+        hookkit.Quantize()
+
+
+@pytest.mark.parametrize("cls", [hookkit.Spec, hookkit.DBCache, hookkit.Compile, hookkit.Quantize])
+def test_every_spec_class_refuses_positional_arguments_with_a_spec_error(cls) -> None:
+    with pytest.raises(SpecError, match=rf"^{cls.__name__}: expected keyword arguments only"):
+        cls(None)
+
+
+def test_numpy_scalars_are_taken_as_python_values_in_every_field() -> None:
+    np = pytest.importorskip("numpy")
+    cache = hookkit.DBCache(fn_blocks=np.int64(2), threshold=np.float32(0.5), warmup_steps=np.int32(3),
+                            max_accumulated_diff=np.float64(1.5), steps_mask=np.array([1, 0, 1]), mask_policy="static")
+    assert cache == hookkit.DBCache(fn_blocks=2, threshold=0.5, warmup_steps=3, max_accumulated_diff=1.5,
+                                    steps_mask=(1, 0, 1), mask_policy="static")
+    assert [type(v) for v in (cache.fn_blocks, cache.threshold, *cache.steps_mask)] == [int, float, int, int, int]
+    assert hookkit.Spec(memo=np.bool_(True)).memo is True
+    assert hookkit.DBCache(steps_mask=[np.int64(1), np.int64(0)]).steps_mask == (1, 0)
+
+
+def test_to_dict_is_json_with_a_numpy_mask_and_a_filter_fn() -> None:
+    import json
+
+    np = pytest.importorskip("numpy")
+    from hookkit.techniques.quantize.filters import by_name
+
+    spec = hookkit.Spec(cache=hookkit.DBCache(steps_mask=np.array([1, 0, 1])),
+                        quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=_keep_attention))
+    data = json.loads(json.dumps(spec.to_dict()))
+    assert data["cache"]["steps_mask"] == [1, 0, 1]
+    assert data["quantize"]["filter_fn"] == "test_specs:_keep_attention"
+    assert hookkit.Spec.from_dict(data).quantize.filter_fn is _keep_attention
+    lam = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=lambda m, fqn: True)).to_dict()
+    assert json.dumps(lam) and lam["quantize"]["filter_fn"].startswith("<<function ")
+    with pytest.raises(SpecError, match=r"^Quantize.filter_fn: expected a callable or a 'module:qualname' string"):
+        hookkit.Spec.from_dict(lam)
+    named = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=by_name("*.attn.*"))).to_dict()
+    assert json.dumps(named)
+
+
+def _keep_attention(module, fqn: str) -> bool:
+    return ".attn." in fqn
+
+
+@pytest.mark.parametrize("num_steps", [0, -3, 2.0, "4", True])
+def test_resolve_steps_mask_refuses_a_step_count_that_is_not_a_positive_int(num_steps) -> None:
+    with pytest.raises(SpecError, match=rf"^resolve_steps_mask.num_steps: expected an int >= 1, got {num_steps!r}\."):
+        resolve_steps_mask("fast", num_steps)
 
 
 @pytest.mark.parametrize(

@@ -290,3 +290,19 @@ def test_the_compile_summary_counts_pairs_host_reads_and_switches(eager) -> None
     assert (data["graphs_captured"], data["graph_replays"]) == (4, STEPS)
     assert (data["decision_reads"], data["head_switches"]) == (hook.reads, hook.switches)
     assert hook.reads == len(eager[1][0][2]) > 0
+
+
+def test_a_model_change_between_calls_drops_the_pairs_and_the_next_call_matches_eager_on_the_changed_model() -> None:
+    """The split graphs watch the model like the unsplit ones (`ModelWatch`): stale pairs are never replayed."""
+    pipe, handle, hook, backend = _split_pipeline()
+    pipe(**_kwargs())
+    with torch.no_grad():
+        pipe.transformer.proj_out.bias.add_(0.01)
+    out = pipe(**_kwargs()).images
+    assert hook.invalidations == ["proj_out: parameters and buffers changed since capture"]
+    assert backend.captures == 4  # both pairs captured again
+    reference = trained.load_pipeline()
+    with torch.no_grad():
+        reference.transformer.proj_out.bias.add_(0.01)
+    hookkit.enable(reference, hookkit.Spec(cache=CACHE))
+    assert torch.equal(out, reference(**_kwargs()).images)

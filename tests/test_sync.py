@@ -261,12 +261,14 @@ def test_read_window_is_closed_after_the_call_and_outside_the_loop() -> None:
 
 def test_plan_of_a_cpu_table_scheduler_and_of_a_searching_scheduler() -> None:
     cog = hookkit.build_plan(cog_with(), hookkit.Spec(sync_free=True))
-    assert cog.targets("sync_free") == [("pipeline.scheduler", "hookkit.sync_free.scheduler"), ("", "hookkit.sync_free.reads")]
+    assert cog.targets("sync_free") == [("pipeline.scheduler", "hookkit.sync_free.scheduler"), ("", "hookkit.sync_free.reads"),
+                                        ("pipeline.progress_bar", "hookkit.sync_free.loop_exit")]
     assert [a.params for a in cog.attachments if a.feature == "sync_free"][0] == (("cpu_tables", True),)
     flux = hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(sync_free=True))
     assert flux.targets("sync_free") == [("pipeline.scheduler", "hookkit.sync_free.scheduler"),
-                                    ("pipeline.scheduler._init_step_index", "hookkit.sync_free.step_index"),
-                                    ("", "hookkit.sync_free.reads")]
+                                         ("pipeline.scheduler._init_step_index", "hookkit.sync_free.step_index"),
+                                         ("", "hookkit.sync_free.reads"),
+                                         ("pipeline.progress_bar", "hookkit.sync_free.loop_exit")]
 
 
 def test_removal_restores_the_scheduler_and_transformer_exactly() -> None:

@@ -8,6 +8,7 @@ which Linear layers must never be quantized, how CFG is run, and where per-step 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import tomllib
@@ -216,6 +217,8 @@ class AdapterSpec:
     def from_dict(cls, data: dict[str, Any], source: str = "dict") -> AdapterSpec:
         if not isinstance(data, dict):
             raise _fail(source, "<root>", data, "a table")
+        if any(not isinstance(key, str) for key in data):
+            raise _fail(source, "<root>", next(k for k in data if not isinstance(k, str)), "string keys")
         known = {f.name for f in attrs.fields(cls)} - {"source"}
         unknown = sorted(set(data) - known)
         where = f"{data.get('name', '?')!r} ({source})"
@@ -230,8 +233,8 @@ class AdapterSpec:
         if not isinstance(raw_blocks, list):
             raise _fail(where, "blocks", raw_blocks, "a list of [[blocks]] tables")
         for raw in raw_blocks:
-            if not isinstance(raw, dict):
-                raise _fail(where, "blocks", raw, "a [[blocks]] table")
+            if not isinstance(raw, dict) or any(not isinstance(key, str) for key in raw):
+                raise _fail(where, "blocks", raw, "a [[blocks]] table (string keys)")
             bad = sorted(set(raw) - block_known)
             if bad:
                 raise _fail(where, f"blocks.{bad[0]}", raw[bad[0]], f"one of {sorted(block_known)}", "Remove or rename it.")

@@ -16,15 +16,21 @@ transformer component gets its own handle (adapter by exact class, plan, per-cal
 under the first, which `enable` returns and whose scheduler patches start a generation on, and advance the clock
 of, every handle of the group: the step index is the pipeline's, the CFG branch is counted per transformer.
 
-One call at a time per handle: the clock is not thread-safe (nor is a diffusers pipeline), and a call of the
-same pipeline started from inside its own loop (a callback) restarts the per-call state of the outer one.
+One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
+pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
+with a `HookError`, and so is a transformer call from another thread while a call runs. Two pipelines, each with
+its own handle, run in two threads as stock diffusers does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
+import sys
+import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -40,6 +46,7 @@ from hookkit.core.plan import Attachment, Plan, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.state import CallState, Clock
+from hookkit.core.validate import is_int
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
 from hookkit.errors import AdapterError, EnableError, HookError, HookkitError, SpecError, UnsupportedError
 
@@ -78,6 +85,82 @@ def _start_in_schedule(scheduler: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return None
 
 
+def _call_code(pipeline: Any) -> Any:
+    """The code object of `type(pipeline).__call__` itself (diffusers wraps it in `torch.no_grad()`)."""
+    call = getattr(type(pipeline), "__call__", None)
+    try:
+        return inspect.unwrap(call).__code__ if call is not None else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _pipeline_frame(pipeline: Any, start: FrameType | None) -> FrameType | None:
+    """The innermost frame from `start` outwards that runs `pipeline.__call__` (for that very pipeline), or None."""
+    code = _call_code(pipeline)
+    frame = start
+    while frame is not None and code is not None:
+        if frame.f_code is code and frame.f_locals.get("self") is pipeline:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _on_stack(thread: int, frame_id: int, code: Any) -> bool:
+    """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned."""
+    frame: FrameType | None = sys._getframe() if thread == threading.get_ident() else sys._current_frames().get(thread)
+    while frame is not None:
+        if id(frame) == frame_id and frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _CallOwner:
+    """Which pipeline call (thread, `__call__` frame) the handle's per-call state belongs to.
+
+    The frame is held by id and code, not by reference: a reference would keep a failed call's locals (its
+    latents) alive until the next call.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.thread: int | None = None
+        self._frame_id = 0
+        self._code: Any = None
+
+    def running(self) -> bool:
+        return self.thread is not None and _on_stack(self.thread, self._frame_id, self._code)
+
+    def claim(self, pipeline: Any, start: FrameType | None) -> None:
+        """Make the call whose `__call__` frame encloses `start` the owner, or raise when another call still runs."""
+        frame = _pipeline_frame(pipeline, start)
+        with self._lock:
+            if frame is not None and self.running() and id(frame) != self._frame_id:
+                here = threading.get_ident()
+                how = ("from inside its own call (a callback, or a nested call)" if self.thread == here
+                       else "from another thread")
+                raise HookError(
+                    f"{type(pipeline).__name__}: expected one call at a time on a pipeline hookkit is enabled on, got a "
+                    f"second call {how} while the first is still running (its per-call state, e.g. DBCache "
+                    "residuals, is that call's: sharing it gives wrong output). Wait for the first call to return, or "
+                    "give each thread its own pipeline (and transformer) with its own hookkit.enable."
+                )
+            if frame is None:
+                self.thread = None
+            else:
+                self.thread, self._frame_id, self._code = threading.get_ident(), id(frame), frame.f_code
+
+    def check_thread(self, what: str) -> None:
+        """Refuse a transformer call from a thread other than the running call's."""
+        thread = self.thread
+        if thread is not None and thread != threading.get_ident() and self.running():
+            raise HookError(
+                f"{what}: expected transformer calls from the thread running the current pipeline call, got one from "
+                "another thread while that call is still running (the per-call state is that call's). Give each "
+                "thread its own pipeline (and transformer) with its own hookkit.enable."
+            )
+
+
 class _CoreFeature:
     """Per-call bookkeeping; always on, attached first. Part of the core, so it may use the whole handle."""
 
@@ -103,6 +186,7 @@ class _CoreFeature:
 
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
+                    handle._owner.claim(handle.pipeline, sys._getframe(1))
                     group = handle.group
                     for member in group:
                         member._check_transformer()
@@ -217,6 +301,8 @@ class Handle:
         #: the scheduler whose `set_timesteps`/`step` the core patched (None on a bare transformer)
         self._scheduler: Any | None = None
         self._in_generation = False
+        #: the thread that opened the current `with handle.generation():` block
+        self._generation_thread: int | None = None
         #: True from `set_timesteps` to the first transformer call, where `num_steps` takes the begin index in
         self._begin_pending = False
         calls_per_step = None if any(a.name == "hookkit.step" for a in plan.attachments) else (
@@ -234,6 +320,8 @@ class Handle:
         #: called by the core's `set_timesteps`/`step` patches (see `SchedulerListener`)
         self.scheduler_listeners: list[SchedulerListener] = []
         self.removed = False
+        #: the pipeline call (or bare generation) now running, for refusing a second concurrent one
+        self._owner = _CallOwner()
 
     def __enter__(self) -> Handle:
         return self
@@ -316,6 +404,13 @@ class Handle:
 
     def _on_transformer_call(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
         """Clock hook: check the scheduler is still the patched one, settle `num_steps`, count the call."""
+        self._owner.check_thread(f"{type(self.transformer).__name__} (hookkit enabled)")
+        if self._in_generation and self._generation_thread != threading.get_ident():
+            raise HookError(
+                f"{type(self.transformer).__name__} (hookkit enabled): expected transformer calls from the thread inside "
+                "`with handle.generation():`, got one from another thread while that generation runs (its per-call "
+                "state is that generation's). Give each thread its own transformer and handle."
+            )
         scheduler = self._scheduler
         if scheduler is not None:
             current = getattr(self.pipeline, "scheduler", None)
@@ -361,15 +456,30 @@ class Handle:
                                            or calls_per_step < 1):
             raise SpecError(f"Handle.generation.calls_per_step: expected an int >= 1, got {calls_per_step!r}. Pass 1 "
                             "for batched CFG (or none), 2 for CFG as two transformer calls per step.")
-        if self._in_generation:
-            # the inner block would replace the outer one's state, and the outer would go on counting into it
-            raise HookError("Handle.generation: expected no generation in progress, got a nested "
-                            "`with handle.generation():`. Generations do not nest: end the outer block first.")
-        self._check_modules()
+        if num_steps is not None:  # an int (numpy's too, as in every spec field), never a bool, str or float
+            if not is_int(num_steps) or num_steps < 1:
+                raise SpecError(f"Handle.generation.num_steps: expected an int >= 1 or None, got {num_steps!r}. Pass "
+                                "the number of denoising steps the loop runs (e.g. num_steps=28), or leave it out.")
+            num_steps = int(num_steps)
+        with self._owner._lock:
+            if self._in_generation:
+                if self._generation_thread != threading.get_ident():
+                    raise HookError("Handle.generation: expected one generation at a time on a handle, got a second "
+                                    "`with handle.generation():` from another thread while the first runs (the per-call "
+                                    "state is one generation's). Give each thread its own transformer and handle.")
+                # the inner block would replace the outer one's state, and the outer would go on counting into it
+                raise HookError("Handle.generation: expected no generation in progress, got a nested "
+                                "`with handle.generation():`. Generations do not nest: end the outer block first.")
+            self._in_generation = True
+            self._generation_thread = threading.get_ident()
+        try:
+            self._check_modules()
+        except BaseException:
+            self._in_generation = False
+            raise
         saved = self._clock.calls_per_step
         if calls_per_step is not None:
             self._clock.calls_per_step = calls_per_step
-        self._in_generation = True
         try:
             yield self.new_generation(num_steps)
         finally:
@@ -471,8 +581,22 @@ def plan_for(target: Any, spec: Spec, adapter: AdapterSpec | None, features: Fea
     return _plan(pipeline, transformer, spec, adapter, features)
 
 
+def _check_not_compiled(transformer: torch.nn.Module) -> None:
+    """`torch.compile(transformer)` returns a wrapper (OptimizedModule) whose class no adapter names; the fix is
+    the order, not an adapter."""
+    inner = getattr(transformer, "_orig_mod", None)
+    if isinstance(inner, torch.nn.Module):
+        raise EnableError(
+            f"hookkit.enable: expected an uncompiled transformer, got {type(transformer).__name__} wrapping "
+            f"{type(inner).__name__} (torch.compile was applied before hookkit.enable; hooks cannot reach inside the "
+            "compiled module). Enable hookkit on the uncompiled transformer and let it compile "
+            "(hookkit.Spec(compile=hookkit.Compile(...))), or call hookkit.enable first and torch.compile after."
+        )
+
+
 def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapter: AdapterSpec | None,
           features: FeatureTable, scheduler_owner: bool = True) -> Plan:
+    _check_not_compiled(transformer)
     if not isinstance(spec, features.spec_type):
         raise SpecError(f"hookkit.enable.spec: expected a hookkit.Spec or None, got {spec!r}.")
     if adapter is None:
@@ -501,6 +625,13 @@ def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapte
 def enable_with(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
     """Attach `features` as `spec` says to a pipeline or a bare transformer. All or nothing; twice raises."""
     pipeline, transformer = _split_target(target)
+    if pipeline is not None and _pipeline_frame(pipeline, sys._getframe(1)) is not None:
+        # this call's set_timesteps already ran unpatched: hookkit would count its remaining steps as no generation
+        raise EnableError(
+            f"hookkit.enable: expected to be called between calls of this {type(pipeline).__name__}, got a call from "
+            "inside one of its calls (a callback): the running call started before hookkit could see it. Enable "
+            "before calling the pipeline; to change features per call, enable once and disable after the call."
+        )
     if handle_of(transformer) is not None:
         raise EnableError(
             f"hookkit is already enabled on this {type(transformer).__name__}; call hookkit.disable(...) (or "
@@ -554,6 +685,7 @@ def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None, fea
             companion = Handle(plan, module, pipeline, features, component=name)
             companion.primary = primary
             companion._scheduler = primary._scheduler
+            companion._owner = primary._owner  # one pipeline call owns every transformer's calls
             companion._clock.calls_per_step = None  # the pipeline's scheduler counts its steps
             companion._attach()  # rolls itself back if it fails
             primary.companions.append(companion)
@@ -576,7 +708,10 @@ def handle_of(target: Any) -> Handle | None:
     registry = HookRegistry.of(transformer, create=False)
     hook = registry.get(CLOCK_HOOK) if registry is not None else None
     if isinstance(hook, _ClockHook):
-        return hook.handle
+        found = hook.handle
+        if not isinstance(target, torch.nn.Module) and found.pipeline is not None and found.pipeline is not target:
+            return None  # another pipeline sharing the transformer: hookkit is enabled on that one, not on `target`
+        return found
     if not isinstance(target, torch.nn.Module):  # a pipeline whose transformer was replaced after enable
         patched = getattr(getattr(target, "scheduler", None), "__dict__", {}).get("set_timesteps")
         owner = getattr(patched, "owner", None)
@@ -587,8 +722,15 @@ def handle_of(target: Any) -> Handle | None:
 
 def disable(target: Any) -> None:
     """Remove everything hookkit attached to `target` (pipeline or transformer)."""
-    _split_target(target, caller="hookkit.disable")
+    _, transformer = _split_target(target, caller="hookkit.disable")
     handle = handle_of(target)
+    shared = handle_of(transformer) if handle is None else None
+    if shared is not None and shared.pipeline is not None:
+        raise EnableError(
+            f"hookkit.disable: expected the {type(target).__name__} hookkit is enabled on, got another one that shares "
+            f"its {type(transformer).__name__} (hookkit was enabled on a {type(shared.pipeline).__name__} using the "
+            "same transformer; nothing was removed). Call hookkit.disable on that pipeline, or on the transformer."
+        )
     if handle is None:
         raise EnableError(
             f"hookkit.disable: expected a {type(target).__name__} hookkit is enabled on, got one it is not enabled on "

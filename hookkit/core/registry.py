@@ -3,7 +3,8 @@
 The first hook on a module puts two entries into `module.__dict__`: `forward` (a wrapper that runs the
 chain) and `_hookkit_registry`. Removing the last hook deletes both, so the module is exactly as it was:
 nothing is left in `module.__dict__`, no reference cycle keeps it alive, nothing is ever set on a class.
-`copy.deepcopy` and pickling of a hooked module raise (the copy would run this module's hooks).
+`copy.copy`, `copy.deepcopy` and pickling of a hooked module raise (the copy would run this module's hooks
+and share its per-call state): a third entry, `__getstate__`, refuses them, and goes with the other two.
 
 Hooks run in registry order (`registry.names`): for hooks `[a, b]`, `a.pre_forward -> b.pre_forward ->
 forward -> b.post_forward -> a.post_forward`; `position=` inserts anywhere, `remove(name)` takes a hook out
@@ -15,7 +16,9 @@ hooks into the graph instead: a `.clone()` there is compiled away.)
 
 from __future__ import annotations
 
+import copy
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +73,7 @@ class HookRegistry:
         self._original_forward: Callable[..., Any] = module.forward
         self._inner: Callable[..., Any] = self._original_forward
         self._wrapper: Callable[..., Any] | None = None
+        self._getstate: Callable[[], Any] | None = None
         self._install()
 
     # -- lookup ---------------------------------------------------------------------------------------
@@ -221,9 +225,28 @@ class HookRegistry:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self._run(0, args, kwargs)
 
+        def getstate() -> Any:
+            self._refuse_copy(sys._getframe(1))
+
         module.__dict__[_REGISTRY_ATTR] = self  # first: pickle meets it (and its clear error) before `forward`
         module.__dict__["forward"] = forward
+        module.__dict__["__getstate__"] = getstate
         self._wrapper = forward
+        self._getstate = getstate
+
+    def _refuse_copy(self, caller: Any) -> None:
+        """`__getstate__` of a hooked module: copy.copy, copy.deepcopy and pickle all ask for it; each is refused."""
+        code = caller.f_code if caller is not None else None
+        if code is not None and code.co_filename == copy.__file__ and code.co_name == "deepcopy":
+            self.__deepcopy__({})
+        if code is not None and code.co_filename == copy.__file__:
+            name = type(self._module).__name__ if self._module is not None else "module"
+            raise HookError(
+                f"copy.copy({name}): expected a module without hookkit hooks, got one carrying {list(self._hooks)} (the "
+                "copy would share this module's hooks and their per-call state, and could never be enabled itself). "
+                "Remove hookkit first (handle.remove() or hookkit.disable(...)), copy, then enable it again."
+            )
+        self.__reduce_ex__(4)
 
     def _uninstall(self) -> None:
         """Give the module its forward back, unless another library has wrapped or replaced hookkit's since.
@@ -241,6 +264,8 @@ class HookRegistry:
             # (a `module.forward` captured while enabled and called now gets a clear error).
             self._original_forward = self._inner = _dead_forward
         # else: another library holds the wrapper; with no hooks left it passes through to the original forward.
+        if d.get("__getstate__") is self._getstate:
+            del d["__getstate__"]
         d.pop(_REGISTRY_ATTR, None)
         self._wrapper = None
         self._module = None  # type: ignore[assignment]

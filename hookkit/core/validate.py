@@ -6,13 +6,17 @@ so a bad value names where it is, what was allowed and what came.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import importlib
 import numbers
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from hookkit.errors import field_error
+from hookkit.errors import SpecError, field_error
+
 
 def owner(inst: Any) -> str:
     return type(inst).__name__
@@ -81,3 +85,81 @@ def instance_of(cls: type | tuple[type, ...], what: str) -> Callable[[Any, attrs
 def is_int(value: Any) -> bool:
     """An integer (numpy's included) that is not a bool; 1.0 is no step flag."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def closest(name: str, valid: Any) -> str:
+    """' Did you mean 'x'?' for the valid name closest to `name` (difflib), or ''."""
+    match = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+def plain(value: Any) -> Any:
+    """numpy scalars and arrays as the Python values they hold (np.float32(0.1) -> 0.1, np.int64(2) -> 2,
+    np.array([1, 0]) -> [1, 0], np.bool_ -> bool), so that every field takes them as it takes Python values and
+    `to_dict()` stays JSON; anything else passes unchanged."""
+    if type(value).__module__ == "numpy" and callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        items = [plain(v) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value)) else value
+    return value
+
+
+def strict_init(cls: type) -> type:
+    """Make an attrs class's `__init__` refuse misuse with a `SpecError` instead of Python's bare `TypeError`:
+    positional arguments, an unknown (e.g. misspelled) field, a missing required one. Each message lists the
+    valid fields and, for a misspelling, the closest one. numpy values are taken as Python values (`plain`)."""
+    original = cls.__init__
+    fields = [a for a in attrs.fields(cls) if a.init]
+    names = tuple(a.alias for a in fields)
+    required = tuple(a.alias for a in fields if a.default is attrs.NOTHING)
+    valid = f"valid fields: {', '.join(names)}"
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        where = cls.__name__
+        if args:
+            example = f"{where}({names[0]}=...)" if names else f"{where}()"
+            raise SpecError(f"{where}: expected keyword arguments only, got {len(args)} positional ({args!r:.80}). "
+                            f"Name each one, e.g. {example}; {valid}.")
+        for key in kwargs:
+            if key not in names:
+                raise SpecError(f"{where}.{key}: expected one of the fields of {where}, got the unknown field {key!r}."
+                                f"{closest(key, names)} {valid[0].upper()}{valid[1:]}.")
+        missing = [n for n in required if n not in kwargs]
+        if missing:
+            raise SpecError(f"{where}.{missing[0]}: expected a value (the field is required), got none. "
+                            f"Pass it, e.g. {where}({missing[0]}=...); {valid}.")
+        original(self, **{k: plain(v) for k, v in kwargs.items()})
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+def callable_name(fn: Any) -> str:
+    """How `to_dict()` writes a callable field: 'module:qualname', importable again by `resolve_callable` when
+    `fn` is a module-level function or class; a lambda, a local function or an object is written as its repr
+    (the record says what it was; `from_dict` refuses it)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
+        return f"{module}:{qualname}"
+    return f"<{fn!r}>"
+
+
+def resolve_callable(owner_name: str, field: str, text: str) -> Any:
+    """The callable `callable_name` wrote as 'module:qualname'; SpecError when the text names none."""
+    module_name, _, qualname = text.partition(":")
+    fix = (f"Pass the callable itself ({owner_name}({field}=my_function)); to_dict() writes a callable as "
+           "'module:qualname', readable back only for module-level functions.")
+    if not module_name or not qualname or text.startswith("<"):
+        raise field_error(owner_name, field, text, "a callable or a 'module:qualname' string", fix)
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise field_error(owner_name, field, text, f"an importable 'module:qualname' ({type(exc).__name__}: {exc})",
+                         fix) from None
+    if not callable(value):
+        raise field_error(owner_name, field, text, "a 'module:qualname' naming a callable", fix)
+    return value

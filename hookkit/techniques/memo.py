@@ -5,12 +5,13 @@ Why: some transformers build index tensors from Python lists in their prologue a
 copy: the CPU waits until the GPU has drained its queue. The values depend only on the call's shapes.
 
 How: `MemoMode`, a `TorchFunctionMode`, answers `torch.tensor`/`torch.as_tensor` calls whose data are plain
-Python (keyed by value, scalar types and float bits, dtype and device) from a `MemoTable`, only in the scope
+Python (keyed by value, scalar types and float bits, dtype, device and call site) from a `MemoTable`, in the scope
 the adapter names (`memo_scope = "prologue"`: from the transformer's entry to its first block), so blocks
 run with no mode on the stack. Factories that launch a kernel (`arange`, `zeros`) are left alone.
 
-Contract: a memoized tensor is shared by every call asking for the same value; an in-place change or
-`requires_grad_()` is detected (version counter) and the entry rebuilt. Entries are built outside inference
+Contract: a memoized tensor goes back to the call site that built it (code, instruction, n-th call in this
+prologue run), never to another call, even for equal values; an in-place change or `requires_grad_()` is
+detected (version counter) and the entry rebuilt. Entries are built outside inference
 mode and never evicted while the handle lives (a captured CUDA graph reads their memory at every replay);
 past `MAX_ENTRIES` values, new ones are built normally. With `Compile(regional=False)` the prologue itself is
 compiled and memo attaches nothing (`hookkit.core.compat`).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import array
 import struct
+import sys
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -129,12 +131,26 @@ class MemoTable:
         self.max_entries = max_entries
         self._entries: dict[Hashable, tuple[torch.Tensor, int]] = {}
         self.counts = MemoStats()
+        #: calls per call site in the current pass: the n-th call of a site is its own entry
+        self._site_calls: dict[tuple[Any, int], int] = {}
+
+    def begin_pass(self) -> None:
+        """A new pass (a prologue run): every call site counts its calls from 0 again."""
+        self._site_calls.clear()
+
+    def _site(self, caller: Any) -> tuple[Any, int, int]:
+        """(code, instruction, n): the n-th call, in this pass, from `caller`'s current instruction."""
+        site = (caller.f_code, caller.f_lasti) if caller is not None else (None, -1)
+        n = self._site_calls.get(site, 0)
+        self._site_calls[site] = n + 1
+        return (*site, n)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def key(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
-        """The key of a factory call, or None when it must not be memoized."""
+    def key(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+            caller: Any = None) -> Hashable | None:
+        """The key of a factory call from frame `caller`, or None when it must not be memoized."""
         if len(args) != 1:  # both take the data only positionally
             return None
         dtype, device = kwargs.get("dtype"), kwargs.get("device")
@@ -146,11 +162,11 @@ class MemoTable:
         if data is None:
             return None
         dtype_key = dtype if dtype is not None else ("default", torch.get_default_dtype())
-        return (func, data, dtype_key, _device_key(device))
+        return (func, data, dtype_key, _device_key(device), self._site(caller))
 
-    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """`func(*args, **kwargs)`, answered from the table when the call is memoizable."""
-        key = self.key(func, args, kwargs)
+    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any = None) -> Any:
+        """`func(*args, **kwargs)` called from frame `caller`, answered from the table when the call is memoizable."""
+        key = self.key(func, args, kwargs, caller)
         if key is None:
             self.counts.passed += 1
             return func(*args, **kwargs)
@@ -173,6 +189,7 @@ class MemoTable:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._site_calls.clear()
 
     def stats(self) -> dict[str, int]:
         return {**attrs.asdict(self.counts), "entries": len(self._entries)}
@@ -185,10 +202,15 @@ class MemoMode(TorchFunctionMode):
         super().__init__()
         self.table = table
 
+    def __enter__(self) -> MemoMode:
+        self.table.begin_pass()  # entering the mode starts a pass (a prologue run)
+        return super().__enter__()
+
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         if func in FACTORIES:
-            return self.table.call(func, args, kwargs or {})
+            # the factory's caller: torch calls this method straight from the C factory
+            return self.table.call(func, args, kwargs or {}, sys._getframe(1))
         return func(*args, **(kwargs or {}))
 
 

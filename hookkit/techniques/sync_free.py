@@ -9,7 +9,8 @@ four times a step). Three exact patches, no pipeline or scheduler edited:
 2. CPU tables (`CPU_TABLE_SCHEDULERS`): during `step()` the timestep arguments and `scheduler.timesteps` are
    their host views, so `alphas_cumprod[timestep]` needs no device read.
 3. Pipeline reads of `t` between the transformer's exit and `scheduler.step`: a `TorchFunctionMode` answers
-   `t.item()`, `float(t)`, `int(t)`, `t.tolist()` from the host copy.
+   `t.item()`, `float(t)`, `int(t)`, `t.tolist()` from the host copy. It is also closed when the pipeline's
+   `with self.progress_bar(...)` block exits (patched on the instance): an exception leaves no mode behind.
 
 A device timestep is mapped only if it is a view of the recorded schedule's storage, unmodified since
 (`HostSchedule`), and becomes the same view of a host copy read once per call; anything else is left alone
@@ -44,6 +45,7 @@ NAME = "sync_free"
 LISTENER = "hookkit.sync_free.scheduler"
 STEP_INDEX = "hookkit.sync_free.step_index"
 READS_HOOK = "hookkit.sync_free.reads"
+LOOP_EXIT = "hookkit.sync_free.loop_exit"
 
 #: Schedulers (exact class names) whose `step()` indexes CPU tables with the timestep it is given, or reads
 #: `self.timesteps` back to do so. The other diffusers schedulers index by step (sigmas on the device).
@@ -278,6 +280,30 @@ class SyncReadsHook(ModelHook):
         self.listener.window.close()
 
 
+class _LoopBar:
+    """The pipeline's progress bar, unchanged, whose `with` exit (the end of the denoising loop, also by an
+    exception) closes the read window first."""
+
+    def __init__(self, bar: Any, on_exit: Callable[[], None]) -> None:
+        self._bar = bar
+        self._on_exit = on_exit
+
+    def __enter__(self) -> Any:
+        return self._bar.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            self._on_exit()
+        finally:
+            return self._bar.__exit__(*exc)
+
+    def __iter__(self) -> Any:
+        return iter(self._bar)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bar, name)
+
+
 # --- feature ---------------------------------------------------------------------------------------------------
 
 
@@ -303,6 +329,8 @@ class _SyncFreeFeature(BaseFeature):
         if searches_step_index(scheduler):
             out.append(Attachment(feature=NAME, target="pipeline.scheduler._init_step_index", name=STEP_INDEX))
         out.append(Attachment(feature=NAME, target="", name=READS_HOOK))
+        if callable(getattr(ctx.pipeline, "progress_bar", None)):
+            out.append(Attachment(feature=NAME, target="pipeline.progress_bar", name=LOOP_EXIT))
         return out
 
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
@@ -316,6 +344,12 @@ class _SyncFreeFeature(BaseFeature):
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
             return add_hook(ctx.transformer, READS_HOOK, SyncReadsHook(listener), position=1)
+        if attachment.name == LOOP_EXIT:
+            def make_bar(original: Callable[..., Any]) -> Callable[..., Any]:
+                def progress_bar(*args: Any, **kwargs: Any) -> Any:
+                    return _LoopBar(original(*args, **kwargs), listener.window.close)
+                return progress_bar
+            return MethodPatch(ctx.pipeline, "progress_bar", make_bar)
         scheduler = ctx.pipeline.scheduler
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:

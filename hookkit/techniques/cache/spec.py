@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from hookkit.core.validate import float_field, choice, int_field, is_int, owner, to_tuple
+from hookkit.core.validate import choice, float_field, int_field, is_int, owner, plain, strict_init, to_tuple
 from hookkit.errors import SpecError, field_error
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
@@ -35,6 +35,7 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         raise field_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
 
 
+@strict_init
 @attrs.frozen(kw_only=True)
 class DBCache:
     """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
@@ -113,6 +114,14 @@ def resolve_steps_mask(mask: tuple[int, ...] | str | None, num_steps: int) -> tu
 
     An explicit list shorter than `num_steps` computes the remaining steps (1); a longer one is cut.
     """
+    if not is_int(num_steps) or num_steps < 1:
+        raise SpecError(f"resolve_steps_mask.num_steps: expected an int >= 1, got {num_steps!r}. Pass the number of "
+                        "denoising steps of the generation (e.g. 28).")
+    num_steps = int(num_steps)
+    mask = to_tuple(plain(mask))
+    if isinstance(mask, str) and mask not in MASK_POLICIES or not isinstance(mask, (str, tuple, type(None))) or (
+            isinstance(mask, tuple) and (not mask or any(not is_int(v) or v not in (0, 1) for v in mask))):
+        raise field_error("resolve_steps_mask", "mask", mask, f"one of {tuple(MASK_POLICIES)}, a non-empty 0/1 list or None")
     if mask is None:
         return None
     if isinstance(mask, str):

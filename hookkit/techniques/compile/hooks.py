@@ -4,11 +4,9 @@ Regional (`Compile(regional=True)`): every instance of the adapter's repeated bl
 `torch.compile(block.forward)` as the *inner* callable of its hook registry, so the hooks on those blocks
 (cache decisions, clones) run outside the compiled region and never become graph breaks.
 
-CUDA-graph safety (inductor's CUDA-graph modes or `backend="cudagraphs"`): a graph output lives in memory
-that the next replay overwrites, and the cudagraph tree never learns where one transformer call ends.
-hookkit marks that boundary (`cudagraph_mark_step_begin`) in a pre hook on the transformer, outside every
-compiled region; with regional compilation nothing that outlives a call is graph memory. A wholly compiled
-transformer's outputs are, so they are also cloned.
+CUDA-graph safety (inductor's CUDA-graph modes, `backend="cudagraphs"`): a graph output lives in memory the
+next replay overwrites; hookkit marks each transformer call's start (`cudagraph_mark_step_begin`) outside
+every compiled region, and clones a wholly compiled transformer's outputs.
 
 Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): blocks compiled regionally, then each
 transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the
@@ -16,7 +14,9 @@ signature holds (inputs copied into static buffers, outputs cloned out). Hooks i
 run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the cache
 with a static mask: the decision becomes part of the graph key) or `SplitDecisions` (the cache with a
 threshold: each call is split at the decision into a head graph ending with the statistic, one host read,
-and the computed or cached tail graph, `SplitGraphHook`).
+and the computed or cached tail graph, `SplitGraphHook`). Before every call `ModelWatch` compares what the
+graphs captured (tensors, module tree, inner hooks, LoRA state) with the model now: on a change they are
+captured anew; a model moved off CUDA is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import OrderedDict
+import operator
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ContextManager
 
@@ -141,6 +142,13 @@ class GraphRunner:
         self.captured: OrderedDict[Hashable, CapturedCall] = OrderedDict()
         self.captures = 0
         self.evictions = 0
+        #: why the captured graphs were dropped, one entry per invalidation (see `ModelWatch`)
+        self.invalidations: list[str] = []
+
+    def invalidate(self, reason: str) -> None:
+        """Drop every captured graph: the next call of each signature captures anew (what a fresh enable does)."""
+        self.captured.clear()
+        self.invalidations.append(reason)
 
     def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                  extra_key: Hashable = None, capturing: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
@@ -175,28 +183,167 @@ class GraphRunner:
         return _clone_tensors(entry.static_output)
 
 
+class ModelWatch:
+    """What a whole-transformer graph captured besides its inputs, read again before every replay.
+
+    A CUDA graph replays the kernels it recorded on the memory addresses it recorded; nothing of the model's
+    Python state runs. So a replay is stale when, since capture, any of these changed (all watched, for the
+    transformer and every submodule):
+
+    - a parameter or buffer: which tensor object it is, the address (`data_ptr`) and in-place version counter
+      (`_version`: `copy_`, `load_state_dict`, `fuse_lora` write in place) of its storage, or of each inner
+      tensor of a wrapper subclass (torchao's quantized weights). A dtype or device change (`.to()`, `param.data
+      = ...`, an offload hook) always puts the data in new storage, so it shows as a new address (with unified
+      virtual addressing no host and device allocation share one); dtype and device are named in the report;
+    - the module tree: which child modules each module has (PEFT's LoRA layers replace Linears), `training`;
+    - hooks that run inside the graph: torch forward (pre) hooks and an instance `forward` of every submodule,
+      hookkit's own hook chain of every module, and torch's global module hooks (hooks and `forward` of the
+      transformer itself run outside the graph and are not watched);
+    - PEFT LoRA state of every LoRA layer: `scaling` (`set_adapters(..., weights)`), the active adapters,
+      `disable_adapters`, merged adapters.
+
+    `check()` compares a few flat lists, each built by one C-level `map` over the lists `arm()` collected (its
+    cost per call is measured by `benchmarks/watch_overhead.py`, numbers in BENCHMARKS.md); only when they
+    differ is the slow per-module comparison run, to say which module changed and what.
+    """
+
+    def __init__(self) -> None:
+        self._module: torch.nn.Module | None = None
+        self._paths: tuple[str, ...] = ()
+        self._dicts: list[dict[str, Any]] = []
+        self._tensor_dicts: list[dict[str, Any]] = []
+        self._child_dicts: list[dict[str, Any]] = []
+        self._tensor_full: list[dict[str, Any]] = []
+        self._child_full: list[dict[str, Any]] = []
+        self._hook_dicts: list[dict[int, Any]] = []
+        self._tensors: list[torch.Tensor] = []
+        self._lora: list[dict[str, Any]] = []
+        self._registries: list[HookRegistry] = []
+        self._state: tuple[Any, ...] | None = None
+        self._detail: list[tuple[Any, ...]] = []
+
+    def arm(self, module: torch.nn.Module) -> None:
+        """Record the current state of `module` (right before a capture)."""
+        named = list(module.named_modules(remove_duplicate=False))
+        self._module = module
+        self._paths = tuple(path or "<transformer>" for path, _ in named)
+        self._dicts = [m.__dict__ for _, m in named]
+        self._tensor_dicts = [d[k] for d in self._dicts for k in ("_parameters", "_buffers")]
+        self._child_dicts = [d["_modules"] for d in self._dicts]
+        # identities are read from the dicts that had entries; one that gains its first entry changes a length
+        self._tensor_full = [d for d in self._tensor_dicts if d]
+        self._child_full = [d for d in self._child_dicts if d]
+        # the transformer's own hooks and forward run outside the graph (they wrap hookkit's chain)
+        self._hook_dicts = [d[k] for d in self._dicts[1:] for k in ("_forward_hooks", "_forward_pre_hooks")]
+        self._tensors = [inner for d in self._tensor_dicts for t in d.values() if t is not None for inner in _storages(t)]
+        self._lora = [d for d in self._dicts if isinstance(d.get("scaling"), dict)]
+        self._registries = [r for d in self._dicts if (r := d.get("_hookkit_registry")) is not None]
+        self._state = self._read()
+        self._detail = [self._module_state(i) for i in range(len(self._dicts))]
+
+    def check(self, module: torch.nn.Module) -> str | None:
+        """None while nothing watched changed since `arm`; else what changed (and the watch must be re-armed)."""
+        if self._state is None or module is not self._module:
+            return "first call" if self._state is None else "another module"
+        if self._read() == self._state:
+            return None
+        return self._describe()
+
+    def _read(self) -> tuple[Any, ...]:
+        g = torch.nn.modules.module
+        tensors = self._tensors
+        return (
+            tuple(g._global_forward_hooks), tuple(g._global_forward_pre_hooks),
+            list(map(len, self._tensor_dicts)), list(map(id, itertools.chain.from_iterable(map(dict.values, self._tensor_full)))),
+            list(map(torch.Tensor.data_ptr, tensors)), list(map(_VERSION, tensors)),
+            list(map(len, self._child_dicts)), list(map(id, itertools.chain.from_iterable(map(dict.values, self._child_full)))),
+            list(map(_TRAINING, self._dicts)), list(map(id, map(dict.get, self._dicts, itertools.repeat("forward")))),
+            list(itertools.chain.from_iterable(self._hook_dicts)),
+            [(id(r._chain), id(r._inner)) for r in self._registries],
+            [(tuple(d["scaling"].items()), _adapters(d.get("_active_adapter")), d.get("_disable_adapters"),
+              tuple(d.get("merged_adapters", ()))) for d in self._lora],
+        )
+
+    def _module_state(self, index: int) -> tuple[Any, ...]:
+        """One module's watched state, by kind (the slow path that names what changed)."""
+        d = self._dicts[index]
+        tensors = {f"{kind} {name}": None if t is None else (id(t), t.dtype, t.device, *(
+                       (inner.data_ptr(), inner._version) for inner in _storages(t)))
+                   for kind in ("_parameters", "_buffers") for name, t in d[kind].items()}
+        registry = d.get("_hookkit_registry")
+        hooks = (tuple(d["_forward_hooks"]), tuple(d["_forward_pre_hooks"]), id(d.get("forward"))) if index else ()
+        scaling = d.get("scaling")
+        lora = ((tuple(scaling.items()), _adapters(d.get("_active_adapter")), d.get("_disable_adapters"),
+                 tuple(d.get("merged_adapters", ()))) if isinstance(scaling, dict) else None)
+        return (("parameters and buffers", tensors), ("submodules", tuple(map(id, d["_modules"].values()))),
+                ("training mode", d["training"]), ("forward hooks", hooks),
+                ("hookkit hooks", (id(registry._chain), id(registry._inner)) if registry is not None else None),
+                ("LoRA scales or active adapters", lora))
+
+    def _describe(self) -> str:
+        for index, before in enumerate(self._detail):
+            now = self._module_state(index)
+            for (kind, old), (_, new) in zip(before, now):
+                if old != new:
+                    return f"{self._paths[index]}: {kind} changed since capture"
+        return "torch's global module hooks changed since capture"
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _storages(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `tensor`'s data: itself, or the inner tensors of a wrapper subclass (torchao's
+    quantized weights have no storage of their own: their `data_ptr()` raises)."""
+    if type(tensor) in (torch.nn.Parameter, torch.Tensor) or not hasattr(tensor, "__tensor_flatten__"):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    return [inner for name in names for inner in _storages(getattr(tensor, name))]
+_TRAINING = operator.itemgetter("training")
+
+
+def _adapters(active: Any) -> Any:
+    return tuple(active) if isinstance(active, list) else active
+
+
 class GraphHook(ModelHook):
     """Innermost hook on the transformer: runs the rest of the call through a `GraphRunner`.
 
     With a feature that decides per call (`cache`: the `GraphDecisions` DBCache provides) the decision is part
     of the graph key: a computed step and a cached step are two graphs, and the cache is told about every call
     that a graph served.
+
+    Before every call the `ModelWatch` compares what the graphs captured with the model as it is now; on any
+    change the graphs are dropped and captured anew, as a fresh enable would, after checking the model is
+    still wholly on CUDA (a model moved to the CPU is refused, never captured).
     """
 
     replaces_forward = True
 
-    def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None) -> None:
+    def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None, require_cuda: bool = False) -> None:
         self.runner = runner
         self.cache = cache
+        self.require_cuda = require_cuda
+        self.watch = ModelWatch()
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        reason = self.watch.check(module)
+        if reason is not None:
+            if self.require_cuda:
+                check_on_cuda(module)
+            if self.runner.captured:
+                self.runner.invalidate(reason)
+        captured = len(self.runner.captured)
         if self.cache is None:
-            return self.runner(call_next, args, kwargs)
-        shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-        decision = self.cache.decision(shapes)
-        output = self.runner(call_next, args, kwargs, extra_key=decision,
-                             capturing=lambda: self.cache.forcing(decision))
-        self.cache.replayed(decision, shapes)
+            output = self.runner(call_next, args, kwargs)
+        else:
+            shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+            decision = self.cache.decision(shapes)
+            output = self.runner(call_next, args, kwargs, extra_key=decision,
+                                 capturing=lambda: self.cache.forcing(decision))
+            self.cache.replayed(decision, shapes)
+        if reason is not None or len(self.runner.captured) != captured:
+            self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
         return output
 
 
@@ -291,15 +438,33 @@ class SplitGraphHook(ModelHook):
 
     replaces_forward = True
 
-    def __init__(self, backend: Any, cache: Any) -> None:
+    def __init__(self, backend: Any, cache: Any, require_cuda: bool = False) -> None:
         self.backend = backend
         self.cache = cache
         self.captured: dict[Hashable, SplitPair] = {}
         #: host reads of the decision statistic, and heads replayed a second time (the decision changed)
         self.reads = 0
         self.switches = 0
+        self.require_cuda = require_cuda
+        #: what the pairs captured besides their inputs (see `ModelWatch`); why they were dropped
+        self.watch = ModelWatch()
+        self.invalidations: list[str] = []
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        reason = self.watch.check(module)
+        if reason is not None:  # the model changed since capture: every pair is captured anew, as a fresh enable would
+            if self.require_cuda:
+                check_on_cuda(module)
+            if self.captured:
+                self.captured.clear()
+                self.invalidations.append(reason)
+        pairs = len(self.captured)
+        output = self._call(module, call_next, args, kwargs)
+        if reason is not None or len(self.captured) != pairs:
+            self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
+        return output
+
+    def _call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         sig = signature(args, kwargs)
         branch, cached = self.cache.host_decision(sig)
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -495,9 +660,9 @@ class _CompileFeature(BaseFeature):
             return add_hook(module, STEP_MARK, StepMarkHook())
         split = ctx.request(SplitDecisions)
         if split is not None and split.dynamic:  # a threshold decides: each call split at the decision
-            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split)))
+            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True)))
         runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
-        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions)))
+        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True))
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
         spec: Compile = ctx.spec.compile  # type: ignore[assignment]
@@ -534,6 +699,9 @@ class _CompileFeature(BaseFeature):
             rows += [["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"],
                      ["graph replays", data["graph_replays"]], ["decision statistic host reads", runner.reads],
                      ["heads replayed twice (decision changed)", runner.switches]]
+        if runner is not None:
+            data["graph_invalidations"] = len(getattr(runner, "invalidations", ()))
+            rows.append(["graphs dropped (model changed)", data["graph_invalidations"]])
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import attrs
 
-from hookkit.core.validate import boolean, choice, int_field
+from hookkit.core.validate import boolean, choice, int_field, strict_init
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+@strict_init
 @attrs.frozen(kw_only=True)
 class Compile:
     """torch.compile of the adapter's repeated blocks (`regional=True`) or of the whole transformer.

@@ -7,12 +7,13 @@ from typing import Any
 
 import attrs
 
-from hookkit.core.validate import boolean, choice, int_field, str_tuple, to_tuple
+from hookkit.core.validate import boolean, choice, int_field, str_tuple, strict_init, to_tuple
 from hookkit.errors import field_error
 
 QUANT_SCHEMES = ("fp8_row", "fp8_tensor", "fp8_weight_only", "int8_dynamic", "int8_weight_only", "nvfp4", "mxfp8")
 
 
+@strict_init
 @attrs.frozen(kw_only=True)
 class Quantize:
     """torchao weight quantization of the transformer's Linear layers, selected by the adapter and rules

@@ -23,7 +23,7 @@ off (each dynamic activation quantization is its own kernel in eager mode): see 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -41,6 +41,7 @@ from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
 
 NAME = "quantize"
 QUANTIZE_HOOK = "hookkit.quantize"
+GUARD = "hookkit.quantize.guard"
 
 # Reasons a Linear is skipped: stable strings, part of the report's data.
 EXCLUDED = "excluded by name"
@@ -361,10 +362,13 @@ class QuantizedLayer(Removal):
     the constructor raises: a layer counted as quantized must be quantized.
     """
 
-    def __init__(self, module: torch.nn.Linear, path: str, config: Any, keep_original: str | None) -> None:
+    def __init__(self, module: torch.nn.Linear, path: str, config: Any, keep_original: str | None,
+                 model: torch.nn.Module | None = None) -> None:
         from torchao.quantization import quantize_
 
         self.path = path
+        #: the model the layer is in: restoring follows its current dtype and device (see `_placement`)
+        self._model = model
         self.keep_original = keep_original
         self._module: torch.nn.Linear | None = module
         before = dict(module.__dict__)
@@ -410,6 +414,19 @@ class QuantizedLayer(Removal):
         module.__dict__.update(self._replaced)
         self._weight = self._bias = None
 
+    def _placement(self, module: torch.nn.Linear) -> tuple[torch.device, torch.dtype | None]:
+        """Where the original weight goes back: the model's current device and dtype, which `pipe.to(...)` may have
+        changed since enable (torchao's tensors do not follow a dtype cast, the layer's bias and the other layers
+        do). Read from the layer's bias, else the model's first unquantized floating parameter."""
+        quantized = module.weight
+        candidates = [module.bias] if module.bias is not None else []
+        if self._model is not None:
+            candidates += [p for p in self._model.parameters() if _is_plain(p) and p.is_floating_point()][:1]
+        for tensor in candidates:
+            if _is_plain(tensor) and tensor.is_floating_point():
+                return tensor.device, tensor.dtype
+        return quantized.device, None
+
     def _undo(self) -> None:
         module = self._module
         if module is None:  # already restored (the constructor's failure path)
@@ -419,9 +436,77 @@ class QuantizedLayer(Removal):
             logger.debug("{} stays quantized (keep_original=None)", self.path)
             return
         weight = self._weight
-        if not isinstance(weight, torch.nn.Parameter):
-            weight = torch.nn.Parameter(weight.to(self._device), requires_grad=self._requires_grad)
+        device, dtype = self._placement(module)
+        if not isinstance(weight, torch.nn.Parameter) or weight.device != device or (dtype and weight.dtype != dtype):
+            moved = weight.detach().to(device=device, dtype=dtype or weight.dtype)
+            weight = torch.nn.Parameter(moved, requires_grad=self._requires_grad)
         self._restore(module, weight)
+
+
+class QuantizedGuard(Removal):
+    """Refuses, before anything is touched, what fails midway on a model with torchao weights:
+
+    - `load_state_dict` with a key of a quantized weight (torchao cannot take a plain tensor into its tensors: the
+      load would stop midway, and `disable` would then restore the enable-time originals into a model half new).
+      A load pre-hook on the transformer and on every module above a quantized layer checks the keys first;
+      a state dict without such keys (a LoRA adapter's) loads as stock;
+    - `save_pretrained` of the transformer or of the pipeline (it would write torchao tensors without a
+      quantization config, or fail midway and leave a half-written folder): patched on the instances.
+    """
+
+    def __init__(self, transformer: torch.nn.Module, paths: list[str], pipeline: Any | None = None) -> None:
+        self._removals: list[Any] = []
+        self.count = len(paths)
+        self._class = type(transformer).__name__
+        try:
+            keys_under: dict[str, list[str]] = {}
+            for path in paths:
+                parts = path.split(".")
+                for i in range(len(parts) + 1):
+                    rest = ".".join(parts[i:])
+                    keys_under.setdefault(".".join(parts[:i]), []).extend(
+                        (f"{rest}.weight", f"{rest}{_PEFT_BASE}.weight") if rest else ("weight",))
+            for where, keys in keys_under.items():
+                module = module_at(transformer, where)
+                self._removals.append(module.register_load_state_dict_pre_hook(self._load_check(tuple(keys))))
+            from hookkit.core.methods import MethodPatch
+
+            for owner in (transformer, pipeline):
+                if owner is not None and callable(getattr(owner, "save_pretrained", None)):
+                    self._removals.append(MethodPatch(owner, "save_pretrained", self._refuse_save(type(owner).__name__)))
+        except BaseException:
+            self._undo()
+            raise
+
+    def _load_check(self, keys: tuple[str, ...]) -> Callable[..., None]:
+        def check(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+            found = next((prefix + k for k in keys if prefix + k in state_dict), None)
+            if found is not None:
+                raise HookError(
+                    f"{type(module).__name__}.load_state_dict: expected no weights for the {self.count} Linear layers "
+                    f"hookkit quantized in place (torchao), got {found!r}. Loading would stop midway inside torchao, and "
+                    "hookkit.disable would then restore the old originals into a half-loaded model; nothing was "
+                    "loaded. Call hookkit.disable(...) first (with Quantize(keep_original='cpu')), load, then enable "
+                    "again."
+                )
+        return check
+
+    def _refuse_save(self, owner: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def save_pretrained(*args: Any, **kwargs: Any) -> Any:
+                raise HookError(
+                    f"{owner}.save_pretrained: expected a model with its original weights, got {self._class} with "
+                    f"{self.count} Linear layers hookkit quantized in place (torchao): saving would write torchao "
+                    "tensors without a quantization config, or fail midway and leave a half-written folder; nothing "
+                    "was written. Call hookkit.disable(...) first (Quantize(keep_original='cpu') restores the "
+                    "original weights), save, then enable again."
+                )
+            return save_pretrained
+        return make
+
+    def _undo(self) -> None:
+        while self._removals:
+            self._removals.pop().remove()
 
 
 def _refusal(scheme: str, count: int, what: str) -> str:
@@ -469,25 +554,29 @@ def _checked_config(transformer: torch.nn.Module, report: QuantizeReport) -> Any
 class QuantizeHandle:
     """What `apply_quantize` returns: the report, and `remove()` restoring the originals when they were kept."""
 
-    def __init__(self, report: QuantizeReport, layers: list[QuantizedLayer], keep_original: str | None) -> None:
+    def __init__(self, report: QuantizeReport, layers: list[QuantizedLayer], keep_original: str | None,
+                 guard: QuantizedGuard | None = None) -> None:
         self.report = report
         self.layers = layers
         self.keep_original = keep_original
+        self._guard = guard
 
     def remove(self) -> None:
         if self.keep_original is None and self.layers:
             raise HookError(_refusal(self.report.scheme, len(self.layers), "QuantizeHandle.remove"))
         while self.layers:
             self.layers.pop().remove()
+        if self._guard is not None:
+            self._guard.remove()
 
 
 def _quantize_chosen(transformer: torch.nn.Module, report: QuantizeReport, config: Any,
-                     keep_original: str | None) -> list[QuantizedLayer]:
+                     keep_original: str | None, model: torch.nn.Module | None = None) -> list[QuantizedLayer]:
     """Each chosen Linear in turn; on failure, restore what was done and re-raise."""
     done: list[QuantizedLayer] = []
     try:
         for d in report.chosen:
-            done.append(QuantizedLayer(module_at(transformer, d.path), d.path, config, keep_original))
+            done.append(QuantizedLayer(module_at(transformer, d.path), d.path, config, keep_original, model=model))
     except BaseException:
         while done:
             done.pop().remove()
@@ -505,9 +594,15 @@ def apply_quantize(transformer: torch.nn.Module, spec: Quantize, adapter: Adapte
     report = select_layers(transformer, spec, adapter)
     if not report.chosen:
         raise _nothing_chosen(report, transformer)
-    layers = _quantize_chosen(transformer, report, _checked_config(transformer, report), spec.keep_original)
+    config = _checked_config(transformer, report)
+    guard = QuantizedGuard(transformer, [d.path for d in report.chosen])
+    try:
+        layers = _quantize_chosen(transformer, report, config, spec.keep_original, model=transformer)
+    except BaseException:
+        guard.remove()
+        raise
     logger.info("quantized {} of {} Linear layers with {}", len(layers), len(report.layers), spec.scheme)
-    return QuantizeHandle(report, layers, spec.keep_original)
+    return QuantizeHandle(report, layers, spec.keep_original, guard)
 
 
 # --- the feature -----------------------------------------------------------------------------------------
@@ -549,8 +644,9 @@ class _QuantizeFeature(BaseFeature):
         report = select_layers(ctx.transformer, ctx.spec.quantize, ctx.adapter)
         if not report.chosen:
             raise _nothing_chosen(report, ctx.transformer)
-        return [Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
-                           params=(("scheme", report.scheme),)) for d in report.chosen]
+        guard = Attachment(feature=self.name, target="", name=GUARD)  # first: removed after the layers are restored
+        return [guard, *(Attachment(feature=self.name, target=d.path, name=QUANTIZE_HOOK,
+                                    params=(("scheme", report.scheme),)) for d in report.chosen)]
 
     def _session(self, ctx: AttachContext) -> _Session:
         """Made at the first quantize attach, before any weight changes: selection check, hardware, config."""
@@ -558,7 +654,7 @@ class _QuantizeFeature(BaseFeature):
         if session is None:
             spec: Quantize = ctx.spec.quantize  # type: ignore[assignment]
             report = select_layers(ctx.transformer, spec, ctx.adapter)
-            planned = [a.target for a in ctx.attachments()]
+            planned = [a.target for a in ctx.attachments() if a.name == QUANTIZE_HOOK]
             now = [d.path for d in report.chosen]
             if planned != now:
                 raise HookError(_selection_changed(planned, now))
@@ -566,10 +662,14 @@ class _QuantizeFeature(BaseFeature):
             logger.info("quantizing {} of {} Linear layers with {}", len(planned), len(report.layers), spec.scheme)
         return session
 
-    def attach(self, ctx: AttachContext, attachment: Attachment) -> QuantizedLayer:
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> QuantizedLayer | QuantizedGuard:
+        if attachment.name == GUARD:
+            paths = [a.target for a in ctx.attachments() if a.name == QUANTIZE_HOOK]
+            return QuantizedGuard(ctx.transformer, paths, ctx.pipeline)
         session = self._session(ctx)
         module = module_at(ctx.transformer, attachment.target)
-        return QuantizedLayer(module, attachment.target, session.config, ctx.spec.quantize.keep_original)
+        return QuantizedLayer(module, attachment.target, session.config, ctx.spec.quantize.keep_original,
+                              model=ctx.transformer)
 
     def check_removable(self, ctx: AttachContext) -> None:
         """Called by `Handle.remove` before anything is removed: refuse when weights cannot be restored."""
