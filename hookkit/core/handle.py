@@ -11,10 +11,8 @@ fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that
 `set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
 A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
 
-Several transformers (Wan 2.2 A14B: `transformer`, then `transformer_2` after `boundary_ratio`): every
-transformer component gets its own handle (adapter by exact class, plan, per-call state, statistics), grouped
-under the first, which `enable` returns and whose scheduler patches start a generation on, and advance the clock
-of, every handle of the group: the step index is the pipeline's, the CFG branch is counted per transformer.
+Several transformers (Wan 2.2 `transformer_2`): one handle each, grouped under the first (`enable` returns it),
+whose scheduler patches drive every clock of the group: the pipeline's step, the CFG branch per transformer.
 
 One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
 pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
