@@ -200,13 +200,6 @@ def test_remove_is_idempotent_and_drops_references() -> None:
     assert hookkit.handle_of(pipe) is None
 
 
-def test_two_transformer_pipelines_are_refused_with_the_workaround() -> None:
-    pipe = zoo.tiny_pipeline("wan")
-    pipe.transformer_2 = zoo.tiny_transformer("wan")
-    with pytest.raises(EnableError, match=r"two transformers .*hookkit.enable\(pipe.transformer_2, spec\)"):
-        hookkit.enable(pipe)
-
-
 def test_enable_rejects_things_it_cannot_hook() -> None:
     with pytest.raises(EnableError, match="expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got str"):
         hookkit.enable("flux")

@@ -153,6 +153,11 @@ class AdapterSpec:
     left_out: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     diffusers_metadata: str = "check"
+    #: arguments of the transformer's `forward` whose tensors the model adds into the streams *between* blocks
+    #: (Flux's `controlnet_block_samples` / `controlnet_single_block_samples`, Qwen-Image's
+    #: `controlnet_block_samples`). On a call where any is given, DBCache keeps only the blocks' own contribution
+    #: in its cached residual, so a cached step adds the current step's ControlNet residuals once.
+    between_block_args: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     source: str = "python"
 
     def __attrs_post_init__(self) -> None:
@@ -171,6 +176,7 @@ class AdapterSpec:
         _strings(where, "quant_exclude", self.quant_exclude)
         _strings(where, "quant_modulation", self.quant_modulation)
         _strings(where, "pipelines", self.pipelines)
+        _strings(where, "between_block_args", self.between_block_args)
         if self.cfg not in CFG_STYLES:
             raise _fail(where, "cfg", self.cfg, f"one of {CFG_STYLES} (one batched call per step, or one call per CFG branch)")
         if self.memo_scope not in MEMO_SCOPES:
@@ -241,6 +247,12 @@ class AdapterSpec:
                     checked.add(module_cls)
                     _check_block_class(where, block, f"{block.attr}.{i}", module_cls,
                                        metadata=self.diffusers_metadata == "check")
+        if self.between_block_args:
+            forward_args = list(inspect.signature(type(transformer).forward).parameters)[1:]
+            unknown = [a for a in self.between_block_args if a not in forward_args]
+            if unknown:
+                raise _fail(where, "between_block_args", unknown, f"arguments of {cls_name}.forward {forward_args}",
+                            "Name the forward arguments the model adds between blocks, or remove the field.")
         present = {type(m).__name__ for m in transformer.modules()}
         variants = {c for b in self.blocks for c in b.classes}
         # A block class listed as a variant (e.g. HunyuanVideo's token-replace blocks) may be absent from

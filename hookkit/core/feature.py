@@ -224,6 +224,11 @@ class AttachContext:
         """What `keep` stored, or None."""
         return self._handle._slots.get(self.feature)
 
+    def owner_kept(self) -> Any | None:
+        """What this feature keeps on the handle owning the scheduler patches: the pipeline's first transformer's
+        (Wan 2.2's `transformer` for `transformer_2`; this handle's own for a single transformer), or None."""
+        return self._handle.primary._slots.get(self.feature)
+
     # -- listeners and services -------------------------------------------------------------------------
     def add_listener(self, listener: SchedulerListener) -> Removal:
         """Run `listener` around the pipeline scheduler's `set_timesteps`/`step`; returns what takes it out."""

@@ -11,18 +11,20 @@ fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that
 `set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
 A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
 
+Several transformers (Wan 2.2 `transformer_2`): one handle each, grouped under the first (`enable` returns it),
+whose scheduler patches drive every clock of the group: the pipeline's step, the CFG branch per transformer.
+
 One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
 pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
-with a `HookError`, and so is a transformer call from another thread while a call runs (the per-call state is
-one call's). "Still running" is exact: the running call's `__call__` frame is still on its thread's stack, so a
-call that ended with an exception never blocks the next. Two pipelines, each with its own handle, run in two
-threads as stock diffusers does.
+with a `HookError`, and so is a transformer call from another thread while a call runs. Two pipelines, each with
+its own handle, run in two threads as stock diffusers does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -45,7 +47,7 @@ from hookkit.core import firstcall
 from hookkit.core.state import CallState, Clock
 from hookkit.core.validate import is_int
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
-from hookkit.errors import AdapterError, EnableError, HookError, SpecError, UnsupportedError
+from hookkit.errors import AdapterError, EnableError, HookError, HookkitError, SpecError, UnsupportedError
 
 if TYPE_CHECKING:
     from hookkit.spec import Spec
@@ -173,6 +175,8 @@ class _CoreFeature:
         out = [Attachment(feature="core", target="", name=CLOCK_HOOK)]
 
         scheduler = getattr(ctx.pipeline, "scheduler", None) if ctx.pipeline is not None else None
+        if not ctx.scheduler_owner:  # a companion transformer: the group's first handle drives its clock
+            return out
         if scheduler is not None:
             out.append(Attachment(feature="core", target="pipeline.scheduler.set_timesteps", name="hookkit.generation"))
             out.append(Attachment(feature="core", target="pipeline.scheduler.step", name="hookkit.step"))
@@ -194,13 +198,16 @@ class _CoreFeature:
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
                     handle._owner.claim(handle.pipeline, sys._getframe(1))
-                    handle._check_transformer()
-                    handle._check_modules()
+                    group = handle.group
+                    for member in group:
+                        member._check_transformer()
+                        member._check_modules()
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
-                    handle.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                    for member in group:
+                        member.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
                     handle._begin_pending = True
-                    for listener in tuple(handle.scheduler_listeners):
+                    for listener in handle._group_listeners():
                         listener.after_set_timesteps(scheduler)
                     return result
                 return set_timesteps
@@ -210,14 +217,15 @@ class _CoreFeature:
             def step(*args: Any, **kwargs: Any) -> Any:
                 entered: list[SchedulerListener] = []
                 try:
-                    for listener in tuple(handle.scheduler_listeners):
+                    for listener in handle._group_listeners():
                         args, kwargs = listener.before_step(scheduler, args, kwargs)
                         entered.append(listener)
                     result = original(*args, **kwargs)
                 finally:  # undo what each listener's before_step did, also when a later one raised
                     for listener in reversed(entered):
                         listener.after_step(scheduler)
-                handle._clock.on_scheduler_step()
+                for member in handle.group:
+                    member._clock.on_scheduler_step()
                 return result
             return step
         return MethodPatch(scheduler, "step", make_step)
@@ -244,8 +252,25 @@ def _is_unet(module: Any) -> bool:
     return isinstance(module, torch.nn.Module) and type(module).__module__.startswith("diffusers.models.unets.")
 
 
+_COMPONENT = re.compile(r"transformer(_[0-9]+)?")
+
+
+def transformer_components(pipeline: Any) -> list[tuple[str, torch.nn.Module]]:
+    """`(attribute, module)` of every transformer a pipeline holds, `transformer` first, then `transformer_2`, ...
+
+    Read from the pipeline's registered components (`pipe.components`), so only what the pipeline itself declares
+    counts; an optional one set to None (Wan 2.2 without its low-noise expert) is skipped.
+    """
+    components = getattr(pipeline, "components", None)
+    names = [n for n in (components if isinstance(components, dict) else ()) if _COMPONENT.fullmatch(n)]
+    names.sort(key=lambda n: int(n.rsplit("_", 1)[1]) if "_" in n else 1)
+    if "transformer" not in names and components is not None:  # a pipeline-like object with an unregistered one
+        names.insert(0, "transformer")
+    return [(n, m) for n in names if isinstance(m := getattr(pipeline, n, None), torch.nn.Module)]
+
+
 def _split_target(target: Any, caller: str = "hookkit.enable") -> tuple[Any | None, torch.nn.Module]:
-    """(pipeline or None, transformer) from whatever `enable` (or `caller`) was given."""
+    """(pipeline or None, first transformer) from whatever `enable` (or `caller`) was given."""
     if _is_unet(target):
         raise _unet_error("a bare UNet", target, caller)
     if isinstance(target, torch.nn.Module):
@@ -253,15 +278,10 @@ def _split_target(target: Any, caller: str = "hookkit.enable") -> tuple[Any | No
     unet = getattr(target, "unet", None)
     if getattr(target, "transformer", None) is None and _is_unet(unet):
         raise _unet_error(f"{type(target).__name__}, which denoises with a UNet", unet, caller)
-    transformer = getattr(target, "transformer", None)
-    if isinstance(transformer, torch.nn.Module) and hasattr(target, "components"):
-        if getattr(target, "transformer_2", None) is not None:
-            raise EnableError(
-                f"{type(target).__name__} has two transformers (transformer and transformer_2); hookkit hooks one "
-                "per handle. Enable them as bare transformers (hookkit.enable(pipe.transformer, spec) and "
-                "hookkit.enable(pipe.transformer_2, spec)) and wrap each call in `with handle.generation():`."
-            )
-        return target, transformer
+    if hasattr(target, "components"):
+        found = transformer_components(target)
+        if found:
+            return target, found[0][1]
     raise EnableError(
         f"{caller}: expected a diffusers pipeline with a `transformer` or a transformer nn.Module, got "
         f"{type(target).__name__}. Pass pipe (e.g. a FluxPipeline) or pipe.transformer."
@@ -275,12 +295,18 @@ class Handle:
     """
 
     def __init__(self, plan: Plan, transformer: torch.nn.Module, pipeline: Any | None,
-                 features: FeatureTable) -> None:
+                 features: FeatureTable, component: str = "transformer") -> None:
         self.plan = plan
         #: the features this handle was planned with, keyed by Spec field
         self.features = features
         self.transformer: torch.nn.Module = transformer
         self.pipeline = pipeline
+        #: the pipeline attribute holding `transformer` ("transformer", "transformer_2", ...)
+        self.component = component
+        #: the handles of the pipeline's other transformers, which this one's scheduler patches drive
+        self.companions: list[Handle] = []
+        #: the handle owning the scheduler patches: this one, or the first transformer's for a companion
+        self.primary: Handle = self
         #: the pipeline's class name, for the summary (also after `remove()` has let go of the pipeline)
         self._pipeline_class: str | None = type(pipeline).__name__ if pipeline is not None else None
         #: the scheduler whose `set_timesteps`/`step` the core patched (None on a bare transformer)
@@ -345,6 +371,15 @@ class Handle:
         return self.plan.spec
 
     @property
+    def group(self) -> list[Handle]:
+        """This handle's group: the first transformer's handle, then its companions."""
+        primary = self.primary
+        return [primary, *primary.companions]
+
+    def _group_listeners(self) -> list[SchedulerListener]:
+        return [listener for member in self.group for listener in member.scheduler_listeners]
+
+    @property
     def in_generation(self) -> bool:
         """Whether a `with handle.generation():` block is open (what a bare transformer's calls need)."""
         return self._in_generation
@@ -372,11 +407,11 @@ class Handle:
 
     def _check_transformer(self) -> None:
         """At every pipeline call: the pipeline must still run the transformer hookkit hooked."""
-        current = getattr(self.pipeline, "transformer", None)
+        current = getattr(self.pipeline, self.component, None)
         if current is not self.transformer:
             # the new transformer carries no hooks: the call would run plain while the handle reports enabled
             raise HookError(
-                f"{type(self.pipeline).__name__}.transformer: expected the {type(self.transformer).__name__} hookkit "
+                f"{type(self.pipeline).__name__}.{self.component}: expected the {type(self.transformer).__name__} hookkit "
                 f"hooked at enable, got another {type(current).__name__} (the transformer was replaced after "
                 "hookkit.enable). Call hookkit.disable(pipe) (it still undoes everything on the old one) before "
                 "replacing the transformer and hookkit.enable(pipe, spec) after."
@@ -402,15 +437,18 @@ class Handle:
                     "hookkit.enable). Call hookkit.disable(pipe) before replacing the scheduler and "
                     "hookkit.enable(pipe, spec) after."
                 )
-            state = self._clock.state
-            if self._begin_pending and state.num_steps is not None:
-                # img2img/inpaint pipelines start the loop part-way (`set_begin_index` after `set_timesteps`)
-                self._begin_pending = False
+            primary = self.primary
+            if primary._begin_pending and self._clock.state.num_steps is not None:
+                # img2img/inpaint pipelines start the loop part-way (`set_begin_index` after `set_timesteps`);
+                # settled at the group's first transformer call, whichever transformer makes it
+                primary._begin_pending = False
                 begin = getattr(scheduler, "begin_index", None)
                 if not isinstance(begin, int):
                     begin = _start_in_schedule(scheduler, args, kwargs or {})
-                if isinstance(begin, int) and 0 < begin <= state.num_steps:
-                    state.num_steps -= begin
+                for member in self.group:
+                    state = member._clock.state
+                    if isinstance(begin, int) and state.num_steps is not None and 0 < begin <= state.num_steps:
+                        state.num_steps -= begin
         self._clock.on_transformer_call()
 
     def new_generation(self, num_steps: int | None = None) -> CallState:
@@ -501,12 +539,33 @@ class Handle:
             raise errors[0]
 
     def remove(self) -> None:
-        """Detach everything in reverse order; the pipeline is exactly as before. Idempotent."""
+        """Detach everything in reverse order; the pipeline is exactly as before. Idempotent.
+
+        On any handle of a several-transformer pipeline it removes the whole group (one pipeline, one enable).
+        """
+        if self.primary is not self:
+            self.primary.remove()
+            return
         if self.removed:
             return
-        for name, feature in self._enabled():  # a feature may refuse (weights it cannot restore) before anything goes
-            feature.check_removable(self._context(name))
+        for member in self.group:  # a feature may refuse (weights it cannot restore) before anything goes
+            for name, feature in member._enabled():
+                feature.check_removable(member._context(name))
+        errors: list[BaseException] = []
+        for member in reversed(self.companions):
+            try:
+                member._detach_all()
+            except BaseException as exc:  # keep going: leave as little behind as possible
+                errors.append(exc)
+            member._release()
         self._detach_all()
+        self._release()
+        if errors:
+            raise errors[0]
+
+    def _release(self) -> None:
+        if self.removed:
+            return
         self.removed = True
         logger.info("hookkit disabled on {}", self.plan.transformer_class)
         self.transformer = None  # type: ignore[assignment]
@@ -530,6 +589,8 @@ class Handle:
             first_call=("not checked" if self.first_call is None else
                         "confirmed" if self.first_call.report is not None else "pending"),
             adapter_notes=self.adapter.notes,
+            component=self.component if self._pipeline_class is not None else None,
+            companions=tuple(c.summary() for c in self.companions) if self.primary is self else (),
         )
 
     def _left_out(self) -> dict[str, str]:
@@ -563,7 +624,7 @@ def _check_not_compiled(transformer: torch.nn.Module) -> None:
 
 
 def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapter: AdapterSpec | None,
-          features: FeatureTable) -> Plan:
+          features: FeatureTable, scheduler_owner: bool = True) -> Plan:
     _check_not_compiled(transformer)
     if not isinstance(spec, features.spec_type):
         raise SpecError(f"hookkit.enable.spec: expected a hookkit.Spec or None, got {spec!r}.")
@@ -580,7 +641,8 @@ def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapte
             "Leave it unset or upgrade hookkit."
         )
     compat.check(spec, adapter)
-    ctx = PlanContext(spec=spec, adapter=adapter, transformer=transformer, pipeline=pipeline)
+    ctx = PlanContext(spec=spec, adapter=adapter, transformer=transformer, pipeline=pipeline,
+                      scheduler_owner=scheduler_owner)
     attachments: list[Attachment] = list(_CORE.plan(ctx))
     for name, feature in features.items():
         if requested(spec, name):
@@ -609,12 +671,61 @@ def enable_with(target: Any, spec: Spec, adapter: AdapterSpec | None, features: 
             f"hookkit is already enabled on this {type(pipeline).__name__} (on the transformer it had then: "
             "pipe.transformer was replaced since); call hookkit.disable(pipe) first, then enable again."
         )
-    plan = _plan(pipeline, transformer, spec, adapter, features)
-    handle = Handle(plan, transformer, pipeline, features)
-    handle._attach()
-    logger.info("hookkit enabled on {} with adapter {}: {} attachments", plan.transformer_class, plan.adapter.name,
-                len(plan.attachments))
-    return handle
+    if pipeline is None:
+        plan = _plan(pipeline, transformer, spec, adapter, features)
+        handle = Handle(plan, transformer, pipeline, features)
+        handle._attach()
+        logger.info("hookkit enabled on {} with adapter {}: {} attachments", plan.transformer_class, plan.adapter.name,
+                    len(plan.attachments))
+        return handle
+    return _enable_pipeline(pipeline, spec, adapter, features)
+
+
+def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
+    """Every transformer of `pipeline` planned first (nothing attached while any plan can still fail), then
+    attached in order; a failure detaches what the earlier ones attached."""
+    components = transformer_components(pipeline)
+    if adapter is not None and len(components) > 1:
+        raise EnableError(
+            f"hookkit.enable.adapter: expected None for {type(pipeline).__name__}, which holds "
+            f"{len(components)} transformers ({', '.join(n for n, _ in components)}), got one adapter for all. "
+            "Register the adapter (hookkit.register_adapter) so each transformer resolves its own by class."
+        )
+    for name, module in components[1:]:
+        if handle_of(module) is not None:
+            raise EnableError(
+                f"{type(pipeline).__name__}.{name}: expected a transformer hookkit is not enabled on, got one with a "
+                "live handle (enabled on its own). Call hookkit.disable on it first, then enable the pipeline."
+            )
+    plans: list[tuple[str, torch.nn.Module, Plan]] = []
+    for index, (name, module) in enumerate(components):
+        try:
+            plans.append((name, module, _plan(pipeline, module, spec, adapter, features, scheduler_owner=index == 0)))
+        except HookkitError as exc:
+            if len(components) > 1:  # say which transformer it cannot apply to, rather than apply to the others only
+                exc.add_note(f"hookkit: raised for {type(pipeline).__name__}.{name} ({type(module).__name__}), one "
+                             f"of its {len(components)} transformers; nothing was attached to any of them.")
+            raise
+    name, module, plan = plans[0]
+    primary = Handle(plan, module, pipeline, features, component=name)
+    primary._attach()
+    try:
+        for name, module, plan in plans[1:]:
+            companion = Handle(plan, module, pipeline, features, component=name)
+            companion.primary = primary
+            companion._scheduler = primary._scheduler
+            companion._owner = primary._owner  # one pipeline call owns every transformer's calls
+            companion._clock.calls_per_step = None  # the pipeline's scheduler counts its steps
+            companion._attach()  # rolls itself back if it fails
+            primary.companions.append(companion)
+    except BaseException:
+        primary.remove()
+        raise
+    for name, module, plan in plans:
+        where = f" (pipe.{name})" if len(plans) > 1 else ""
+        logger.info("hookkit enabled on {}{} with adapter {}: {} attachments", plan.transformer_class, where,
+                    plan.adapter.name, len(plan.attachments))
+    return primary
 
 
 def handle_of(target: Any) -> Handle | None:

@@ -58,6 +58,10 @@ class PlanContext:
     adapter: AdapterSpec
     transformer: torch.nn.Module
     pipeline: Any | None
+    #: False for the second and later transformers of a pipeline (Wan 2.2's `transformer_2`): pipeline-level
+    #: attachments (scheduler patches and listeners) belong to the first transformer's plan alone, since a
+    #: scheduler method carries one hookkit patch and one pipeline call is one generation for all of them
+    scheduler_owner: bool = True
 
 
 class HookRemoval(Removal):

@@ -54,11 +54,22 @@ class Summary:
     #: the first-call check of the adapter: "confirmed", "pending" or "not checked"
     first_call: str = "not checked"
     adapter_notes: tuple[str, ...] = ()
+    #: the pipeline attribute holding this transformer ("transformer", "transformer_2"); None when bare
+    component: str | None = None
+    #: the summaries of the pipeline's other transformers (Wan 2.2's `transformer_2`), in pipeline order
+    companions: tuple[Summary, ...] = ()
 
     def render(self) -> str:
+        text = self._render_one()
+        for other in self.companions:
+            text += "\n\n" + other._render_one()
+        return text
+
+    def _render_one(self) -> str:
         on = [k for k, v in self.spec.items() if v not in (None, False)]
+        where = f" (pipe.{self.component})" if self.component and (self.companions or self.component != "transformer") else ""
         head = [
-            f"hookkit summary: {self.transformer}" + (f" in {self.pipeline}" if self.pipeline else " (bare transformer)"),
+            f"hookkit summary: {self.transformer}{where}" + (f" in {self.pipeline}" if self.pipeline else " (bare transformer)"),
             f"adapter: {self.adapter} ({self.adapter_source}); first-call check: {self.first_call}",
             f"features: {', '.join(on) if on else 'none (bookkeeping only)'}; generations run: {self.generations}",
             "",

@@ -320,6 +320,10 @@ class _SyncFreeFeature(BaseFeature):
                 f"a {type(ctx.pipeline).__name__} without a scheduler"
             raise SpecError(f"Spec.sync_free: expected a pipeline with a scheduler (the feature acts on the scheduler "
                             f"and the denoising loop), got {got}. Enable hookkit on the pipeline, or leave sync_free off.")
+        if not ctx.scheduler_owner:
+            # a pipeline's second transformer (Wan 2.2): the scheduler is the first one's to patch; this one only
+            # closes the listener's read window around its own calls
+            return [Attachment(feature=NAME, target="", name=READS_HOOK)]
         cpu_tables = type(scheduler).__name__ in CPU_TABLE_SCHEDULERS and type(scheduler).__module__.startswith("diffusers.")
         out = [Attachment(feature=NAME, target="pipeline.scheduler", name=LISTENER, params=(("cpu_tables", cpu_tables),))]
         if searches_step_index(scheduler):
@@ -335,7 +339,8 @@ class _SyncFreeFeature(BaseFeature):
             logger.info("sync_free: {} (CPU tables mapped: {})", type(ctx.pipeline.scheduler).__name__,
                         listener.cpu_tables)
             return _SyncListenerRemoval(ctx.add_listener(listener), listener)
-        listener = ctx.kept()
+        # a pipeline's second transformer uses the listener of the first (which patched the scheduler)
+        listener = ctx.kept() or ctx.owner_kept()
         if attachment.name == READS_HOOK:
             # right after the clock: the window closes before, and opens after, every other transformer hook
             return add_hook(ctx.transformer, READS_HOOK, SyncReadsHook(listener), position=1)

@@ -7,6 +7,7 @@ full-size architectures for GPU benchmarks. No downloads, ever.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -261,5 +262,110 @@ def full_call_kwargs(name: str, steps: int = 28, height: int = 1024, width: int 
         kw.update(prompt_embeds=torch.randn(1, 226, 4096, generator=g).to(device, dtype),
                   negative_prompt_embeds=torch.randn(1, 226, 4096, generator=g).to(device, dtype),
                   num_frames=9, guidance_scale=6.0)
+    kw.update(extra)
+    return kw
+
+
+# --- variants: several transformers, ControlNet, image editing, img2img (tests and GPU benchmarks) -----------
+
+#: tiny ControlNet configs, matching TINY_CONFIGS' transformers (same heads, dims, rope axes)
+TINY_CONTROLNET_CONFIGS: dict[str, dict[str, Any]] = {
+    "flux": dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=8,
+                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
+                 axes_dims_rope=(2, 2, 4)),
+    "qwenimage": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16,
+                      num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6)),
+}
+
+VARIANTS: tuple[str, ...] = (
+    "wan22", "flux_controlnet", "flux_multicontrolnet", "qwenimage_controlnet",
+    "qwenimage_edit", "qwenimage_edit_plus", "flux_kontext", "flux_img2img", "flux_fill",
+)
+
+
+def tiny_variant(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
+    """A tiny pipeline of one of `VARIANTS` on the CPU, built from config (random weights, no text encoders).
+
+    wan22: Wan 2.2 A14B's layout (`transformer` + `transformer_2`, `boundary_ratio=0.8`: 4 steps split 2 + 2); *_controlnet: one
+    ControlNet, flux_multicontrolnet: two (FluxMultiControlNetModel; diffusers 0.42 runs one net only in QwenImageMultiControlNetModel); qwenimage_edit(_plus), flux_kontext: the
+    reference image's tokens concatenated to the sequence (`zero_cond_t=True` in `transformer_overrides`: the
+    Qwen-Image-Edit-2511 layout, whose prologue builds `modulate_index` every step); flux_img2img: `strength` < 1 runs fewer steps;
+    flux_fill: masked-image and mask channels concatenated to the latents (transformer in_channels 16 + 16 + 16 = 48
+    at this VAE's scale factor 2: latents, masked-image latents and the 2*2-pixel mask, each packed 2x2).
+    """
+    import diffusers
+
+    if name not in VARIANTS:
+        raise AdapterError(f"no built-in tiny variant {name!r}; known: {list(VARIANTS)}.")
+    family = "wan" if name == "wan22" else name.split("_")[0]
+    if name == "flux_fill":
+        base = _flux(tiny_transformer("flux", seed=seed, **{"in_channels": 48, "out_channels": 16,
+                                                             **transformer_overrides}))
+    else:
+        base = _PIPELINES[family](tiny_transformer(family, seed=seed, **transformer_overrides))
+    parts = dict(base.components)
+    if name == "wan22":
+        pipe = diffusers.WanPipeline(**{**parts, "transformer_2": tiny_transformer("wan", seed=seed + 1)},
+                                     boundary_ratio=0.8)
+    elif name.endswith("controlnet"):
+        cls = diffusers.FluxControlNetModel if family == "flux" else diffusers.QwenImageControlNetModel
+        torch.manual_seed(seed + 7)
+        nets = [cls(**TINY_CONTROLNET_CONFIGS[family]).eval() for _ in range(2 if "multi" in name else 1)]
+        for net in nets:  # from_transformer-like zero init leaves the residuals zero: give them random weights
+            for p in net.parameters():
+                torch.nn.init.normal_(p, std=0.05)
+        if "multi" in name:
+            multi = diffusers.FluxMultiControlNetModel if family == "flux" else diffusers.QwenImageMultiControlNetModel
+            controlnet: Any = multi(nets)
+        else:
+            controlnet = nets[0]
+        pipe_cls = diffusers.FluxControlNetPipeline if family == "flux" else diffusers.QwenImageControlNetPipeline
+        pipe = pipe_cls(**parts, controlnet=controlnet)
+    elif name in ("qwenimage_edit", "qwenimage_edit_plus"):
+        cls = diffusers.QwenImageEditPipeline if name == "qwenimage_edit" else diffusers.QwenImageEditPlusPipeline
+        pipe = cls(**parts, processor=None)
+    else:
+        cls = {"flux_kontext": diffusers.FluxKontextPipeline, "flux_img2img": diffusers.FluxImg2ImgPipeline,
+               "flux_fill": diffusers.FluxFillPipeline}[name]
+        takes = inspect.signature(cls.__init__).parameters
+        pipe = cls(**{k: v for k, v in parts.items() if k in takes})
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def variant_call_kwargs(name: str, steps: int = 4, seed: int = 0, height: int = 32, width: int = 32,
+                        **extra: Any) -> dict[str, Any]:
+    """Keyword arguments for a call of `tiny_variant(name)`: those of its family plus its conditioning input
+    (control image, reference image, mask), all seeded."""
+    if name not in VARIANTS:
+        raise AdapterError(f"no built-in tiny variant {name!r}; known: {list(VARIANTS)}.")
+    family = "wan" if name == "wan22" else name.split("_")[0]
+    kw = call_kwargs(family, steps=steps, seed=seed, height=None if family == "wan" else height,
+                     width=None if family == "wan" else width)
+    g = torch.Generator().manual_seed(99 + seed)
+    image = torch.rand(1, 3, height, width, generator=g)  # a [0, 1] image tensor
+    if name.endswith("controlnet"):
+        n = 2 if "multi" in name else 1
+        if family == "flux":
+            control = [torch.rand(1, 3, height, width, generator=g) for _ in range(n)]
+            kw.update(control_image=control if n > 1 else control[0],
+                      controlnet_conditioning_scale=[1.0] * n if n > 1 else 1.0,
+                      control_mode=None)
+        else:
+            control = [torch.rand(1, 3, height, width, generator=g) for _ in range(n)]
+            kw.update(control_image=control if n > 1 else control[0],
+                      controlnet_conditioning_scale=[1.0] * n if n > 1 else 1.0)
+    elif name in ("qwenimage_edit", "qwenimage_edit_plus"):
+        # a latent-space reference (z_dim channels): the pipeline takes it as is, no resize to ~1024^2
+        ref = torch.randn(1, 4, 1, height // 2, width // 2, generator=g)
+        kw.update(image=[ref] if name == "qwenimage_edit_plus" else ref)
+    elif name == "flux_kontext":
+        kw.update(image=image, max_area=height * width, _auto_resize=False)
+    elif name == "flux_img2img":
+        kw.update(image=image, strength=0.6)
+    elif name == "flux_fill":
+        mask = torch.zeros(1, 1, height, width)
+        mask[..., height // 4: 3 * height // 4, width // 4: 3 * width // 4] = 1.0
+        kw.update(image=image, mask_image=mask, guidance_scale=30.0)
     kw.update(extra)
     return kw

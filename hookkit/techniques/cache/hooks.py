@@ -16,8 +16,7 @@ whole-transformer graphs it provides `hookkit.core.graphs.GraphDecisions` and `S
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
     print(handle.summary())           # per branch: computed and cached steps, diffs; plot_cache_diffs draws them
-Known limit: code that adds to the hidden stream *between* middle blocks (ControlNet residuals) still adds
-on cached steps, on top of a cached residual that already contains it.
+ControlNet residuals the model adds between blocks (adapter `between_block_args`) count once: `DBCacheBetweenHook`.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resol
 NAME = "cache"
 ENTRY_HOOK = "hookkit.cache.entry"
 MIDDLE_HOOK = "hookkit.cache.middle"
+BETWEEN_HOOK = "hookkit.cache.between"
 PERCENTILES = (("P00", 0.0), ("P25", 25.0), ("P50", 50.0), ("P75", 75.0), ("P95", 95.0))
 
 __all__ = ["FEATURE", "NAME", "graph_bridge", "plot_cache_diffs"]
@@ -259,6 +259,13 @@ class _CallState:
         #: under whole-transformer graphs: input shapes of each branch's last computed step
         self.graph_shapes: dict[int, Hashable] = {}
         self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
+        #: the transformer call given ControlNet residuals (an adapter `between_block_args` argument), and on a
+        #: computed step of such a call: the last middle block's (hidden, encoder) output and what the model added
+        #: between middle blocks since the first one, per stream
+        self.between_call = -1
+        self.track_between = False
+        self.prev_out: tuple[Any, Any] = (None, None)
+        self.between: list[torch.Tensor | None] = [None, None]
         self.block_calls = 0
         self.transformer_calls = 0
 
@@ -444,6 +451,32 @@ class DBCacheEntryHook(ModelHook):
         return args, kwargs
 
 
+class DBCacheBetweenHook(ModelHook):
+    """On the transformer, when the adapter names `between_block_args`: marks a call given any of them.
+
+    Why: Flux (`controlnet_block_samples`, `controlnet_single_block_samples`) and Qwen-Image
+    (`controlnet_block_samples`) add ControlNet residuals into the hidden stream after blocks. On a cached step the
+    middle blocks return their inputs and the model still adds the *current* step's residuals between them, so a
+    stored residual that contained the computed step's residuals would count them twice. On a computed step of a
+    marked call the middle hooks measure what the model added between consecutive middle blocks (the next block's
+    input minus the previous block's output: exact whatever the model adds, `controlnet_blocks_repeat` or several
+    ControlNets summed) and subtract it from the stored residual. A cached step then returns Fn output + the current
+    residuals + the blocks' cached contribution, as an uncached step adds them: once. Unmarked calls pay nothing.
+    """
+
+    def __init__(self, shared: _Shared, names: tuple[str, ...], positions: tuple[int, ...]) -> None:
+        self.shared = shared
+        self.names = names
+        self.positions = positions
+
+    def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        given = any(kwargs.get(n) is not None for n in self.names) or any(
+            p < len(args) and args[p] is not None for p in self.positions)
+        if given:
+            self.shared.call_state().between_call = self.shared.handle.state.calls
+        return args, kwargs
+
+
 class DBCacheMiddleHook(ModelHook):
     """On every middle block. Runs the block or returns its inputs; the first one that runs in a transformer call
     decides for the call (its inputs are the Fn output), the last one stores the residuals (computed step) or adds
@@ -474,10 +507,27 @@ class DBCacheMiddleHook(ModelHook):
         if cs.skip:
             output = self.io.identity(args, kwargs)
             return self._apply(cs, output) if self.last else output
+        if cs.track_between:
+            self._add_between(cs, args, kwargs)
         output = call_next(*args, **kwargs)
         if self.last:
             self._store(cs, output)
+        elif cs.track_between:
+            cs.prev_out = self.io.unpack(output)
         return output
+
+    def _add_between(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
+        """Accumulate what the model added to each stream since the previous middle block returned."""
+        previous = cs.prev_out
+        if previous[0] is None:
+            return
+        for stream, now in enumerate((self.io.hidden(args, kwargs), self.io.encoder(args, kwargs))):
+            before = previous[stream]
+            if before is None or now is before or not isinstance(now, torch.Tensor) or now.shape != before.shape:
+                continue  # passed on untouched (the same tensor): nothing was added
+            added = now - before
+            total = cs.between[stream]
+            cs.between[stream] = added if total is None else total.add_(added)
 
     def _decide(self, cs: _CallState, args: Args, kwargs: Kwargs) -> None:
         hidden, encoder = self.io.hidden(args, kwargs), self.io.encoder(args, kwargs)
@@ -497,6 +547,8 @@ class DBCacheMiddleHook(ModelHook):
             cached = cs.decide(state.step, state.branch, fn_residual, (hidden, encoder))
         if not cached:
             cs.middle_in = (hidden, encoder)
+        cs.track_between = not cached and cs.between_call == state.calls
+        cs.prev_out, cs.between = (None, None), [None, None]
         cs.block0_hidden = None
 
     def _store(self, cs: _CallState, output: Any) -> None:
@@ -506,6 +558,11 @@ class DBCacheMiddleHook(ModelHook):
         if encoder_out is not None and isinstance(encoder_in, torch.Tensor) and encoder_in.shape == encoder_out.shape:
             encoder_res = encoder_out - encoder_in
         residuals = (hidden_out - hidden_in, encoder_res)
+        if cs.track_between:  # keep the blocks' own contribution: the model adds the ControlNet residuals itself
+            between = cs.between
+            residuals = tuple(r if r is None or between[s] is None else r.sub_(between[s])  # type: ignore[assignment]
+                              for s, r in enumerate(residuals))
+            cs.track_between, cs.prev_out, cs.between = False, (None, None), [None, None]
         if self.shared.graph is not None:
             residuals = self.shared.graph.persist(cs.branch_index, residuals)
         cs.branch.store(cs.step, residuals, self.shared.layout.spec.taylorseer_order)
@@ -722,6 +779,8 @@ class _CacheFeature(BaseFeature):
         layout = _layout(spec, len(blocks))
         _check_long_skips(spec, blocks, type(ctx.transformer).__name__)
         out: list[Attachment] = []
+        if ctx.adapter.between_block_args:
+            out.append(Attachment(feature=NAME, target="", name=BETWEEN_HOOK))
         if layout.needs_diff:
             out.append(Attachment(feature=NAME, target=blocks[0][0], name=ENTRY_HOOK))
         first, last = spec.fn_blocks, len(blocks) - spec.bn_blocks - 1
@@ -733,6 +792,11 @@ class _CacheFeature(BaseFeature):
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         shared, specs = self._shared(ctx)
         module = module_at(ctx.transformer, attachment.target)
+        if attachment.name == BETWEEN_HOOK:
+            names = ctx.adapter.between_block_args
+            params = list(inspect.signature(type(module).forward).parameters)[1:]
+            positions = tuple(params.index(n) for n in names if n in params)
+            return add_hook(module, BETWEEN_HOOK, DBCacheBetweenHook(shared, names, positions))
         io = _BlockIO(module, specs[attachment.target], attachment.target)
         if attachment.name == ENTRY_HOOK:
             return add_hook(module, ENTRY_HOOK, DBCacheEntryHook(shared, io))
@@ -784,6 +848,11 @@ def _refuse_split_across_changes(ctx: AttachContext, report: Any) -> None:
     holds what the forward added between them on the computed step: it would be added twice.
     """
     spec = ctx.spec.cache
+    cs: _CallState | None = ctx.state.features.get(NAME)
+    if ctx.adapter.between_block_args and cs is not None and cs.between_call >= 0:
+        # the call passed ControlNet residuals: what the forward added between middle blocks was measured and is
+        # kept out of the stored residual (`DBCacheBetweenHook`), so a cached step adds the current ones once
+        return
     model = type(ctx.transformer).__name__
     last = len(report.paths) - spec.bn_blocks - 1
     inside = [i for i in report.gaps if spec.fn_blocks <= i < last]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections import OrderedDict
 import operator
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ContextManager
@@ -97,6 +98,8 @@ class CapturedCall:
     replay: Callable[[], None]
     static_output: Any
     replays: int = 0
+    #: device memory the capture (warm-up included) added, as the backend reports it (0 where it cannot)
+    memory_bytes: int = 0
 
 
 class CudaGraphBackend:
@@ -105,6 +108,10 @@ class CudaGraphBackend:
     def __init__(self, warmup: int = 2) -> None:
         self.warmup = warmup
         self.pool: Any = None
+
+    def memory_in_use(self) -> int:
+        """Reserved device memory: what a capture adds to it is the memory its graph keeps."""
+        return torch.cuda.memory_reserved()
 
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         if self.pool is None:
@@ -128,9 +135,13 @@ class GraphRunner:
     the CPU with a stand-in backend.
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, max_graphs: int | None = None) -> None:
         self.backend = backend
-        self.captured: dict[Hashable, CapturedCall] = {}
+        #: at most `max_graphs` entries, least recently replayed first (None: no bound)
+        self.max_graphs = max_graphs
+        self.captured: OrderedDict[Hashable, CapturedCall] = OrderedDict()
+        self.captures = 0
+        self.evictions = 0
         #: why the captured graphs were dropped, one entry per invalidation (see `ModelWatch`)
         self.invalidations: list[str] = []
 
@@ -149,12 +160,21 @@ class GraphRunner:
         entry = self.captured.get(key)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if entry is None:
+            while self.max_graphs is not None and len(self.captured) >= self.max_graphs:
+                self.captured.popitem(last=False)  # the least recently replayed graph; its memory returns to the pool
+                self.evictions += 1
+            memory = getattr(self.backend, "memory_in_use", None)
+            before = memory() if memory is not None else 0
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             static_args, static_kwargs = pytree.tree_unflatten(static, spec)
             with capturing():
                 replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
-            entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output)
+            used = max(0, memory() - before) if memory is not None else 0
+            entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output,
+                                                      memory_bytes=used)
+            self.captures += 1
         else:
+            self.captured.move_to_end(key)
             for buffer, leaf in zip(entry.static_leaves, leaves):
                 if isinstance(leaf, torch.Tensor) and leaf.data_ptr() != buffer.data_ptr():
                     buffer.copy_(leaf)
@@ -641,7 +661,7 @@ class _CompileFeature(BaseFeature):
         split = ctx.request(SplitDecisions)
         if split is not None and split.dynamic:  # a threshold decides: each call split at the decision
             return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True)))
-        runner = ctx.keep(GraphRunner(CudaGraphBackend()))
+        runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
         return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True))
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
@@ -659,18 +679,28 @@ class _CompileFeature(BaseFeature):
             data["cudagraph_trees"] = device.type == "cuda"
             rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
-        runner: GraphRunner | None = ctx.kept()
-        if runner is not None:
-            data["graphs_captured"] = len(runner.captured)
+        runner: GraphRunner | SplitGraphHook | None = ctx.kept()
+        if isinstance(runner, GraphRunner):
+            data["graphs_captured"] = runner.captures
+            data["graphs_kept"] = len(runner.captured)
+            data["graph_evictions"] = runner.evictions
+            data["max_graphs"] = runner.max_graphs
             data["graph_replays"] = sum(e.replays for e in runner.captured.values())
-            data["graph_invalidations"] = len(runner.invalidations)
-            rows += [["transformer graphs captured", data["graphs_captured"]], ["graph replays", data["graph_replays"]]]
-            if isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
-                data["graphs_captured"] = 2 * len(runner.captured)
-                data["decision_reads"], data["head_switches"] = runner.reads, runner.switches
-                rows[-2] = ["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"]
-                rows += [["decision statistic host reads", runner.reads],
-                         ["heads replayed twice (decision changed)", runner.switches]]
+            data["graph_memory_bytes"] = [e.memory_bytes for e in runner.captured.values()]
+            memory = ", ".join(f"{b / 2**20:.1f}" for b in data["graph_memory_bytes"]) or "-"
+            rows += [["transformer graphs captured", data["graphs_captured"]],
+                     ["graphs kept / max", f"{data['graphs_kept']} / {runner.max_graphs}"],
+                     ["graphs evicted", data["graph_evictions"]], ["graph replays (kept graphs)", data["graph_replays"]],
+                     ["MiB per kept graph", memory]]
+        elif isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
+            data["graphs_captured"] = 2 * len(runner.captured)
+            data["graph_replays"] = sum(e.replays for e in runner.captured.values())
+            data["decision_reads"], data["head_switches"] = runner.reads, runner.switches
+            rows += [["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"],
+                     ["graph replays", data["graph_replays"]], ["decision statistic host reads", runner.reads],
+                     ["heads replayed twice (decision changed)", runner.switches]]
+        if runner is not None:
+            data["graph_invalidations"] = len(getattr(runner, "invalidations", ()))
             rows.append(["graphs dropped (model changed)", data["graph_invalidations"]])
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from hookkit.core.validate import boolean, choice, strict_init
+from hookkit.core.validate import boolean, choice, int_field, strict_init
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -20,11 +20,19 @@ class Compile:
         mode: torch.compile's mode (default None, as "default"); "reduce-overhead" and "max-autotune" use
             CUDA graph trees, for which hookkit marks every transformer call as a step boundary.
         fullgraph: refuse graph breaks inside a compiled region (default True).
-        dynamic: torch.compile's `dynamic` (default None: torch decides; True/False force it).
+        dynamic: torch.compile's `dynamic`. None (default) is automatic dynamic shapes: the first resolution (or
+            batch size) compiles static, the second recompiles once with the changed dimensions (the sequence
+            length) symbolic, later ones reuse that graph: 10 resolutions are 2 compiles per region, not 10.
+            False compiles every new shape again until torch's recompile limit, after which the region runs
+            eagerly; True starts symbolic (one compile, possibly slower kernels).
         cuda_graphs: "none" (default), or "transformer": capture one CUDA graph per transformer call signature
             on top of regional compilation and replay it (GPU only; mode must not use CUDA graphs itself).
         backend: "inductor" (default) for speed; "eager"/"aot_eager" to debug tracing without code generation;
             "cudagraphs" for CUDA graphs without inductor.
+        max_graphs: with cuda_graphs="transformer", how many captured graphs are kept (default 16; the least
+            recently replayed is evicted first). Each input signature, CFG branch and DBCache decision is one
+            graph holding its static inputs and outputs; the summary counts captures and evictions and reports
+            the memory each kept graph took.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -33,3 +41,4 @@ class Compile:
     dynamic: bool | None = attrs.field(default=None, validator=choice(None, True, False))
     cuda_graphs: str = attrs.field(default="none", validator=choice("none", "transformer"))
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
+    max_graphs: int = attrs.field(default=16, validator=int_field(1))

@@ -1,0 +1,607 @@
+"""The pipelines people run: Wan 2.2's two experts, ControlNet, image editing and img2img, LoRA, changing shapes.
+
+Every pipeline is tiny and built from config (`zoo.tiny_variant`), random weights, CPU. "Bitwise" is `torch.equal`
+against a stock run of the same pipeline with the same seed; "skipped" is counted on a leaf module inside the
+last block of each transformer (it runs once per transformer call that runs its block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookkit
+from hookkit.errors import UnsupportedError
+from hookkit import AdapterSpec, BlockListSpec
+from hookkit.core.registry import registry_names
+from hookkit.tools import zoo
+
+STEPS = 4
+
+
+def run(pipe: Any, name: str, steps: int = STEPS, **extra: Any) -> torch.Tensor:
+    out = pipe(**zoo.variant_call_kwargs(name, steps=steps, **extra))
+    return out.frames if hasattr(out, "frames") else out.images
+
+
+@contextlib.contextmanager
+def count_calls(*modules: nn.Module) -> Iterator[list[Counter[str]]]:
+    """Counters that go up by one at every call of each module (plain torch forward hooks, removed at exit)."""
+    counters: list[Counter[str]] = [Counter() for _ in modules]
+    hooks = [m.register_forward_hook(lambda *_, c=c: c.update(["calls"])) for m, c in zip(modules, counters)]
+    try:
+        yield counters
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def leaf_of_last_block(transformer: nn.Module) -> nn.Module:
+    """A Linear inside the transformer's last block: its call count is the number of times that block ran."""
+    block = transformer.blocks[-1] if hasattr(transformer, "blocks") else transformer.single_transformer_blocks[-1]
+    return next(m for m in block.modules() if isinstance(m, nn.Linear))
+
+
+def static(mask: tuple[int, ...]) -> hookkit.DBCache:
+    return hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=mask, mask_policy="static", warmup_steps=0,
+                           taylorseer_order=0)
+
+
+# --- Wan 2.2: two transformers ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wan22() -> Any:
+    return zoo.tiny_variant("wan22")
+
+
+@pytest.fixture(scope="module")
+def wan22_stock(wan22: Any) -> torch.Tensor:
+    return run(wan22, "wan22")
+
+
+def test_wan22_steps_switch_experts_at_the_boundary(wan22: Any) -> None:
+    # the premise of every Wan 2.2 test below: with 4 steps and boundary_ratio 0.8 each expert runs 2 steps x 2 CFG
+    with count_calls(leaf_of_last_block(wan22.transformer), leaf_of_last_block(wan22.transformer_2)) as counters:
+        run(wan22, "wan22")
+    assert [c["calls"] for c in counters] == [4, 4]
+
+
+@pytest.mark.parametrize("spec", [hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0))],
+                         ids=["Spec()", "threshold0"])
+def test_wan22_bitwise_equal_to_stock(wan22: Any, wan22_stock: torch.Tensor, spec: hookkit.Spec) -> None:
+    handle = hookkit.enable(wan22, spec)
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+    finally:
+        handle.remove()
+
+
+def test_wan22_enable_hooks_every_transformer_with_its_own_handle(wan22: Any) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0))))
+    try:
+        assert [h.component for h in handle.group] == ["transformer", "transformer_2"]
+        companion = handle.companions[0]
+        assert companion.transformer is wan22.transformer_2 and companion.adapter.name == "wan"
+        assert hookkit.handle_of(wan22.transformer_2) is companion and hookkit.handle_of(wan22) is handle
+        # the scheduler is patched once, by the first handle; each transformer has its own clock hook and cache hooks
+        assert [t for t, _ in companion.plan.targets("core")] == [""]
+        assert "hookkit.cache.middle" in registry_names(wan22.transformer_2.blocks[1])
+    finally:
+        hookkit.disable(wan22)
+
+
+def test_wan22_static_mask_skips_the_middle_blocks_of_every_transformer(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    # steps 0, 1 on transformer (high noise), 2, 3 on transformer_2: mask (1, 0, 1, 0) caches one step of each
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0))))
+    try:
+        with count_calls(leaf_of_last_block(wan22.transformer), leaf_of_last_block(wan22.transformer_2)) as counters:
+            out = run(wan22, "wan22")
+        summary = handle.summary()
+    finally:
+        hookkit.disable(wan22)
+    assert [c["calls"] for c in counters] == [2, 2]  # 2 of 4 calls each: the cached step's CFG pair skipped
+    first = summary.features["cache"].data["branches"]
+    second = summary.companions[0].features["cache"].data["branches"]
+    assert {b: (d["computed"], d["cached"]) for b, d in first.items()} == {0: ([0], [1]), 1: ([0], [1])}
+    assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2], [3]), 1: ([2], [3])}
+    assert not torch.equal(out, wan22_stock)
+    text = str(summary)
+    assert "(pipe.transformer)" in text and "(pipe.transformer_2)" in text
+
+
+def test_wan22_disable_is_bitwise_and_leaves_nothing(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    before = [dict(t.__dict__) for t in (wan22.transformer, wan22.transformer_2)]
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0)), sync_free=True))
+    run(wan22, "wan22")
+    handle.companions[0].remove()  # any handle of the group removes the whole group
+    assert handle.removed and hookkit.handle_of(wan22) is None and hookkit.handle_of(wan22.transformer_2) is None
+    assert [set(t.__dict__) for t in (wan22.transformer, wan22.transformer_2)] == [set(b) for b in before]
+    assert "set_timesteps" not in wan22.scheduler.__dict__ and "step" not in wan22.scheduler.__dict__
+    assert torch.equal(run(wan22, "wan22"), wan22_stock)
+
+
+def test_wan22_sync_free_and_memo_on_both_experts_are_bitwise(wan22: Any, wan22_stock: torch.Tensor) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec(sync_free=True, memo=True))
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+        assert "hookkit.sync_free" in " ".join(registry_names(wan22.transformer_2))
+    finally:
+        handle.remove()
+
+
+def test_wan22_cache_and_regional_compile_on_both_experts_are_bitwise_at_threshold0(wan22: Any,
+                                                                                     wan22_stock: torch.Tensor) -> None:
+    torch._dynamo.reset()
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0),
+                                                compile=hookkit.Compile(backend="eager")))
+    try:
+        assert torch.equal(run(wan22, "wan22"), wan22_stock)
+        assert [s.features["compile"].data["regions"] for s in (handle.summary(), *handle.summary().companions)] == [3, 3]
+    finally:
+        handle.remove()
+
+
+def test_wan22_one_adapter_for_two_transformers_is_refused(wan22: Any) -> None:
+    with pytest.raises(hookkit.errors.EnableError, match=r"expected None for WanPipeline, which holds 2 transformers"):
+        hookkit.enable(wan22, adapter=hookkit.get_adapter("wan"))
+    assert hookkit.handle_of(wan22) is None
+
+
+def test_wan22_second_transformer_enabled_alone_first_is_refused(wan22: Any) -> None:
+    alone = hookkit.enable(wan22.transformer_2)
+    try:
+        with pytest.raises(hookkit.errors.EnableError, match=r"WanPipeline.transformer_2: expected a transformer hookkit "
+                                                             r"is not enabled on"):
+            hookkit.enable(wan22)
+        assert registry_names(wan22.transformer) == ()
+    finally:
+        alone.remove()
+
+
+def test_wan22_a_spec_that_cannot_apply_to_one_transformer_attaches_nothing(wan22: Any) -> None:
+    wan22.transformer_2 = zoo.tiny_transformer("wan", num_layers=1)  # one block: nothing to cache there
+    try:
+        with pytest.raises(hookkit.errors.SpecError, match="fewer than the 1 blocks") as info:
+            hookkit.enable(wan22, hookkit.Spec(cache=hookkit.DBCache()))
+        assert "WanPipeline.transformer_2" in "".join(info.value.__notes__)
+        assert hookkit.handle_of(wan22) is None and registry_names(wan22.transformer) == ()
+    finally:
+        wan22.transformer_2 = zoo.tiny_variant("wan22").transformer_2
+
+
+def test_wan22_replacing_the_second_transformer_is_refused_at_the_next_call(wan22: Any) -> None:
+    handle = hookkit.enable(wan22, hookkit.Spec())
+    original = wan22.transformer_2
+    wan22.transformer_2 = zoo.tiny_transformer("wan", seed=5)
+    try:
+        with pytest.raises(hookkit.errors.HookError, match=r"WanPipeline.transformer_2: expected the"):
+            run(wan22, "wan22")
+    finally:
+        wan22.transformer_2 = original
+        handle.remove()
+
+
+# --- ControlNet: residuals added between blocks are counted once --------------------------------------------
+
+
+class DeltaBlock(nn.Module):
+    """Adds its own constant `delta` to the hidden stream (and 1 to the encoder stream): the block's contribution is
+    known exactly, whatever its input."""
+
+    def __init__(self, delta: float) -> None:
+        super().__init__()
+        self.delta = delta
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor):
+        return encoder_hidden_states + 1.0, hidden_states + self.delta
+
+
+class ControlStub(nn.Module):
+    """Flux's loop in miniature: after block i it adds `controlnet_block_samples[i // interval]`."""
+
+    def __init__(self, num_blocks: int = 6) -> None:
+        super().__init__()
+        self.transformer_blocks = nn.ModuleList(DeltaBlock(float(2 ** i)) for i in range(num_blocks))
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                controlnet_block_samples: list[torch.Tensor] | None = None) -> torch.Tensor:
+        for i, block in enumerate(self.transformer_blocks):
+            encoder_hidden_states, hidden_states = block(hidden_states=hidden_states,
+                                                         encoder_hidden_states=encoder_hidden_states)
+            if controlnet_block_samples is not None:
+                interval = -(-len(self.transformer_blocks) // len(controlnet_block_samples))
+                hidden_states = hidden_states + controlnet_block_samples[i // interval]
+        return hidden_states
+
+
+CONTROL_ADAPTER = AdapterSpec(
+    name="control-stub", transformer=("ControlStub",), between_block_args=("controlnet_block_samples",),
+    blocks=(BlockListSpec(attr="transformer_blocks", classes=("DeltaBlock",), encoder_arg="encoder_hidden_states",
+                          returns=("encoder_hidden_states", "hidden_states")),),
+)
+
+
+def control_samples(step: int, n: int) -> list[torch.Tensor]:
+    """Integer-valued residuals that differ per step and per sample: every sum below is exact in float64."""
+    return [torch.full((1, 2, 3), float(100 * (step + 1) + 10 * k)) for k in range(n)]
+
+
+def control_loop(model: ControlStub, steps: int, n: int) -> list[torch.Tensor]:
+    return [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3), controlnet_block_samples=control_samples(s, n))
+            for s in range(steps)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6], ids=lambda n: f"{n}-samples")
+@pytest.mark.parametrize("fn,bn", [(1, 0), (2, 1)], ids=["F1B0", "F2B1"])
+def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int, bn: int) -> None:
+    # Blocks add constants, so an uncached step's output is sum(deltas) + sum(this step's control residuals), and a
+    # correct cache reproduces it exactly: the cached residual holds the blocks' deltas, the model adds the controls.
+    model = ControlStub().double()
+    expected = control_loop(model, 4, n)
+    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=fn, bn_blocks=bn, steps_mask=(1, 0, 0, 1), mask_policy="static", taylorseer_order=0)),
+        adapter=CONTROL_ADAPTER)
+    try:
+        with handle.generation(num_steps=4):
+            got = control_loop(model, 4, n)
+        data = handle.summary().features["cache"].data
+    finally:
+        handle.remove()
+    assert data["branches"][0]["cached"] == [1, 2]
+    for step in range(4):
+        assert torch.equal(got[step], expected[step]), step
+
+
+def test_controlnet_without_the_adapter_field_is_refused_at_the_first_call_not_double_counted() -> None:
+    # Without `between_block_args` the hooks cannot subtract the controls: the cached residual would still hold step
+    # 0's controls and the cached step would add them twice. The first-call check sees the forward change the hidden
+    # stream between middle blocks and refuses the split instead of returning that output.
+    model = ControlStub().double()
+    plain = attr_evolve(CONTROL_ADAPTER, between_block_args=())
+    handle = hookkit.enable(model, hookkit.Spec(cache=static((1, 0)), ), adapter=plain)
+    try:
+        with pytest.raises(UnsupportedError, match=r"changing it between transformer_blocks\.1 and transformer_blocks\.2"):
+            with handle.generation(num_steps=2):
+                control_loop(model, 2, 6)
+    finally:
+        handle.remove()
+
+
+def test_controlnet_calls_without_residuals_store_the_plain_residual() -> None:
+    # the same model called with no ControlNet input: nothing between blocks, nothing subtracted
+    model = ControlStub().double()
+    expected = [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3)) for _ in range(3)]
+    handle = hookkit.enable(model, hookkit.Spec(cache=static((1, 0, 0))), adapter=CONTROL_ADAPTER)
+    try:
+        with handle.generation(num_steps=3):
+            got = [model(torch.zeros(1, 2, 3), torch.zeros(1, 4, 3)) for _ in range(3)]
+    finally:
+        handle.remove()
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def attr_evolve(adapter: AdapterSpec, **changes: Any) -> AdapterSpec:
+    import attrs
+
+    return attrs.evolve(adapter, **changes)
+
+
+def test_adapter_between_block_args_must_name_forward_arguments() -> None:
+    bad = attr_evolve(CONTROL_ADAPTER, between_block_args=("controlnet_samples",))
+    with pytest.raises(hookkit.errors.AdapterError, match=r"between_block_args.*'controlnet_samples'"):
+        bad.check(ControlStub())
+
+
+CONTROLNETS = ["flux_controlnet", "flux_multicontrolnet", "qwenimage_controlnet"]
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_bitwise_with_spec_and_threshold0(name: str) -> None:
+    pipe = zoo.tiny_variant(name)
+    stock = run(pipe, name)
+    for spec in (hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0))):
+        handle = hookkit.enable(pipe, spec)
+        try:
+            assert torch.equal(run(pipe, name), stock)
+        finally:
+            handle.remove()
+    assert torch.equal(run(pipe, name), stock)
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
+    # The oracle on the real pipeline, in float64: spies on the middle blocks record, on the computed step, each
+    # block's own contribution (output - input); on the cached step, the first middle block's input and what the model
+    # adds between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding.
+    pipe = zoo.tiny_variant(name).to(torch.float64)
+    transformer = pipe.transformer
+    blocks = [b for lst in ("transformer_blocks", "single_transformer_blocks") for b in getattr(transformer, lst, [])]
+    middle = blocks[1:]
+    records: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def spy(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        records[-1].append((kwargs["hidden_states"], output[1]))
+
+    handles = [b.register_forward_hook(spy, with_kwargs=True) for b in middle]
+    transformer.register_forward_pre_hook(lambda *_: records.append([]))
+    h = hookkit.enable(pipe, hookkit.Spec(cache=static((1, 0))))
+    try:
+        kw = zoo.variant_call_kwargs(name, steps=2)
+        kw["prompt_embeds"] = kw["prompt_embeds"].double()
+        if "pooled_prompt_embeds" in kw:
+            kw["pooled_prompt_embeds"] = kw["pooled_prompt_embeds"].double()
+        pipe(**kw)
+        assert h.summary().features["cache"].data["branches"][0]["cached"] == [1]
+    finally:
+        h.remove()
+        for x in handles:
+            x.remove()
+        transformer._forward_pre_hooks.clear()
+    computed, cached = records
+    own = sum(out - inp for inp, out in computed)
+    between_now = sum(cached[i + 1][0] - cached[i][1] for i in range(len(cached) - 1))
+    between_then = sum(computed[i + 1][0] - computed[i][1] for i in range(len(computed) - 1))
+    assert between_now.abs().max() > 1e-3  # the ControlNet really adds something between middle blocks
+    expected = cached[0][0] + between_now + own
+    torch.testing.assert_close(cached[-1][1], expected, rtol=0, atol=1e-12)
+    # the old behaviour (residual with step 0's controls inside) is far from it
+    assert (cached[-1][1] - (expected + between_then)).abs().max() > 1e-3
+
+
+# --- image editing and img2img ------------------------------------------------------------------------------
+
+EDITS = ["qwenimage_edit", "qwenimage_edit_plus", "flux_kontext", "flux_img2img", "flux_fill"]
+
+
+@pytest.fixture
+def small_edit_area(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen-Image-Edit resizes the reference image to ~1024^2 pixels (65536 tokens at the tiny VAE's scale): cap the
+    area at 32^2 so the tiny pipelines stay tiny. Only the size changes; the code path is the pipeline's."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+    for module in (edit, plus):
+        original = module.calculate_dimensions
+        monkeypatch.setattr(module, "calculate_dimensions", lambda area, ratio, f=original: f(32 * 32, ratio))
+    monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", 32 * 32)
+    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", 32 * 32)
+
+
+def edit_run(pipe: Any, name: str, steps: int = STEPS) -> torch.Tensor:
+    kw = zoo.variant_call_kwargs(name, steps=steps)
+    if name.startswith("qwenimage_edit"):
+        from PIL import Image
+
+        g = torch.Generator().manual_seed(5)
+        pixels = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+        kw["image"] = Image.fromarray(pixels) if name == "qwenimage_edit" else [Image.fromarray(pixels)]
+    return pipe(**kw).images
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_edit_and_img2img_bitwise_with_spec_threshold0_memo_sync_free_and_compile(name: str, small_edit_area: None) -> None:
+    pipe = zoo.tiny_variant(name)
+    stock = edit_run(pipe, name)
+    specs = [hookkit.Spec(), hookkit.Spec(cache=hookkit.DBCache(threshold=0.0)), hookkit.Spec(memo=True, sync_free=True),
+             hookkit.Spec(compile=hookkit.Compile(backend="eager"), cache=hookkit.DBCache(threshold=0.0))]
+    for spec in specs:
+        handle = hookkit.enable(pipe, spec)
+        try:
+            assert torch.equal(edit_run(pipe, name), stock), spec
+        finally:
+            handle.remove()
+    assert torch.equal(edit_run(pipe, name), stock)
+
+
+def test_qwenimage_edit_2511_layout_memoizes_modulate_index_once_per_call(small_edit_area: None) -> None:
+    # zero_cond_t=True (Qwen-Image-Edit-2511): the prologue rebuilds modulate_index from Python data every step;
+    # memo builds it at the first step and serves the other 3 from its table
+    pipe = zoo.tiny_variant("qwenimage_edit_plus", zero_cond_t=True)
+    stock = edit_run(pipe, "qwenimage_edit_plus")
+    handle = hookkit.enable(pipe, hookkit.Spec(memo=True))
+    try:
+        assert torch.equal(edit_run(pipe, "qwenimage_edit_plus"), stock)
+        stats = handle.summary().features["memo"].data
+    finally:
+        handle.remove()
+    assert (stats["misses"], stats["hits"], stats["entries"]) == (1, STEPS - 1, 1)
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_edit_and_img2img_static_mask_skips_middle_blocks_and_fits_the_steps_that_run(name: str,
+                                                                                        small_edit_area: None) -> None:
+    # img2img at strength 0.6 runs 3 of 5 steps: the named mask is scaled to those 3; the others run all 5. The
+    # reference image tokens (edit, Kontext) ride along in the hidden stream: the cached residual has their length.
+    pipe = zoo.tiny_variant(name)
+    steps = 5
+    runs = 3 if name == "flux_img2img" else steps
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=(1, 0, 1, 0, 1)[:runs] if runs == 5
+                                                                     else (1, 0, 1), mask_policy="static",
+                                                                     warmup_steps=0, taylorseer_order=0)))
+    leaf = next(m for m in pipe.transformer.transformer_blocks[-1].modules() if isinstance(m, nn.Linear)) \
+        if name.startswith("qwenimage") else leaf_of_last_block(pipe.transformer)
+    try:
+        with count_calls(leaf) as (counter,):
+            edit_run(pipe, name, steps=steps)
+        data = handle.summary().features["cache"].data
+    finally:
+        handle.remove()
+    cached = [1, 3] if runs == 5 else [1]
+    assert data["branches"][0]["cached"] == cached
+    assert counter["calls"] == runs - len(cached)
+    assert data["transformer_calls"] == runs
+
+
+def test_img2img_named_mask_is_scaled_to_the_steps_that_run() -> None:
+    pipe = zoo.tiny_variant("flux_img2img")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    try:
+        run(pipe, "flux_img2img", steps=28)  # strength 0.6: the last 17 of 28 steps run (t_start = int(28 - 16.8))
+        data = handle.summary().features["cache"].data
+    finally:
+        handle.remove()
+    from hookkit.techniques.cache.spec import resolve_steps_mask
+
+    assert data["transformer_calls"] == 17
+    assert tuple(data["mask"]) == resolve_steps_mask("fast", 17)
+    assert data["branches"][0]["cached"] == [i for i, m in enumerate(resolve_steps_mask("fast", 17)) if m == 0]
+
+
+# --- LoRA -----------------------------------------------------------------------------------------------------
+
+LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v")
+
+
+def lora_state_dict(transformer: nn.Module, seed: int, rank: int = 4) -> dict[str, torch.Tensor]:
+    """A peft-format LoRA for every attention projection of the tiny Flux, random A and B (B nonzero, so it matters)."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for path, module in transformer.named_modules():
+        if isinstance(module, nn.Linear) and path.endswith(LORA_TARGETS):
+            out[f"transformer.{path}.lora_A.weight"] = torch.randn(rank, module.in_features, generator=g) * 0.3
+            out[f"transformer.{path}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=g) * 0.3
+    return out
+
+
+def lora_steps(pipe: Any) -> list[tuple[str, Any]]:
+    """The LoRA operations users run, each applied the same way to the hooked and to the fresh pipeline."""
+    a, b = lora_state_dict(pipe.transformer, 1), lora_state_dict(pipe.transformer, 2)
+    return [
+        ("load a", lambda p: p.load_lora_weights(dict(a), adapter_name="a")),
+        ("load b and switch to it", lambda p: (p.load_lora_weights(dict(b), adapter_name="b"), p.set_adapters("b"))),
+        ("mix a and b", lambda p: p.set_adapters(["a", "b"], adapter_weights=[0.5, 1.0])),
+        ("fuse", lambda p: p.fuse_lora(lora_scale=0.7)),
+        ("unfuse", lambda p: p.unfuse_lora()),
+        ("unload", lambda p: p.unload_lora_weights()),
+    ]
+
+
+@pytest.mark.parametrize("compile_spec", [None, hookkit.Compile(backend="eager"),
+                                          hookkit.Compile(backend="eager", mode="reduce-overhead")],
+                         ids=["eager", "regional-compile", "regional-reduce-overhead"])
+def test_lora_load_switch_fuse_unload_equal_a_fresh_pipeline(compile_spec: hookkit.Compile | None) -> None:
+    # on the CPU reduce-overhead compiles without CUDA graphs (the summary says so); the graph invalidation for
+    # whole-transformer CUDA graphs is issue 14's
+    pytest.importorskip("peft")
+    torch._dynamo.reset()
+    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(hooked, hookkit.Spec(cache=hookkit.DBCache(threshold=0.0), compile=compile_spec))
+    try:
+        for (what, apply), (_, apply_fresh) in zip(lora_steps(hooked), lora_steps(fresh)):
+            apply(hooked)
+            apply_fresh(fresh)
+            got = hooked(**zoo.call_kwargs("flux", steps=2)).images
+            want = fresh(**zoo.call_kwargs("flux", steps=2)).images
+            assert torch.equal(got, want), what
+    finally:
+        handle.remove()
+    assert torch.equal(hooked(**zoo.call_kwargs("flux", steps=2)).images, fresh(**zoo.call_kwargs("flux", steps=2)).images)
+
+
+def test_lora_hotswap_under_regional_compile_does_not_recompile() -> None:
+    from torch._dynamo.utils import counters
+
+    pytest.importorskip("peft")
+    torch._dynamo.reset()
+    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)
+    hooked.enable_lora_hotswap(target_rank=4)
+    hooked.load_lora_weights(dict(a), adapter_name="default_0")
+    handle = hookkit.enable(hooked, hookkit.Spec(compile=hookkit.Compile(backend="eager")))
+    try:
+        counters.clear()
+        hooked(**zoo.call_kwargs("flux", steps=2))
+        assert counters["stats"]["unique_graphs"] >= 2  # the check can fail: compiling is counted (both block classes)
+        counters.clear()
+        hooked.load_lora_weights(dict(b), adapter_name="default_0", hotswap=True)
+        got = hooked(**zoo.call_kwargs("flux", steps=2)).images
+        assert counters["stats"]["unique_graphs"] == 0 and sum(counters["recompiles"].values()) == 0
+    finally:
+        handle.remove()
+    fresh.load_lora_weights(dict(b), adapter_name="default_0")
+    assert torch.equal(got, fresh(**zoo.call_kwargs("flux", steps=2)).images)
+
+
+# --- resolutions and batch sizes that change between calls ----------------------------------------------------
+
+
+def test_regional_compile_over_five_resolutions_compiles_twice_per_region() -> None:
+    # automatic dynamic shapes (Compile(dynamic=None), the default): the first resolution compiles static, the
+    # second recompiles with the sequence length symbolic, the other three reuse that graph
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(backend="eager"),
+                                               cache=hookkit.DBCache(threshold=0.0)))
+    graphs = []
+    try:
+        for size in (16, 24, 32, 40, 48):
+            counters.clear()
+            pipe(**zoo.call_kwargs("flux", steps=1, height=size, width=size))
+            graphs.append(counters["stats"]["unique_graphs"])
+    finally:
+        handle.remove()
+    assert graphs[0] >= 2 and graphs[1] >= 2  # both block classes compile at the first two sizes
+    assert graphs[2:] == [0, 0, 0]
+
+
+def test_regional_compile_batch_size_change_recompiles_once() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(backend="eager")))
+    graphs = []
+    try:
+        for batch in (1, 2, 3):
+            counters.clear()
+            pipe(**zoo.call_kwargs("flux", steps=1, batch=batch))
+            graphs.append(counters["stats"]["unique_graphs"])
+    finally:
+        handle.remove()
+    assert graphs[0] >= 2 and graphs[1] >= 1 and graphs[2:] == [0]
+
+
+class CountingBackend:
+    """Stands in for CUDA graph capture on the CPU: 'capture' runs fn once and 'replay' re-runs it into the same
+    output memory; `memory_in_use` grows by the bytes of each capture's output (a stand-in for pool memory)."""
+
+    def __init__(self) -> None:
+        self.in_use = 0
+
+    def memory_in_use(self) -> int:
+        return self.in_use
+
+    def capture(self, fn: Any) -> tuple[Any, Any]:
+        out = fn()
+        self.in_use += out.numel() * out.element_size()
+
+        def replay() -> None:
+            out.copy_(fn())
+
+        return replay, out
+
+
+def test_graph_cache_is_an_lru_of_the_size_the_user_sets() -> None:
+    from hookkit.techniques.compile.hooks import GraphRunner
+
+    runner = GraphRunner(CountingBackend(), max_graphs=2)
+    double = lambda x: x * 2  # noqa: E731
+    for n in (1, 2, 1, 3, 1, 2):  # 1 stays recent; 2 is evicted by 3, then 3 by 2
+        assert torch.equal(runner(double, (torch.ones(n),), {}), torch.full((n,), 2.0))
+    assert (runner.captures, runner.evictions) == (4, 2)
+    assert [key[0][1][1] for key in runner.captured] == [(1,), (2,)]  # the kept shapes, least recent first
+    assert [e.memory_bytes for e in runner.captured.values()] == [4, 8]
+
+
+def test_compile_max_graphs_is_validated() -> None:
+    with pytest.raises(hookkit.errors.SpecError, match=r"Compile.max_graphs: expected an int >= 1, got 0"):
+        hookkit.Compile(cuda_graphs="transformer", max_graphs=0)
