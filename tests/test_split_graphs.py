@@ -135,6 +135,7 @@ def _split_pipeline(cache: hookkit.DBCache = CACHE) -> tuple[Any, hookkit.Handle
     `Compile(cuda_graphs="transformer")` installs it on a GPU, minus the regional compile)."""
     pipe = trained.load_pipeline()
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
     backend = RecordingBackend()
     hook = SplitGraphHook(backend, graph_bridge(handle))
     HookRegistry.of(pipe.transformer).register(GRAPH, hook)
@@ -266,6 +267,7 @@ def test_cfg_branches_keep_their_own_pairs_references_and_decisions() -> None:
     reference = call(eager_pipe)
     pipe = zoo.tiny_pipeline("qwenimage")
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
     backend = RecordingBackend()
     hook = SplitGraphHook(backend, graph_bridge(handle))
     HookRegistry.of(pipe.transformer).register(GRAPH, hook)

@@ -186,9 +186,11 @@ class _CoreFeature:
         handle = ctx._handle
         if attachment.name == CLOCK_HOOK:
             compile_spec = getattr(handle.spec, "compile", None)
-            if compile_spec is None or getattr(compile_spec, "regional", True):
+            if compile_spec is None or (getattr(compile_spec, "regional", True)
+                                        and getattr(compile_spec, "cuda_graphs", "none") == "none"):
                 # the check observes every block eagerly; a whole-transformer compile would trace its observers
-                # into the graph, so there the adapter goes unconfirmed (regional compile keeps hooks outside)
+                # into the graph, and whole-transformer CUDA graphs would capture them (and then see the hooks
+                # change when they go), so there the adapter goes unconfirmed (regional compile keeps hooks outside)
                 handle.first_call = firstcall.install(handle)
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
