@@ -657,16 +657,7 @@ class GraphBridge:
 
     def finish(self, index: int, cached: bool, signature: Hashable) -> None:
         """Account for one transformer call served by a pair of graphs (statistics, which residuals exist)."""
-        state = self.shared.handle.state
-        cs = self.shared.call_state()
-        branch = cs.branch_at(index)
-        branch.record(state.step, cached)
-        if not cached:
-            branch.residual = list(self.last.get(index, [None, None]))
-            cs.graph_shapes[index] = signature
-        layout = self.shared.layout
-        cs.block_calls += layout.always_run if cached else layout.num_blocks
-        cs.transformer_calls += 1
+        self.replayed((index, cached), signature)
         self.last_cached[index] = cached
 
     # -- static decisions ---------------------------------------------------------------------------------------
