@@ -102,6 +102,17 @@ class CapturedCall:
     memory_bytes: int = 0
 
 
+def warm_on_side_stream(fn: Callable[[], Any], times: int) -> None:
+    """Run `fn` `times` times on a side stream, as torch's CUDA-graph recipe asks before a capture (lazy
+    initialisation and autotuning happen outside the graph), then make the current stream wait for it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 class CudaGraphBackend:
     """Captures with `torch.cuda.CUDAGraph` on a side stream after warm-up, sharing one memory pool."""
 
@@ -116,12 +127,7 @@ class CudaGraphBackend:
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(self.warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
+        warm_on_side_stream(fn, self.warmup)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             output = fn()
@@ -394,12 +400,7 @@ class CudaSegmentBackend:
         self.pool: Any = None
 
     def warm(self, fn: Callable[[], Any]) -> None:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(self.warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
+        warm_on_side_stream(fn, self.warmup)
 
     def segments(self) -> CudaGraphSegments:
         if self.pool is None:
