@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hookkit
 from hookkit.core.registry import HookRegistry
 from hookkit.techniques.cache.hooks import graph_bridge
+from hookkit.core.graphs import EagerCalls
 from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner
 from hookkit.techniques.quantize.torchao import select_layers
 from hookkit.tools import bench, zoo
@@ -106,7 +107,8 @@ def tiny_buffers() -> dict[str, Any]:
                                                                      taylorseer_order=0)))
     bridge = graph_bridge(handle)
     runner = GraphRunner(_ReplayBackend(bridge))
-    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, bridge))
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, bridge, eager=handle.service(EagerCalls)))
     kwargs = zoo.call_kwargs("flux", steps=6)
     pipe(**kwargs)
     cfg = pipe.transformer.config

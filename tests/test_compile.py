@@ -9,6 +9,7 @@ from torch._dynamo.utils import counters
 import hookkit
 from hookkit.tools import zoo
 from hookkit.errors import EnableError, SpecError, UnsupportedError
+from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.techniques.compile.hooks import (
     GraphRunner,
@@ -318,12 +319,11 @@ def _graph_cached_pipeline(name: str, cache: hookkit.DBCache):
 
     pipe = zoo.tiny_pipeline(name)
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    # as under Spec(compile=Compile(cuda_graphs="transformer")): no first-call adapter check, whose block observers
-    # the graphs would capture and then see go
-    handle.first_call = None
     bridge = graph_bridge(handle)
     backend = ReplayBackend(bridge)
-    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge))
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge,
+                                                                eager=handle.service(EagerCalls)))
     return pipe, handle, backend
 
 
@@ -362,6 +362,82 @@ def test_dbcache_under_transformer_graphs_keeps_cfg_branches_apart() -> None:
     assert torch.equal(cfg_run(pipe), reference)
     assert backend.captures == 4  # (branch 0, 1) x (computed, cached)
     assert _cache_stats(handle)[1] == {0: ([0, 1, 3], [2, 4, 5]), 1: ([0, 1, 3], [2, 4, 5])}
+
+
+# --- the first-call adapter check under whole-transformer graphs (the real attach, CUDA stood in on the CPU) ---
+
+GRAPHS = hookkit.Compile(cuda_graphs="transformer", backend="eager")
+
+
+def _cpu_graphs(monkeypatch: pytest.MonkeyPatch, backend) -> None:
+    """Let `Compile(cuda_graphs="transformer")` attach on the CPU as on a GPU: the CUDA check passes and `backend`
+    stands in for CUDA capture (the rest is what a GPU runs: regional compile, `GraphHook`, the core's wiring)."""
+    from hookkit.techniques.compile import hooks
+
+    monkeypatch.setattr(hooks, "check_on_cuda", lambda transformer: None)
+    monkeypatch.setattr(hooks, "CudaGraphBackend", lambda: backend)
+
+
+def _reversed_flux() -> hookkit.AdapterSpec:
+    import attrs
+
+    flux = hookkit.get_adapter("flux")
+    return attrs.evolve(flux, name="flux-reversed", blocks=tuple(reversed(flux.blocks)))
+
+
+def test_transformer_graphs_refuse_blocks_out_of_execution_order_at_the_first_call_as_eager_mode_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import AdapterError
+
+    eager_pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(eager_pipe, hookkit.Spec(), adapter=_reversed_flux())
+    with pytest.raises(AdapterError) as eager_error:
+        run(eager_pipe, steps=2)
+    backend = ReplayBackend()
+    _cpu_graphs(monkeypatch, backend)
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=GRAPHS), adapter=_reversed_flux())
+    for _ in range(2):  # refused again at the next call: the check stays armed, and nothing was captured
+        with pytest.raises(AdapterError) as error:
+            run(pipe, steps=2)
+        assert str(error.value) == str(eager_error.value)
+        assert "expected the blocks to run in the order of its [[blocks]] tables" in str(error.value)
+    assert backend.captures == 0
+    assert handle.summary().first_call == "pending"
+    assert all("hookkit.check" not in registry_names(b) for b in pipe.transformer.transformer_blocks)
+
+
+def test_transformer_graphs_run_the_checked_first_call_eagerly_and_capture_from_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    eager_pipe = zoo.tiny_pipeline("flux")
+    backend = ReplayBackend()
+    _cpu_graphs(monkeypatch, backend)
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=GRAPHS))
+    assert torch.equal(run(pipe, steps=1), run(eager_pipe, steps=1))  # the checked call alone: nothing captured
+    assert (backend.captures, handle.summary().first_call) == (0, "confirmed")
+    for _ in range(2):
+        assert torch.equal(run(pipe, steps=3), run(eager_pipe, steps=3))
+    data = handle.summary().features["compile"].data
+    # one capture (no observer in it, so the watch never saw hooks go), replayed by every later call
+    assert (backend.captures, data["graph_invalidations"], data["eager_calls"], data["graph_replays"]) == (1, 0, 1, 6)
+
+
+def test_the_graph_hook_asks_the_cores_first_call_check_which_call_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook, SplitGraphHook
+
+    _cpu_graphs(monkeypatch, ReplayBackend())
+    monkeypatch.setattr("hookkit.techniques.compile.hooks.CudaSegmentBackend", lambda: None)
+    for spec, kind in ((hookkit.Spec(compile=GRAPHS), GraphHook),
+                       (hookkit.Spec(cache=hookkit.DBCache(threshold=0.1, taylorseer_order=0), compile=GRAPHS),
+                        SplitGraphHook)):
+        pipe = zoo.tiny_pipeline("flux")
+        handle = hookkit.enable(pipe, spec)
+        hook = HookRegistry.of(pipe.transformer).get(GRAPH)
+        assert type(hook) is kind
+        assert hook.eager is handle.service(EagerCalls) is handle.first_call
+        assert isinstance(hook.eager, EagerCalls) and hook.eager.eager() is False  # True only inside the checked call
+        handle.remove()
 
 
 def test_transformer_graphs_with_taylorseer_are_refused_with_the_alternative() -> None:
@@ -476,11 +552,9 @@ def test_dbcache_under_transformer_graphs_computes_a_step_whose_batch_changed_wi
     reference = call(eager_pipe)
     pipe = _tiny_sd3_pipeline()
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    # as under Spec(compile=Compile(cuda_graphs="transformer")): no first-call adapter check, whose block observers
-    # the graphs would capture and then see go
-    handle.first_call = None
     bridge = graph_bridge(handle)
-    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(ReplayBackend(bridge)), bridge))
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(ReplayBackend(bridge)), bridge,
+                                                                eager=handle.service(EagerCalls)))
     out = call(pipe)
     assert out.shape == reference.shape == (1, 4, 16, 16)
     assert torch.equal(out, reference)

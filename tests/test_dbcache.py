@@ -18,6 +18,7 @@ import hookkit
 from hookkit import AdapterSpec, BlockListSpec
 from hookkit.tools import zoo
 from hookkit.errors import HookError, SpecError, UnsupportedError
+from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.techniques.cache.hooks import plot_cache_diffs
 from hookkit.core.plan import flat_blocks
@@ -557,10 +558,10 @@ def test_transformer_graphs_capture_a_cached_step_on_the_residual_of_its_own_res
     reference = run(eager_pipe, "flux", steps=6)
     pipe = zoo.tiny_pipeline("flux")
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
     bridge = graph_bridge(handle)
     backend = GraphLikeBackend(bridge)
-    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge))
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), bridge,
+                                                                eager=handle.service(EagerCalls)))
     run(pipe, "flux", steps=2)  # a short warm-up call: the 32x32 computed-step graph only (mask [1, 1])
     run(pipe, "flux", steps=6, height=48, width=48)  # 48x48: its own two graphs, its slots written last
     # back at 32x32: the computed step replays, then the cached-step graph is captured; it must read the

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hookkit
+from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner, ModelWatch
@@ -201,10 +202,11 @@ class CountingBackend:
 
 def _graphed(pipe, require_cuda: bool = False):
     handle = hookkit.enable(pipe, hookkit.Spec())
-    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
     runner = GraphRunner(CountingBackend())
     backend = runner.backend
-    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, require_cuda=require_cuda))
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, require_cuda=require_cuda,
+                                                                eager=handle.service(EagerCalls)))
     return handle, runner, backend
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hookkit
+from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.errors import SpecError
 from hookkit.techniques.cache.hooks import graph_bridge
@@ -130,14 +132,15 @@ def _steps(handle: hookkit.Handle) -> dict[int, tuple[list[int], list[int], dict
     return {i: (b["computed"], b["cached"], b["diffs"]) for i, b in data["branches"].items()}
 
 
-def _split_pipeline(cache: hookkit.DBCache = CACHE) -> tuple[Any, hookkit.Handle, SplitGraphHook, RecordingBackend]:
+def _split_pipeline(cache: hookkit.DBCache = CACHE, adapter: hookkit.AdapterSpec | None = None,
+                    ) -> tuple[Any, hookkit.Handle, SplitGraphHook, RecordingBackend]:
     """The trained pipeline with DBCache and a SplitGraphHook on the stand-in backend (as
     `Compile(cuda_graphs="transformer")` installs it on a GPU, minus the regional compile)."""
     pipe = trained.load_pipeline()
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache), adapter=adapter)
     backend = RecordingBackend()
-    hook = SplitGraphHook(backend, graph_bridge(handle))
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    hook = SplitGraphHook(backend, graph_bridge(handle), eager=handle.service(EagerCalls))
     HookRegistry.of(pipe.transformer).register(GRAPH, hook)
     return pipe, handle, hook, backend
 
@@ -267,9 +270,9 @@ def test_cfg_branches_keep_their_own_pairs_references_and_decisions() -> None:
     reference = call(eager_pipe)
     pipe = zoo.tiny_pipeline("qwenimage")
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    handle.first_call = None  # as under Compile(cuda_graphs="transformer"): no first-call check to capture
     backend = RecordingBackend()
-    hook = SplitGraphHook(backend, graph_bridge(handle))
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    hook = SplitGraphHook(backend, graph_bridge(handle), eager=handle.service(EagerCalls))
     HookRegistry.of(pipe.transformer).register(GRAPH, hook)
     assert torch.equal(call(pipe), reference)
     steps = _steps(handle)
@@ -289,9 +292,43 @@ def test_the_compile_summary_counts_pairs_host_reads_and_switches(eager) -> None
     fake = types.SimpleNamespace(spec=hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer")),
                                  attachments=lambda: [], transformer=pipe.transformer, kept=lambda: hook)
     data = FEATURE.summarize(fake).data
-    assert (data["graphs_captured"], data["graph_replays"]) == (4, STEPS)
+    # the first call ran eagerly (the first-call check observed it): every later one replayed a pair
+    assert (data["graphs_captured"], data["graph_replays"], data["eager_calls"]) == (4, STEPS - 1, 1)
     assert (data["decision_reads"], data["head_switches"]) == (hook.reads, hook.switches)
     assert hook.reads == len(eager[1][0][2]) > 0
+
+
+def test_split_graphs_refuse_blocks_out_of_execution_order_at_the_first_call_as_eager_mode_does() -> None:
+    from hookkit.errors import AdapterError
+
+    flux = hookkit.get_adapter("flux")
+    wrong = attrs.evolve(flux, name="flux-reversed", blocks=tuple(reversed(flux.blocks)))
+    eager_pipe = trained.load_pipeline()
+    hookkit.enable(eager_pipe, hookkit.Spec(cache=CACHE), adapter=wrong)
+    with pytest.raises(AdapterError) as eager_error:
+        eager_pipe(**_kwargs())
+    pipe, handle, hook, backend = _split_pipeline(adapter=wrong)
+    with pytest.raises(AdapterError) as error:
+        pipe(**_kwargs())
+    assert str(error.value) == str(eager_error.value)
+    assert (backend.captures, hook.eager_calls, handle.summary().first_call) == (0, 1, "pending")
+    bridge = graph_bridge(handle)
+    assert (bridge.forced, bridge.on_decision) == (None, None)  # the forced decision ends with the refused call
+
+
+def test_a_statistic_right_after_the_eager_first_call_is_read_from_the_cached_pairs_head() -> None:
+    """warmup_steps=1: step 1 is decided by the statistic, but step 0 (the checked call) ran uncaptured, so no pair
+    of the branch exists; the cached pair (its path writes no residual or reference) is captured for its head."""
+    cache = attrs.evolve(CACHE, warmup_steps=1)
+    eager_pipe = trained.load_pipeline()
+    eager_handle = hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = eager_pipe(**_kwargs()).images
+    pipe, handle, hook, backend = _split_pipeline(cache)
+    assert torch.equal(pipe(**_kwargs()).images, reference)
+    assert _steps(handle) == _steps(eager_handle)
+    assert 1 in _steps(handle)[0][2]  # step 1's statistic was read
+    assert [cached for _, _, cached in hook.captured] == [True, False]  # the cached pair first, each pair once
+    assert backend.captures == 2
 
 
 def test_a_model_change_between_calls_drops_the_pairs_and_the_next_call_matches_eager_on_the_changed_model() -> None:

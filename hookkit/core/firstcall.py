@@ -4,7 +4,7 @@
 call, with observer hooks that the clock hook puts on every block for that call only (also taken off when it raises):
 
 - the blocks run in the order of the `[[blocks]]` tables, each at most once per pass (an adapter whose block lists
-  are out of order is refused); a call that runs the blocks again from the first (CUDA-graph warm-up) is a new pass;
+  are out of order is refused); a call that runs the blocks again from the first is a new pass;
 - each block gets a tensor at `hidden_arg` (and at `encoder_arg` where it returns that stream) and returns what
   `returns` says: one tensor, or a tuple with each stream's shape at its position (a trailing encoder may be None);
 - the chain: each block's hidden input is the previous block's hidden output. A shape change in between is an
@@ -15,6 +15,8 @@ call, with observer hooks that the clock hook puts on every block for that call 
 A disagreement raises at the block where it shows, naming the block, what was found and the TOML to write, and the
 check stays armed. Only the previous block's hidden output is held, never a call's activations. With a
 whole-transformer compile (`Compile(regional=False)`) the observers would be traced into the graph: no check then.
+Under whole-transformer CUDA graphs the checked call runs eagerly (`hookkit.core.graphs.EagerCalls`, true while
+the observers are on): graphs are captured from the next call on, without them.
 """
 
 from __future__ import annotations
@@ -133,6 +135,10 @@ class FirstCallCheck:
         self.passes: list[list[int]] = []
         self.previous: tuple[int, torch.Tensor] | None = None
         self.gaps: set[int] = set()
+
+    def eager(self) -> bool:
+        """`hookkit.core.graphs.EagerCalls`: True while a checked call runs (its observers must not be captured)."""
+        return self.recording
 
     def run(self, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         """One transformer call with observers on every block; raises `AdapterError` at a disagreement."""

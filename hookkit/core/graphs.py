@@ -1,9 +1,10 @@
-"""The protocol between whole-transformer CUDA graphs (compile) and a feature that decides per call (cache).
+"""The protocols between whole-transformer CUDA graphs (compile) and what must not end up in a graph.
 
 A replayed graph runs no Python, so hooks inside the transformer cannot decide anything on replay. A
 feature whose hooks change what a call computes provides `GraphDecisions` through its attach context;
 the graph runner then asks it *before* each call which graph to run, forces that decision while a graph
 is being warmed up and captured, and reports every replayed call back so that statistics stay right.
+The core provides `EagerCalls`: the calls the first-call check of the adapter observes run uncaptured.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class GraphDecisions(Protocol):
 
     def replayed(self, decision: Hashable, shapes: Hashable = None) -> None:
         """Account for one transformer call served by a graph with `decision`."""
+        ...
+
+    def adopted(self, shapes: Hashable = None) -> None:
+        """Account for one transformer call run eagerly (`EagerCalls`), which the hooks decided and recorded."""
         ...
 
 
@@ -63,4 +68,25 @@ class SplitDecisions(Protocol):
 
     def finish(self, branch: int, cached: bool, signature: Hashable) -> None:
         """Account for one transformer call served by a head and a tail."""
+        ...
+
+    def adopted(self, signature: Hashable) -> None:
+        """Account for one transformer call run eagerly (`EagerCalls`), which the hooks decided (the statistic read
+        eagerly) and recorded: keep what a pair-served call leaves (the statistic's reference among it)."""
+        ...
+
+
+@runtime_checkable
+class EagerCalls(Protocol):
+    """Transformer calls that a graph runner must run eagerly, neither capturing nor replaying (the core provides it).
+
+    The first-call check of the adapter (`hookkit.core.firstcall`) observes its call with hooks on every block: a
+    graph captured then would hold them (and be dropped when they go, a second capture), and the check's host reads
+    cannot run inside a capture. So the runner runs that call as eager mode does (a feature that decides per call
+    decides it in its hooks and is told with `adopted`), captures nothing, and captures from the next call on: no
+    graph ever contains an observer, and the call's output and errors are eager mode's.
+    """
+
+    def eager(self) -> bool:
+        """Whether the transformer call now running must run eagerly (True only inside it)."""
         ...

@@ -44,6 +44,7 @@ from hookkit.core.plan import Attachment, Plan, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core import firstcall
+from hookkit.core.graphs import EagerCalls
 from hookkit.core.state import CallState, Clock
 from hookkit.core.validate import is_int
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
@@ -186,12 +187,12 @@ class _CoreFeature:
         handle = ctx._handle
         if attachment.name == CLOCK_HOOK:
             compile_spec = getattr(handle.spec, "compile", None)
-            if compile_spec is None or (getattr(compile_spec, "regional", True)
-                                        and getattr(compile_spec, "cuda_graphs", "none") == "none"):
+            if compile_spec is None or getattr(compile_spec, "regional", True):
                 # the check observes every block eagerly; a whole-transformer compile would trace its observers
-                # into the graph, and whole-transformer CUDA graphs would capture them (and then see the hooks
-                # change when they go), so there the adapter goes unconfirmed (regional compile keeps hooks outside)
-                handle.first_call = firstcall.install(handle)
+                # into the graph, so there the adapter goes unconfirmed (regional compile keeps hooks outside).
+                # Whole-transformer CUDA graphs run the checked call eagerly: the check tells them when (EagerCalls)
+                check = handle.first_call = firstcall.install(handle)
+                ctx.provide(EagerCalls, lambda: check)
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
         if attachment.name == "hookkit.generation":

@@ -709,6 +709,37 @@ class GraphBridge:
                 if slot is not None:
                     branch.residual[stream] = slot
 
+    def adopted(self, shapes: Hashable = None) -> None:
+        """Take over a transformer call the hooks decided and recorded themselves, run eagerly under the graphs (the
+        first-call check's): keep what a graph-served call leaves for the next ones.
+
+        `shapes`: of the call's tensor inputs (unsplit graphs) or its signature (split graphs), as `replayed` gets
+        them. The residual slots are the hooks' already (`persist`); a computed step also sets the geometry of the
+        branch's last computed step and, with a threshold, the reference of the statistic (its Fn residual).
+        """
+        state = self.shared.handle.state
+        cs = self.shared.call_state()
+        index = state.branch
+        branch = cs.branch_at(index)
+        if branch.computed and branch.computed[-1] == state.step:
+            cached = False
+        elif branch.cached and branch.cached[-1] == state.step:
+            cached = True
+        else:  # no middle block decided in this call: nothing to take over
+            return
+        self.last_cached[index] = cached
+        if cached:
+            return
+        cs.graph_shapes[index] = shapes
+        residual = branch.fn_ref
+        if self.dynamic and residual is not None:
+            key = (index, tuple(residual.shape), residual.dtype, residual.device)
+            ref = self.refs.get(key)
+            if ref is None:
+                ref = self.refs[key] = torch.empty_like(residual)
+            # the slot is the reference from now on (pair-served computed steps rewrite it): no second copy is held
+            branch.fn_ref = ref.copy_(residual)
+
     def replayed(self, decision: tuple[int, bool], shapes: Hashable = None) -> None:
         """Account for one transformer call served by a graph (statistics, and which residuals exist)."""
         index, cached = decision

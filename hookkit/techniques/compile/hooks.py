@@ -16,7 +16,8 @@ with a static mask: the decision becomes part of the graph key) or `SplitDecisio
 threshold: each call is split at the decision into a head graph ending with the statistic, one host read,
 and the computed or cached tail graph, `SplitGraphHook`). Before every call `ModelWatch` compares what the
 graphs captured (tensors, module tree, inner hooks, LoRA state) with the model now: on a change they are
-captured anew; a model moved off CUDA is refused.
+captured anew; a model moved off CUDA is refused. The call the first-call check of the adapter observes runs
+eagerly (`hookkit.core.graphs.EagerCalls`): captures start at the next call, with no observer in them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.utils._pytree as pytree
 
 from hookkit.core.compat import CUDA_GRAPH_MODES
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.graphs import GraphDecisions, SplitDecisions
+from hookkit.core.graphs import EagerCalls, GraphDecisions, SplitDecisions
 from hookkit.core.plan import Attachment, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable, Removal
@@ -148,6 +149,8 @@ class GraphRunner:
         self.captured: OrderedDict[Hashable, CapturedCall] = OrderedDict()
         self.captures = 0
         self.evictions = 0
+        #: calls run eagerly, neither captured nor replayed (the first-call check observed them: `EagerCalls`)
+        self.eager_calls = 0
         #: why the captured graphs were dropped, one entry per invalidation (see `ModelWatch`)
         self.invalidations: list[str] = []
 
@@ -322,17 +325,30 @@ class GraphHook(ModelHook):
     Before every call the `ModelWatch` compares what the graphs captured with the model as it is now; on any
     change the graphs are dropped and captured anew, as a fresh enable would, after checking the model is
     still wholly on CUDA (a model moved to the CPU is refused, never captured).
+
+    A call that `eager` (the core's `EagerCalls`: the first-call check of the adapter) claims runs as in eager
+    mode, uncaptured (the cache's hooks decide it; `adopted` keeps the bookkeeping a replay keeps), so its output
+    and errors are eager mode's and no graph holds the check's block observers. That is once per enable (again only
+    while the check fails and stays armed): an invalidation re-captures without a second check, because what
+    the watch sees change (weights, devices, dtypes, LoRA layers and scales, hooks, training mode) changes none
+    of what the check confirmed (block order, each block's stream arguments and returns, the hidden-stream
+    chain: the forward's code and block lists), and a replaced hooked block is refused at the next pipeline
+    call whatever the graphs (`Handle._check_modules`). Eager mode checks once per enable too.
     """
 
     replaces_forward = True
 
-    def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None, require_cuda: bool = False) -> None:
+    def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None, require_cuda: bool = False,
+                 eager: EagerCalls | None = None) -> None:
         self.runner = runner
         self.cache = cache
         self.require_cuda = require_cuda
+        self.eager = eager
         self.watch = ModelWatch()
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if self.eager is not None and self.eager.eager():
+            return self._eager_call(module, call_next, args, kwargs)
         reason = self.watch.check(module)
         if reason is not None:
             if self.require_cuda:
@@ -350,6 +366,17 @@ class GraphHook(ModelHook):
             self.cache.replayed(decision, shapes)
         if reason is not None or len(self.runner.captured) != captured:
             self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
+        return output
+
+    def _eager_call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """One call as eager mode runs it (the cache's hooks decide and record); the cache then keeps what a
+        graph-served call leaves for the next ones."""
+        if self.require_cuda:
+            check_on_cuda(module)
+        self.runner.eager_calls += 1
+        output = call_next(*args, **kwargs)
+        if self.cache is not None:
+            self.cache.adopted(tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)))
         return output
 
 
@@ -430,18 +457,25 @@ class SplitGraphHook(ModelHook):
     decision rarely changes from one step to the next), reads the statistic, and when the decision differs,
     replays the other pair's head (so its tail reads its own head's tensors) before that tail. A pair is only
     captured once its decision is known (rules that need no statistic, or a statistic read from another pair's
-    head): warming a pair up runs its path, and the computed path writes the residual and reference slots. Same
-    rules, same statistic ops as eager DBCache, so the same decisions (tested bitwise on the CPU with a
-    recording stand-in for capture).
+    head): warming a pair up runs its path, and the computed path writes the residual and reference slots. One
+    exception: when the statistic decides and no pair of the branch's signature exists yet (its last computed
+    step ran eagerly, or the pairs were dropped mid-call), the cached pair is captured for its head, since its path
+    writes no slot. Same rules, same statistic ops as eager DBCache, so the same decisions (tested bitwise on the
+    CPU with a recording stand-in for capture).
+
+    The call `eager` claims (the first-call check's, see `GraphHook`) runs as in eager mode, uncaptured.
 
     `backend`: `warm(fn)` and `segments()` (`CudaSegmentBackend` on a GPU; injectable for CPU tests).
     """
 
     replaces_forward = True
 
-    def __init__(self, backend: Any, cache: Any, require_cuda: bool = False) -> None:
+    def __init__(self, backend: Any, cache: Any, require_cuda: bool = False, eager: EagerCalls | None = None) -> None:
         self.backend = backend
         self.cache = cache
+        self.eager = eager
+        #: calls run eagerly, neither captured nor replayed (the first-call check observed them)
+        self.eager_calls = 0
         self.captured: dict[Hashable, SplitPair] = {}
         #: host reads of the decision statistic, and heads replayed a second time (the decision changed)
         self.reads = 0
@@ -452,6 +486,8 @@ class SplitGraphHook(ModelHook):
         self.invalidations: list[str] = []
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if self.eager is not None and self.eager.eager():
+            return self._eager_call(module, call_next, args, kwargs)
         reason = self.watch.check(module)
         if reason is not None:  # the model changed since capture: every pair is captured anew, as a fresh enable would
             if self.require_cuda:
@@ -472,14 +508,11 @@ class SplitGraphHook(ModelHook):
         if cached is None:  # the statistic decides: try the pair the branch used last
             guess = self.cache.last_cached.get(branch, False)
             pair = self.captured.get((sig, branch, guess))
-            if pair is None:  # the computed pair of this signature exists: it served the step that set the reference
+            if pair is None:  # the computed pair of this signature served the step that set the reference
                 guess, pair = False, self.captured.get((sig, branch, False))
-            if pair is None:
-                raise HookError(
-                    f"SplitGraphHook: expected the computed-step graphs of branch {branch} for this input signature "
-                    "(the branch's last computed step had it), found none. Report this to hookkit; "
-                    "Compile(cuda_graphs='none') runs this cache without graphs meanwhile."
-                )
+            if pair is None:  # that step ran uncaptured: the cached pair's head reads the statistic, writing nothing
+                guess = True
+                pair = self.captured[(sig, branch, True)] = self._capture(call_next, leaves, spec, branch, True)
             self._load(pair, leaves)
             pair.head()
             self.reads += 1
@@ -504,6 +537,17 @@ class SplitGraphHook(ModelHook):
         if head:
             pair.head()
         return pair
+
+    def _eager_call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """One call as eager mode runs it (the hooks decide, the statistic read eagerly); the cache then keeps what
+        a pair-served call leaves for the next ones (the reference of the statistic among it)."""
+        if self.require_cuda:
+            check_on_cuda(module)
+        self.eager_calls += 1
+        sig = signature(args, kwargs)
+        output = call_next(*args, **kwargs)
+        self.cache.adopted(sig)
+        return output
 
     @staticmethod
     def _load(pair: SplitPair, leaves: list[Any]) -> None:
@@ -660,10 +704,12 @@ class _CompileFeature(BaseFeature):
         if attachment.name == STEP_MARK:
             return add_hook(module, STEP_MARK, StepMarkHook())
         split = ctx.request(SplitDecisions)
+        eager = ctx.request(EagerCalls)  # the core's first-call check: its call runs uncaptured
         if split is not None and split.dynamic:  # a threshold decides: each call split at the decision
-            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True)))
+            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True,
+                                                                   eager=eager)))
         runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
-        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True))
+        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True, eager=eager))
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
         spec: Compile = ctx.spec.compile  # type: ignore[assignment]
@@ -702,7 +748,9 @@ class _CompileFeature(BaseFeature):
                      ["heads replayed twice (decision changed)", runner.switches]]
         if runner is not None:
             data["graph_invalidations"] = len(getattr(runner, "invalidations", ()))
-            rows.append(["graphs dropped (model changed)", data["graph_invalidations"]])
+            data["eager_calls"] = runner.eager_calls
+            rows += [["graphs dropped (model changed)", data["graph_invalidations"]],
+                     ["calls run eagerly (first-call check)", runner.eager_calls]]
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
 
 
