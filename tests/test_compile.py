@@ -423,6 +423,20 @@ def test_transformer_graphs_run_the_checked_first_call_eagerly_and_capture_from_
     assert (backend.captures, data["graph_invalidations"], data["eager_calls"], data["graph_replays"]) == (1, 0, 1, 6)
 
 
+def test_a_step_cached_right_after_the_eager_first_call_reuses_its_residual() -> None:
+    """The first call (computed) ran uncaptured, in the hooks alone: the cache takes over its residual and geometry
+    (`adopted`), so step 1 is cached as in eager mode, by a graph captured on that residual."""
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=(1, 0, 1, 0), mask_policy="static", taylorseer_order=0)
+    eager_pipe = zoo.tiny_pipeline("flux")
+    eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=cache))
+    reference = run(eager_pipe, steps=4)
+    pipe, handle, backend = _graph_cached_pipeline("flux", cache)
+    assert torch.equal(run(pipe, steps=4), reference)
+    assert _cache_stats(handle) == _cache_stats(eager)
+    assert _cache_stats(handle)[1] == {0: ([0, 2], [1, 3])}
+    assert backend.captures == 2
+
+
 def test_the_graph_hook_asks_the_cores_first_call_check_which_call_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.techniques.compile.hooks import GRAPH, GraphHook, SplitGraphHook
 
@@ -499,7 +513,10 @@ def test_gpu_transformer_graphs_replay_what_eager_computes() -> None:
     handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer", backend="eager")))
     for _ in range(2):  # the second call is served by replays only
         torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-4, atol=1e-4)
-    assert handle.summary().features["compile"].data["graphs_captured"] == 1
+    data = handle.summary().features["compile"].data
+    # the first call ran eagerly under the first-call check; one capture, never dropped (no observer in it)
+    assert (data["graphs_captured"], data["eager_calls"], data["graph_invalidations"]) == (1, 1, 0)
+    assert handle.summary().first_call == "confirmed"
     handle.remove()
     assert torch.equal(_cuda_run(pipe), reference)
 
@@ -518,7 +535,21 @@ def test_gpu_dbcache_under_transformer_graphs_matches_dbcache_without_graphs() -
     for _ in range(2):
         torch.testing.assert_close(_cuda_run(pipe), reference, rtol=1e-4, atol=1e-4)
         assert _cache_stats(handle) == stats
-    assert handle.summary().features["compile"].data["graphs_captured"] == 2
+    data = handle.summary().features["compile"].data
+    assert (data["graphs_captured"], data["eager_calls"], data["graph_invalidations"]) == (2, 1, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_transformer_graphs_refuse_blocks_out_of_execution_order_and_capture_nothing() -> None:
+    from hookkit.errors import AdapterError
+
+    pipe = _cuda_pipeline()
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=GRAPHS), adapter=_reversed_flux())
+    with pytest.raises(AdapterError, match=r"expected the blocks to run in the order of its \[\[blocks\]\] tables"):
+        _cuda_run(pipe)
+    assert handle.summary().features["compile"].data["graphs_captured"] == 0
+    assert handle.summary().first_call == "pending"
 
 
 @pytest.mark.gpu

@@ -252,6 +252,12 @@ def test_gpu_split_graphs_decide_like_eager_dynamic_dbcache() -> None:
         images = pipe(**kwargs()).images
         assert _steps(handle) == _steps(eager_handle)
         torch.testing.assert_close(images, reference, rtol=0, atol=2e-2)
+    # step 0 ran eagerly under the first-call check, step 1 (warm-up) captured the computed pair: one pair per
+    # decision taken, head + tail each, never dropped
+    data = handle.summary().features["compile"].data
+    pairs = 1 + bool(_steps(handle)[0][1])
+    assert (data["graphs_captured"], data["eager_calls"], data["graph_invalidations"]) == (2 * pairs, 1, 0)
+    assert handle.summary().first_call == "confirmed"
 
 
 def test_cfg_branches_keep_their_own_pairs_references_and_decisions() -> None:
