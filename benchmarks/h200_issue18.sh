@@ -20,7 +20,7 @@
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
 # More pieces: gpu-tests (every `-m gpu` test), controlnet (benchmarks/pipelines.py --parts controlnet),
-# flux-1024-warm (no fresh caches); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
+# flux-1024-warm (no fresh caches), autotune-if-faster (after profile); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
 # quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
 # step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
@@ -33,6 +33,7 @@ FAST=${FAST:-hookkit-fp8+cache-fast+cuda-graphs}
 MOD=${MOD:-hookkit-fp8-mod+cache-fast+cuda-graphs}
 DYN=${DYN:-hookkit-fp8+cache-dyn+cuda-graphs}
 PEER=${PEER:-cache-dit+fp8+compile}
+AUTOTUNE=${AUTOTUNE:-hookkit-fp8-mod+cache-fast+cuda-graphs+autotune}
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" >> "$W/res/queue.log"; }
 
@@ -69,6 +70,13 @@ piece() {
     flux-1024) for c in $FAST $MOD $PEER; do row flux-1024-cold flux 1024 "$c" 1; done ;;
     flux-1024-warm) for c in ${P1024:-$FAST $MOD}; do row flux-1024 flux 1024 "$c" 0; done ;;
     flux-512) for c in ${P512:-$FAST $DYN $MOD $PEER}; do row flux-512 flux 512 "$c" 0; done ;;
+    autotune-if-faster)  # the autotuned row at 1024² only when the step profile shows it >= 2 % faster per step
+      if python3 -c 'import json, sys
+rows = {r["variant"]: r for r in json.load(open(sys.argv[1]))["rows"] if r.get("status") == "ok"}
+a, b = rows.get("native+mod+autotune"), rows.get("native+mod")
+sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/step_profile.json"; then
+        row flux-1024 flux 1024 "$AUTOTUNE" 0
+      else log "autotune row skipped: not >= 2 % faster per step in the step profile (or not profiled)"; fi ;;
     gpu-tests)
       timeout "${T_TESTS:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/ > "$W/res/gpu_tests_all.log" 2>&1
       log "gpu tests rc $? $(tail -1 "$W/res/gpu_tests_all.log")" ;;
@@ -107,7 +115,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES FAST MOD DYN PEER P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE
+  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
