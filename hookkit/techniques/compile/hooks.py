@@ -525,8 +525,7 @@ class SplitGraphHook(ModelHook):
             if pair is None:  # the computed pair of this signature served the step that set the reference
                 guess, pair = False, self.captured.get((sig, branch, False))
             if pair is None:  # that step ran uncaptured: the cached pair's head reads the statistic, writing nothing
-                guess = True
-                pair = self.captured[(sig, branch, True)] = self._capture(call_next, leaves, spec, branch, True)
+                guess, pair = True, self._pair(call_next, leaves, spec, sig, branch, True, head=False)
             self._load(pair, leaves)
             pair.head()
             self.reads += 1
