@@ -315,12 +315,11 @@ def test_controlnet_pipelines_bitwise_with_spec_and_threshold0(name: str) -> Non
     assert torch.equal(run(pipe, name), stock)
 
 
-@pytest.mark.parametrize("name", CONTROLNETS)
-def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
-    # The oracle on the real pipeline, in float64: spies on the middle blocks record, on the computed step, each
-    # block's own contribution (output - input); on the cached step, the first middle block's input and what the model
-    # adds between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding.
-    pipe = zoo.tiny_variant(name).to(torch.float64)
+def assert_cached_step_adds_the_current_residuals_once(pipe: Any, kw: dict[str, Any]) -> None:
+    """The oracle on a real pipeline, in float64: spies on the middle blocks record, on the computed step, each block's
+    own contribution (output - input); on the cached step, the first middle block's input and what the model adds
+    between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding."""
+    pipe = pipe.to(torch.float64)
     transformer = pipe.transformer
     blocks = [b for lst in ("transformer_blocks", "single_transformer_blocks") for b in getattr(transformer, lst, [])]
     middle = blocks[1:]
@@ -330,21 +329,18 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
         records[-1].append((kwargs["hidden_states"], output[1]))
 
     handles = [b.register_forward_hook(spy, with_kwargs=True) for b in middle]
-    transformer.register_forward_pre_hook(lambda *_: records.append([]))
+    handles.append(transformer.register_forward_pre_hook(lambda *_: records.append([])))
     h = hookkit.enable(pipe, hookkit.Spec(cache=static((1, 0))))
     try:
-        kw = zoo.variant_call_kwargs(name, steps=2)
-        kw["prompt_embeds"] = kw["prompt_embeds"].double()
-        if "pooled_prompt_embeds" in kw:
-            kw["pooled_prompt_embeds"] = kw["pooled_prompt_embeds"].double()
-        pipe(**kw)
+        kw = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kw.items()}
+        pipe(**kw, num_inference_steps=2)
         assert h.summary().features["cache"].data["branches"][0]["cached"] == [1]
     finally:
         h.remove()
         for x in handles:
             x.remove()
-        transformer._forward_pre_hooks.clear()
     computed, cached = records
+    assert len(computed) == len(cached) == len(middle)
     own = sum(out - inp for inp, out in computed)
     between_now = sum(cached[i + 1][0] - cached[i][1] for i in range(len(cached) - 1))
     between_then = sum(computed[i + 1][0] - computed[i][1] for i in range(len(computed) - 1))
@@ -353,6 +349,43 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
     torch.testing.assert_close(cached[-1][1], expected, rtol=0, atol=1e-12)
     # the old behaviour (residual with step 0's controls inside) is far from it
     assert (cached[-1][1] - (expected + between_then)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
+    kw = zoo.variant_call_kwargs(name)
+    del kw["num_inference_steps"]
+    assert_cached_step_adds_the_current_residuals_once(zoo.tiny_variant(name), kw)
+
+
+@pytest.mark.parametrize("layers", [(4, 10), (5, 0), (2, 4)], ids=lambda t: f"controlnet-{t[0]}+{t[1]}")
+def test_full_structure_flux_controlnet_cached_step_adds_the_current_residuals_once(layers: tuple[int, int]) -> None:
+    # Flux-dev's 19 double + 38 single blocks at tiny widths, the real 8x VAE, a ControlNet with fewer blocks than the
+    # transformer: its samples are spread over the blocks (interval ceil(19 / 4) = 5, ...), 5 + 0 gives no single
+    # samples at all. The benchmark's H200 run failed here, before any hook ran: the full-size pipeline's small VAE
+    # had no `shift_factor`, which FluxControlNetPipeline subtracts from the encoded control image.
+    pipe = zoo.full_controlnet_pipeline(*layers, narrow=True)
+    kw = zoo.full_call_kwargs("flux", height=64, width=64, device="cpu", dtype=torch.float32, narrow=True)
+    del kw["num_inference_steps"]
+    kw.update(control_image=torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(7)),
+              controlnet_conditioning_scale=0.7)
+    assert_cached_step_adds_the_current_residuals_once(pipe, kw)
+
+
+def test_benchmark_controlnet_part_runs_on_the_full_structure_on_the_cpu() -> None:
+    # benchmarks/pipelines.py --cpu-smoke --parts controlnet, in process: the GPU's code path at tiny widths
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipelines.py"
+    spec = importlib.util.spec_from_file_location("bench_pipelines", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    opts = argparse.Namespace(cpu_smoke=True, quick=False, steps=4, runs=1, backend="eager")
+    [record] = bench.part_controlnet(opts, torch.device("cpu"))
+    assert record["cached_steps"] == {"transformer": {0: [1]}}
+    assert (record["block_calls"], record["block_calls_uncached"]) == (4 * 57 - 56, 4 * 57)
 
 
 # --- image editing and img2img ------------------------------------------------------------------------------
