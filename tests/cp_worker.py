@@ -407,6 +407,19 @@ def scenario_adapter_plan() -> dict[str, Any]:
     hookkit.disable(pipe)
     res["static"]["removal_state_equal"] = module_state(pipe) == before
 
+    # Wan's own `_cp_plan` also splits at blocks.0: the first-call check must compare what the block's forward gets
+    from hookkit.tools import zoo
+
+    wan_kwargs = zoo.call_kwargs("wan", steps=2, height=32, width=32)
+    wan_single = zoo.tiny_pipeline("wan")(**wan_kwargs).frames
+    pipe = zoo.tiny_pipeline("wan")
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+    res["wan_class_plan"] = {"max_abs_vs_single": (pipe(**zoo.call_kwargs("wan", steps=2, height=32, width=32)).frames
+                                                   - wan_single).abs().max().item(),
+                             "plan_origin": handle.summary().features["parallel"].data["plan_origin"]}
+    hookkit.disable(pipe)
+
     # a wrong plan: proj_out gathered along its channels (dim 2) instead of its tokens (dim 1)
     shipped = get_adapter("skyreelsv2")
     wrong = attrs.evolve(shipped, name="skyreelsv2", cp_plan=tuple(
