@@ -312,6 +312,17 @@ def scenario_gpu() -> dict[str, Any]:
         res[name] = {**cache_data(handle), "digest": digest(out.float().cpu()),
                      "max_abs_vs_single": (out.float() - single.float()).abs().max().item()}
         hookkit.disable(pipe)
+
+    # SkyReels-V2 by its adapter's [[cp_plan]] (no `_cp_plan` in diffusers 0.42.1), Ulysses and ring
+    sky_single = call_sky(sky_pipeline().to(device=device, dtype=torch.bfloat16)).float()
+    for name, cp in (("sky_ulysses", hookkit.ContextParallel(ulysses=2)),
+                     ("sky_ring", hookkit.ContextParallel(ring=2, attention_backend="_native_cudnn"))):
+        pipe = sky_pipeline().to(device=device, dtype=torch.bfloat16)
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+        out = call_sky(pipe).float()
+        res[name] = {"digest": digest(out.cpu()), "plan_origin": handle.summary().features["parallel"].data["plan_origin"],
+                     "relative_max_abs_vs_single": ((out - sky_single).abs().max() / sky_single.abs().max()).item()}
+        hookkit.disable(pipe)
     return res
 
 
@@ -354,7 +365,12 @@ def call_sky(pipe: Any, **extra: Any) -> torch.Tensor:
     """32 x 32 pixels, 5 frames: 2 latent frames of 2 x 2 tokens, 8 tokens (4 per rank)."""
     from hookkit.tools import zoo
 
-    return pipe(**zoo.call_kwargs("wan", steps=STEPS, **{"height": 32, "width": 32, **extra})).frames
+    kwargs = zoo.call_kwargs("wan", steps=STEPS, **{"height": 32, "width": 32, **extra})
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    if device.type != "cpu":  # the GPU scenario: embeddings where the transformer is
+        kwargs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in kwargs.items()}
+    return pipe(**kwargs).frames
 
 
 def error_of(fn: Any) -> str | None:

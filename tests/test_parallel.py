@@ -412,3 +412,7 @@ def test_two_gpus_ulysses_and_ring_take_the_single_gpu_decisions(tmp_path: Path)
             assert r[layout]["collectives"] == len(single["diffs"])
     for layout in ("ulysses", "ring"):
         assert ranks[0][layout]["digest"] == ranks[1][layout]["digest"]
+    for layout in ("sky_ulysses", "sky_ring"):  # SkyReels-V2 by its adapter's [[cp_plan]], bfloat16
+        assert [(r[layout]["plan_origin"], r[layout]["relative_max_abs_vs_single"] < 0.05) for r in ranks] == [
+            ("adapter", True)] * 2
+        assert ranks[0][layout]["digest"] == ranks[1][layout]["digest"]

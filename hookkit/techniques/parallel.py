@@ -42,11 +42,13 @@ if TYPE_CHECKING:
 
 NAME = "parallel"
 CONTEXT_HOOK = "hookkit.parallel.context"
-#: names of hookkit's checks in diffusers' hook registries of the plan's modules: split inputs (outermost there; on
-#: the transformer it also starts each forward), split outputs (innermost), gathered outputs (outermost)
+#: names of hookkit's checks in diffusers' hook registries: on the transformer (outermost there: starts each forward's
+#: ledger, checks its own split inputs), and per plan module id (two ids may name one module, as diffusers' names
+#: are): split inputs (outermost), split outputs (innermost), gathered outputs (outermost)
 CHECK_HOOK = "hookkit.parallel.check"
-OUTPUT_CHECK_HOOK = "hookkit.parallel.check_output"
-GATHER_CHECK_HOOK = "hookkit.parallel.check_gather"
+INPUT_CHECK_HOOK = "hookkit.parallel.check_input---{}"
+OUTPUT_CHECK_HOOK = "hookkit.parallel.check_output---{}"
+GATHER_CHECK_HOOK = "hookkit.parallel.check_gather---{}"
 #: backends whose context-parallel forward op cannot return the log-sum-exp that ring attention merges with
 #: (diffusers 0.42.1: `_native_attention_forward_op` raises for `return_lse=True`)
 NO_LSE_BACKENDS = frozenset({"native"})
@@ -176,20 +178,20 @@ def _check_backend(spec: ContextParallel, transformer: torch.nn.Module) -> str:
 # --- the plan, and its per-call checks -------------------------------------------------------------------------------
 
 
-def resolve_cp_plan(transformer: torch.nn.Module, adapter: AdapterSpec | None) -> tuple[dict[str, Any], str, str]:
+def resolve_cp_plan(transformer: torch.nn.Module, adapter: AdapterSpec) -> tuple[dict[str, Any], str, str]:
     """The context-parallel plan `Spec.parallel` uses: (plan, origin "class" or "adapter", where it came from).
 
-    diffusers' own `_cp_plan` of the class wins (it is kept with the model code), unless the adapter sets
-    `cp_plan_override = true`; a class without one uses the adapter's `[[cp_plan]]`. Neither: refused.
+    diffusers' own `_cp_plan` of the class wins (it is kept with the model code and its tests), unless the adapter
+    sets `cp_plan_override = true`; a class without one uses the adapter's `[[cp_plan]]`. Neither: refused.
     """
     cls = type(transformer).__name__
     own = getattr(transformer, "_cp_plan", None)
-    theirs = adapter.diffusers_cp_plan() if adapter is not None else None
-    if theirs is not None and (own is None or adapter.cp_plan_override):  # type: ignore[union-attr]
-        return theirs, "adapter", f"adapter {adapter.name!r} ({adapter.source})"  # type: ignore[union-attr]
+    theirs = adapter.diffusers_cp_plan()
+    if theirs is not None and (own is None or adapter.cp_plan_override):
+        return theirs, "adapter", f"adapter {adapter.name!r} ({adapter.source})"
     if own is not None:
         return dict(own), "class", f"diffusers ({cls}._cp_plan)"
-    name = adapter.name if adapter is not None else "?"
+    name = adapter.name
     raise UnsupportedError(
         f"Spec.parallel on {cls}: expected a context-parallel plan (diffusers' `_cp_plan` of the class: 0.42.1 has one "
         f"for Flux, Flux.2, Qwen-Image, Wan, LTX, LTX-2, ChronoEdit; or the adapter's [[cp_plan]]), got {cls} without "
@@ -361,20 +363,21 @@ class _ParallelAttachment(Removal):
                 outputs = {k: v for k, v in entry.items() if isinstance(v, ContextParallelInput) and v.split_output}
                 if outputs:
                     register(module, _make_output_check(path, module, outputs, degree, divisible, self.ledger),
-                             OUTPUT_CHECK_HOOK)
+                             OUTPUT_CHECK_HOOK.format(path))
         transformer.enable_parallelism(config=self.spec.diffusers_config(), cp_plan=self.plan)
         root_inputs: dict[str, Any] = {}
         for path, module, entry in located:  # outer: registered after them
             if isinstance(entry, dict):
                 inputs = {k: v for k, v in entry.items() if isinstance(v, ContextParallelInput) and not v.split_output}
-                if module is transformer:
+                if path == "":
                     root_inputs = inputs
                 elif inputs:
                     register(module, _make_input_check(path, module, inputs, degree, divisible, self.ledger, False),
-                             CHECK_HOOK)
+                             INPUT_CHECK_HOOK.format(path))
             else:
                 gathers = [entry] if isinstance(entry, ContextParallelOutput) else list(entry)
-                register(module, _make_gather_check(path, module, gathers, degree, self.ledger), GATHER_CHECK_HOOK)
+                register(module, _make_gather_check(path, module, gathers, degree, self.ledger),
+                         GATHER_CHECK_HOOK.format(path))
         # outermost on the transformer: starts each forward's ledger, and checks the transformer's own split inputs
         register(transformer, _make_input_check("", transformer, root_inputs, degree, divisible, self.ledger, True),
                  CHECK_HOOK)
