@@ -346,14 +346,15 @@ def local_diff_at_step_1_on(pipe: Any) -> float:
 
 def sky_pipeline() -> Any:
     """A tiny SkyReels-V2 text-to-video pipeline (diffusers 0.42.1 ships the class without `_cp_plan`; the shipped
-    adapter adapters/skyreelsv2.toml has one), on zoo's tiny Wan VAE and scheduler."""
+    adapter adapters/skyreelsv2.toml has one), on zoo's tiny Wan VAE and scheduler. Head dim 16: cuDNN attention (the
+    GPU ring run) takes multiples of 8."""
     import diffusers
     from hookkit.tools import zoo
 
     wan = zoo.tiny_pipeline("wan")
     torch.manual_seed(0)
     transformer = diffusers.SkyReelsV2Transformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,
         text_dim=zoo.TINY_CONFIGS["wan"]["text_dim"], freq_dim=32, ffn_dim=32, num_layers=3, rope_max_seq_len=32).eval()
     pipe = diffusers.SkyReelsV2Pipeline(tokenizer=None, text_encoder=None, vae=wan.vae, scheduler=wan.scheduler,
                                         transformer=transformer)
