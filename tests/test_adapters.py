@@ -672,6 +672,7 @@ def test_a_cp_plan_survives_adapter_toml() -> None:
 
 
 _GATHER = {"module": "proj_out", "gather": [{"gather_dim": 1, "expected_dims": 3}]}
+_SPLIT = {"input": "hidden_states", "split_dim": 1}
 
 
 @pytest.mark.parametrize("plan, message", [
@@ -683,15 +684,20 @@ _GATHER = {"module": "proj_out", "gather": [{"gather_dim": 1, "expected_dims": 3
      r"split\[0\].input: expected the name of a forward argument \(a string\), got 3"),
     ([{"module": "blocks.0", "split": [{"input": "hidden_states", "split_dim": 3, "expected_dims": 3}]}, _GATHER],
      r"split\[0\].split_dim: expected a dim of a 3-dim tensor \(-3 .. 2\), got 3. Fix the dim or expected_dims."),
-    ([{"module": "blocks.0", "split": [{"input": "hidden_states"}]}, {"module": "proj_out", "gather": [{"dim": 1}]}],
+    ([{"module": "blocks.0", "split": [_SPLIT]}, {"module": "proj_out", "gather": [{"dim": 1}]}],
      r"cp_plan\['proj_out'\].gather\[0\].dim: expected one of \['expected_dims', 'gather_dim'\], got 1"),
-    ([{"module": "blocks.0", "split": [{"input": "hidden_states"}], "gather": [{"gather_dim": 1}]}],
+    ([{"module": "blocks.0", "split": [{"input": "hidden_states"}]}, _GATHER],
+     r"cp_plan\['blocks.0'\].split\[0\].split_dim: expected to be present \(the sequence dimension\), got None. "
+     r"Add split_dim = ..."),
+    ([{"module": "blocks.0", "split": [_SPLIT], "gather": [{"gather_dim": 1}]}],
      r"cp_plan\['blocks.0'\]: expected either `split` or `gather` \(not both, not neither\)"),
-    ([{"module": "blocks.0", "split": [{"input": "hidden_states"}]}],
+    ([{"module": "blocks.0", "split": [_SPLIT]}],
      r"cp_plan: expected a table that gathers the sequence back \(`gather`\)"),
-    ([{"split": [{"input": "hidden_states"}]}, _GATHER], r"cp_plan: expected 'module' in every \[\[cp_plan\]\] table"),
-    ([{"module": "blocks..0", "split": [{"input": "hidden_states"}]}, _GATHER],
+    ([{"split": [_SPLIT]}, _GATHER], r"cp_plan: expected 'module' in every \[\[cp_plan\]\] table"),
+    ([{"module": "blocks..0", "split": [_SPLIT]}, _GATHER],
      r"cp_plan.module: expected a module path under the transformer"),
+    ([{"module": "blocks.0", "split": [_SPLIT, _SPLIT]}, _GATHER],
+     r"cp_plan\['blocks.0'\].split: expected each input name or output index once"),
 ])
 def test_a_bad_cp_plan_field_is_named_when_the_adapter_loads(plan: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(AdapterError, match=message):

@@ -145,9 +145,9 @@ class CPSplit:
             whole, with a warning). None splits any.
     """
 
+    split_dim: int
     input: str | None = None
     output: int | None = None
-    split_dim: int = 1
     expected_dims: int | None = None
 
     def validate(self, where: str, field: str) -> None:
@@ -175,7 +175,7 @@ class CPGather:
         expected_dims: the output's number of dims (documentation for diffusers; checked by hookkit at every call).
     """
 
-    gather_dim: int = 1
+    gather_dim: int
     expected_dims: int | None = None
 
     def validate(self, where: str, field: str) -> None:
@@ -532,13 +532,18 @@ def _cp_plan_from_data(where: str, raw_plan: Any) -> tuple[CPPlanEntry, ...]:
             raise _fail(where, "cp_plan", raw, "'module' in every [[cp_plan]] table", 'Add module = "..." ("" for the transformer).')
         field = f"cp_plan[{raw['module']!r}]"
         items: dict[str, Any] = {}
-        for key, item_cls in (("split", CPSplit), ("gather", CPGather)):
+        for key, item_cls, dim in (("split", CPSplit, "split_dim"), ("gather", CPGather, "gather_dim")):
             if key in raw:
                 if not isinstance(raw[key], list):
                     raise _fail(where, f"{field}.{key}", raw[key], "a list of inline tables")
                 known = {f.name for f in attrs.fields(item_cls)}
-                items[key] = [item_cls(**_table(where, f"{field}.{key}[{i}]", item, known))
-                              for i, item in enumerate(raw[key])]
+                items[key] = []
+                for i, item in enumerate(raw[key]):
+                    item = _table(where, f"{field}.{key}[{i}]", item, known)
+                    if dim not in item:
+                        raise _fail(where, f"{field}.{key}[{i}].{dim}", None, "to be present (the sequence dimension)",
+                                    f"Add {dim} = ... (1 for (batch, tokens, channels) tensors).")
+                    items[key].append(item_cls(**item))
         entries.append(CPPlanEntry(**{**raw, **items}))
     return tuple(entries)
 
