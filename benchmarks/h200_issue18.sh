@@ -19,6 +19,8 @@
 #   qwen-1024   Qwen-Image 1024²: fastest, + modulation fp8 (6.8 GB less), the peer                ~7 min
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
+# More pieces: gpu-tests (every `-m gpu` test), controlnet (benchmarks/pipelines.py --parts controlnet),
+# flux-1024-warm (no fresh caches), autotune-if-faster (after profile); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
 # quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
 # step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
@@ -31,6 +33,7 @@ FAST=${FAST:-hookkit-fp8+cache-fast+cuda-graphs}
 MOD=${MOD:-hookkit-fp8-mod+cache-fast+cuda-graphs}
 DYN=${DYN:-hookkit-fp8+cache-dyn+cuda-graphs}
 PEER=${PEER:-cache-dit+fp8+compile}
+AUTOTUNE=${AUTOTUNE:-hookkit-fp8-mod+cache-fast+cuda-graphs+autotune}
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" >> "$W/res/queue.log"; }
 
@@ -65,13 +68,29 @@ piece() {
       python3 benchmarks/quality_fp8.py $cpu_note --seeds 2 --out "$W/res/quality_fp8" > "$W/res/quality.log" 2>&1
       python3 benchmarks/held_memory.py --out "$W/res" > "$W/res/held_memory.log" 2>&1 ;;
     flux-1024) for c in $FAST $MOD $PEER; do row flux-1024-cold flux 1024 "$c" 1; done ;;
-    flux-512) for c in $FAST $DYN $MOD $PEER; do row flux-512 flux 512 "$c" 0; done ;;
+    flux-1024-warm) for c in ${P1024:-$FAST $MOD}; do row flux-1024 flux 1024 "$c" 0; done ;;
+    flux-512) for c in ${P512:-$FAST $DYN $MOD $PEER}; do row flux-512 flux 512 "$c" 0; done ;;
+    autotune-if-faster)  # the autotuned row at 1024² only when the step profile shows it >= 2 % faster per step
+      if python3 -c 'import json, sys
+rows = {r["variant"]: r for r in json.load(open(sys.argv[1]))["rows"] if r.get("status") == "ok"}
+a, b = rows.get("native+mod+autotune"), rows.get("native+mod")
+sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/step_profile.json"; then
+        row flux-1024 flux 1024 "$AUTOTUNE" 0
+      else log "autotune row skipped: not >= 2 % faster per step in the step profile (or not profiled)"; fi ;;
+    gpu-tests)
+      timeout "${T_TESTS:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/ > "$W/res/gpu_tests_all.log" 2>&1
+      log "gpu tests rc $? $(tail -1 "$W/res/gpu_tests_all.log")" ;;
+    controlnet)
+      OUT="$W/res/controlnet" timeout "${T_CN:-240}" python3 benchmarks/pipelines.py --parts controlnet \
+        > "$W/res/controlnet.log" 2>&1
+      log "controlnet rc $?" ;;
     profile)
       if [ "${QUICK:-0}" = 1 ]; then python3 benchmarks/step_profile.py --quick --out "$W/res" > "$W/res/profile.log" 2>&1
-      else python3 benchmarks/step_profile.py --size 1024 --variants native,native+mod,native+fused,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3 \
+      else timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
+             --variants "${VARIANTS:-native,native+mod,native+fused,_native_cudnn,_native_flash,_native_efficient,flash,_flash_3}" \
              --out "$W/res" > "$W/res/profile.log" 2>&1; fi ;;
-    qwen-1024) for c in $FAST $MOD $PEER; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
-    flux-256) for c in $FAST $MOD $PEER; do row flux-256 flux 256 "$c" 0; done ;;
+    qwen-1024) for c in ${PQWEN:-$FAST $MOD $PEER}; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
+    flux-256) for c in ${P256:-$FAST $MOD $PEER}; do row flux-256 flux 256 "$c" 0; done ;;
     *) log "unknown piece $1" ;;
   esac
 }
@@ -96,7 +115,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES FAST MOD DYN PEER
+  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
@@ -112,7 +131,8 @@ collect)
   report
   out=${OUT:-out}; mkdir -p "$out"
   cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
-  cp "$W/res/step_profile.json" "$out/" 2>/dev/null
+  cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$out/" 2>/dev/null
+  cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$out/" 2>/dev/null
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
   tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
   cat "$W/res/issue18.md"

@@ -109,31 +109,44 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
     )
 
 
-def spec_for(quick: bool, modulation: bool) -> hookkit.Spec:
+def spec_for(quick: bool, modulation: bool, mode: str | None = None) -> hookkit.Spec:
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
     return hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device", include_modulation=modulation),
-                        compile=hookkit.Compile(cuda_graphs="transformer"), memo=True)
+                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode), memo=True)
+
+
+#: variant suffixes: what each changes before enabling
+SUFFIXES = {
+    "mod": "the AdaLN modulation Linears in fp8 too (Quantize(include_modulation=True))",
+    "fused": "diffusers' fuse_qkv_projections first (one QKV GEMM per stream)",
+    "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
+    "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
+}
 
 
 def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, Any], args: argparse.Namespace,
                 device: torch.device) -> dict[str, Any]:
     backend, *extras = variant.split("+")
-    unknown = set(extras) - {"mod", "fused"}
+    unknown = set(extras) - set(SUFFIXES)
     row: dict[str, Any] = dict(variant=variant, attention_backend=backend, include_modulation="mod" in extras,
                                fused_qkv="fused" in extras, status="ok", note="")
     handle = None
     fused = False
+    import torch._inductor.config as inductor_config
+    cdt_before = inductor_config.coordinate_descent_tuning
     try:
         if unknown:
-            raise ValueError(f"unknown variant suffix {sorted(unknown)}; expected +mod and/or +fused")
+            raise ValueError(f"unknown variant suffix {sorted(unknown)}; expected any of {sorted(SUFFIXES)}")
+        inductor_config.coordinate_descent_tuning = "cdt" in extras or cdt_before
         transformer.set_attention_backend(backend)
         if "fused" in extras:  # diffusers' one QKV GEMM per stream (before quantizing: the fused Linear is quantized)
             transformer.fuse_qkv_projections()
             fused = True
         t0 = time.perf_counter()
-        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras))
+        mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture
@@ -154,6 +167,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         row.update(status="failed", note=f"{type(exc).__name__}: {first}"[:300])
     finally:
+        inductor_config.coordinate_descent_tuning = cdt_before
         if handle is not None:
             handle.remove()
         if fused:
@@ -185,8 +199,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help="comma-separated attention backends; suffix '+mod' puts the modulation Linears in fp8 too, "
-                        "'+fused' fuses QKV first (diffusers' fuse_qkv_projections)")
+                   help="comma-separated attention backends, each with optional suffixes: "
+                        + "; ".join(f"'+{k}' {v}" for k, v in SUFFIXES.items()))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runs", type=int, default=20, help="timed transformer calls per variant (median)")
     p.add_argument("--profile-calls", type=int, default=5)
@@ -211,7 +225,8 @@ def main() -> int:
                                floor_ms=None if args.quick else FLOOR_MS_1024 if args.size == 1024 else None,
                                groups=[g for g, _ in GROUPS] + ["other"], rows=[])
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        row = run_variant(variant, transformer, inputs, args, device)
+        with torch.no_grad():  # as the pipeline calls it (fp8's `_scaled_mm` has no derivative)
+            row = run_variant(variant, transformer, inputs, args, device)
         doc["rows"].append(row)
         (out_dir / "step_profile.json").write_text(bench.to_json(doc, indent=2) + "\n")  # streaming: every row
         status = f"{row['step_ms']:.2f} ms/step" if row["status"] == "ok" else row["note"]

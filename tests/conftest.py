@@ -28,6 +28,14 @@ def _deterministic() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_dynamo(request: pytest.FixtureRequest) -> None:
+    """GPU tests compile the same block classes on many models in one process: without a reset, dynamo's
+    per-code-object cache (8 entries) fills up across tests and a later test fails on the recompile limit."""
+    if "gpu" in request.keywords:
+        torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
 def _silent_library() -> Iterator[None]:
     """Every test starts and ends with hookkit silent (its default), even one that ran `hookkit -v ...`."""
     import hookkit

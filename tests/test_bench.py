@@ -431,6 +431,16 @@ def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quant
     assert (modulation.cache, modulation.compile, modulation.memo) == (fastest.cache, fastest.compile, fastest.memo)
 
 
+def test_the_autotune_row_is_the_modulation_row_with_autotuned_regions(monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs+autotune"):
+        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
+    modulation, autotune = specs
+    assert autotune == attrs.evolve(modulation, compile=attrs.evolve(modulation.compile,
+                                                                     mode="max-autotune-no-cudagraphs"))
+
+
 def test_cold_env_points_every_compiler_cache_at_a_new_empty_folder(tmp_path: Path) -> None:
     env = bench.cold_env(tmp_path / "row", {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm"})
     assert set(env) == {"PATH", "HOOKKIT_BENCH_COLD", *bench.COLD_CACHE_VARS}

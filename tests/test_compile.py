@@ -296,6 +296,40 @@ def test_runner_never_aliases_the_callers_inputs() -> None:
     assert static.data_ptr() != x.data_ptr()
 
 
+class PoolBackend(ReplayBackend):
+    """Records captures and pool releases in order, as CudaGraphBackend sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def release_pool(self) -> None:
+        self.events.append("release")
+
+    def capture(self, fn):
+        self.events.append("capture")
+        return super().capture(fn)
+
+
+def test_a_capture_after_an_invalidation_starts_a_new_memory_pool() -> None:
+    """Capturing into a pool no graph holds any more trips the CUDA allocator's `use_count > 0` assert (H200)."""
+    backend = PoolBackend()
+    runner = GraphRunner(backend)
+    runner(double, (torch.ones(2),), {})
+    runner(double, (torch.ones(3),), {})  # a second graph shares the pool
+    runner.invalidate("in-place write")
+    runner(double, (torch.ones(2),), {})
+    assert backend.events == ["release", "capture", "capture", "release", "capture"]
+
+
+def test_a_capture_after_the_last_graph_was_evicted_starts_a_new_memory_pool() -> None:
+    backend = PoolBackend()
+    runner = GraphRunner(backend, max_graphs=1)
+    runner(double, (torch.ones(2),), {})
+    runner(double, (torch.ones(3),), {})  # evicts the only graph
+    assert backend.events == ["release", "capture", "release", "capture"] and runner.evictions == 1
+
+
 def test_signature_distinguishes_shape_dtype_stride_and_values() -> None:
     x = torch.zeros(2, 3)
     base = signature((x,), {"n": 1})

@@ -641,7 +641,8 @@ def _write_in_place(pipe) -> None:
 
 
 def _block_hook(pipe) -> None:
-    pipe.transformer.transformer_blocks[0].register_forward_hook(lambda m, a, o: (o[0] * 0.5, o[1]))
+    # the hidden stream (the second output), sign-flipped: a change the latents show well above bf16 rounding
+    pipe.transformer.transformer_blocks[0].register_forward_hook(lambda m, a, o: (o[0], o[1] * -1.0))
 
 
 CHANGES = {"to cpu and back": _move_round_trip, "param.data replaced": _replace_param_data,
@@ -662,7 +663,8 @@ def test_gpu_a_model_change_after_capture_gives_a_fresh_enables_output(change: s
     if spec is GRAPHS and change != "to cpu and back":  # (a round trip may get the very same addresses back)
         assert handle.summary().features["compile"].data["graph_invalidations"] == 1
     expected = _fresh_enable_output(pipe, spec)
-    assert not torch.allclose(expected, before, rtol=2e-2, atol=2e-2)  # the change does change the output
+    if change != "to cpu and back":  # the other changes do change the output (a round trip must not)
+        assert not torch.allclose(expected, before, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(after, expected, rtol=2e-2, atol=2e-2)
 
 

@@ -308,3 +308,32 @@ def test_a_model_change_between_calls_drops_the_pairs_and_the_next_call_matches_
         reference.transformer.proj_out.bias.add_(0.01)
     hookkit.enable(reference, hookkit.Spec(cache=CACHE))
     assert torch.equal(out, reference(**_kwargs()).images)
+
+
+class PoolRecordingBackend(RecordingBackend):
+    """Records pair captures and pool releases in order, as `CudaSegmentBackend` sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def release_pool(self) -> None:
+        self.events.append("release")
+
+    def segments(self) -> _Segments:
+        self.events.append("capture")
+        return super().segments()
+
+
+def test_the_first_pair_captured_after_an_invalidation_starts_a_new_memory_pool() -> None:
+    """Capturing into a pool no graph holds any more trips the CUDA allocator's `use_count > 0` assert (H200)."""
+    pipe = trained.load_pipeline()
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=CACHE))
+    handle.first_call = None
+    backend = PoolRecordingBackend()
+    HookRegistry.of(pipe.transformer).register(GRAPH, SplitGraphHook(backend, graph_bridge(handle)))
+    pipe(**_kwargs())
+    with torch.no_grad():
+        pipe.transformer.proj_out.bias.add_(0.01)
+    pipe(**_kwargs())
+    assert backend.events == ["release", "capture", "capture", "release", "capture", "capture"]

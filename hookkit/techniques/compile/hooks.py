@@ -124,6 +124,14 @@ class CudaGraphBackend:
         """Reserved device memory: what a capture adds to it is the memory its graph keeps."""
         return torch.cuda.memory_reserved()
 
+    def release_pool(self) -> None:
+        """Forget the pool once no captured graph holds it (after an invalidation or the last eviction).
+
+        A pool whose graphs are all gone may still own blocks that live tensors hold; capturing into it again
+        trips an internal assert of the CUDA caching allocator (`use_count > 0`), so the next capture starts a
+        new pool and the old one is freed with its last block."""
+        self.pool = None
+
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -169,6 +177,8 @@ class GraphRunner:
             while self.max_graphs is not None and len(self.captured) >= self.max_graphs:
                 self.captured.popitem(last=False)  # the least recently replayed graph; its memory returns to the pool
                 self.evictions += 1
+            if not self.captured and hasattr(self.backend, "release_pool"):
+                self.backend.release_pool()  # no graph holds the old pool any more
             memory = getattr(self.backend, "memory_in_use", None)
             before = memory() if memory is not None else 0
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
@@ -402,6 +412,10 @@ class CudaSegmentBackend:
     def warm(self, fn: Callable[[], Any]) -> None:
         warm_on_side_stream(fn, self.warmup)
 
+    def release_pool(self) -> None:
+        """As `CudaGraphBackend.release_pool`: the next capture after every pair was dropped starts a new pool."""
+        self.pool = None
+
     def segments(self) -> CudaGraphSegments:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -499,6 +513,8 @@ class SplitGraphHook(ModelHook):
         """The pair of this decision with this call's inputs loaded and (when `head`) its head replayed."""
         pair = self.captured.get((sig, branch, cached))
         if pair is None:
+            if not self.captured and hasattr(self.backend, "release_pool"):
+                self.backend.release_pool()  # no pair holds the old pool any more
             pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
         self._load(pair, leaves)
         if head:
