@@ -409,6 +409,9 @@ def scenario_adapter_plan() -> dict[str, Any]:
     res["cp_digest"] = digest(out)
     res["summary"] = {k: v for k, v in handle.summary().features["parallel"].data.items() if k != "mesh"}
     res["summary_text"] = str(handle.summary())
+    # the plan went to diffusers as an argument: neither the class nor the instance carries it
+    res["plan_not_on_class_or_instance"] = (type(pipe.transformer)._cp_plan is None
+                                            and "_cp_plan" not in pipe.transformer.__dict__)
     res["odd_sequence_error"] = error_of(lambda: call_sky(pipe, height=48, width=48, num_frames=1))  # 9 tokens
     hookkit.disable(pipe)
     res["removal_state_equal"] = module_state(pipe) == before

@@ -320,6 +320,7 @@ def test_adapter_plan_summary_says_where_the_plan_came_from(adapter_plan: list[d
         summary = r["summary"]
         assert (summary["plan_origin"], summary["plan_modules"]) == ("adapter", ["rope", "blocks.0", "proj_out"])
         assert summary["plan_from"].startswith("adapter 'skyreelsv2' (")
+        assert r["plan_not_on_class_or_instance"] is True
     assert "plan: adapter 'skyreelsv2' (" in adapter_plan[0]["summary_text"]
     assert "): 'rope', 'blocks.0', 'proj_out'" in adapter_plan[0]["summary_text"]
 
