@@ -450,15 +450,19 @@ def scenario_adapter_plan() -> dict[str, Any]:
     out = call_sky(pipe)  # diffusers alone: a sample of the right shape, scrambled
     res["wrong_plan_diffusers_alone"] = {"same_shape": list(out.shape) == list(single.shape),
                                          "max_abs_vs_single": (out - single).abs().max().item()}
-    hookkit.register_adapter(wrong, replace=True)
+    # ... and one whose gathered output has fewer dims than the plan says (diffusers ignores a gather's expected_dims)
+    four_dims = attrs.evolve(shipped, cp_plan=tuple(
+        attrs.evolve(e, gather=(CPGather(gather_dim=1, expected_dims=4),)) if e.gather else e for e in shipped.cp_plan))
     try:
-        pipe = sky_pipeline()
-        before = module_state(pipe)
-        with one_accelerator_slot():
-            hookkit.enable(pipe, hookkit.Spec(parallel=cp))
-        res["wrong_plan_error"] = error_of(lambda: call_sky(pipe))
-        hookkit.disable(pipe)
-        res["wrong_plan_removal_state_equal"] = module_state(pipe) == before
+        for key, adapter in (("wrong_plan", wrong), ("four_dims_plan", four_dims)):
+            hookkit.register_adapter(adapter, replace=True)
+            pipe = sky_pipeline()
+            before = module_state(pipe)
+            with one_accelerator_slot():
+                hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+            res[f"{key}_error"] = error_of(lambda: call_sky(pipe))
+            hookkit.disable(pipe)
+            res[f"{key}_removal_state_equal"] = module_state(pipe) == before
     finally:
         hookkit.register_adapter(shipped, replace=True)
     return res

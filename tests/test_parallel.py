@@ -353,11 +353,22 @@ def test_a_plan_with_a_wrong_gather_dim_is_refused_not_scrambled(adapter_plan: l
     for r in adapter_plan:
         alone = r["wrong_plan_diffusers_alone"]
         assert alone["same_shape"] is True and alone["max_abs_vs_single"] > 0.1
-        assert r["wrong_plan_error"] == (
+        assert r["wrong_plan_error"].startswith(
             "UnsupportedError: proj_out (Linear) output 0: context parallelism over 2 ranks gathered dim 2 to size 128, "
-            "expected a sequence length the plan split in this call ([8]), got 128. The plan does not match the model "
-            "(a wrong gather_dim or split_dim, or a split the forward never reaches): fix the adapter's [[cp_plan]].")
+            "expected a sequence length the plan split in this call ([8]), got 128. The plan of adapter 'skyreelsv2' (")
+        assert r["wrong_plan_error"].endswith(
+            ") does not match the model (a wrong gather_dim or split_dim, or a split the forward never reaches). Fix its "
+            "[[cp_plan]] (gather_dim, split_dim, expected_dims).")
         assert r["wrong_plan_removal_state_equal"] is True
+
+
+@pytest.mark.slow
+def test_a_plan_whose_gather_expects_other_dims_is_refused(adapter_plan: list[dict[str, Any]]) -> None:
+    for r in adapter_plan:
+        assert r["four_dims_plan_error"].startswith(
+            "UnsupportedError: proj_out (Linear) output 0: expected a 4-dim tensor to gather (the plan's expected_dims), "
+            "got shape (1, 8, 64). The plan of adapter 'skyreelsv2' (")
+        assert r["four_dims_plan_removal_state_equal"] is True
 
 
 # --- two processes: the command line as torchrun starts it ---------------------------------------------------------

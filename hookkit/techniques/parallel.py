@@ -268,13 +268,16 @@ def _make_output_check(path: str, module: torch.nn.Module, outputs: dict[int, An
     return _OutputCheck()
 
 
-def _make_gather_check(path: str, module: torch.nn.Module, gathers: list[Any], degree: int, ledger: _Ledger) -> Any:
+def _make_gather_check(path: str, module: torch.nn.Module, gathers: list[Any], degree: int, ledger: _Ledger,
+                       origin: str, plan_from: str) -> Any:
     """A diffusers hook, outermost on `module` (it sees the gathered outputs): a gathered length that no split of
     this forward cut means the plan's dims do not match the model (a wrong gather_dim, a split the model never
     reached), which would otherwise return a wrongly shaped or silently scrambled sample."""
     from diffusers.hooks import ModelHook as DiffusersHook
 
     where = _where(path, module)
+    fix = ("Fix its [[cp_plan]] (gather_dim, split_dim, expected_dims)." if origin == "adapter" else
+           "Give the adapter a [[cp_plan]] that matches, with cp_plan_override = true.")
 
     class _GatherCheck(DiffusersHook):
         def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
@@ -285,16 +288,16 @@ def _make_gather_check(path: str, module: torch.nn.Module, gathers: list[Any], d
                 value = values[index]
                 if cpo.expected_dims is not None and value.dim() != cpo.expected_dims:
                     raise UnsupportedError(
-                        f"{where} output {index}: the context-parallel plan gathers a {cpo.expected_dims}-dim tensor, "
-                        f"expected {cpo.expected_dims} dims, got shape {tuple(value.shape)}. The plan does not match "
-                        "the model: fix gather (expected_dims, gather_dim) in the adapter's [[cp_plan]].")
+                        f"{where} output {index}: expected a {cpo.expected_dims}-dim tensor to gather (the plan's "
+                        f"expected_dims), got shape {tuple(value.shape)}. The plan of {plan_from} does not match the "
+                        f"model. {fix}")
                 size = value.shape[cpo.gather_dim]
                 if size not in ledger.sizes:
                     raise UnsupportedError(
                         f"{where} output {index}: context parallelism over {degree} ranks gathered dim "
                         f"{cpo.gather_dim} to size {size}, expected a sequence length the plan split in this call "
-                        f"({sorted(set(ledger.sizes))}), got {size}. The plan does not match the model (a wrong "
-                        "gather_dim or split_dim, or a split the forward never reaches): fix the adapter's [[cp_plan]].")
+                        f"({sorted(set(ledger.sizes))}), got {size}. The plan of {plan_from} does not match the model "
+                        f"(a wrong gather_dim or split_dim, or a split the forward never reaches). {fix}")
             return output
 
     return _GatherCheck()
@@ -376,8 +379,8 @@ class _ParallelAttachment(Removal):
                              INPUT_CHECK_HOOK.format(path))
             else:
                 gathers = [entry] if isinstance(entry, ContextParallelOutput) else list(entry)
-                register(module, _make_gather_check(path, module, gathers, degree, self.ledger),
-                         GATHER_CHECK_HOOK.format(path))
+                register(module, _make_gather_check(path, module, gathers, degree, self.ledger, self.origin,
+                                                    self.plan_from), GATHER_CHECK_HOOK.format(path))
         # outermost on the transformer: starts each forward's ledger, and checks the transformer's own split inputs
         register(transformer, _make_input_check("", transformer, root_inputs, degree, divisible, self.ledger, True),
                  CHECK_HOOK)
