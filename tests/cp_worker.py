@@ -427,6 +427,22 @@ def scenario_adapter_plan() -> dict[str, Any]:
     hookkit.disable(pipe)
     res["static"]["removal_state_equal"] = module_state(pipe) == before
 
+    # hookkit's registry on blocks.0 before diffusers' split hook (diffusers' then wraps hookkit's): the first-call
+    # observer sees the block's input already cut, and must not cut it again
+    from hookkit.core.registry import HookRegistry, ModelHook
+
+    pipe = sky_pipeline()
+    block0 = pipe.transformer.blocks[0]
+    HookRegistry.of(block0).register("test.noop", ModelHook())
+    with one_accelerator_slot():
+        pipe.transformer.enable_parallelism(config=cp.diffusers_config(),
+                                            cp_plan=get_adapter("skyreelsv2").diffusers_cp_plan())
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    res["inner_registry"] = {"hookkit_outermost": HookRegistry.of(block0).outermost,
+                             "max_abs_vs_single": (call_sky(pipe) - single).abs().max().item(),
+                             "first_call": handle.summary().first_call}
+    hookkit.disable(pipe)
+
     # Wan's own `_cp_plan` also splits at blocks.0: the first-call check must compare what the block's forward gets
     from hookkit.tools import zoo
 

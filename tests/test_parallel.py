@@ -348,6 +348,16 @@ def test_a_class_plan_that_splits_at_the_first_block_passes_the_first_call_check
 
 
 @pytest.mark.slow
+def test_the_first_call_check_does_not_cut_an_input_diffusers_already_cut(adapter_plan: list[dict[str, Any]]) -> None:
+    """hookkit's hooks on blocks.0 inside diffusers' split hook (registered before enable_parallelism) see the cut
+    input already: the check compares it as it is."""
+    for r in adapter_plan:
+        inner = r["inner_registry"]
+        assert (inner["hookkit_outermost"], inner["first_call"], inner["max_abs_vs_single"] < 1e-5) == (
+            False, "confirmed", True)
+
+
+@pytest.mark.slow
 def test_a_plan_with_a_wrong_gather_dim_is_refused_not_scrambled(adapter_plan: list[dict[str, Any]]) -> None:
     """diffusers alone returns a sample of the right shape and wrong values; hookkit's gather check refuses it."""
     for r in adapter_plan:
