@@ -5,13 +5,17 @@
     python benchmarks/pipelines.py --parts wan22 --runs 5
     python benchmarks/pipelines.py --cpu-smoke          # CPU: checks the script end to end with the tiny models
 
+A part that fails records its error (and traceback) in the JSON and prints the traceback to stderr; the other parts run.
+
 Parts (`--parts`, default all):
   wan22       Wan 2.2 A14B layout: two WanTransformer3DModel experts (40 layers, 40 heads x 128, ffn 13824, text 4096),
               boundary_ratio 0.875, the shortest video (5 frames, 480x832), CFG as two calls per step. Stock eager vs
               hookkit DBCache F1B0 on the static "fast" mask + regional compile, both experts hooked by one
               `hookkit.enable(pipe, spec)`; per-expert cached steps from the summary.
-  controlnet  Flux-dev 1024² with a FluxControlNetModel (4 double + 10 single layers, as the Union ControlNets):
+  controlnet  Flux-dev 1024² with a FluxControlNetModel (4 double + 10 single layers, `from_transformer`'s default;
+              its zero-initialised output projections get Linear's default init, so its residuals are not zero):
               uncached vs DBCache on the "fast" mask (eager), the ControlNet residuals counted once.
+              `--cpu-smoke` runs this part on the same structure (19 + 38 blocks, the 8x VAE) at tiny widths.
   resolutions regional compile over 5 resolutions (Flux-dev): automatic dynamic shapes (hookkit's default
               `Compile(dynamic=None)`) vs a fixed-shape compile per resolution (`torch._dynamo.reset()`, then
               `Compile(dynamic=False)`): graphs compiled, first-call seconds and median per-call latency.
@@ -27,6 +31,8 @@ import contextlib
 import json
 import os
 import statistics
+import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +45,7 @@ from hookkit.tools.bench import psnr, timed
 WAN22_A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
                   out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
                   qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-FLUX_CONTROLNET = dict(num_layers=4, num_single_layers=10, guidance_embeds=True)
+FLUX_CONTROLNET_LAYERS = (4, 10)  # double, single
 
 
 def cache_spec() -> hookkit.DBCache:
@@ -104,25 +110,15 @@ def wan22_kwargs(smoke: bool, steps: int, device: str, quick: bool) -> dict[str,
 
 
 def flux_controlnet_pipeline(smoke: bool) -> Any:
-    from diffusers import FluxControlNetModel, FluxControlNetPipeline
-
-    if smoke:
-        return zoo.tiny_variant("flux_controlnet")
-    base = zoo.full_pipeline("flux")
-    controlnet = FluxControlNetModel(**FLUX_CONTROLNET).eval()
-    pipe = FluxControlNetPipeline(**{k: v for k, v in base.components.items() if k not in ("image_encoder",
-                                                                                       "feature_extractor")},
-                                  controlnet=controlnet)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    """Flux-dev + a ControlNet; `smoke`: the same structure at tiny widths (the code path the GPU runs)."""
+    return zoo.full_controlnet_pipeline(*FLUX_CONTROLNET_LAYERS, narrow=smoke)
 
 
 def flux_controlnet_kwargs(smoke: bool, steps: int, size: int, device: str) -> dict[str, Any]:
-    if smoke:
-        return zoo.variant_call_kwargs("flux_controlnet", steps=steps)
-    kw = zoo.full_call_kwargs("flux", steps=steps, height=size, width=size, device=device)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    kw = zoo.full_call_kwargs("flux", steps=steps, height=size, width=size, device=device, dtype=dtype, narrow=smoke)
     g = torch.Generator().manual_seed(7)
-    kw.update(control_image=torch.rand(1, 3, size, size, generator=g).to(device, torch.bfloat16),
+    kw.update(control_image=torch.rand(1, 3, size, size, generator=g).to(device, dtype),
               controlnet_conditioning_scale=0.7)
     return kw
 
@@ -153,7 +149,7 @@ def part_wan22(opts: argparse.Namespace, device: torch.device) -> list[dict[str,
 def part_controlnet(opts: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
     with building(device):
         pipe = flux_controlnet_pipeline(opts.cpu_smoke)
-    size = 32 if opts.cpu_smoke else 512 if opts.quick else 1024
+    size = 64 if opts.cpu_smoke else 512 if opts.quick else 1024
     kw = lambda: flux_controlnet_kwargs(opts.cpu_smoke, opts.steps, size, str(device))  # noqa: E731
     uncached_s, uncached_times, ref = median_run(lambda: pipe(**kw()), opts.runs, device)
     handle = hookkit.enable(pipe, hookkit.Spec(cache=cache_spec()))
@@ -228,8 +224,10 @@ def main() -> None:
     for name in opts.parts:
         try:
             records += PARTS[name](opts, device)
-        except Exception as exc:  # keep what the other parts measured
-            records.append({"part": name, "error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # keep what the other parts measured, and where this one failed
+            trace = traceback.format_exc()
+            print(trace, file=sys.stderr, flush=True)
+            records.append({"part": name, "error": f"{type(exc).__name__}: {exc}", "traceback": trace})
         print(json.dumps(records[-1]), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -315,12 +315,11 @@ def test_controlnet_pipelines_bitwise_with_spec_and_threshold0(name: str) -> Non
     assert torch.equal(run(pipe, name), stock)
 
 
-@pytest.mark.parametrize("name", CONTROLNETS)
-def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
-    # The oracle on the real pipeline, in float64: spies on the middle blocks record, on the computed step, each
-    # block's own contribution (output - input); on the cached step, the first middle block's input and what the model
-    # adds between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding.
-    pipe = zoo.tiny_variant(name).to(torch.float64)
+def assert_cached_step_adds_the_current_residuals_once(pipe: Any, kw: dict[str, Any]) -> None:
+    """The oracle on a real pipeline, in float64: spies on the middle blocks record, on the computed step, each block's
+    own contribution (output - input); on the cached step, the first middle block's input and what the model adds
+    between middle blocks. The last middle block's output must be exactly their sum, up to float64 rounding."""
+    pipe = pipe.to(torch.float64)
     transformer = pipe.transformer
     blocks = [b for lst in ("transformer_blocks", "single_transformer_blocks") for b in getattr(transformer, lst, [])]
     middle = blocks[1:]
@@ -330,21 +329,18 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
         records[-1].append((kwargs["hidden_states"], output[1]))
 
     handles = [b.register_forward_hook(spy, with_kwargs=True) for b in middle]
-    transformer.register_forward_pre_hook(lambda *_: records.append([]))
+    handles.append(transformer.register_forward_pre_hook(lambda *_: records.append([])))
     h = hookkit.enable(pipe, hookkit.Spec(cache=static((1, 0))))
     try:
-        kw = zoo.variant_call_kwargs(name, steps=2)
-        kw["prompt_embeds"] = kw["prompt_embeds"].double()
-        if "pooled_prompt_embeds" in kw:
-            kw["pooled_prompt_embeds"] = kw["pooled_prompt_embeds"].double()
-        pipe(**kw)
+        kw = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kw.items()}
+        pipe(**kw, num_inference_steps=2)
         assert h.summary().features["cache"].data["branches"][0]["cached"] == [1]
     finally:
         h.remove()
         for x in handles:
             x.remove()
-        transformer._forward_pre_hooks.clear()
     computed, cached = records
+    assert len(computed) == len(cached) == len(middle)
     own = sum(out - inp for inp, out in computed)
     between_now = sum(cached[i + 1][0] - cached[i][1] for i in range(len(cached) - 1))
     between_then = sum(computed[i + 1][0] - computed[i][1] for i in range(len(computed) - 1))
@@ -353,6 +349,43 @@ def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: 
     torch.testing.assert_close(cached[-1][1], expected, rtol=0, atol=1e-12)
     # the old behaviour (residual with step 0's controls inside) is far from it
     assert (cached[-1][1] - (expected + between_then)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", CONTROLNETS)
+def test_controlnet_pipelines_cached_step_adds_the_current_residuals_once(name: str) -> None:
+    kw = zoo.variant_call_kwargs(name)
+    del kw["num_inference_steps"]
+    assert_cached_step_adds_the_current_residuals_once(zoo.tiny_variant(name), kw)
+
+
+@pytest.mark.parametrize("layers", [(4, 10), (5, 0), (2, 4)], ids=lambda t: f"controlnet-{t[0]}+{t[1]}")
+def test_full_structure_flux_controlnet_cached_step_adds_the_current_residuals_once(layers: tuple[int, int]) -> None:
+    # Flux-dev's 19 double + 38 single blocks at tiny widths, the real 8x VAE, a ControlNet with fewer blocks than the
+    # transformer: its samples are spread over the blocks (interval ceil(19 / 4) = 5, ...), 5 + 0 gives no single
+    # samples at all. The benchmark's H200 run failed here, before any hook ran: the full-size pipeline's small VAE
+    # had no `shift_factor`, which FluxControlNetPipeline subtracts from the encoded control image.
+    pipe = zoo.full_controlnet_pipeline(*layers, narrow=True)
+    kw = zoo.full_call_kwargs("flux", height=64, width=64, device="cpu", dtype=torch.float32, narrow=True)
+    del kw["num_inference_steps"]
+    kw.update(control_image=torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(7)),
+              controlnet_conditioning_scale=0.7)
+    assert_cached_step_adds_the_current_residuals_once(pipe, kw)
+
+
+def test_benchmark_controlnet_part_runs_on_the_full_structure_on_the_cpu() -> None:
+    # benchmarks/pipelines.py --cpu-smoke --parts controlnet, in process: the GPU's code path at tiny widths
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipelines.py"
+    spec = importlib.util.spec_from_file_location("bench_pipelines", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    opts = argparse.Namespace(cpu_smoke=True, quick=False, steps=4, runs=1, backend="eager")
+    [record] = bench.part_controlnet(opts, torch.device("cpu"))
+    assert record["cached_steps"] == {"transformer": {0: [1]}}
+    assert (record["block_calls"], record["block_calls_uncached"]) == (4 * 57 - 56, 4 * 57)
 
 
 # --- image editing and img2img ------------------------------------------------------------------------------
@@ -487,8 +520,8 @@ def lora_steps(pipe: Any) -> list[tuple[str, Any]]:
                                           hookkit.Compile(backend="eager", mode="reduce-overhead")],
                          ids=["eager", "regional-compile", "regional-reduce-overhead"])
 def test_lora_load_switch_fuse_unload_equal_a_fresh_pipeline(compile_spec: hookkit.Compile | None) -> None:
-    # on the CPU reduce-overhead compiles without CUDA graphs (the summary says so); the graph invalidation for
-    # whole-transformer CUDA graphs is issue 14's
+    # on the CPU reduce-overhead compiles without CUDA graphs (the summary says so); whole-transformer CUDA graphs:
+    # test_lora_under_transformer_graphs_equals_a_fresh_pipeline_and_recaptures_once_per_change
     pytest.importorskip("peft")
     torch._dynamo.reset()
     hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
@@ -527,6 +560,141 @@ def test_lora_hotswap_under_regional_compile_does_not_recompile() -> None:
         handle.remove()
     fresh.load_lora_weights(dict(b), adapter_name="default_0")
     assert torch.equal(got, fresh(**zoo.call_kwargs("flux", steps=2)).images)
+
+
+class RecordingGraphBackend:
+    """CPU stand-in for `CudaGraphBackend`: a warm-up call, then the capture records the call's aten ops; a replay
+    re-runs those ops on the same tensors and runs no Python (tests/test_split_graphs.py's recorder), as a CUDA
+    graph replays its kernels. So a replay after a LoRA change the watch missed returns the *old* LoRA state's
+    output (a Python-side `scaling`, the adapters active at capture, the modules peft replaced): a wrong image."""
+
+    def capture(self, fn: Any) -> tuple[Any, Any]:
+        from test_split_graphs import _Recorder, _replayer
+
+        fn()
+        recorder = _Recorder()
+        with recorder:
+            output = fn()
+        return _replayer(recorder.ops), output
+
+
+@pytest.fixture
+def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Compile(cuda_graphs="transformer")` on the CPU: the real feature, hooks, watch and summary, with the
+    recording stand-ins for capture (whole calls and, for a dynamic cache, calls split at the decision) and the
+    CUDA-device check switched off."""
+    from test_split_graphs import RecordingBackend
+
+    from hookkit.techniques.compile import hooks
+
+    monkeypatch.setattr(hooks, "CudaGraphBackend", RecordingGraphBackend)
+    monkeypatch.setattr(hooks, "CudaSegmentBackend", RecordingBackend)
+    monkeypatch.setattr(hooks, "check_on_cuda", lambda transformer: None)
+
+
+#: the caches under graphs, and the graphs one generation (3 steps) captures with each: one (no cache), the
+#: computed-step and the cached-step graph (static mask), or a head + tail pair per decision (dynamic: a threshold
+#: that caches steps 1 and 2 of the random weights, split graphs)
+GRAPH_CACHES = {
+    "no-cache": (None, 1),
+    "static-mask": (static((1, 0, 1)), 2),
+    "dynamic-split": (hookkit.DBCache(threshold=100.0, warmup_steps=1, taylorseer_order=0), 4),
+}
+#: whole-transformer graphs as on the GPU; fullgraph=False only because Dynamo does not trace under the recorder's
+#: TorchDispatchMode (it runs those frames eagerly; a CUDA stream capture records the compiled kernels instead)
+CPU_GRAPHS = hookkit.Compile(cuda_graphs="transformer", backend="eager", fullgraph=False)
+
+
+@pytest.mark.parametrize("name", list(GRAPH_CACHES))
+def test_lora_under_transformer_graphs_equals_a_fresh_pipeline_and_recaptures_once_per_change(
+        name: str, graph_stand_in: None) -> None:
+    # load, switch, mix weights, fuse, unfuse, unload while enabled: every change drops the graphs once (the watch)
+    # and the next call captures them again, giving bitwise the output of a fresh pipeline with the same LoRA state
+    # (with eager DBCache on it when cached: the graphs must replay what eager DBCache computes)
+    pytest.importorskip("peft")
+    cache, per_generation = GRAPH_CACHES[name]
+    torch._dynamo.reset()
+    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(hooked, hookkit.Spec(cache=cache, compile=CPU_GRAPHS))
+    reference = hookkit.enable(fresh, hookkit.Spec(cache=cache)) if cache is not None else None
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        return hooked(**zoo.call_kwargs("flux", steps=3)).images, fresh(**zoo.call_kwargs("flux", steps=3)).images
+
+    def counts() -> tuple[int, int]:
+        data = handle.summary().features["compile"].data
+        return data["graphs_captured"], data["graph_invalidations"]
+
+    try:
+        got, want = both()
+        assert torch.equal(got, want)
+        assert counts() == (per_generation, 0)
+        for i, ((what, apply), (_, apply_fresh)) in enumerate(zip(lora_steps(hooked), lora_steps(fresh)), start=1):
+            apply(hooked)
+            apply_fresh(fresh)
+            got, want = both()
+            assert torch.equal(got, want), what
+            assert counts() == ((i + 1) * per_generation, i), what
+        got, want = both()  # nothing changed: replays only
+        assert torch.equal(got, want) and counts() == (7 * per_generation, 6)
+        if reference is not None:
+            assert handle.summary().features["cache"].data["branches"] == (
+                reference.summary().features["cache"].data["branches"])
+    finally:
+        handle.remove()
+        if reference is not None:
+            reference.remove()
+
+
+def test_lora_hotswap_under_transformer_graphs_replays_the_new_weights_without_a_capture(graph_stand_in: None) -> None:
+    # peft's hotswap copies the new LoRA weights into the old ones' memory (`.data.copy_`, same rank and alpha): a
+    # replay reads that memory, so the graphs stay valid (the watch sees nothing to drop) and give the new LoRA's output
+    pytest.importorskip("peft")
+    torch._dynamo.reset()
+    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)
+    hooked.enable_lora_hotswap(target_rank=4)
+    hooked.load_lora_weights(dict(a), adapter_name="default_0")
+    handle = hookkit.enable(hooked, hookkit.Spec(compile=CPU_GRAPHS))
+    try:
+        hooked(**zoo.call_kwargs("flux", steps=2))
+        hooked.load_lora_weights(dict(b), adapter_name="default_0", hotswap=True)
+        got = hooked(**zoo.call_kwargs("flux", steps=2)).images
+        data = handle.summary().features["compile"].data
+    finally:
+        handle.remove()
+    fresh.load_lora_weights(dict(b), adapter_name="default_0")
+    assert torch.equal(got, fresh(**zoo.call_kwargs("flux", steps=2)).images)
+    assert (data["graphs_captured"], data["graph_invalidations"]) == (1, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GRAPH_CACHES))
+def test_gpu_lora_under_transformer_graphs_equals_a_fresh_pipeline_and_recaptures_once_per_change(name: str) -> None:
+    # the CPU test above with real CUDA graphs (Compile(cuda_graphs="transformer")), tiny Flux in bf16
+    pytest.importorskip("peft")
+    cache, per_generation = GRAPH_CACHES[name]
+    torch._dynamo.reset()
+    hooked, fresh = (zoo.tiny_pipeline("flux").to("cuda", torch.bfloat16) for _ in range(2))
+    handle = hookkit.enable(hooked, hookkit.Spec(cache=cache, compile=hookkit.Compile(cuda_graphs="transformer",
+                                                                                     backend="eager")))
+    if cache is not None:
+        hookkit.enable(fresh, hookkit.Spec(cache=cache))
+
+    def call(pipe: Any) -> torch.Tensor:
+        kw = {k: v.to("cuda", torch.bfloat16) if isinstance(v, torch.Tensor) else v
+              for k, v in zoo.call_kwargs("flux", steps=3).items()}
+        kw["generator"] = torch.Generator("cuda").manual_seed(0)
+        with torch.no_grad():
+            return pipe(**kw).images.float()
+
+    torch.testing.assert_close(call(hooked), call(fresh), rtol=2e-2, atol=2e-2)
+    for i, ((what, apply), (_, apply_fresh)) in enumerate(zip(lora_steps(hooked), lora_steps(fresh)), start=1):
+        apply(hooked)
+        apply_fresh(fresh)
+        torch.testing.assert_close(call(hooked), call(fresh), rtol=2e-2, atol=2e-2, msg=what)
+        data = handle.summary().features["compile"].data
+        assert (data["graphs_captured"], data["graph_invalidations"]) == ((i + 1) * per_generation, i), what
 
 
 # --- resolutions and batch sizes that change between calls ----------------------------------------------------

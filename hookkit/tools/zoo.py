@@ -46,6 +46,14 @@ FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "hunyuanvideo": dict(),
 }
 
+#: the full-size layer structure at tiny widths (CPU): `full_pipeline(name, **NARROW_CONFIGS[name])` has the real
+#: block counts, channels and VAE scale factor but a hidden size of 16, so a CPU test or a benchmark's `--cpu-smoke`
+#: runs the code path the GPU runs (which `tiny_pipeline`'s 2 + 3 blocks and small VAE do not)
+NARROW_CONFIGS: dict[str, dict[str, Any]] = {
+    "flux": dict(attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
+                 axes_dims_rope=(2, 2, 4)),
+}
+
 _TRANSFORMERS = {
     "flux": "FluxTransformer2DModel",
     "qwenimage": "QwenImageTransformer2DModel",
@@ -191,15 +199,25 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
 # --- full-size architectures for GPU benchmarks ------------------------------------------------------------
 
 
-def _scale8_vae_kl(latent_channels: int) -> torch.nn.Module:
-    """A small AutoencoderKL with the real 8x spatial factor, so full-size pipelines size latents right."""
+#: FLUX.1's VAE latent normalisation (its vae/config.json). Pipelines that encode an image (ControlNet, img2img,
+#: Kontext, Fill) compute `(latents - shift_factor) * scaling_factor`: AutoencoderKL's default `shift_factor=None`
+#: makes them fail with "unsupported operand type(s) for -: 'Tensor' and 'NoneType'".
+FLUX_VAE_FACTORS = dict(shift_factor=0.1159, scaling_factor=0.3611)
+
+
+def _scale8_vae_kl(latent_channels: int, **factors: float) -> torch.nn.Module:
+    """A small AutoencoderKL with the real 8x spatial factor, so full-size pipelines size latents right; `factors`
+    (shift_factor, scaling_factor) as the real VAE's config has them."""
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(
+    vae = AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
         latent_channels=latent_channels, norm_num_groups=8, sample_size=64,
     ).eval()
+    if factors:
+        vae.register_to_config(**factors)
+    return vae
 
 
 _FULL_PIPELINES = ("cogvideox", "flux", "qwenimage")
@@ -224,7 +242,7 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
         raise AdapterError(f"no full-size pipeline builder for {name!r}; known: {list(_FULL_PIPELINES)}.")
     transformer = full_transformer(name, **transformer_overrides)
     if name == "flux":
-        vae = _scale8_vae_kl(16)
+        vae = _scale8_vae_kl(16, **FLUX_VAE_FACTORS)
         pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True),
                             vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
                             transformer=transformer)
@@ -245,16 +263,25 @@ def full_pipeline(name: str, **transformer_overrides: Any) -> Any:
 
 
 def full_call_kwargs(name: str, steps: int = 28, height: int = 1024, width: int = 1024, seed: int = 0,
-                     device: str = "cuda", dtype: torch.dtype = torch.bfloat16, **extra: Any) -> dict[str, Any]:
-    """Call arguments for `full_pipeline(name)`: random prompt embeddings of the real shapes, latent output."""
+                     device: str = "cuda", dtype: torch.dtype = torch.bfloat16, narrow: bool = False,
+                     **extra: Any) -> dict[str, Any]:
+    """Call arguments for `full_pipeline(name)`: random prompt embeddings of the real shapes, latent output.
+
+    `narrow`: for `full_pipeline(name, **NARROW_CONFIGS[name])`: embeddings of the narrow widths, 8 text tokens.
+    """
     if name not in _FULL_PIPELINES:
         raise AdapterError(f"no full-size pipeline builder for {name!r}; known: {list(_FULL_PIPELINES)}.")
+    if narrow and name not in NARROW_CONFIGS:
+        raise AdapterError(f"no narrow config for {name!r}; known: {list(NARROW_CONFIGS)}.")
     g = torch.Generator(device="cpu").manual_seed(1234 + seed)
     kw: dict[str, Any] = dict(num_inference_steps=steps, height=height, width=width, output_type="latent",
                               generator=torch.Generator(device=device).manual_seed(seed))
     if name == "flux":
-        kw.update(prompt_embeds=torch.randn(1, 512, 4096, generator=g).to(device, dtype),
-                  pooled_prompt_embeds=torch.randn(1, 768, generator=g).to(device, dtype), guidance_scale=3.5)
+        cfg = NARROW_CONFIGS["flux"] if narrow else dict(joint_attention_dim=4096, pooled_projection_dim=768)
+        tokens = 8 if narrow else 512
+        kw.update(prompt_embeds=torch.randn(1, tokens, cfg["joint_attention_dim"], generator=g).to(device, dtype),
+                  pooled_prompt_embeds=torch.randn(1, cfg["pooled_projection_dim"], generator=g).to(device, dtype),
+                  guidance_scale=3.5)
     elif name == "qwenimage":
         kw.update(prompt_embeds=torch.randn(1, 64, 3584, generator=g).to(device, dtype),
                   prompt_embeds_mask=torch.ones(1, 64, dtype=torch.long, device=device), true_cfg_scale=1.0)
@@ -264,6 +291,34 @@ def full_call_kwargs(name: str, steps: int = 28, height: int = 1024, width: int 
                   num_frames=9, guidance_scale=6.0)
     kw.update(extra)
     return kw
+
+
+@quiet_imports()
+def full_controlnet_pipeline(num_layers: int = 4, num_single_layers: int = 10, narrow: bool = False,
+                             seed: int = 0) -> Any:
+    """A FluxControlNetPipeline around `full_pipeline("flux")` (Flux-dev: 19 double + 38 single blocks) and one
+    FluxControlNetModel of `num_layers` double and `num_single_layers` single blocks (4 + 10: `from_transformer`'s
+    default; 5 + 0 and 2 + 4 are other layouts in use). Build it under `torch.device("cuda")` for the GPU.
+
+    The ControlNet's output projections (`controlnet_blocks`, `controlnet_single_blocks`, `controlnet_x_embedder`)
+    are zero-initialised by diffusers, as before training; they get Linear's default init here, so the residuals it
+    adds between blocks are not zero (a trained ControlNet's are not). `narrow`: `NARROW_CONFIGS["flux"]` widths, the
+    full structure on the CPU (call with `full_call_kwargs("flux", narrow=True, device="cpu", ...)`).
+    """
+    from diffusers import FluxControlNetModel, FluxControlNetPipeline
+
+    widths = NARROW_CONFIGS["flux"] if narrow else {}
+    torch.manual_seed(seed)
+    base = full_pipeline("flux", **widths)
+    controlnet = FluxControlNetModel(num_layers=num_layers, num_single_layers=num_single_layers,
+                                     **{**FULL_CONFIGS["flux"], **widths}).eval()
+    zeroed = [*controlnet.controlnet_blocks, *controlnet.controlnet_single_blocks, controlnet.controlnet_x_embedder]
+    for linear in zeroed:
+        linear.reset_parameters()
+    parts = {k: v for k, v in base.components.items() if k not in ("image_encoder", "feature_extractor")}
+    pipe = FluxControlNetPipeline(**parts, controlnet=controlnet)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 # --- variants: several transformers, ControlNet, image editing, img2img (tests and GPU benchmarks) -----------

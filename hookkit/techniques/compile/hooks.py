@@ -457,6 +457,8 @@ class SplitGraphHook(ModelHook):
         self.backend = backend
         self.cache = cache
         self.captured: dict[Hashable, SplitPair] = {}
+        #: pairs captured since attach, those dropped by an invalidation included (as `GraphRunner.captures`)
+        self.captures = 0
         #: host reads of the decision statistic, and heads replayed a second time (the decision changed)
         self.reads = 0
         self.switches = 0
@@ -516,6 +518,7 @@ class SplitGraphHook(ModelHook):
             if not self.captured and hasattr(self.backend, "release_pool"):
                 self.backend.release_pool()  # no pair holds the old pool any more
             pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
+            self.captures += 1
         self._load(pair, leaves)
         if head:
             pair.head()
@@ -710,11 +713,13 @@ class _CompileFeature(BaseFeature):
                      ["graphs evicted", data["graph_evictions"]], ["graph replays (kept graphs)", data["graph_replays"]],
                      ["MiB per kept graph", memory]]
         elif isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
-            data["graphs_captured"] = 2 * len(runner.captured)
+            data["graphs_captured"] = 2 * runner.captures
+            data["graphs_kept"] = 2 * len(runner.captured)
             data["graph_replays"] = sum(e.replays for e in runner.captured.values())
             data["decision_reads"], data["head_switches"] = runner.reads, runner.switches
             rows += [["transformer graphs captured", f"{data['graphs_captured']} (head + tail per decision)"],
-                     ["graph replays", data["graph_replays"]], ["decision statistic host reads", runner.reads],
+                     ["graphs kept", data["graphs_kept"]], ["graph replays (kept graphs)", data["graph_replays"]],
+                     ["decision statistic host reads", runner.reads],
                      ["heads replayed twice (decision changed)", runner.switches]]
         if runner is not None:
             data["graph_invalidations"] = len(getattr(runner, "invalidations", ()))
