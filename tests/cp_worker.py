@@ -312,6 +312,17 @@ def scenario_gpu() -> dict[str, Any]:
         res[name] = {**cache_data(handle), "digest": digest(out.float().cpu()),
                      "max_abs_vs_single": (out.float() - single.float()).abs().max().item()}
         hookkit.disable(pipe)
+
+    # SkyReels-V2 by its adapter's [[cp_plan]] (no `_cp_plan` in diffusers 0.42.1), Ulysses and ring
+    sky_single = call_sky(sky_pipeline().to(device=device, dtype=torch.bfloat16)).float()
+    for name, cp in (("sky_ulysses", hookkit.ContextParallel(ulysses=2)),
+                     ("sky_ring", hookkit.ContextParallel(ring=2, attention_backend="_native_cudnn"))):
+        pipe = sky_pipeline().to(device=device, dtype=torch.bfloat16)
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+        out = call_sky(pipe).float()
+        res[name] = {"digest": digest(out.cpu()), "plan_origin": handle.summary().features["parallel"].data["plan_origin"],
+                     "relative_max_abs_vs_single": ((out - sky_single).abs().max() / sky_single.abs().max()).item()}
+        hookkit.disable(pipe)
     return res
 
 
@@ -333,7 +344,147 @@ def local_diff_at_step_1_on(pipe: Any) -> float:
     return diff
 
 
-SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli, "gpu": scenario_gpu}
+def sky_pipeline() -> Any:
+    """A tiny SkyReels-V2 text-to-video pipeline (diffusers 0.42.1 ships the class without `_cp_plan`; the shipped
+    adapter adapters/skyreelsv2.toml has one), on zoo's tiny Wan VAE and scheduler. Head dim 16: cuDNN attention (the
+    GPU ring run) takes multiples of 8."""
+    import diffusers
+    from hookkit.tools import zoo
+
+    wan = zoo.tiny_pipeline("wan")
+    torch.manual_seed(0)
+    transformer = diffusers.SkyReelsV2Transformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16, out_channels=16,
+        text_dim=zoo.TINY_CONFIGS["wan"]["text_dim"], freq_dim=32, ffn_dim=32, num_layers=3, rope_max_seq_len=32).eval()
+    pipe = diffusers.SkyReelsV2Pipeline(tokenizer=None, text_encoder=None, vae=wan.vae, scheduler=wan.scheduler,
+                                        transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def call_sky(pipe: Any, **extra: Any) -> torch.Tensor:
+    """32 x 32 pixels, 5 frames: 2 latent frames of 2 x 2 tokens, 8 tokens (4 per rank)."""
+    from hookkit.tools import zoo
+
+    kwargs = zoo.call_kwargs("wan", steps=STEPS, **{"height": 32, "width": 32, **extra})
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    if device.type != "cpu":  # the GPU scenario: embeddings where the transformer is
+        kwargs = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in kwargs.items()}
+    return pipe(**kwargs).frames
+
+
+def error_of(fn: Any) -> str | None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def scenario_adapter_plan() -> dict[str, Any]:
+    """SkyReels-V2 under Ulysses 2 by its adapter's [[cp_plan]]: against one process, with a static DBCache mask,
+    removal, an odd sequence, and a plan whose gather dim is wrong (hookkit refuses; diffusers alone does not)."""
+    import attrs
+
+    import hookkit
+    from hookkit.adapters import CPGather, get_adapter
+
+    res: dict[str, Any] = {}
+    cp = hookkit.ContextParallel(ulysses=2)
+    static = hookkit.DBCache(steps_mask=[1, 1, 0, 1], mask_policy="static")
+    single = call_sky(sky_pipeline())
+    reference = sky_pipeline()
+    handle = hookkit.enable(reference, hookkit.Spec(cache=static))
+    single_static = call_sky(reference)
+    res["static_single"] = cache_data(handle)["cached"]
+    hookkit.disable(reference)
+
+    pipe = sky_pipeline()
+    before = module_state(pipe)
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+    out = call_sky(pipe)
+    res["cp_max_abs"] = (out - single).abs().max().item()
+    res["cp_digest"] = digest(out)
+    res["summary"] = {k: v for k, v in handle.summary().features["parallel"].data.items() if k != "mesh"}
+    res["summary_text"] = str(handle.summary())
+    # the plan went to diffusers as an argument: neither the class nor the instance carries it
+    res["plan_not_on_class_or_instance"] = (type(pipe.transformer)._cp_plan is None
+                                            and "_cp_plan" not in pipe.transformer.__dict__)
+    res["odd_sequence_error"] = error_of(lambda: call_sky(pipe, height=48, width=48, num_frames=1))  # 9 tokens
+    hookkit.disable(pipe)
+    res["removal_state_equal"] = module_state(pipe) == before
+    res["removal_parallel_config"] = "_parallel_config" in pipe.transformer.__dict__
+    res["after_removal_equal_single"] = torch.equal(call_sky(pipe), single)
+
+    pipe = sky_pipeline()
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp, cache=static))
+    out = call_sky(pipe)
+    res["static"] = {"cached": cache_data(handle)["cached"], "collectives": cache_data(handle)["collectives"],
+                     "max_abs_vs_single": (out - single_static).abs().max().item(), "digest": digest(out)}
+    hookkit.disable(pipe)
+    res["static"]["removal_state_equal"] = module_state(pipe) == before
+
+    # hookkit's registry on blocks.0 before diffusers' split hook (diffusers' then wraps hookkit's): the first-call
+    # observer sees the block's input already cut, and must not cut it again
+    from hookkit.core.registry import HookRegistry, ModelHook
+
+    pipe = sky_pipeline()
+    block0 = pipe.transformer.blocks[0]
+    HookRegistry.of(block0).register("test.noop", ModelHook())
+    with one_accelerator_slot():
+        pipe.transformer.enable_parallelism(config=cp.diffusers_config(),
+                                            cp_plan=get_adapter("skyreelsv2").diffusers_cp_plan())
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    res["inner_registry"] = {"hookkit_outermost": HookRegistry.of(block0).outermost,
+                             "max_abs_vs_single": (call_sky(pipe) - single).abs().max().item(),
+                             "first_call": handle.summary().first_call}
+    hookkit.disable(pipe)
+
+    # Wan's own `_cp_plan` also splits at blocks.0: the first-call check must compare what the block's forward gets
+    from hookkit.tools import zoo
+
+    wan_kwargs = zoo.call_kwargs("wan", steps=2, height=32, width=32)
+    wan_single = zoo.tiny_pipeline("wan")(**wan_kwargs).frames
+    pipe = zoo.tiny_pipeline("wan")
+    with one_accelerator_slot():
+        handle = hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+    res["wan_class_plan"] = {"max_abs_vs_single": (pipe(**zoo.call_kwargs("wan", steps=2, height=32, width=32)).frames
+                                                   - wan_single).abs().max().item(),
+                             "plan_origin": handle.summary().features["parallel"].data["plan_origin"]}
+    hookkit.disable(pipe)
+
+    # a wrong plan: proj_out gathered along its channels (dim 2) instead of its tokens (dim 1)
+    shipped = get_adapter("skyreelsv2")
+    wrong = attrs.evolve(shipped, name="skyreelsv2", cp_plan=tuple(
+        attrs.evolve(e, gather=(CPGather(gather_dim=2, expected_dims=3),)) if e.gather else e for e in shipped.cp_plan))
+    pipe = sky_pipeline()
+    with one_accelerator_slot():
+        pipe.transformer.enable_parallelism(config=cp.diffusers_config(), cp_plan=wrong.diffusers_cp_plan())
+    out = call_sky(pipe)  # diffusers alone: a sample of the right shape, scrambled
+    res["wrong_plan_diffusers_alone"] = {"same_shape": list(out.shape) == list(single.shape),
+                                         "max_abs_vs_single": (out - single).abs().max().item()}
+    # ... and one whose gathered output has fewer dims than the plan says (diffusers ignores a gather's expected_dims)
+    four_dims = attrs.evolve(shipped, cp_plan=tuple(
+        attrs.evolve(e, gather=(CPGather(gather_dim=1, expected_dims=4),)) if e.gather else e for e in shipped.cp_plan))
+    try:
+        for key, adapter in (("wrong_plan", wrong), ("four_dims_plan", four_dims)):
+            hookkit.register_adapter(adapter, replace=True)
+            pipe = sky_pipeline()
+            before = module_state(pipe)
+            with one_accelerator_slot():
+                hookkit.enable(pipe, hookkit.Spec(parallel=cp))
+            res[f"{key}_error"] = error_of(lambda: call_sky(pipe))
+            hookkit.disable(pipe)
+            res[f"{key}_removal_state_equal"] = module_state(pipe) == before
+    finally:
+        hookkit.register_adapter(shipped, replace=True)
+    return res
+
+
+SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli, "gpu": scenario_gpu, "adapter_plan": scenario_adapter_plan}
 
 
 def main() -> None:

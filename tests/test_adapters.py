@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -620,3 +621,105 @@ def test_schema_extensions_are_validated_with_the_field_named(tmp_path: Path) ->
         with pytest.raises(AdapterError, match=message):
             hookkit.AdapterSpec.from_toml(path)
 
+
+
+# --- context-parallel plans ([[cp_plan]]) -------------------------------------------------------------------------
+
+_SKY_CP_TOML = '''
+[[cp_plan]]
+module = "rope"
+split = [{ output = 0, split_dim = 1, expected_dims = 4 }, { output = 1, split_dim = 1, expected_dims = 4 }]
+
+[[cp_plan]]
+module = "blocks.0"
+split = [{ input = "hidden_states", split_dim = 1, expected_dims = 3 }]
+
+[[cp_plan]]
+module = "proj_out"
+gather = [{ gather_dim = 1, expected_dims = 3 }]
+'''
+
+
+def _sky_dict(cp_plan: Any) -> dict[str, Any]:
+    return {"name": "sky", "transformer": ["SkyReelsV2Transformer3DModel"],
+            "blocks": [{"attr": "blocks", "class": "SkyReelsV2TransformerBlock"}], "cp_plan": cp_plan}
+
+
+def test_a_cp_plan_reads_into_diffusers_vocabulary() -> None:
+    import tomllib
+
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    adapter = hookkit.AdapterSpec.from_dict(_sky_dict(tomllib.loads(_SKY_CP_TOML)["cp_plan"]))
+    assert adapter.diffusers_cp_plan() == {
+        "rope": {0: ContextParallelInput(split_dim=1, expected_dims=4, split_output=True),
+                 1: ContextParallelInput(split_dim=1, expected_dims=4, split_output=True)},
+        "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)},
+        "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+    }
+    assert hookkit.get_adapter("skyreelsv2").cp_plan == adapter.cp_plan  # the shipped file says the same
+    assert hookkit.get_adapter("flux").diffusers_cp_plan() is None
+
+
+def test_a_cp_plan_survives_adapter_toml() -> None:
+    import tomllib
+
+    from hookkit.adapters import adapter_toml
+
+    shipped = hookkit.get_adapter("skyreelsv2")
+    again = hookkit.AdapterSpec.from_dict(tomllib.loads(adapter_toml(shipped)))
+    assert (again.cp_plan, again.cp_plan_override) == (shipped.cp_plan, False)
+
+
+_GATHER = {"module": "proj_out", "gather": [{"gather_dim": 1, "expected_dims": 3}]}
+_SPLIT = {"input": "hidden_states", "split_dim": 1}
+
+
+@pytest.mark.parametrize("plan, message", [
+    ([{"module": "blocks.0", "split": [{"input": "hidden_states", "split_dim": "1"}]}, _GATHER],
+     r"cp_plan\['blocks.0'\].split\[0\].split_dim: expected an int \(the sequence dimension of the tensor\), got '1'"),
+    ([{"module": "rope", "split": [{"input": "x", "output": 0, "split_dim": 1}]}, _GATHER],
+     r"cp_plan\['rope'\].split\[0\]: expected exactly one of `input` \(a forward argument name\) and `output`"),
+    ([{"module": "blocks.0", "split": [{"input": 3, "split_dim": 1}]}, _GATHER],
+     r"split\[0\].input: expected the name of a forward argument \(a string\), got 3"),
+    ([{"module": "blocks.0", "split": [{"input": "hidden_states", "split_dim": 3, "expected_dims": 3}]}, _GATHER],
+     r"split\[0\].split_dim: expected a dim of a 3-dim tensor \(-3 .. 2\), got 3. Fix the dim or expected_dims."),
+    ([{"module": "blocks.0", "split": [_SPLIT]}, {"module": "proj_out", "gather": [{"dim": 1}]}],
+     r"cp_plan\['proj_out'\].gather\[0\].dim: expected one of \['expected_dims', 'gather_dim'\], got 1"),
+    ([{"module": "blocks.0", "split": [{"input": "hidden_states"}]}, _GATHER],
+     r"cp_plan\['blocks.0'\].split\[0\].split_dim: expected to be present \(the sequence dimension\), got None. "
+     r"Add split_dim = ..."),
+    ([{"module": "blocks.0", "split": [_SPLIT], "gather": [{"gather_dim": 1}]}],
+     r"cp_plan\['blocks.0'\]: expected either `split` or `gather` \(not both, not neither\)"),
+    ([{"module": "blocks.0", "split": [_SPLIT]}],
+     r"cp_plan: expected a table that gathers the sequence back \(`gather`\)"),
+    ([{"split": [_SPLIT]}, _GATHER], r"cp_plan: expected 'module' in every \[\[cp_plan\]\] table"),
+    ([{"module": "blocks..0", "split": [_SPLIT]}, _GATHER],
+     r"cp_plan.module: expected a module path under the transformer"),
+    ([{"module": "blocks.0", "split": [_SPLIT, _SPLIT]}, _GATHER],
+     r"cp_plan\['blocks.0'\].split: expected each input name or output index once"),
+])
+def test_a_bad_cp_plan_field_is_named_when_the_adapter_loads(plan: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(AdapterError, match=message):
+        hookkit.AdapterSpec.from_dict(_sky_dict(plan), source="sky.toml")
+
+
+def test_cp_plan_override_needs_a_plan() -> None:
+    with pytest.raises(AdapterError, match=r"cp_plan_override: expected a \[\[cp_plan\]\] to override with"):
+        hookkit.AdapterSpec.from_dict({**_sky_dict([]), "cp_plan_override": True})
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"module": "blocks.9", "split": [{"input": "hidden_states", "split_dim": 1}]},
+     r"cp_plan.module: expected a module path under SkyReelsV2Transformer3DModel, got 'blocks.9'. "
+     r"ModuleList has no submodule '9'"),
+    ({"module": "blocks.*", "split": [{"input": "hidden", "split_dim": 1}]},
+     r"cp_plan\['blocks.\*'\].split\[0\].input: expected an argument of SkyReelsV2TransformerBlock.forward "
+     r"\['hidden_states', 'encoder_hidden_states', 'temb', 'rotary_emb', 'attention_mask'\], got 'hidden'"),
+])
+def test_a_cp_plan_is_checked_against_the_model_when_matched(entry: dict[str, Any], message: str) -> None:
+    from diffusers_configs import build
+
+    adapter = hookkit.AdapterSpec.from_dict(_sky_dict([entry, _GATHER]))
+    with pytest.raises(AdapterError, match=message):
+        adapter.check(build("SkyReelsV2Transformer"))

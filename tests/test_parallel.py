@@ -103,9 +103,36 @@ def test_parallel_refused_without_a_process_group() -> None:
     assert hookkit.handle_of(pipe) is None
 
 
-def test_parallel_refused_for_a_model_without_cp_plan() -> None:
-    with pytest.raises(UnsupportedError, match="CogVideoXTransformer3DModel without one"):
+def test_parallel_refused_for_a_model_without_cp_plan_or_adapter_plan() -> None:
+    with pytest.raises(UnsupportedError, match=r"got CogVideoXTransformer3DModel without one and adapter 'cogvideox' "
+                                               r"without \[\[cp_plan\]\]. Add \[\[cp_plan\]\] tables to an adapter"):
         hookkit.build_plan(zoo.tiny_pipeline("cogvideox"), hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2)))
+
+
+def test_a_class_without_cp_plan_uses_its_adapter_plan() -> None:
+    from diffusers_configs import build
+
+    from hookkit.techniques.parallel import resolve_cp_plan
+
+    transformer = build("SkyReelsV2Transformer")
+    adapter = hookkit.get_adapter("skyreelsv2")
+    assert type(transformer)._cp_plan is None
+    plan, origin, plan_from = resolve_cp_plan(transformer, adapter)
+    assert (plan, origin, plan_from) == (adapter.diffusers_cp_plan(), "adapter", f"adapter 'skyreelsv2' ({adapter.source})")
+    spec = hookkit.Spec(parallel=hookkit.ContextParallel(ulysses=2))
+    assert hookkit.build_plan(transformer, spec).targets("parallel") == [("", "hookkit.parallel.context")]
+
+
+def test_the_class_plan_wins_over_an_adapter_plan_unless_the_adapter_overrides_it() -> None:
+    import attrs
+
+    from hookkit.techniques.parallel import resolve_cp_plan
+
+    wan = zoo.tiny_transformer("wan")
+    planned = attrs.evolve(hookkit.get_adapter("wan"), cp_plan=hookkit.get_adapter("skyreelsv2").cp_plan)
+    assert resolve_cp_plan(wan, planned) == (dict(type(wan)._cp_plan), "class", "diffusers (WanTransformer3DModel._cp_plan)")
+    overriding = attrs.evolve(planned, cp_plan_override=True)
+    assert resolve_cp_plan(wan, overriding)[:2] == (planned.diffusers_cp_plan(), "adapter")
 
 
 def test_parallel_refused_for_a_backend_without_context_parallel() -> None:
@@ -261,6 +288,99 @@ def test_spec_parallel_removal_restores_every_module_and_processor(ulysses: list
             for r in ulysses] == [(True, False, True), (True, False, True)]
 
 
+# --- two processes: SkyReels-V2 by its adapter's [[cp_plan]] (diffusers 0.42.1 has no `_cp_plan` for it) ----------
+
+
+@pytest.fixture(scope="module")
+def adapter_plan(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Both ranks' results of tests/cp_worker.py's `adapter_plan` scenario (tiny SkyReels-V2, Ulysses 2, 4 steps)."""
+    tmp = tmp_path_factory.mktemp("adapter_plan")
+    run_ranks(tmp, [str(WORKER), str(tmp), "adapter_plan"])
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_adapter_plan_output_matches_one_process(adapter_plan: list[dict[str, Any]]) -> None:
+    assert [r["cp_max_abs"] < 1e-5 for r in adapter_plan] == [True, True]
+    assert adapter_plan[0]["cp_digest"] == adapter_plan[1]["cp_digest"]
+
+
+@pytest.mark.slow
+def test_adapter_plan_with_a_static_mask_caches_the_mask_steps_and_matches_one_process(
+        adapter_plan: list[dict[str, Any]]) -> None:
+    for r in adapter_plan:
+        assert r["static"]["cached"] == r["static_single"] == [2]
+        assert (r["static"]["collectives"], r["static"]["max_abs_vs_single"] < 1e-5) == (0, True)
+    assert adapter_plan[0]["static"]["digest"] == adapter_plan[1]["static"]["digest"]
+
+
+@pytest.mark.slow
+def test_adapter_plan_summary_says_where_the_plan_came_from(adapter_plan: list[dict[str, Any]]) -> None:
+    for r in adapter_plan:
+        summary = r["summary"]
+        assert (summary["plan_origin"], summary["plan_modules"]) == ("adapter", ["rope", "blocks.0", "proj_out"])
+        assert summary["plan_from"].startswith("adapter 'skyreelsv2' (")
+        assert r["plan_not_on_class_or_instance"] is True
+    assert "plan: adapter 'skyreelsv2' (" in adapter_plan[0]["summary_text"]
+    assert "): 'rope', 'blocks.0', 'proj_out'" in adapter_plan[0]["summary_text"]
+
+
+@pytest.mark.slow
+def test_adapter_plan_removal_leaves_the_model_as_it_was(adapter_plan: list[dict[str, Any]]) -> None:
+    assert [(r["removal_state_equal"], r["removal_parallel_config"], r["after_removal_equal_single"],
+             r["static"]["removal_state_equal"]) for r in adapter_plan] == [(True, False, True, True)] * 2
+
+
+@pytest.mark.slow
+def test_adapter_plan_refuses_a_sequence_the_degree_does_not_divide(adapter_plan: list[dict[str, Any]]) -> None:
+    for r in adapter_plan:
+        assert r["odd_sequence_error"].startswith(
+            "UnsupportedError: rope (SkyReelsV2RotaryPosEmbed) output 0: context parallelism over 2 ranks splits dim 1 "
+            "of size 9, expected a multiple of 2, got 9.")
+
+
+@pytest.mark.slow
+def test_a_class_plan_that_splits_at_the_first_block_passes_the_first_call_check(
+        adapter_plan: list[dict[str, Any]]) -> None:
+    """Wan's `_cp_plan` splits `blocks.0`'s input inside diffusers' hook: the check compares the block's own view."""
+    for r in adapter_plan:
+        assert (r["wan_class_plan"]["plan_origin"], r["wan_class_plan"]["max_abs_vs_single"] < 1e-5) == ("class", True)
+
+
+@pytest.mark.slow
+def test_the_first_call_check_does_not_cut_an_input_diffusers_already_cut(adapter_plan: list[dict[str, Any]]) -> None:
+    """hookkit's hooks on blocks.0 inside diffusers' split hook (registered before enable_parallelism) see the cut
+    input already: the check compares it as it is."""
+    for r in adapter_plan:
+        inner = r["inner_registry"]
+        assert (inner["hookkit_outermost"], inner["first_call"], inner["max_abs_vs_single"] < 1e-5) == (
+            False, "confirmed", True)
+
+
+@pytest.mark.slow
+def test_a_plan_with_a_wrong_gather_dim_is_refused_not_scrambled(adapter_plan: list[dict[str, Any]]) -> None:
+    """diffusers alone returns a sample of the right shape and wrong values; hookkit's gather check refuses it."""
+    for r in adapter_plan:
+        alone = r["wrong_plan_diffusers_alone"]
+        assert alone["same_shape"] is True and alone["max_abs_vs_single"] > 0.1
+        assert r["wrong_plan_error"].startswith(
+            "UnsupportedError: proj_out (Linear) output 0: context parallelism over 2 ranks gathered dim 2 to size 128, "
+            "expected a sequence length the plan split in this call ([8]), got 128. The plan of adapter 'skyreelsv2' (")
+        assert r["wrong_plan_error"].endswith(
+            ") does not match the model (a wrong gather_dim or split_dim, or a split the forward never reaches). Fix its "
+            "[[cp_plan]] (gather_dim, split_dim, expected_dims).")
+        assert r["wrong_plan_removal_state_equal"] is True
+
+
+@pytest.mark.slow
+def test_a_plan_whose_gather_expects_other_dims_is_refused(adapter_plan: list[dict[str, Any]]) -> None:
+    for r in adapter_plan:
+        assert r["four_dims_plan_error"].startswith(
+            "UnsupportedError: proj_out (Linear) output 0: expected a 4-dim tensor to gather (the plan's expected_dims), "
+            "got shape (1, 8, 64). The plan of adapter 'skyreelsv2' (")
+        assert r["four_dims_plan_removal_state_equal"] is True
+
+
 # --- two processes: the command line as torchrun starts it ---------------------------------------------------------
 
 
@@ -313,4 +433,8 @@ def test_two_gpus_ulysses_and_ring_take_the_single_gpu_decisions(tmp_path: Path)
             assert (r[layout]["cached"], r[layout]["computed"]) == (single["cached"], single["computed"])
             assert r[layout]["collectives"] == len(single["diffs"])
     for layout in ("ulysses", "ring"):
+        assert ranks[0][layout]["digest"] == ranks[1][layout]["digest"]
+    for layout in ("sky_ulysses", "sky_ring"):  # SkyReels-V2 by its adapter's [[cp_plan]], bfloat16
+        assert [(r[layout]["plan_origin"], r[layout]["relative_max_abs_vs_single"] < 0.05) for r in ranks] == [
+            ("adapter", True)] * 2
         assert ranks[0][layout]["digest"] == ranks[1][layout]["digest"]

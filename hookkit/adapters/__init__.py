@@ -21,9 +21,10 @@ from hookkit.adapters.registry import (
     resolve_adapter,
     unregister_adapter,
 )
-from hookkit.adapters.spec import CFG_STYLES, MEMO_SCOPES, STREAMS, AdapterSpec, BlockListSpec
+from hookkit.adapters.spec import CFG_STYLES, MEMO_SCOPES, STREAMS, AdapterSpec, BlockListSpec, CPGather, CPPlanEntry, CPSplit
 
 __all__ = [
-    "CFG_STYLES", "CUSTOM_ADAPTER_HELP", "adapter_toml", "derive", "MEMO_SCOPES", "STREAMS", "AdapterSpec", "BlockListSpec", "adapters_dir",
+    "CFG_STYLES", "CUSTOM_ADAPTER_HELP", "adapter_toml", "derive", "MEMO_SCOPES", "STREAMS", "AdapterSpec", "BlockListSpec",
+    "CPGather", "CPPlanEntry", "CPSplit", "adapters_dir",
     "derive_adapter", "get_adapter", "list_adapters", "register_adapter", "resolve_adapter", "unregister_adapter",
 ]

@@ -498,6 +498,8 @@ def adapter_toml(adapter: AdapterSpec) -> str:
         lines.append(f"notes = {value(adapter.notes)}")
     if adapter.diffusers_metadata != "check":
         lines.append(f"diffusers_metadata = {value(adapter.diffusers_metadata)}")
+    if adapter.cp_plan_override:
+        lines.append("cp_plan_override = true")
     for block in adapter.blocks:
         lines += ["", "[[blocks]]", f"attr = {value(block.attr)}",
                   f"class = {value(block.classes[0] if len(block.classes) == 1 else block.classes)}",
@@ -507,6 +509,19 @@ def adapter_toml(adapter: AdapterSpec) -> str:
         lines.append(f"returns = {value(block.returns)}")
         if block.long_skips:
             lines.append("long_skips = true")
+    for entry in adapter.cp_plan:
+        lines += ["", "[[cp_plan]]", f"module = {value(entry.module)}"]
+        if entry.split:
+            tables = [", ".join(f"{k} = {value(v)}" for k, v in (("input", s.input), ("output", s.output),
+                                                                  ("split_dim", s.split_dim),
+                                                                  ("expected_dims", s.expected_dims)) if v is not None)
+                      for s in entry.split]
+            lines.append("split = [" + ", ".join("{ " + t + " }" for t in tables) + "]")
+        if entry.gather:
+            tables = [", ".join(f"{k} = {value(v)}" for k, v in (("gather_dim", g.gather_dim),
+                                                                  ("expected_dims", g.expected_dims)) if v is not None)
+                      for g in entry.gather]
+            lines.append("gather = [" + ", ".join("{ " + t + " }" for t in tables) + "]")
     if adapter.left_out:
         lines += ["", "[left_out]"] + [f"{attr} = {value(reason)}" for attr, reason in adapter.left_out]
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 An adapter says which transformer class it is for (exact class name, never a prefix; a dotted path
 "pkg.module.Class" names one class exactly and wins over a bare name), which block lists run in which
 order, what each block class takes and returns, which classes are repeated (for regional compilation),
-which Linear layers must never be quantized, how CFG is run, and where per-step index tensors are built.
+which Linear layers must never be quantized, how CFG is run, where per-step index tensors are built, and (for a
+class diffusers ships without `_cp_plan`) how context parallelism splits and gathers the sequence (`[[cp_plan]]`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,150 @@ class BlockListSpec:
         return self.returns.index("encoder_hidden_states") if "encoder_hidden_states" in self.returns else None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_dims(where: str, field: str, dim: Any, expected_dims: Any, dim_name: str) -> None:
+    if not _is_int(dim):
+        raise _fail(where, f"{field}.{dim_name}", dim, "an int (the sequence dimension of the tensor)")
+    if expected_dims is not None and (not _is_int(expected_dims) or expected_dims < 1):
+        raise _fail(where, f"{field}.expected_dims", expected_dims, "an int >= 1 (the tensor's number of dims) or absent")
+    if expected_dims is not None and not -expected_dims <= dim < expected_dims:
+        raise _fail(where, f"{field}.{dim_name}", dim, f"a dim of a {expected_dims}-dim tensor "
+                    f"({-expected_dims} .. {expected_dims - 1})", "Fix the dim or expected_dims.")
+
+
+@attrs.frozen(kw_only=True)
+class CPSplit:
+    """One tensor context parallelism splits along its sequence dim: diffusers' `ContextParallelInput`.
+
+    Exactly one of `input` and `output`: `input` splits a forward argument before the module runs (diffusers keys it
+    by name); `output` splits the module's output at that index after it runs (diffusers' `split_output=True`, keyed
+    by index: RoPE tables computed from the whole sequence, then cut like it).
+
+    Args:
+        input: the name of an argument of the module's `forward` to split, or None.
+        output: the index of the module's output to split (0 for a module returning one tensor), or None.
+        split_dim: the dimension to split (the sequence dimension of that tensor).
+        expected_dims: the tensor's number of dims; diffusers splits only tensors with that many (others pass
+            whole, with a warning). None splits any.
+    """
+
+    split_dim: int
+    input: str | None = None
+    output: int | None = None
+    expected_dims: int | None = None
+
+    def validate(self, where: str, field: str) -> None:
+        if (self.input is None) == (self.output is None):
+            raise _fail(where, field, {"input": self.input, "output": self.output},
+                        "exactly one of `input` (a forward argument name) and `output` (an output index)")
+        if self.input is not None and (not isinstance(self.input, str) or not self.input.isidentifier()):
+            raise _fail(where, f"{field}.input", self.input, "the name of a forward argument (a string)")
+        if self.output is not None and (not _is_int(self.output) or self.output < 0):
+            raise _fail(where, f"{field}.output", self.output, "an output index (an int >= 0)")
+        _check_dims(where, field, self.split_dim, self.expected_dims, "split_dim")
+
+    @property
+    def key(self) -> str | int:
+        """diffusers' key: the argument name, or the output index."""
+        return self.input if self.input is not None else self.output  # type: ignore[return-value]
+
+
+@attrs.frozen(kw_only=True)
+class CPGather:
+    """One output gathered back into the whole sequence on every rank: diffusers' `ContextParallelOutput`.
+
+    Args:
+        gather_dim: the dimension to gather (the sequence dimension of that output).
+        expected_dims: the output's number of dims (documentation for diffusers; checked by hookkit at every call).
+    """
+
+    gather_dim: int
+    expected_dims: int | None = None
+
+    def validate(self, where: str, field: str) -> None:
+        _check_dims(where, field, self.gather_dim, self.expected_dims, "gather_dim")
+
+
+def _module_path_ok(path: str) -> bool:
+    if path == "":
+        return True
+    atoms = path.split(".")
+    return path.count("*") <= 1 and all(a == "*" or a.isidentifier() or a.isdigit() for a in atoms)
+
+
+@attrs.frozen(kw_only=True)
+class CPPlanEntry:
+    """One module of a context-parallel plan (TOML: one `[[cp_plan]]` table): what is split or gathered there.
+
+    Args:
+        module: the module path under the transformer ("" for the transformer itself, "blocks.0" for one block,
+            "blocks.*" for every block of a list; diffusers' module ids).
+        split: the tensors split at this module (inputs before it runs, outputs after), or empty.
+        gather: the outputs gathered at this module, one per output position, or empty. A module has `split`
+            or `gather`, not both (diffusers' plan maps a module to one or the other).
+    """
+
+    module: str
+    split: tuple[CPSplit, ...] = attrs.field(default=(), converter=_tuple)
+    gather: tuple[CPGather, ...] = attrs.field(default=(), converter=_tuple)
+
+    def validate(self, where: str) -> None:
+        if not isinstance(self.module, str) or not _module_path_ok(self.module):
+            raise _fail(where, "cp_plan.module", self.module,
+                        'a module path under the transformer ("" for itself, "blocks.0", "blocks.*")')
+        field = f"cp_plan[{self.module!r}]"
+        if not isinstance(self.split, tuple) or not all(isinstance(s, CPSplit) for s in self.split):
+            raise _fail(where, f"{field}.split", self.split, "a list of tables {input|output, split_dim, expected_dims}")
+        if not isinstance(self.gather, tuple) or not all(isinstance(g, CPGather) for g in self.gather):
+            raise _fail(where, f"{field}.gather", self.gather, "a list of tables {gather_dim, expected_dims}")
+        if bool(self.split) == bool(self.gather):
+            raise _fail(where, field, {"split": len(self.split), "gather": len(self.gather)},
+                        "either `split` or `gather` (not both, not neither)",
+                        "Split the module's tensors in one [[cp_plan]] table and gather another module's outputs in another.")
+        for i, split in enumerate(self.split):
+            split.validate(where, f"{field}.split[{i}]")
+        for i, gather in enumerate(self.gather):
+            gather.validate(where, f"{field}.gather[{i}]")
+        keys = [s.key for s in self.split]
+        if len(set(keys)) != len(keys):
+            raise _fail(where, f"{field}.split", keys, "each input name or output index once")
+
+    def diffusers_value(self) -> Any:
+        """This entry in diffusers' vocabulary: a dict of `ContextParallelInput`, or a list of `ContextParallelOutput`."""
+        from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+        if self.split:
+            return {s.key: ContextParallelInput(split_dim=s.split_dim, expected_dims=s.expected_dims,
+                                                split_output=s.output is not None) for s in self.split}
+        outputs = [ContextParallelOutput(gather_dim=g.gather_dim, expected_dims=g.expected_dims) for g in self.gather]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _submodules(root: torch.nn.Module, path: str) -> list[torch.nn.Module] | str:
+    """The modules `path` names under `root` (several for a `*`), the way diffusers resolves module ids; a string
+    saying what is missing when it names none."""
+    modules = [root]
+    if path == "":
+        return modules
+    for atom in path.split("."):
+        found: list[torch.nn.Module] = []
+        for module in modules:
+            if atom == "*":
+                if not isinstance(module, torch.nn.ModuleList):
+                    return f"'*' stands for the items of an nn.ModuleList, not of {type(module).__name__}"
+                found.extend(module)
+            else:
+                child = getattr(module, atom, None)
+                if not isinstance(child, torch.nn.Module):
+                    return f"{type(module).__name__} has no submodule {atom!r}"
+                found.append(child)
+        modules = found
+    return modules if modules else "an empty nn.ModuleList"
+
+
 def _pairs(value: Any) -> Any:
     return tuple(value.items()) if isinstance(value, dict) else value
 
@@ -137,6 +282,11 @@ class AdapterSpec:
         notes: free text kept with the adapter, e.g. where diffusers' block metadata disagrees with the code.
         diffusers_metadata: "check" compares the blocks with diffusers' `TransformerBlockRegistry` at enable and
             refuses a disagreement; "ignore" where that entry is known wrong for this model (say why in `notes`).
+        cp_plan: a context-parallel plan in diffusers' vocabulary (`[[cp_plan]]` tables, see `CPPlanEntry`), used by
+            `Spec(parallel=...)` on a class diffusers ships without `_cp_plan`. Module paths and input names are
+            checked against the model when the adapter is matched.
+        cp_plan_override: False (default): where the class has its own `_cp_plan`, diffusers' plan is used and
+            `cp_plan` is not; True: `cp_plan` is used even then (say why in `notes`).
     """
 
     name: str
@@ -158,6 +308,8 @@ class AdapterSpec:
     #: `controlnet_block_samples`). On a call where any is given, DBCache keeps only the blocks' own contribution
     #: in its cached residual, so a cached step adds the current step's ControlNet residuals once.
     between_block_args: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    cp_plan: tuple[CPPlanEntry, ...] = attrs.field(default=(), converter=_tuple)
+    cp_plan_override: bool = False
     source: str = "python"
 
     def __attrs_post_init__(self) -> None:
@@ -190,11 +342,50 @@ class AdapterSpec:
         clash = sorted({a for a, _ in self.left_out} & set(attrs_seen))
         if clash:
             raise _fail(where, "left_out", clash, "only lists that are not [[blocks]]", "Remove them from [left_out].")
+        if not isinstance(self.cp_plan, tuple) or not all(isinstance(e, CPPlanEntry) for e in self.cp_plan):
+            raise _fail(where, "cp_plan", self.cp_plan, "a list of [[cp_plan]] tables (CPPlanEntry)")
+        for entry in self.cp_plan:
+            entry.validate(where)
+        modules = [e.module for e in self.cp_plan]
+        if len(set(modules)) != len(modules):
+            raise _fail(where, "cp_plan", modules, "each module path in one [[cp_plan]] table")
+        if self.cp_plan and not any(e.gather for e in self.cp_plan):
+            raise _fail(where, "cp_plan", modules, "a table that gathers the sequence back (`gather`), e.g. at the "
+                        "output projection", "Without one every rank returns only its shard.")
+        if self.cp_plan and not any(e.split for e in self.cp_plan):
+            raise _fail(where, "cp_plan", modules, "a table that splits the sequence (`split`)")
+        if not isinstance(self.cp_plan_override, bool):
+            raise _fail(where, "cp_plan_override", self.cp_plan_override, "true or false")
+        if self.cp_plan_override and not self.cp_plan:
+            raise _fail(where, "cp_plan_override", True, "a [[cp_plan]] to override with", "Add one or drop the key.")
 
     @property
     def left_out_reasons(self) -> dict[str, str]:
         """`left_out` as a dict: list attribute -> why the adapter leaves it out."""
         return dict(self.left_out)
+
+    def diffusers_cp_plan(self) -> dict[str, Any] | None:
+        """`cp_plan` as diffusers' `ContextParallelModelPlan` (module id -> inputs split / outputs gathered), or None."""
+        if not self.cp_plan:
+            return None
+        return {e.module: e.diffusers_value() for e in self.cp_plan}
+
+    def check_cp_plan(self, transformer: torch.nn.Module) -> None:
+        """Raise `AdapterError` unless every `cp_plan` module exists in `transformer` and every split input is an
+        argument of its module's `forward` (diffusers would only fail inside the first parallel call)."""
+        where = f"{self.name!r} ({self.source})"
+        for entry in self.cp_plan:
+            found = _submodules(transformer, entry.module)
+            if isinstance(found, str):
+                raise _fail(where, "cp_plan.module", entry.module, f"a module path under {type(transformer).__name__}",
+                            f"{found}; name a module of this model.")
+            for module in found:
+                params = list(inspect.signature(type(module).forward).parameters)[1:]
+                for i, split in enumerate(entry.split):
+                    if split.input is not None and split.input not in params:
+                        raise _fail(where, f"cp_plan[{entry.module!r}].split[{i}].input", split.input,
+                                    f"an argument of {type(module).__name__}.forward {params}",
+                                    "Name the argument that carries the sequence, or split an output instead.")
 
     # -- matching -------------------------------------------------------------------------------------
     def matches(self, transformer: torch.nn.Module) -> bool:
@@ -253,6 +444,7 @@ class AdapterSpec:
             if unknown:
                 raise _fail(where, "between_block_args", unknown, f"arguments of {cls_name}.forward {forward_args}",
                             "Name the forward arguments the model adds between blocks, or remove the field.")
+        self.check_cp_plan(transformer)
         present = {type(m).__name__ for m in transformer.modules()}
         variants = {c for b in self.blocks for c in b.classes}
         # A block class listed as a variant (e.g. HunyuanVideo's token-replace blocks) may be absent from
@@ -300,7 +492,10 @@ class AdapterSpec:
             if "attr" not in raw or "classes" not in raw:
                 raise _fail(where, "blocks", raw, "'attr' and 'class' in every [[blocks]] table")
             blocks.append(BlockListSpec(**raw))
-        return cls(**{**data, "blocks": blocks, "source": source})
+        extra: dict[str, Any] = {}
+        if "cp_plan" in data:
+            extra["cp_plan"] = _cp_plan_from_data(where, data["cp_plan"])
+        return cls(**{**data, **extra, "blocks": blocks, "source": source})
 
     @classmethod
     def from_toml(cls, path: str | Path) -> AdapterSpec:
@@ -315,6 +510,42 @@ class AdapterSpec:
             raise AdapterError(f"adapter file {str(path)!r} cannot be read ({exc.strerror}); pass the path of a "
                                ".toml file.") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _table(where: str, field: str, raw: Any, known: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict) or any(not isinstance(key, str) for key in raw):
+        raise _fail(where, field, raw, "a table (string keys)")
+    bad = sorted(set(raw) - known)
+    if bad:
+        raise _fail(where, f"{field}.{bad[0]}", raw[bad[0]], f"one of {sorted(known)}", "Remove or rename it.")
+    return raw
+
+
+def _cp_plan_from_data(where: str, raw_plan: Any) -> tuple[CPPlanEntry, ...]:
+    """`[[cp_plan]]` tables (TOML data) into `CPPlanEntry`s; unknown keys refused with the field's path."""
+    if not isinstance(raw_plan, list):
+        raise _fail(where, "cp_plan", raw_plan, "a list of [[cp_plan]] tables")
+    entries = []
+    for raw in raw_plan:
+        raw = _table(where, "cp_plan", raw, {f.name for f in attrs.fields(CPPlanEntry)})
+        if "module" not in raw:
+            raise _fail(where, "cp_plan", raw, "'module' in every [[cp_plan]] table", 'Add module = "..." ("" for the transformer).')
+        field = f"cp_plan[{raw['module']!r}]"
+        items: dict[str, Any] = {}
+        for key, item_cls, dim in (("split", CPSplit, "split_dim"), ("gather", CPGather, "gather_dim")):
+            if key in raw:
+                if not isinstance(raw[key], list):
+                    raise _fail(where, f"{field}.{key}", raw[key], "a list of inline tables")
+                known = {f.name for f in attrs.fields(item_cls)}
+                items[key] = []
+                for i, item in enumerate(raw[key]):
+                    item = _table(where, f"{field}.{key}[{i}]", item, known)
+                    if dim not in item:
+                        raise _fail(where, f"{field}.{key}[{i}].{dim}", None, "to be present (the sequence dimension)",
+                                    f"Add {dim} = ... (1 for (batch, tokens, channels) tensors).")
+                    items[key].append(item_cls(**item))
+        entries.append(CPPlanEntry(**{**raw, **items}))
+    return tuple(entries)
 
 
 def _block_metadata(block_cls: type) -> Any | None:

@@ -29,6 +29,7 @@ import attrs
 import torch
 
 from hookkit.adapters import AdapterSpec, BlockListSpec
+from hookkit.core.parallel import as_forward_sees
 from hookkit.core.plan import flat_blocks
 from hookkit.core.registry import Args, HookRegistry, Kwargs, ModelHook
 from hookkit.errors import AdapterError
@@ -101,7 +102,13 @@ class _BlockObserver(ModelHook):
 
     def pre_forward(self, module: torch.nn.Module, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         if self.check.recording:
-            self.record = _Record(self.index, self.hidden.read(args, kwargs), self.encoder.read(args, kwargs))
+            hidden, encoder = self.hidden.read(args, kwargs), self.encoder.read(args, kwargs)
+            registry = HookRegistry.of(module, create=False)
+            if registry is not None and registry.outermost:  # diffusers' hooks on the block run inside this one:
+                hidden = as_forward_sees(module, self.spec.hidden_arg, hidden)  # compare what the block gets
+                if self.spec.encoder_arg is not None:
+                    encoder = as_forward_sees(module, self.spec.encoder_arg, encoder)
+            self.record = _Record(self.index, hidden, encoder)
             self.check.enter(self.record)
         return args, kwargs
 

@@ -64,6 +64,24 @@ def parallel_info(module: torch.nn.Module) -> ParallelInfo | None:
                         anything=bool(cp.ulysses_anything or cp.ring_anything), mesh=str(cp._mesh))
 
 
+def as_forward_sees(module: torch.nn.Module, name: str, value: Any) -> Any:
+    """`value`, given to `module`'s argument `name` from outside diffusers' hooks on it, as the module's own forward
+    receives it: cut the way diffusers' context-parallel split hook on `module` cuts it (Wan's plan splits the first
+    block's `hidden_states`), unchanged where no such hook splits `name`. The cut is a view, with no collective."""
+    registry = module.__dict__.get("_diffusers_hook")
+    if registry is None or not isinstance(value, torch.Tensor):
+        return value
+    from diffusers.hooks.context_parallel import ContextParallelSplitHook
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    for hook in registry.hooks.values():
+        if isinstance(hook, ContextParallelSplitHook):
+            cpi = hook.metadata.get(name)
+            if isinstance(cpi, ContextParallelInput) and not cpi.split_output:
+                value = hook._prepare_cp_input(value, cpi)
+    return value
+
+
 def global_sums(values: torch.Tensor, group: Any) -> torch.Tensor:
     """`values` summed over every rank of `group` (one all-reduce; a new tensor, `values` is left alone).
 

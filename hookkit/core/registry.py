@@ -86,6 +86,12 @@ class HookRegistry:
         return registry
 
     @property
+    def outermost(self) -> bool:
+        """Whether hookkit's wrapper is the module's `forward` now, so another library's hooks on the module (diffusers'
+        context-parallel splits) run inside hookkit's and hookkit's hooks see the arguments before them."""
+        return self._module is not None and self._module.__dict__.get("forward") is self._wrapper
+
+    @property
     def names(self) -> tuple[str, ...]:
         """Hook names in execution order (outermost first)."""
         return tuple(self._hooks)
