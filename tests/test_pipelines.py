@@ -503,6 +503,17 @@ def lora_state_dict(transformer: nn.Module, seed: int, rank: int = 4) -> dict[st
     return out
 
 
+def hotswap_pipelines() -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """(hooked, fresh, b): `hooked` prepared for peft's hotswap with LoRA `a` loaded, a fresh tiny Flux, and LoRA
+    `b` to swap in (dynamo's caches reset, so compile counts start from nothing)."""
+    torch._dynamo.reset()
+    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)
+    hooked.enable_lora_hotswap(target_rank=4)
+    hooked.load_lora_weights(dict(a), adapter_name="default_0")
+    return hooked, fresh, b
+
+
 def lora_steps(pipe: Any) -> list[tuple[str, Any]]:
     """The LoRA operations users run, each applied the same way to the hooked and to the fresh pipeline."""
     a, b = lora_state_dict(pipe.transformer, 1), lora_state_dict(pipe.transformer, 2)
@@ -542,11 +553,7 @@ def test_lora_hotswap_under_regional_compile_does_not_recompile() -> None:
     from torch._dynamo.utils import counters
 
     pytest.importorskip("peft")
-    torch._dynamo.reset()
-    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
-    a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)
-    hooked.enable_lora_hotswap(target_rank=4)
-    hooked.load_lora_weights(dict(a), adapter_name="default_0")
+    hooked, fresh, b = hotswap_pipelines()
     handle = hookkit.enable(hooked, hookkit.Spec(compile=hookkit.Compile(backend="eager")))
     try:
         counters.clear()
@@ -652,11 +659,7 @@ def test_lora_hotswap_under_transformer_graphs_replays_the_new_weights_without_a
     # peft's hotswap copies the new LoRA weights into the old ones' memory (`.data.copy_`, same rank and alpha): a
     # replay reads that memory, so the graphs stay valid (the watch sees nothing to drop) and give the new LoRA's output
     pytest.importorskip("peft")
-    torch._dynamo.reset()
-    hooked, fresh = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
-    a, b = lora_state_dict(hooked.transformer, 1), lora_state_dict(hooked.transformer, 2)
-    hooked.enable_lora_hotswap(target_rank=4)
-    hooked.load_lora_weights(dict(a), adapter_name="default_0")
+    hooked, fresh, b = hotswap_pipelines()
     handle = hookkit.enable(hooked, hookkit.Spec(compile=CPU_GRAPHS))
     try:
         hooked(**zoo.call_kwargs("flux", steps=2))

@@ -8,6 +8,7 @@ the hook registry (a module's `forward`) and method patches (a scheduler's `step
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Protocol
 
 #: "the instance dict had no entry": restored by deleting the entry
@@ -18,7 +19,7 @@ class Removable(Protocol):
     def remove(self) -> None: ...
 
 
-class Removal:
+class Removal(abc.ABC):
     """Base of hookkit's removal objects: `remove()` runs `_undo()` until it has succeeded once."""
 
     _removed: bool = False
@@ -34,8 +35,9 @@ class Removal:
         self._undo()
         self._removed = True
 
+    @abc.abstractmethod
     def _undo(self) -> None:
-        raise NotImplementedError
+        """Undo what the attachment did (each subclass says what); run at most once successfully."""
 
 
 def restore_entry(namespace: dict[str, Any], name: str, ours: Any, saved: Any) -> bool:

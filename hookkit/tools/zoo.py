@@ -323,14 +323,8 @@ def full_controlnet_pipeline(num_layers: int = 4, num_single_layers: int = 10, n
 
 # --- variants: several transformers, ControlNet, image editing, img2img (tests and GPU benchmarks) -----------
 
-#: tiny ControlNet configs, matching TINY_CONFIGS' transformers (same heads, dims, rope axes)
-TINY_CONTROLNET_CONFIGS: dict[str, dict[str, Any]] = {
-    "flux": dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=8,
-                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
-                 axes_dims_rope=(2, 2, 4)),
-    "qwenimage": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16,
-                      num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6)),
-}
+#: tiny ControlNet configs: the tiny transformers' own (same blocks, heads, dims, rope axes)
+TINY_CONTROLNET_CONFIGS: dict[str, dict[str, Any]] = {name: dict(TINY_CONFIGS[name]) for name in ("flux", "qwenimage")}
 
 VARIANTS: tuple[str, ...] = (
     "wan22", "flux_controlnet", "flux_multicontrolnet", "qwenimage_controlnet",

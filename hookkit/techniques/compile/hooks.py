@@ -114,16 +114,17 @@ def warm_on_side_stream(fn: Callable[[], Any], times: int) -> None:
     torch.cuda.current_stream().wait_stream(stream)
 
 
-class CudaGraphBackend:
-    """Captures with `torch.cuda.CUDAGraph` on a side stream after warm-up, sharing one memory pool."""
+class _GraphPool:
+    """One CUDA graph memory pool that every capture shares, created at the first capture after a release."""
 
     def __init__(self, warmup: int = 2) -> None:
         self.warmup = warmup
-        self.pool: Any = None
+        self._pool: Any = None
 
-    def memory_in_use(self) -> int:
-        """Reserved device memory: what a capture adds to it is the memory its graph keeps."""
-        return torch.cuda.memory_reserved()
+    def pool(self) -> Any:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def release_pool(self) -> None:
         """Forget the pool once no captured graph holds it (after an invalidation or the last eviction).
@@ -131,14 +132,27 @@ class CudaGraphBackend:
         A pool whose graphs are all gone may still own blocks that live tensors hold; capturing into it again
         trips an internal assert of the CUDA caching allocator (`use_count > 0`), so the next capture starts a
         new pool and the old one is freed with its last block."""
-        self.pool = None
+        self._pool = None
+
+
+def release_pool_if_empty(captured: Any, backend: Any) -> None:
+    """Before a capture: when no graph is kept any more, tell a pool-owning backend its pool is free."""
+    if not captured and hasattr(backend, "release_pool"):
+        backend.release_pool()
+
+
+class CudaGraphBackend(_GraphPool):
+    """Captures with `torch.cuda.CUDAGraph` on a side stream after warm-up, sharing one memory pool."""
+
+    def memory_in_use(self) -> int:
+        """Reserved device memory: what a capture adds to it is the memory its graph keeps."""
+        return torch.cuda.memory_reserved()
 
     def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        pool = self.pool()
         warm_on_side_stream(fn, self.warmup)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=pool):
             output = fn()
         return graph.replay, output
 
@@ -180,8 +194,7 @@ class GraphRunner:
             while self.max_graphs is not None and len(self.captured) >= self.max_graphs:
                 self.captured.popitem(last=False)  # the least recently replayed graph; its memory returns to the pool
                 self.evictions += 1
-            if not self.captured and hasattr(self.backend, "release_pool"):
-                self.backend.release_pool()  # no graph holds the old pool any more
+            release_pool_if_empty(self.captured, self.backend)
             memory = getattr(self.backend, "memory_in_use", None)
             before = memory() if memory is not None else 0
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
@@ -429,24 +442,14 @@ class CudaGraphSegments:
         return [g.replay for g in self.graphs]
 
 
-class CudaSegmentBackend:
+class CudaSegmentBackend(_GraphPool):
     """`SplitGraphHook`'s capture backend on CUDA: side-stream warm-up, then segmented capture, one pool."""
-
-    def __init__(self, warmup: int = 2) -> None:
-        self.warmup = warmup
-        self.pool: Any = None
 
     def warm(self, fn: Callable[[], Any]) -> None:
         warm_on_side_stream(fn, self.warmup)
 
-    def release_pool(self) -> None:
-        """As `CudaGraphBackend.release_pool`: the next capture after every pair was dropped starts a new pool."""
-        self.pool = None
-
     def segments(self) -> CudaGraphSegments:
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        return CudaGraphSegments(self.pool)
+        return CudaGraphSegments(self.pool())
 
 
 @attrs.define
@@ -547,8 +550,7 @@ class SplitGraphHook(ModelHook):
         """The pair of this decision with this call's inputs loaded and (when `head`) its head replayed."""
         pair = self.captured.get((sig, branch, cached))
         if pair is None:
-            if not self.captured and hasattr(self.backend, "release_pool"):
-                self.backend.release_pool()  # no pair holds the old pool any more
+            release_pool_if_empty(self.captured, self.backend)
             pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
             self.captures += 1
         self._load(pair, leaves)
