@@ -20,7 +20,8 @@
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
 # More pieces: gpu-tests (every `-m gpu` test; 27 of 29 took 230 s in run 10), controlnet (benchmarks/pipelines.py --parts controlnet),
-# flux-1024-warm (no fresh caches), autotune-if-faster (after profile); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
+# flux-1024-warm (no fresh caches), autotune-if-faster (after profile), quant-micro (benchmarks/rowwise_quant.py; QOPTIONS),
+# wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
 # quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
 # step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
@@ -84,6 +85,15 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       OUT="$W/res/controlnet" timeout "${T_CN:-240}" python3 benchmarks/pipelines.py --parts controlnet \
         > "$W/res/controlnet.log" 2>&1
       log "controlnet rc $?" ;;
+    quant-micro)
+      timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options "${QOPTIONS-}" --out "$W/res" \
+        > "$W/res/rowwise_quant.log" 2>&1
+      log "quant-micro rc $?" ;;
+    wan22|resolutions)  # issue 15: Wan 2.2's two experts (480x832, 5 frames); regional compile over 5 resolutions
+      local pargs="--runs 2"
+      [ "$1" = resolutions ] && pargs="--runs 2 --steps ${RES_STEPS:-8}"
+      OUT="$W/res/$1" timeout "${T_PIPE:-330}" python3 benchmarks/pipelines.py --parts "$1" $pargs > "$W/res/$1.log" 2>&1
+      log "$1 rc $? $(tail -c 300 "$W/res/$1.log" | tr '\n' ' ')" ;;
     profile)
       if [ "${QUICK:-0}" = 1 ]; then python3 benchmarks/step_profile.py --quick --out "$W/res" > "$W/res/profile.log" 2>&1
       else timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
@@ -115,7 +125,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE
+  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
@@ -132,7 +142,8 @@ collect)
   out=${OUT:-out}; mkdir -p "$out"
   cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
   cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$out/" 2>/dev/null
-  cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$out/" 2>/dev/null
+  cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$W/res/rowwise_quant.json" "$out/" 2>/dev/null
+  for part in wan22 resolutions; do cp "$W/res/$part/pipelines.json" "$out/pipelines_$part.json" 2>/dev/null; done
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
   tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
   cat "$W/res/issue18.md"

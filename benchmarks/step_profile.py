@@ -123,6 +123,7 @@ SUFFIXES = {
     "fused": "diffusers' fuse_qkv_projections first (one QKV GEMM per stream)",
     "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
     "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
+    "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
 }
 
 
@@ -136,10 +137,14 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
     fused = False
     import torch._inductor.config as inductor_config
     cdt_before = inductor_config.coordinate_descent_tuning
+    from hookkit.techniques.compile import hooks as compile_hooks
+    options_before = dict(compile_hooks.QUANTIZED_INDUCTOR_OPTIONS)
     try:
         if unknown:
             raise ValueError(f"unknown variant suffix {sorted(unknown)}; expected any of {sorted(SUFFIXES)}")
         inductor_config.coordinate_descent_tuning = "cdt" in extras or cdt_before
+        if "mk" in extras:
+            compile_hooks.QUANTIZED_INDUCTOR_OPTIONS["triton.multi_kernel"] = 1
         transformer.set_attention_backend(backend)
         if "fused" in extras:  # diffusers' one QKV GEMM per stream (before quantizing: the fused Linear is quantized)
             transformer.fuse_qkv_projections()
@@ -168,6 +173,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         row.update(status="failed", note=f"{type(exc).__name__}: {first}"[:300])
     finally:
         inductor_config.coordinate_descent_tuning = cdt_before
+        compile_hooks.QUANTIZED_INDUCTOR_OPTIONS.clear()
+        compile_hooks.QUANTIZED_INDUCTOR_OPTIONS.update(options_before)
         if handle is not None:
             handle.remove()
         if fused:
