@@ -7,6 +7,9 @@ shipped classifier still recognises. Rows:
   fp8                      hookkit.Quantize("fp8_row"): the blocks' Linears, modulation kept in bf16 (default)
   fp8+mod                  Quantize("fp8_row", include_modulation=True): the AdaLN modulation Linears too
   cache-fast               DBCache F1B0 on the static "fast" mask, bf16 (what caching alone costs)
+  fp8+mod+compile          fp8_row incl. modulation + regional compile (GPU): its GELU / concatenated inputs quantized
+                           by hookkit's one-pass kernel (Compile(fuse_fp8_rows=True), the default)
+  fp8+mod+compile-unfused  the same with fuse_fp8_rows=False: inductor's own two-pass quantization
   fp8+cache-fast           the fastest hookkit row's numerics (graphs replay the same kernels)
   fp8+mod+cache-fast       the same with the modulation Linears in fp8
   fp8+cache-dyn-R0.24      dynamic DBCache (hookkit's default threshold) with fp8: what split graphs run
@@ -58,7 +61,7 @@ def _cache_dit_fp8(quant_type: str, steps: int, cached: bool) -> Callable[[Any],
     return setup
 
 
-def configs(scheme: str, cache_dit_type: str, steps: int) -> list[quality.QualityConfig]:
+def configs(scheme: str, cache_dit_type: str, steps: int, compiled: bool = False) -> list[quality.QualityConfig]:
     def q(mod: bool) -> hookkit.Quantize:
         # keep_original: the harness removes every handle after its row
         return hookkit.Quantize(scheme=scheme, include_modulation=mod, keep_original="device")
@@ -68,6 +71,12 @@ def configs(scheme: str, cache_dit_type: str, steps: int) -> list[quality.Qualit
     return [
         QC(name="fp8", family="fp8", spec=S(quantize=q(False)), x="fp8", description=f"{scheme}, modulation bf16"),
         QC(name="fp8+mod", family="fp8", spec=S(quantize=q(True)), x="fp8+mod", description=f"{scheme} incl. modulation"),
+        *([QC(name="fp8+mod+compile", family="fp8", spec=S(quantize=q(True), compile=hookkit.Compile()), x="compile",
+              description=f"{scheme} incl. modulation + regional compile, one-pass fused quantization"),
+           QC(name="fp8+mod+compile-unfused", family="fp8", spec=S(quantize=q(True),
+              compile=hookkit.Compile(fuse_fp8_rows=False)), x="compile-unfused",
+              description=f"{scheme} incl. modulation + regional compile, inductor's two-pass quantization")]
+          if compiled else []),
         QC(name="cache-fast", family="cache", spec=S(cache=_fast()), x="fast", description="DBCache F1B0 'fast' mask, bf16"),
         QC(name="fp8+cache-fast", family="fp8+cache", spec=S(quantize=q(False), cache=_fast()), x="fast",
            description=f"{scheme} + DBCache 'fast' mask"),
@@ -88,6 +97,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--classes", default=None, help="comma-separated class indices (default: all 10)")
     p.add_argument("--quick", action="store_true", help="CPU check: 2 classes x 1 seed, 6 steps, fp8 weight-only")
+    p.add_argument("--only", default=None, help="comma-separated row names (default: every row)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "quality_fp8"))
     args = p.parse_args()
     cuda = torch.cuda.is_available()
@@ -98,7 +108,14 @@ def main() -> int:
     seeds = range(1 if args.quick else args.seeds)
     on_gpu = cuda and not args.quick
     scheme, cache_dit_type = ("fp8_row", "float8_per_row") if on_gpu else ("fp8_weight_only", "float8_weight_only")
-    report = quality.run_quality(configs(scheme, cache_dit_type, steps), classes=classes, seeds=seeds, steps=steps,
+    rows = configs(scheme, cache_dit_type, steps, compiled=on_gpu)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {r.name for r in rows}
+        if unknown:
+            raise SystemExit(f"quality_fp8.py --only: unknown rows {sorted(unknown)}; known: {[r.name for r in rows]}")
+        rows = [r for r in rows if r.name in wanted]
+    report = quality.run_quality(rows, classes=classes, seeds=seeds, steps=steps,
                                  device="cuda" if on_gpu else "cpu", dtype=torch.bfloat16,
                                  log=lambda m: print(m, file=sys.stderr, flush=True))
     out = Path(args.out)

@@ -13,7 +13,8 @@ kernel (the bandwidth floor of "read the row once, write fp8 once"):
 
 Options (`--options`, comma-separated): base (hookkit's QUANTIZED_INDUCTOR_OPTIONS), mk1 (+ triton.multi_kernel=1:
 persistent reductions up to 16x wider, the faster kernel picked by benchmarking), mk2 (multi_kernel=2: persistent
-forced). Per pattern and option: median call time (CUDA events, 50 calls after 10 warm-up), and the profiler's
+forced), hookkit (Compile(fuse_fp8_rows=True)'s post-grad pass: its one-pass kernel where X is a GELU or a
+concatenation with one). Per pattern and option: median call time (CUDA events, 50 calls after 10 warm-up), and the profiler's
 device time of the non-GEMM kernels (the quantization and its fused producer). Writes $OUT/rowwise_quant.json.
 
     python benchmarks/rowwise_quant.py            # H200, ~1.5 min
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hookkit.techniques.compile.hooks import QUANTIZED_INDUCTOR_OPTIONS
 
-OPTIONS = {"base": {}, "mk1": {"triton.multi_kernel": 1}, "mk2": {"triton.multi_kernel": 2}}
+OPTIONS = {"base": {}, "mk1": {"triton.multi_kernel": 1}, "mk2": {"triton.multi_kernel": 2}, "hookkit": {}}
 GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|_scaled_mm|scaled_mm", re.I)
 
 
@@ -111,7 +112,14 @@ def compiled_row(name: str, option: str, m: int) -> dict[str, Any]:
     module = cls().to("cuda", torch.bfloat16).eval()
     quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
     torch._dynamo.reset()
-    fn = torch.compile(module, fullgraph=True, options={**QUANTIZED_INDUCTOR_OPTIONS, **OPTIONS[option]})
+    extra: dict[str, Any] = dict(OPTIONS[option])
+    rows = None
+    if option == "hookkit":  # hookkit's one-pass kernel through its post-grad pass (Compile(fuse_fp8_rows=True))
+        from hookkit.techniques.compile.fp8_rows import FusedFp8Rows
+
+        rows = extra["post_grad_custom_post_pass"] = FusedFp8Rows()
+        extra["fx_graph_cache"] = False  # a cached graph would not show the rewrite count
+    fn = torch.compile(module, fullgraph=True, options={**QUANTIZED_INDUCTOR_OPTIONS, **extra})
     with torch.no_grad():
         times = timed_ms(lambda: fn(*inputs))
         split = kernel_split(lambda: fn(*inputs))
@@ -119,7 +127,8 @@ def compiled_row(name: str, option: str, m: int) -> dict[str, Any]:
         ref = module(*inputs).float()  # eager torchao: the same quantization, unfused
     err = ((out - ref).abs().max() / ref.abs().max()).item()
     return dict(pattern=name, variant=option, ms=statistics.median(times), ms_min=min(times), ms_max=max(times),
-                rel_err_vs_eager_torchao=err, **split)
+                rel_err_vs_eager_torchao=err, bitwise_eager=bool(torch.equal(out, ref)),
+                rewritten=rows.rewritten if rows is not None else None, **split)
 
 
 def triton_one_pass() -> Any:
@@ -238,7 +247,8 @@ def triton_rows(m: int) -> list[dict[str, Any]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4608, help="rows M (Flux-dev 1024²: 4096 image + 512 text)")
-    p.add_argument("--options", default="base,mk1,mk2", help="'' (none) to run only the Triton and copy rows")
+    p.add_argument("--options", default="base,mk1,mk2,hookkit", help="'' (none) to run only the Triton and copy rows")
+    p.add_argument("--no-extras", action="store_true", help="skip the hand-written Triton and copy rows")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -256,7 +266,7 @@ def main() -> int:
             rows.append(dict(pattern=name, variant=option, status="failed", note=f"{type(exc).__name__}: {exc}"[:300]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
         (out / "rowwise_quant.json").write_text(json.dumps(dict(tokens=args.tokens, rows=rows), indent=1))
-    for extra in (triton_rows, fused_rows, lambda m: bandwidth_rows()):
+    for extra in () if args.no_extras else (triton_rows, fused_rows, lambda m: bandwidth_rows()):
         try:
             new = extra(args.tokens)
         except Exception as exc:  # noqa: BLE001

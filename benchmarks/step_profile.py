@@ -109,12 +109,12 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
     )
 
 
-def spec_for(quick: bool, modulation: bool, mode: str | None = None) -> hookkit.Spec:
+def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: bool = True) -> hookkit.Spec:
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
     return hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device", include_modulation=modulation),
-                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode), memo=True)
+                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode, fuse_fp8_rows=fuse), memo=True)
 
 
 #: variant suffixes: what each changes before enabling
@@ -123,6 +123,7 @@ SUFFIXES = {
     "fused": "diffusers' fuse_qkv_projections first (one QKV GEMM per stream)",
     "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
     "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
+    "nofuse": "Compile(fuse_fp8_rows=False): all of torchao's activation quantization left to inductor (two passes)",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
 }
 
@@ -151,7 +152,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
             fused = True
         t0 = time.perf_counter()
         mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
-        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode))
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse="nofuse" not in extras))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture
@@ -163,6 +164,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         times = step_ms(transformer, inputs, args.runs, device)
         row.update(step_ms=statistics.median(times), step_ms_all=times)
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+        compiled = handle.summary().features.get("compile")
+        row["fp8_rows_fused"] = compiled.data.get("fp8_rows_fused") if compiled is not None else None
         row.update(profile(transformer, inputs, args.profile_calls, device))
         if args.size == 1024 and not args.quick:
             row["floor_ms"] = FLOOR_MS_1024

@@ -625,12 +625,13 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
 
 
-def compile_kwargs(spec: Compile, quantized: bool = False) -> dict[str, Any]:
+def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None) -> dict[str, Any]:
     """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call.
 
     A torch.compile call takes a mode or options, not both, so for a quantized model the mode is spelled
     as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g. reduce-overhead's
     `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned for).
+    `fp8_rows` (a `FusedFp8Rows` pass) becomes the call's `post_grad_custom_post_pass`.
     """
     kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
     if spec.backend != "inductor":  # modes and options are inductor's
@@ -641,6 +642,8 @@ def compile_kwargs(spec: Compile, quantized: bool = False) -> dict[str, Any]:
         from torch._inductor import list_mode_options
 
         kwargs["options"] = {**list_mode_options(mode or "default"), **QUANTIZED_INDUCTOR_OPTIONS}
+        if fp8_rows is not None:
+            kwargs["options"]["post_grad_custom_post_pass"] = fp8_rows
     elif mode is not None:
         kwargs["mode"] = mode
     return kwargs
@@ -717,8 +720,12 @@ class _CompileFeature(BaseFeature):
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         spec: Compile = ctx.spec.compile  # type: ignore[assignment]
         module = module_at(ctx.transformer, attachment.target)
+        state: CompileState = ctx.kept() or ctx.keep(CompileState())
         if attachment.name == INNER:
-            return _InnerCompile(module, compile_kwargs(spec, quantized=ctx.spec.quantize is not None))
+            quantized = ctx.spec.quantize is not None
+            if quantized and spec.fuse_fp8_rows and spec.backend == "inductor" and state.fp8_rows is None:
+                state.fp8_rows = new_fp8_rows_pass()
+            return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
@@ -726,9 +733,9 @@ class _CompileFeature(BaseFeature):
         split = ctx.request(SplitDecisions)
         eager = ctx.request(EagerCalls)  # the core's first-call check: its call runs uncaptured
         if split is not None and split.dynamic:  # a threshold decides: each call split at the decision
-            return add_hook(module, GRAPH, ctx.keep(SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True,
-                                                                   eager=eager)))
-        runner = ctx.keep(GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs))
+            state.runner = SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True, eager=eager)
+            return add_hook(module, GRAPH, state.runner)
+        runner = state.runner = GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs)
         return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True, eager=eager))
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
@@ -746,7 +753,14 @@ class _CompileFeature(BaseFeature):
             data["cudagraph_trees"] = device.type == "cuda"
             rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
-        runner: GraphRunner | SplitGraphHook | None = ctx.kept()
+        state: CompileState = ctx.kept() or CompileState()
+        if state.fp8_rows is not None:
+            data["fp8_rows_fused"] = state.fp8_rows.rewritten
+            data["fp8_rows_per_graph"] = list(state.fp8_rows.per_graph)
+            rows.append(["fp8 row quantizations fused (one pass)",
+                         f"on: {state.fp8_rows.rewritten} rewritten by this handle's compiles (a region served from "
+                         "inductor's FX graph cache was rewritten when cached)"])
+        runner = state.runner
         if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
             data["graphs_kept"] = len(runner.captured)
@@ -774,6 +788,24 @@ class _CompileFeature(BaseFeature):
             rows += [["graphs dropped (model changed)", data["graph_invalidations"]],
                      ["calls run eagerly (first-call check)", runner.eager_calls]]
         return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
+
+
+@attrs.define
+class CompileState:
+    """What one handle's compilation keeps: the whole-transformer graph runner, the fp8 row pass its compiles share."""
+
+    runner: GraphRunner | SplitGraphHook | None = None
+    fp8_rows: Any | None = None
+
+
+def new_fp8_rows_pass() -> Any:
+    """A `FusedFp8Rows` pass chained before any `post_grad_custom_post_pass` already set process-wide (hookkit's
+    per-call options replace that setting for its own compiles)."""
+    import torch._inductor.config as inductor_config
+
+    from hookkit.techniques.compile.fp8_rows import FusedFp8Rows  # imports inductor: only quantized compiles
+
+    return FusedFp8Rows(then=inductor_config.post_grad_custom_post_pass)
 
 
 class _InnerCompile(Removal):

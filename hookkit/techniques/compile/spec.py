@@ -33,6 +33,12 @@ class Compile:
             recently replayed is evicted first). Each input signature, CFG branch and DBCache decision is one
             graph holding its static inputs and outputs; the summary counts captures and evictions and reports
             the memory each kept graph took.
+        fuse_fp8_rows: with `Quantize(scheme="fp8_row")` and the inductor backend on CUDA, quantize each Linear
+            input that is a GELU output or a concatenation with one (Flux's single-block `proj_out`, every
+            feed-forward's second Linear) in one pass, by hookkit's Triton kernel with eager torchao's
+            arithmetic, instead of inductor's two passes over the row (default True: bitwise eager torchao's
+            output, and 2 ms less activation quantization per fp8 Flux-dev step at 1024² on an H200, BENCHMARKS.md).
+            False leaves all of torchao's quantization to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -42,3 +48,4 @@ class Compile:
     cuda_graphs: str = attrs.field(default="none", validator=choice("none", "transformer"))
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
     max_graphs: int = attrs.field(default=16, validator=int_field(1))
+    fuse_fp8_rows: bool = attrs.field(default=True, validator=boolean)

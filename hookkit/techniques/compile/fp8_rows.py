@@ -1,0 +1,302 @@
+"""One-pass fp8 per-row activation quantization for compiled regions of a `Quantize("fp8_row")` model.
+
+torchao's dynamic per-row fp8 Linear quantizes its input X on every call: `s = (|X|.amax(-1) / 448)`, then
+`X / s` clamped and cast to e4m3. Inside a compiled region inductor fuses X's producer into that quantization,
+but as two passes over the row (a reduction for the amax, then a pointwise kernel that recomputes the producer,
+divides and casts) at 1-1.5 TB/s. Where X is a GELU output or a concatenation of GELU outputs and tensors (Flux's
+single blocks quantize `cat(attention, gelu(mlp))`, 15,360 values per row; every feed-forward quantizes
+`gelu(h)`), both passes re-read all of it: 19.6 of the 103 ms of an uncached fp8 Flux-dev step at 1024² on an
+H200 (BENCHMARKS.md, step profile). A kernel that holds the whole row in registers reads the inputs once,
+applies the GELU, takes the amax and writes the fp8 row and its scale: 86 µs instead of 279 µs for that input.
+
+`FusedFp8Rows` is an inductor post-grad graph pass (passed in the `options` of hookkit's own `torch.compile`
+calls, never set process-wide) that finds exactly torchao's per-row quantization of such an X and replaces it
+with one call of `torch.ops.hookkit.fp8_quantize_rows`; every other quantization is left to inductor. The op
+computes what eager torchao computes (GELU rounded to the input dtype, the scale divided in the input dtype,
+IEEE division, round-to-nearest-even e4m3): its CPU implementation *is* the eager arithmetic, and the CUDA
+kernel follows it step by step (its tanh is libdevice's, as inductor's; eager CUDA's may differ in the last bit,
+which moves an fp8 code by one step in rare elements).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
+#: the widest piece the kernel holds in registers (4 chunks of 4,096 columns); wider ones stay inductor's
+MAX_WIDTH = 16384
+#: pieces per row the kernel takes (Flux: attention + MLP)
+MAX_PIECES = 2
+#: device types whose graphs `FusedFp8Rows` rewrites by default: CUDA, where the Triton kernel runs (on the CPU the op
+#: is eager arithmetic, slower than inductor's own C++ kernel; tests widen this to check the rewrite there)
+DEVICES: tuple[str, ...] = ("cuda",)
+
+
+# --- the op ------------------------------------------------------------------------------------------------
+
+
+def _reference(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager torchao's arithmetic, op for op (`_choose_scale_float8` + `_quantize_affine_float8`, per row)."""
+    parts = [F.gelu(p, approximate="tanh") if g else p for p, g in zip(pieces, gelu, strict=True)]
+    x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).to(torch.float32)
+    return (x.to(torch.float32) / scale).clamp(min=-FP8_MAX, max=FP8_MAX).to(FP8), scale
+
+
+def _check_pieces(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> None:
+    if not pieces or len(pieces) != len(gelu):
+        raise ValueError(f"fp8_quantize_rows: expected as many gelu flags as pieces (at least one), got "
+                         f"{len(pieces)} pieces and {len(gelu)} flags")
+    lead = pieces[0].shape[:-1]
+    if any(p.shape[:-1] != lead or p.dtype != pieces[0].dtype for p in pieces):
+        raise ValueError("fp8_quantize_rows: expected pieces with the same leading shape and dtype, got "
+                         + ", ".join(f"{tuple(p.shape)} {p.dtype}" for p in pieces))
+
+
+@torch.library.custom_op("hookkit::fp8_quantize_rows", mutates_args=())
+def fp8_quantize_rows(pieces: list[torch.Tensor], gelu: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cat([gelu_tanh(p) if g else p ...], -1)` quantized per row to e4m3 with torchao's scale: (data, scale)."""
+    _check_pieces(pieces, gelu)
+    if pieces[0].is_cuda and _kernel_fits(pieces):
+        return _triton_quantize(pieces, gelu)
+    return _reference(pieces, gelu)
+
+
+@fp8_quantize_rows.register_fake
+def _(pieces: list[torch.Tensor], gelu: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_pieces(pieces, gelu)
+    lead = list(pieces[0].shape[:-1])
+    width = sum(p.shape[-1] for p in pieces)
+    first = pieces[0]
+    return first.new_empty([*lead, width], dtype=FP8), first.new_empty([*lead, 1], dtype=torch.float32)
+
+
+_TRITON: list[bool] = []
+
+
+def _has_triton() -> bool:
+    """Whether the Triton kernel can be built here (else the op runs its reference arithmetic)."""
+    if not _TRITON:
+        try:
+            from triton.language.extra import libdevice  # noqa: F401  (the kernel's tanh, as inductor's)
+
+            _TRITON.append(True)
+        except ImportError:
+            _TRITON.append(False)
+    return _TRITON[0]
+
+
+def _kernel_fits(pieces: Sequence[torch.Tensor]) -> bool:
+    return (_has_triton() and len(pieces) <= MAX_PIECES and pieces[0].dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and all(p.shape[-1] <= MAX_WIDTH for p in pieces))
+
+
+def _triton_quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    from hookkit.techniques.compile import fp8_rows_triton  # imports triton: CUDA only, on first use
+
+    return fp8_rows_triton.quantize(pieces, gelu)
+
+
+# --- the graph pass ----------------------------------------------------------------------------------------
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_CONVERT = prims.convert_element_type.default
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _is(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
+
+
+def _number(value: Any, expected: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == expected
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _split(node: Any, target: Any, constant: float, commutative: bool = False) -> Any:
+    """`x` of `target(x, constant)` (or of `target(constant, x)` when `commutative`), else None."""
+    if not _is(node, target) or len(node.args) != 2 or node.kwargs:
+        return None
+    first, second = node.args
+    if _number(second, constant):
+        return first
+    if commutative and _number(first, constant):
+        return second
+    return None
+
+
+def _pair(node: Any, target: Any) -> tuple[Any, Any] | None:
+    if not _is(node, target) or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args[0], node.args[1]
+
+
+def gelu_tanh_source(node: Any) -> torch.fx.Node | None:
+    """M when `node` is torch's decomposition of `gelu(M, approximate="tanh")` for a bf16/fp16 M:
+    `convert(0.5 * x * (1 + tanh(0.79788... * (x + 0.044715 * x * x * x))), M.dtype)` with `x = convert(M, f32)`."""
+    if not _is(node, _CONVERT) or node.args[1] not in _LOW:
+        return None
+    product = _pair(node.args[0], aten.mul.Tensor)
+    if product is None:
+        return None
+    for half, one_plus in (product, product[::-1]):
+        x = _split(half, aten.mul.Tensor, 0.5, True)
+        t = _split(one_plus, aten.add.Tensor, 1.0, True)
+        if x is None or not _is(t, aten.tanh.default):
+            continue
+        inner = _split(t.args[0], aten.mul.Tensor, 0.7978845608028654, True)
+        terms = _pair(inner, aten.add.Tensor)
+        if terms is None:
+            continue
+        for linear, cubic in (terms, terms[::-1]):
+            cube = _split(cubic, aten.mul.Tensor, 0.044715, True)
+            if linear is not x or cube is None:
+                continue
+            outer = _pair(cube, aten.mul.Tensor)
+            square = next((p for p in (outer or ()) if _pair(p, aten.mul.Tensor) == (x, x)), None)
+            if outer is None or square is None or x not in outer:
+                continue
+            if _is(x, _CONVERT) and x.args[1] == torch.float32 and _val(x.args[0]) is not None \
+                    and _val(x.args[0]).dtype == node.args[1]:
+                return x.args[0]
+    return None
+
+
+def _last_dim(dim: Any, ndim: int) -> bool:
+    return isinstance(dim, int) and dim in (-1, ndim - 1)
+
+
+def _row_quantization(q: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(X, scale) when `q` is torchao's per-row fp8 quantization of X (last dimension, e4m3, 448):
+    `convert(clamp_max(clamp_min(convert(X, f32) / s, -448), 448), e4m3)`, `s = convert(amax(|X|, [-1], True) / 448, f32)`."""
+    if not _is(q, _CONVERT) or q.args[1] != FP8:
+        return None
+    clamped = q.args[0]
+    if _is(clamped, aten.clamp.default):
+        low, high = (list(clamped.args[1:]) + [None, None])[:2]
+        if not (_number(low, -FP8_MAX) and _number(high, FP8_MAX)):
+            return None
+        divided = clamped.args[0]
+    else:
+        low = _split(clamped, aten.clamp_max.default, FP8_MAX)
+        divided = _split(low, aten.clamp_min.default, -FP8_MAX)
+    quotient = _pair(divided, aten.div.Tensor)
+    if quotient is None:
+        return None
+    xf, scale = quotient
+    if not (_is(xf, _CONVERT) and xf.args[1] == torch.float32 and _is(scale, _CONVERT) and scale.args[1] == torch.float32):
+        return None
+    x = xf.args[0]
+    amax = _split(scale.args[0], aten.div.Tensor, FP8_MAX)
+    if not _is(amax, aten.amax.default) or not _is(amax.args[0], aten.abs.default) or amax.args[0].args[0] is not x:
+        return None
+    val = _val(x)
+    dims, keepdim = amax.args[1], (amax.args[2] if len(amax.args) > 2 else amax.kwargs.get("keepdim", False))
+    if val is None or val.dtype not in _LOW or not keepdim or len(dims) != 1 or not _last_dim(dims[0], val.dim()):
+        return None
+    return x, scale
+
+
+def _fits(piece: torch.fx.Node) -> bool:
+    """A piece of a known width the kernel holds in registers (a symbolic or wider one stays inductor's)."""
+    width = _val(piece).shape[-1]
+    return isinstance(width, int) and width <= MAX_WIDTH
+
+
+def _pieces(x: torch.fx.Node) -> tuple[list[torch.fx.Node], list[bool]] | None:
+    """The inputs the op takes for X: `gelu(M)`, or `cat([...], -1)` of up to two GELU outputs or tensors (at least
+    one GELU: a plain tensor gains nothing from the one-pass kernel that inductor's own kernel does not give)."""
+    source = gelu_tanh_source(x)
+    if source is not None:
+        return ([source], [True]) if _fits(source) else None
+    if not _is(x, aten.cat.default):
+        return None
+    parts, dim = x.args[0], (x.args[1] if len(x.args) > 1 else x.kwargs.get("dim", 0))
+    if not _last_dim(dim, _val(x).dim()) or not 1 <= len(parts) <= MAX_PIECES:
+        return None
+    sources = [gelu_tanh_source(p) for p in parts]
+    if not any(s is not None for s in sources):
+        return None
+    pieces = [s if s is not None else p for s, p in zip(sources, parts, strict=True)]
+    if any(_val(p) is None or _val(p).dtype != _val(x).dtype for p in pieces):
+        return None
+    if not all(_fits(p) for p in pieces):
+        return None
+    return pieces, [s is not None for s in sources]
+
+
+class FusedFp8Rows(CustomGraphPass):
+    """Inductor post-grad pass: torchao per-row fp8 quantizations of GELU / concatenated GELU inputs become one
+    `hookkit::fp8_quantize_rows` call each. `rewritten` counts the sites replaced by this instance's compiles (a graph
+    served from inductor's FX graph cache is not rewritten again: it was rewritten when cached).
+
+    Args:
+        devices: device types whose graphs are rewritten (default `DEVICES`: CUDA, where the Triton kernel runs).
+        then: a post-grad pass that was already configured, run after this one (hookkit's compile options replace the
+            process-wide `post_grad_custom_post_pass` for its own compiles, so it is chained, not dropped).
+    """
+
+    def __init__(self, devices: tuple[str, ...] | None = None,
+                 then: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        self.devices = DEVICES if devices is None else devices
+        self.then = then
+        self.rewritten = 0
+        self.per_graph: list[int] = []  # sites rewritten in each graph this pass saw, in compile order
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        found = 0
+        for q in list(graph.nodes):
+            match = _row_quantization(q)
+            if match is None:
+                continue
+            x, scale = match
+            if _val(x).device.type not in self.devices:
+                continue
+            pieces = _pieces(x)
+            if pieces is None:
+                continue
+            self._replace(graph, q, scale, *pieces)
+            found += 1
+        if found:
+            graph.eliminate_dead_code()
+            graph.lint()
+        self.rewritten += found
+        self.per_graph.append(found)
+        if self.then is not None:
+            self.then(graph)
+
+    @staticmethod
+    def _replace(graph: torch.fx.Graph, q: torch.fx.Node, scale: torch.fx.Node, pieces: list[torch.fx.Node],
+                 gelu: list[bool]) -> None:
+        import operator
+
+        from torch._guards import detect_fake_mode
+
+        vals = [_val(p) for p in pieces]
+        with graph.inserting_before(scale):  # before both outputs' first use: X and its inputs precede `scale`
+            fused = graph.call_function(torch.ops.hookkit.fp8_quantize_rows.default, (pieces, gelu))
+            data = graph.call_function(operator.getitem, (fused, 0))
+            new_scale = graph.call_function(operator.getitem, (fused, 1))
+        with detect_fake_mode(vals):
+            out = torch.ops.hookkit.fp8_quantize_rows.default(vals, gelu)
+        fused.meta["val"], data.meta["val"], new_scale.meta["val"] = out, out[0], out[1]
+        q.replace_all_uses_with(data)
+        scale.replace_all_uses_with(new_scale)
+
+    def uuid(self) -> bytes:
+        """Inductor's FX graph cache key: this file's source and the devices it rewrites (a changed pass or
+        setting compiles anew, an unchanged one reuses the cached graph)."""
+        source = Path(__file__).read_bytes()
+        then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
+        return hashlib.sha256(source + repr(self.devices).encode() + repr(then).encode()).digest()

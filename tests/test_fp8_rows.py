@@ -1,0 +1,260 @@
+"""One-pass fp8 per-row activation quantization in compiled regions (`Compile(fuse_fp8_rows=True)`).
+
+The rewrite is checked on the CPU: torchao's fp8 path runs there once its hardware assertion is lifted, and the op's
+CPU implementation is eager torchao's arithmetic, so a rewritten graph must give *bitwise* the eager output. The Triton
+kernel is checked against that arithmetic on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hookkit
+from hookkit.techniques.compile import fp8_rows
+from hookkit.techniques.compile.fp8_rows import FusedFp8Rows, fp8_quantize_rows
+from hookkit.techniques.compile.hooks import compile_kwargs
+from hookkit.tools import zoo
+
+
+@pytest.fixture
+def fp8_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchao's fp8 Linear on the CPU (its SM89 assertion lifted; `torch._scaled_mm` has a CPU kernel)."""
+    from torchao.quantization import quant_api
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+
+
+class ProjOut(torch.nn.Module):
+    """Flux's single-block output projection: `proj_out(cat(attention, gelu(mlp)))`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(160, 32)
+
+    def forward(self, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=-1))
+
+
+class FeedForwardOut(torch.nn.Module):
+    def __init__(self, approximate: str = "tanh") -> None:
+        super().__init__()
+        self.proj, self.approximate = torch.nn.Linear(128, 32), approximate
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(h, approximate=self.approximate))
+
+
+class NormIn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.layer_norm(h, (32,)))
+
+
+def quantized(module: torch.nn.Module) -> torch.nn.Module:
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    torch.manual_seed(0)
+    module = module.to(torch.bfloat16).eval()
+    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
+    return module
+
+
+def inputs(*widths: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(1, 8, w, generator=g).to(torch.bfloat16) for w in widths]
+
+
+def compiled(module: torch.nn.Module, rows: FusedFp8Rows) -> torch.nn.Module:
+    torch._dynamo.reset()  # and no FX graph cache: a cached graph is not rewritten again (it was, when cached)
+    return torch.compile(module, fullgraph=True, options={"post_grad_custom_post_pass": rows, "fx_graph_cache": False})
+
+
+def test_the_op_is_eager_torchaos_per_row_quantization_of_the_concatenation() -> None:
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    attn, mlp = inputs(32, 128)
+    expected = Float8Tensor.from_hp(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=-1), granularity=PerRow())
+    data, scale = fp8_quantize_rows([attn, mlp], [False, True])
+    assert data.dtype == torch.float8_e4m3fn and data.shape == (1, 8, 160) and scale.shape == (1, 8, 1)
+    assert torch.equal(data.view(torch.uint8), expected.qdata.view(torch.uint8))
+    assert torch.equal(scale, expected.scale)
+
+
+def test_the_op_refuses_pieces_of_different_rows() -> None:
+    with pytest.raises(ValueError, match=r"expected pieces with the same leading shape and dtype, got \(1, 8, 4\) "
+                                         r"torch.bfloat16, \(1, 7, 4\) torch.bfloat16"):
+        fp8_quantize_rows([torch.zeros(1, 8, 4, dtype=torch.bfloat16), torch.zeros(1, 7, 4, dtype=torch.bfloat16)],
+                          [False, True])
+
+
+def test_a_concatenation_with_a_gelu_is_rewritten_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    module, rows = quantized(ProjOut()), FusedFp8Rows(devices=("cpu",))
+    attn, mlp = inputs(32, 128)
+    with torch.no_grad():
+        assert torch.equal(compiled(module, rows)(attn, mlp), module(attn, mlp))
+    assert rows.rewritten == 1
+
+
+def test_a_gelu_input_is_rewritten_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    module, rows = quantized(FeedForwardOut()), FusedFp8Rows(devices=("cpu",))
+    (h,) = inputs(128)
+    with torch.no_grad():
+        assert torch.equal(compiled(module, rows)(h), module(h))
+    assert rows.rewritten == 1
+
+
+def test_an_erf_gelu_input_is_left_to_inductor(fp8_on_cpu: None) -> None:
+    module, rows = quantized(FeedForwardOut(approximate="none")), FusedFp8Rows(devices=("cpu",))
+    with torch.no_grad():
+        compiled(module, rows)(*inputs(128))
+    assert rows.rewritten == 0
+
+
+def test_an_input_without_a_gelu_is_left_to_inductor(fp8_on_cpu: None) -> None:
+    module, rows = quantized(NormIn()), FusedFp8Rows(devices=("cpu",))
+    with torch.no_grad():
+        compiled(module, rows)(*inputs(32))
+    assert rows.rewritten == 0
+
+
+def test_only_cuda_graphs_are_rewritten_by_default(fp8_on_cpu: None) -> None:
+    module, rows = quantized(ProjOut()), FusedFp8Rows()
+    with torch.no_grad():
+        compiled(module, rows)(*inputs(32, 128))
+    assert rows.devices == ("cuda",) and rows.rewritten == 0
+
+
+def test_a_post_grad_pass_already_configured_runs_after_the_rewrite(fp8_on_cpu: None) -> None:
+    seen: list[list[str]] = []
+
+    def record(graph: torch.fx.Graph) -> None:
+        seen.append([str(n.target) for n in graph.nodes if n.op == "call_function"])
+
+    module, rows = quantized(ProjOut()), FusedFp8Rows(devices=("cpu",), then=record)
+    with torch.no_grad():
+        compiled(module, rows)(*inputs(32, 128))
+    assert len(seen) == 1 and "hookkit.fp8_quantize_rows.default" in seen[0] and "aten.amax.default" not in seen[0]
+
+
+def test_the_cache_key_changes_with_the_devices_rewritten() -> None:
+    assert FusedFp8Rows().uuid() == FusedFp8Rows().uuid()
+    assert FusedFp8Rows().uuid() != FusedFp8Rows(devices=("cpu",)).uuid()
+
+
+def test_a_quantized_compile_passes_its_pass_in_the_call_options_only() -> None:
+    import torch._inductor.config as inductor_config
+
+    rows = FusedFp8Rows()
+    options = compile_kwargs(hookkit.Compile(), quantized=True, fp8_rows=rows)["options"]
+    assert options["post_grad_custom_post_pass"] is rows
+    assert inductor_config.post_grad_custom_post_pass is None  # the process-wide setting is untouched
+
+
+def quantized_compiled_pipeline(fuse: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    from hookkit.techniques.quantize import torchao as hookkit_torchao
+
+    monkeypatch.setattr(hookkit_torchao, "check_hardware", lambda scheme, devices: None)
+    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)
+    spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="cpu"),
+                        compile=hookkit.Compile(fuse_fp8_rows=fuse))
+    return pipe, hookkit.enable(pipe, spec)
+
+
+def test_a_quantized_compile_reports_its_fused_count_from_enable(fp8_on_cpu: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe, handle = quantized_compiled_pipeline(True, monkeypatch)
+    try:
+        assert handle.summary().features["compile"].data["fp8_rows_fused"] == 0  # nothing compiled before a call
+    finally:
+        handle.remove()
+
+
+def test_fuse_fp8_rows_false_compiles_without_the_pass(fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe, handle = quantized_compiled_pipeline(False, monkeypatch)
+    try:
+        data = handle.summary().features["compile"].data
+        assert "fp8_rows_fused" not in data
+    finally:
+        handle.remove()
+
+
+@pytest.mark.slow
+def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_outputs(
+        fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # a cached graph is not rewritten again
+    torch._dynamo.reset()
+    pipe, handle = quantized_compiled_pipeline(True, monkeypatch)
+    try:
+        kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                  for k, v in zoo.call_kwargs("flux", steps=2).items()}
+        pipe(**kwargs)
+        # one double-block graph (img and context feed-forwards: 2 sites), one single-block graph (proj_out: 1)
+        data = handle.summary().features["compile"].data
+        per_graph = data["fp8_rows_per_graph"]
+        # the double blocks run first: their graph fuses the image and context feed-forward outputs (2 sites); every
+        # single-block graph (dynamo compiles one a second time for its guards) fuses its proj_out input (1 site)
+        assert per_graph[0] == 2 and set(per_graph[1:]) == {1}
+        assert data["fp8_rows_fused"] == sum(per_graph)
+    finally:
+        handle.remove()
+
+
+# --- GPU: the Triton kernel against the arithmetic it follows ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_the_kernel_without_gelu_is_bitwise_the_reference(dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pieces = [torch.randn(37, 8, w, generator=g, device="cuda").to(dtype) * 3 for w in (300, 1200)]
+    data, scale = fp8_quantize_rows(pieces, [False, False])
+    ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_kernel_with_gelu_matches_the_reference_up_to_the_last_bit_of_tanh() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    attn, mlp = (torch.randn(4608, w, generator=g, device="cuda").to(torch.bfloat16) * 2 for w in (3072, 12288))
+    data, scale = fp8_quantize_rows([attn, mlp], [False, True])
+    ref_data, ref_scale = fp8_rows._reference([attn, mlp], [False, True])
+    # libdevice's tanh (inductor's) and ATen's may differ in the last bit: a bf16 GELU value one step apart
+    assert ((scale - ref_scale).abs() <= ref_scale * 2**-7).all()
+    assert (scale != ref_scale).float().mean().item() < 1e-2
+    codes, ref_codes = data.view(torch.uint8).int(), ref_data.view(torch.uint8).int()
+    assert (codes != ref_codes).float().mean().item() < 1e-3
+    assert (codes[:, :3072] == ref_codes[:, :3072])[(scale == ref_scale).squeeze(1)].all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_a_compiled_fp8_flux_fuses_and_matches_the_unfused_compile() -> None:
+    pipe = zoo.tiny_pipeline("flux").to("cuda", torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                  for k, v in zoo.call_kwargs("flux", steps=3, output_type="pt").items()}
+        return pipe(**kwargs).images
+
+    outputs, fused = [], []
+    for fuse in (False, True):
+        torch._dynamo.reset()
+        handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device"),
+                                                   compile=hookkit.Compile(fuse_fp8_rows=fuse)))
+        outputs.append(run())
+        fused.append(handle.summary().features["compile"].data.get("fp8_rows_fused"))
+        handle.remove()
+    assert fused[0] is None and fused[1] >= 3
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=2e-2)
