@@ -175,6 +175,31 @@ def test_harness_counts_compares_and_writes_table_json_and_plot(untrained_files:
     assert paths["plot"].read_bytes()[:8] == PNG
 
 
+def test_block_counter_without_per_block_hooks_counts_transformer_calls_only() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    counter = BlockCounter(pipe.transformer, per_block=False)
+    tiny_flux_call(pipe)
+    assert all(not m._forward_pre_hooks for m in pipe.transformer.modules() if m is not pipe.transformer)
+    assert (counter.calls, counter.block_calls, counter.partial_calls) == (4, None, None)
+
+
+def test_harness_counts_compiled_rows_without_hooks_inside_the_compiled_blocks(untrained_files: tuple[Path, Path]) -> None:
+    """Counting hooks inside compiled blocks made dynamo recompile per block until its limit (H200 run 13): a
+    compiled row counts transformer calls, and its blocks from hookkit's cache (or all of them without one)."""
+    model, classifier = untrained_files
+    compiled = hookkit.Compile(backend="eager")
+    mask = hookkit.DBCache(steps_mask="fast", mask_policy="static", taylorseer_order=0)
+    configs = [QualityConfig(name="compiled", family="x", spec=hookkit.Spec(compile=compiled)),
+               QualityConfig(name="compiled+cache", family="x", spec=hookkit.Spec(compile=compiled, cache=mask))]
+    torch._dynamo.reset()
+    report = quality.run_quality(configs, classes=[0, 1], seeds=[0], steps=28, weights=model,
+                                 classifier_weights=classifier, log=None)
+    _, plain, cached = report.rows
+    assert (plain.status, plain.block_calls, plain.transformer_calls, plain.cached_calls) == ("ok", 336, 56, 0)
+    assert (cached.status, cached.block_calls, cached.reported_block_calls, cached.cached_calls) == ("ok", 166, 166, None)
+    assert "| —/56 " in report.markdown()  # a cached compiled row: which calls skipped blocks is not counted
+
+
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 def test_harness_runs_on_the_shipped_model_with_two_configurations(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")

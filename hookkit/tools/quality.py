@@ -114,17 +114,21 @@ class BlockCounter:
     return its inputs from a replaced forward), so a hook on the block itself would count skipped blocks too.
     A block's *submodules* run only when the block computes: a forward pre-hook on each direct child marks
     the block as run in the current transformer call. Blocks are the adapter's block lists (hookkit.adapters).
+    With `per_block=False` (a compiled transformer: the children's hooks would run inside the compiled regions,
+    where each block's own hook is a recompile and the set they fill is traced, not filled) only transformer calls
+    are counted; `block_calls` and `partial_calls` are then None and come from elsewhere (`_run`).
     """
 
-    def __init__(self, transformer: torch.nn.Module) -> None:
+    def __init__(self, transformer: torch.nn.Module, per_block: bool = True) -> None:
         from hookkit.adapters import resolve_adapter
         from hookkit.core.plan import flat_blocks
 
         self.blocks = [block for _, _, block in flat_blocks(resolve_adapter(transformer), transformer)]
         self.calls = 0
         self._ran: set[tuple[int, int]] = set()
+        self.per_block = per_block
         self._handles = [transformer.register_forward_pre_hook(self._on_call)]
-        for index, block in enumerate(self.blocks):
+        for index, block in enumerate(self.blocks if per_block else ()):
             children = list(block.children()) or [block]
             for child in children:
                 self._handles.append(child.register_forward_pre_hook(self._marker(index)))
@@ -143,13 +147,15 @@ class BlockCounter:
         return len(self.blocks)
 
     @property
-    def block_calls(self) -> int:
-        """Blocks run, summed over transformer calls."""
-        return len(self._ran)
+    def block_calls(self) -> int | None:
+        """Blocks run, summed over transformer calls (None when not counted per block)."""
+        return len(self._ran) if self.per_block else None
 
     @property
-    def partial_calls(self) -> int:
-        """Transformer calls in which some block did not run (cached steps)."""
+    def partial_calls(self) -> int | None:
+        """Transformer calls in which some block did not run (cached steps; None when not counted per block)."""
+        if not self.per_block:
+            return None
         per_call: dict[int, int] = {}
         for call, _ in self._ran:
             per_call[call] = per_call.get(call, 0) + 1
@@ -364,7 +370,8 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, devi
     pipe = trained.load_pipeline(device=device, dtype=dtype, path=weights)
     handle = None
     undo: Callable[[], None] | None = None
-    counter = BlockCounter(pipe.transformer)
+    compiled = config.spec is not None and config.spec.compile is not None
+    counter = BlockCounter(pipe.transformer, per_block=not compiled)
     try:
         if config.spec is not None:
             handle = hookkit.enable(pipe, config.spec)
@@ -387,8 +394,13 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, devi
             if handle is not None:
                 value = _hookkit_block_calls(handle)
                 reported = reported + value if value is not None and reported is not None else None
-        return dict(images=torch.cat(images), seconds=seconds, block_calls=counter.block_calls,
-                    transformer_calls=counter.calls, cached_calls=counter.partial_calls,
+        block_calls, partial = counter.block_calls, counter.partial_calls
+        if not counter.per_block:  # compiled: hookkit's cache counts the blocks it ran; without one, every block runs
+            cache = config.spec.cache is not None
+            block_calls = reported if cache else counter.calls * counter.num_blocks
+            partial = None if cache else 0
+        return dict(images=torch.cat(images), seconds=seconds, block_calls=block_calls,
+                    transformer_calls=counter.calls, cached_calls=partial,
                     reported_block_calls=reported if handle is not None else None)
     finally:
         counter.remove()
@@ -519,7 +531,7 @@ class QualityReport:
             psnr_cell = "reference" if is_ref else ("inf (bitwise equal)" if r.psnr_db is None else f"{r.psnr_db:.2f}")
             out.append([
                 r.name, r.family, r.block_calls, f"{r.block_speedup:.2f}x", f"{r.wall_speedup:.2f}x",
-                f"{r.cached_calls}/{r.transformer_calls}", psnr_cell,
+                f"{'—' if r.cached_calls is None else r.cached_calls}/{r.transformer_calls}", psnr_cell,
                 "—" if is_ref or r.psnr_min_db is None else f"{r.psnr_min_db:.2f}",
                 "—" if is_ref else f"{r.ssim:.4f}", f"{r.recognised:.0%}", r.description,
             ])
