@@ -109,6 +109,35 @@ def test_a_gelu_input_is_rewritten_and_gives_the_eager_output_bitwise(fp8_on_cpu
     assert rows.rewritten == 1
 
 
+def rewritten_under(dynamic: bool | None, token_counts: tuple[int, ...]) -> tuple[FusedFp8Rows, list[bool]]:
+    """The pass after compiling ProjOut with `dynamic` and calling it at each token count; whether each output
+    was bitwise eager torchao's."""
+    module, rows = quantized(ProjOut()), FusedFp8Rows(devices=("cpu",))
+    bitwise = []
+    torch._dynamo.reset()
+    fn = torch.compile(module, fullgraph=True, dynamic=dynamic,
+                       options={"post_grad_custom_post_pass": rows, "fx_graph_cache": False})
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for tokens in token_counts:
+            attn, mlp = (torch.randn(1, tokens, w, generator=g).to(torch.bfloat16) for w in (32, 128))
+            bitwise.append(torch.equal(fn(attn, mlp), module(attn, mlp)))
+    return rows, bitwise
+
+
+def test_the_recompile_with_a_symbolic_row_count_is_rewritten_and_serves_every_row_count(fp8_on_cpu: None) -> None:
+    # automatic dynamic shapes (hookkit's default): 8 tokens compile static, 13 recompile with the row count symbolic,
+    # 21 reuse that graph; every output is bitwise eager's
+    rows, bitwise = rewritten_under(None, (8, 13, 21))
+    assert rows.per_graph == [1, 1] and bitwise == [True, True, True]
+
+
+def test_symbolic_widths_are_left_to_inductor(fp8_on_cpu: None) -> None:
+    # dynamic=True makes the widths symbolic too: whether the kernel holds a row is not known, nothing is rewritten
+    rows, _ = rewritten_under(True, (8,))
+    assert rows.per_graph == [0]
+
+
 def test_an_erf_gelu_input_is_left_to_inductor(fp8_on_cpu: None) -> None:
     module, rows = quantized(FeedForwardOut(approximate="none")), FusedFp8Rows(devices=("cpu",))
     with torch.no_grad():
