@@ -8,8 +8,9 @@ shipped classifier still recognises. Rows:
   fp8+mod                  Quantize("fp8_row", include_modulation=True): the AdaLN modulation Linears too
   cache-fast               DBCache F1B0 on the static "fast" mask, bf16 (what caching alone costs)
   fp8+mod+compile          fp8_row incl. modulation + regional compile (GPU): its GELU / concatenated inputs quantized
-                           by hookkit's one-pass kernel (Compile(fuse_fp8_rows=True), the default)
-  fp8+mod+compile-unfused  the same with fuse_fp8_rows=False: inductor's own two-pass quantization
+                           by hookkit's one-pass kernel (Compile(fuse_fp8_rows="exact"), the default)
+  fp8+mod+compile-fast     the same with fuse_fp8_rows="fast" (tanh from exp, approximate division)
+  fp8+mod+compile-unfused  the same with fuse_fp8_rows="off": inductor's own two-pass quantization
   fp8+cache-fast           the fastest hookkit row's numerics (graphs replay the same kernels)
   fp8+mod+cache-fast       the same with the modulation Linears in fp8
   fp8+cache-dyn-R0.24      dynamic DBCache (hookkit's default threshold) with fp8: what split graphs run
@@ -73,8 +74,11 @@ def configs(scheme: str, cache_dit_type: str, steps: int, compiled: bool = False
         QC(name="fp8+mod", family="fp8", spec=S(quantize=q(True)), x="fp8+mod", description=f"{scheme} incl. modulation"),
         *([QC(name="fp8+mod+compile", family="fp8", spec=S(quantize=q(True), compile=hookkit.Compile()), x="compile",
               description=f"{scheme} incl. modulation + regional compile, one-pass fused quantization"),
+           QC(name="fp8+mod+compile-fast", family="fp8", spec=S(quantize=q(True),
+              compile=hookkit.Compile(fuse_fp8_rows="fast")), x="compile-fast",
+              description=f"{scheme} incl. modulation + regional compile, one-pass fast quantization"),
            QC(name="fp8+mod+compile-unfused", family="fp8", spec=S(quantize=q(True),
-              compile=hookkit.Compile(fuse_fp8_rows=False)), x="compile-unfused",
+              compile=hookkit.Compile(fuse_fp8_rows="off")), x="compile-unfused",
               description=f"{scheme} incl. modulation + regional compile, inductor's two-pass quantization")]
           if compiled else []),
         QC(name="cache-fast", family="cache", spec=S(cache=_fast()), x="fast", description="DBCache F1B0 'fast' mask, bf16"),

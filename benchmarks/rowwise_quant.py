@@ -13,8 +13,8 @@ kernel (the bandwidth floor of "read the row once, write fp8 once"):
 
 Options (`--options`, comma-separated): base (hookkit's QUANTIZED_INDUCTOR_OPTIONS), mk1 (+ triton.multi_kernel=1:
 persistent reductions up to 16x wider, the faster kernel picked by benchmarking), mk2 (multi_kernel=2: persistent
-forced), hookkit (Compile(fuse_fp8_rows=True)'s post-grad pass: its one-pass kernel where X is a GELU or a
-concatenation with one). Per pattern and option: median call time (CUDA events, 50 calls after 10 warm-up), and the profiler's
+forced), hookkit / hookkit-fast (Compile(fuse_fp8_rows="exact" / "fast")'s post-grad pass: its one-pass kernel
+where X is a GELU or a concatenation with one). Per pattern and option: median call time (CUDA events, 50 calls after 10 warm-up), and the profiler's
 device time of the non-GEMM kernels (the quantization and its fused producer). Writes $OUT/rowwise_quant.json.
 
     python benchmarks/rowwise_quant.py            # H200, ~1.5 min
@@ -38,7 +38,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hookkit.techniques.compile.hooks import QUANTIZED_INDUCTOR_OPTIONS
 
-OPTIONS = {"base": {}, "mk1": {"triton.multi_kernel": 1}, "mk2": {"triton.multi_kernel": 2}, "hookkit": {}}
+OPTIONS = {"base": {}, "mk1": {"triton.multi_kernel": 1}, "mk2": {"triton.multi_kernel": 2}, "hookkit": {},
+           "hookkit-fast": {}}
 GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|_scaled_mm|scaled_mm", re.I)
 
 
@@ -114,10 +115,10 @@ def compiled_row(name: str, option: str, m: int) -> dict[str, Any]:
     torch._dynamo.reset()
     extra: dict[str, Any] = dict(OPTIONS[option])
     rows = None
-    if option == "hookkit":  # hookkit's one-pass kernel through its post-grad pass (Compile(fuse_fp8_rows=True))
+    if option.startswith("hookkit"):  # hookkit's one-pass kernel through its post-grad pass (Compile(fuse_fp8_rows))
         from hookkit.techniques.compile.fp8_rows import FusedFp8Rows
 
-        rows = extra["post_grad_custom_post_pass"] = FusedFp8Rows()
+        rows = extra["post_grad_custom_post_pass"] = FusedFp8Rows(fast=option == "hookkit-fast")
         extra["fx_graph_cache"] = False  # a cached graph would not show the rewrite count
     fn = torch.compile(module, fullgraph=True, options={**QUANTIZED_INDUCTOR_OPTIONS, **extra})
     with torch.no_grad():
@@ -247,7 +248,7 @@ def triton_rows(m: int) -> list[dict[str, Any]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4608, help="rows M (Flux-dev 1024²: 4096 image + 512 text)")
-    p.add_argument("--options", default="base,mk1,mk2,hookkit", help="'' (none) to run only the Triton and copy rows")
+    p.add_argument("--options", default="base,mk1,mk2,hookkit,hookkit-fast", help="'' (none) to run only the Triton and copy rows")
     p.add_argument("--no-extras", action="store_true", help="skip the hand-written Triton and copy rows")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = p.parse_args()

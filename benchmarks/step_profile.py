@@ -109,7 +109,7 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
     )
 
 
-def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: bool = True) -> hookkit.Spec:
+def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str = "exact") -> hookkit.Spec:
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
@@ -123,7 +123,8 @@ SUFFIXES = {
     "fused": "diffusers' fuse_qkv_projections first (one QKV GEMM per stream)",
     "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
     "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
-    "nofuse": "Compile(fuse_fp8_rows=False): all of torchao's activation quantization left to inductor (two passes)",
+    "nofuse": "Compile(fuse_fp8_rows='off'): all of torchao's activation quantization left to inductor (two passes)",
+    "fastq": "Compile(fuse_fp8_rows='fast'): hookkit's one-pass kernel with tanh from exp and approximate division",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
 }
 
@@ -152,7 +153,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
             fused = True
         t0 = time.perf_counter()
         mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
-        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse="nofuse" not in extras))
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse="off" if "nofuse" in extras else "fast" if "fastq" in extras else "exact"))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture

@@ -62,16 +62,18 @@ def _check_pieces(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> None:
 
 
 @torch.library.custom_op("hookkit::fp8_quantize_rows", mutates_args=())
-def fp8_quantize_rows(pieces: list[torch.Tensor], gelu: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`cat([gelu_tanh(p) if g else p ...], -1)` quantized per row to e4m3 with torchao's scale: (data, scale)."""
+def fp8_quantize_rows(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cat([gelu_tanh(p) if g else p ...], -1)` quantized per row to e4m3 with torchao's scale: (data, scale).
+    `fast`: the CUDA kernel's tanh from exp and approximate division (codes may differ from eager's by one step)."""
     _check_pieces(pieces, gelu)
     if pieces[0].is_cuda and _kernel_fits(pieces):
-        return _triton_quantize(pieces, gelu)
+        return _triton_quantize(pieces, gelu, fast)
     return _reference(pieces, gelu)
 
 
 @fp8_quantize_rows.register_fake
-def _(pieces: list[torch.Tensor], gelu: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+def _(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     _check_pieces(pieces, gelu)
     lead = list(pieces[0].shape[:-1])
     width = sum(p.shape[-1] for p in pieces)
@@ -99,10 +101,11 @@ def _kernel_fits(pieces: Sequence[torch.Tensor]) -> bool:
             and all(p.shape[-1] <= MAX_WIDTH for p in pieces))
 
 
-def _triton_quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+def _triton_quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     from hookkit.techniques.compile import fp8_rows_triton  # imports triton: CUDA only, on first use
 
-    return fp8_rows_triton.quantize(pieces, gelu)
+    return fp8_rows_triton.quantize(pieces, gelu, fast)
 
 
 # --- the graph pass ----------------------------------------------------------------------------------------
@@ -242,13 +245,15 @@ class FusedFp8Rows(CustomGraphPass):
     served from inductor's FX graph cache is not rewritten again: it was rewritten when cached).
 
     Args:
+        fast: the kernel's relaxed arithmetic (`Compile(fuse_fp8_rows="fast")`): tanh from exp, approximate division.
         devices: device types whose graphs are rewritten (default `DEVICES`: CUDA, where the Triton kernel runs).
         then: a post-grad pass that was already configured, run after this one (hookkit's compile options replace the
             process-wide `post_grad_custom_post_pass` for its own compiles, so it is chained, not dropped).
     """
 
-    def __init__(self, devices: tuple[str, ...] | None = None,
+    def __init__(self, fast: bool = False, devices: tuple[str, ...] | None = None,
                  then: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        self.fast = fast
         self.devices = DEVICES if devices is None else devices
         self.then = then
         self.rewritten = 0
@@ -266,7 +271,7 @@ class FusedFp8Rows(CustomGraphPass):
             pieces = _pieces(x)
             if pieces is None:
                 continue
-            self._replace(graph, q, scale, *pieces)
+            self._replace(graph, q, scale, *pieces, self.fast)
             found += 1
         if found:
             graph.eliminate_dead_code()
@@ -278,18 +283,18 @@ class FusedFp8Rows(CustomGraphPass):
 
     @staticmethod
     def _replace(graph: torch.fx.Graph, q: torch.fx.Node, scale: torch.fx.Node, pieces: list[torch.fx.Node],
-                 gelu: list[bool]) -> None:
+                 gelu: list[bool], fast: bool) -> None:
         import operator
 
         from torch._guards import detect_fake_mode
 
         vals = [_val(p) for p in pieces]
         with graph.inserting_before(scale):  # before both outputs' first use: X and its inputs precede `scale`
-            fused = graph.call_function(torch.ops.hookkit.fp8_quantize_rows.default, (pieces, gelu))
+            fused = graph.call_function(torch.ops.hookkit.fp8_quantize_rows.default, (pieces, gelu, fast))
             data = graph.call_function(operator.getitem, (fused, 0))
             new_scale = graph.call_function(operator.getitem, (fused, 1))
         with detect_fake_mode(vals):
-            out = torch.ops.hookkit.fp8_quantize_rows.default(vals, gelu)
+            out = torch.ops.hookkit.fp8_quantize_rows.default(vals, gelu, fast)
         fused.meta["val"], data.meta["val"], new_scale.meta["val"] = out, out[0], out[1]
         q.replace_all_uses_with(data)
         scale.replace_all_uses_with(new_scale)
@@ -299,4 +304,4 @@ class FusedFp8Rows(CustomGraphPass):
         setting compiles anew, an unchanged one reuses the cached graph)."""
         source = Path(__file__).read_bytes()
         then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
-        return hashlib.sha256(source + repr(self.devices).encode() + repr(then).encode()).digest()
+        return hashlib.sha256(source + repr((self.fast, self.devices, then)).encode()).digest()

@@ -24,13 +24,19 @@ MAX_CHUNKS = 4
 
 # Chunk C of a row in the input dtype (half the registers of fp32); with GELU, torch's tanh GELU computed in fp32 and
 # rounded to the input dtype, as eager stores it (masked lanes stay 0: GELU(0) = 0).
+# FAST: tanh(u) = 1 - 2 / (exp(2u) + 1) with Triton's approximate division (the relaxed kernel of BENCHMARKS.md).
 @triton.jit
-def _chunk(ptr, row, stride, width, C: tl.constexpr, CHUNK: tl.constexpr, GELU: tl.constexpr):
+def _chunk(ptr, row, stride, width, C: tl.constexpr, CHUNK: tl.constexpr, GELU: tl.constexpr, FAST: tl.constexpr):
     cols = C * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(ptr + row * stride + cols, mask=cols < width, other=0.0)
     if GELU:
         f = x.to(tl.float32)
-        f = 0.5 * f * (1.0 + libdevice.tanh(0.7978845608028654 * (f + 0.044715 * (f * f * f))))
+        u = 0.7978845608028654 * (f + 0.044715 * (f * f * f))
+        if FAST:
+            t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        else:
+            t = libdevice.tanh(u)
+        f = 0.5 * f * (1.0 + t)
         x = f.to(ptr.dtype.element_ty)
     return x
 
@@ -41,10 +47,13 @@ def _amax(x):
 
 
 @triton.jit
-def _put(q_ptr, offset, x, scale, width, C: tl.constexpr, CHUNK: tl.constexpr):
+def _put(q_ptr, offset, x, scale, width, C: tl.constexpr, CHUNK: tl.constexpr, FAST: tl.constexpr):
     cols = C * CHUNK + tl.arange(0, CHUNK)
     f = x.to(tl.float32)
-    q = tl.clamp(tl.math.div_rn(f, tl.zeros_like(f) + scale), -448.0, 448.0)
+    if FAST:
+        q = tl.clamp(f / scale, -448.0, 448.0)
+    else:
+        q = tl.clamp(tl.math.div_rn(f, tl.zeros_like(f) + scale), -448.0, 448.0)
     tl.store(q_ptr + offset + cols, q.to(tl.float8e4nv), mask=cols < width)
 
 
@@ -52,49 +61,49 @@ def _put(q_ptr, offset, x, scale, width, C: tl.constexpr, CHUNK: tl.constexpr):
 @triton.jit
 def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stride_a, stride_b,
                               CHUNK: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
-                              GELU_A: tl.constexpr, GELU_B: tl.constexpr):
+                              GELU_A: tl.constexpr, GELU_B: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    a0 = _chunk(a_ptr, row, stride_a, width_a, 0, CHUNK, GELU_A)
+    a0 = _chunk(a_ptr, row, stride_a, width_a, 0, CHUNK, GELU_A, FAST)
     amax = _amax(a0)
     if NA > 1:
-        a1 = _chunk(a_ptr, row, stride_a, width_a, 1, CHUNK, GELU_A)
+        a1 = _chunk(a_ptr, row, stride_a, width_a, 1, CHUNK, GELU_A, FAST)
         amax = tl.maximum(amax, _amax(a1))
     if NA > 2:
-        a2 = _chunk(a_ptr, row, stride_a, width_a, 2, CHUNK, GELU_A)
+        a2 = _chunk(a_ptr, row, stride_a, width_a, 2, CHUNK, GELU_A, FAST)
         amax = tl.maximum(amax, _amax(a2))
     if NA > 3:
-        a3 = _chunk(a_ptr, row, stride_a, width_a, 3, CHUNK, GELU_A)
+        a3 = _chunk(a_ptr, row, stride_a, width_a, 3, CHUNK, GELU_A, FAST)
         amax = tl.maximum(amax, _amax(a3))
     if NB > 0:
-        b0 = _chunk(b_ptr, row, stride_b, width_b, 0, CHUNK, GELU_B)
+        b0 = _chunk(b_ptr, row, stride_b, width_b, 0, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b0))
     if NB > 1:
-        b1 = _chunk(b_ptr, row, stride_b, width_b, 1, CHUNK, GELU_B)
+        b1 = _chunk(b_ptr, row, stride_b, width_b, 1, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b1))
     if NB > 2:
-        b2 = _chunk(b_ptr, row, stride_b, width_b, 2, CHUNK, GELU_B)
+        b2 = _chunk(b_ptr, row, stride_b, width_b, 2, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b2))
     if NB > 3:
-        b3 = _chunk(b_ptr, row, stride_b, width_b, 3, CHUNK, GELU_B)
+        b3 = _chunk(b_ptr, row, stride_b, width_b, 3, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b3))
     # eager divides the amax by 448 in the input dtype: IEEE division (div_rn), rounded to that dtype
     scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(a_ptr.dtype.element_ty).to(tl.float32)
     out = row * (width_a + width_b)
-    _put(q_ptr, out, a0, scale, width_a, 0, CHUNK)
+    _put(q_ptr, out, a0, scale, width_a, 0, CHUNK, FAST)
     if NA > 1:
-        _put(q_ptr, out, a1, scale, width_a, 1, CHUNK)
+        _put(q_ptr, out, a1, scale, width_a, 1, CHUNK, FAST)
     if NA > 2:
-        _put(q_ptr, out, a2, scale, width_a, 2, CHUNK)
+        _put(q_ptr, out, a2, scale, width_a, 2, CHUNK, FAST)
     if NA > 3:
-        _put(q_ptr, out, a3, scale, width_a, 3, CHUNK)
+        _put(q_ptr, out, a3, scale, width_a, 3, CHUNK, FAST)
     if NB > 0:
-        _put(q_ptr, out + width_a, b0, scale, width_b, 0, CHUNK)
+        _put(q_ptr, out + width_a, b0, scale, width_b, 0, CHUNK, FAST)
     if NB > 1:
-        _put(q_ptr, out + width_a, b1, scale, width_b, 1, CHUNK)
+        _put(q_ptr, out + width_a, b1, scale, width_b, 1, CHUNK, FAST)
     if NB > 2:
-        _put(q_ptr, out + width_a, b2, scale, width_b, 2, CHUNK)
+        _put(q_ptr, out + width_a, b2, scale, width_b, 2, CHUNK, FAST)
     if NB > 3:
-        _put(q_ptr, out + width_a, b3, scale, width_b, 3, CHUNK)
+        _put(q_ptr, out + width_a, b3, scale, width_b, 3, CHUNK, FAST)
     tl.store(s_ptr + row, scale)
 
 
@@ -103,8 +112,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 data [..., sum of widths], float32 scale [..., 1]) of one or two pieces (fp8_rows checked them)."""
+def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 data [..., sum of widths], float32 scale [..., 1]) of one or two pieces (fp8_rows checked them);
+    `fast`: tanh from exp and approximate division instead of libdevice's tanh and IEEE division."""
     lead = pieces[0].shape[:-1]
     a = _rows(pieces[0])
     two = len(pieces) == 2
@@ -120,6 +131,6 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torc
         with torch.cuda.device(a.device):
             _fp8_quantize_rows_kernel[(rows,)](
                 a, b, q, s, width_a, width_b, a.stride(0), b.stride(0), CHUNK=chunk, NA=na, NB=nb,
-                GELU_A=bool(gelu[0]), GELU_B=bool(two and gelu[1]),
+                GELU_A=bool(gelu[0]), GELU_B=bool(two and gelu[1]), FAST=bool(fast),
                 num_warps=8 if lanes >= 8192 else 4 if lanes >= 2048 else 2)
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)

@@ -723,8 +723,8 @@ class _CompileFeature(BaseFeature):
         state: CompileState = ctx.kept() or ctx.keep(CompileState())
         if attachment.name == INNER:
             quantized = ctx.spec.quantize is not None
-            if quantized and spec.fuse_fp8_rows and spec.backend == "inductor" and state.fp8_rows is None:
-                state.fp8_rows = new_fp8_rows_pass()
+            if quantized and spec.fuse_fp8_rows != "off" and spec.backend == "inductor" and state.fp8_rows is None:
+                state.fp8_rows = new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")
             return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
@@ -757,8 +757,9 @@ class _CompileFeature(BaseFeature):
         if state.fp8_rows is not None:
             data["fp8_rows_fused"] = state.fp8_rows.rewritten
             data["fp8_rows_per_graph"] = list(state.fp8_rows.per_graph)
+            data["fp8_rows_arithmetic"] = "fast" if state.fp8_rows.fast else "exact"
             rows.append(["fp8 row quantizations fused (one pass)",
-                         f"on: {state.fp8_rows.rewritten} rewritten by this handle's compiles (a region served from "
+                         f"{'fast' if state.fp8_rows.fast else 'exact'}: {state.fp8_rows.rewritten} rewritten by this handle's compiles (a region served from "
                          "inductor's FX graph cache was rewritten when cached)"])
         runner = state.runner
         if isinstance(runner, GraphRunner):
@@ -798,14 +799,14 @@ class CompileState:
     fp8_rows: Any | None = None
 
 
-def new_fp8_rows_pass() -> Any:
+def new_fp8_rows_pass(fast: bool = False) -> Any:
     """A `FusedFp8Rows` pass chained before any `post_grad_custom_post_pass` already set process-wide (hookkit's
     per-call options replace that setting for its own compiles)."""
     import torch._inductor.config as inductor_config
 
     from hookkit.techniques.compile.fp8_rows import FusedFp8Rows  # imports inductor: only quantized compiles
 
-    return FusedFp8Rows(then=inductor_config.post_grad_custom_post_pass)
+    return FusedFp8Rows(fast=fast, then=inductor_config.post_grad_custom_post_pass)
 
 
 class _InnerCompile(Removal):

@@ -35,10 +35,12 @@ class Compile:
             the memory each kept graph took.
         fuse_fp8_rows: with `Quantize(scheme="fp8_row")` and the inductor backend on CUDA, quantize each Linear
             input that is a GELU output or a concatenation with one (Flux's single-block `proj_out`, every
-            feed-forward's second Linear) in one pass, by hookkit's Triton kernel with eager torchao's
-            arithmetic, instead of inductor's two passes over the row (default True: bitwise eager torchao's
-            output, and 2 ms less activation quantization per fp8 Flux-dev step at 1024² on an H200, BENCHMARKS.md).
-            False leaves all of torchao's quantization to inductor.
+            feed-forward's second Linear) in one pass, by hookkit's Triton kernel, instead of inductor's two passes
+            over the row. "exact" (default) follows eager torchao's arithmetic: the compiled Linear is bitwise eager
+            torchao's, and the activation quantization of an fp8 Flux-dev step at 1024² 2 ms shorter on an H200
+            (BENCHMARKS.md). "fast" computes tanh from exp and divides approximately, as inductor's own kernels do:
+            fp8 codes may differ from eager's by one step, for about a third of the kernel's time. "off" leaves all
+            of torchao's quantization to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -48,4 +50,4 @@ class Compile:
     cuda_graphs: str = attrs.field(default="none", validator=choice("none", "transformer"))
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
     max_graphs: int = attrs.field(default=16, validator=int_field(1))
-    fuse_fp8_rows: bool = attrs.field(default=True, validator=boolean)
+    fuse_fp8_rows: str = attrs.field(default="exact", validator=choice("exact", "fast", "off"))
