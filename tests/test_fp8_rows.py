@@ -87,8 +87,10 @@ def test_the_op_is_eager_torchaos_per_row_quantization_of_the_concatenation() ->
 
 
 def test_the_op_refuses_pieces_of_different_rows() -> None:
-    with pytest.raises(ValueError, match=r"expected pieces with the same leading shape and dtype, got \(1, 8, 4\) "
-                                         r"torch.bfloat16, \(1, 7, 4\) torch.bfloat16"):
+    from hookkit.errors import HookError
+
+    with pytest.raises(HookError, match=r"expected pieces with the same leading shape and dtype, got \(1, 8, 4\) "
+                                        r"torch.bfloat16, \(1, 7, 4\) torch.bfloat16. Pass the pieces"):
         fp8_quantize_rows([torch.zeros(1, 8, 4, dtype=torch.bfloat16), torch.zeros(1, 7, 4, dtype=torch.bfloat16)],
                           [False, True])
 

@@ -3,19 +3,19 @@
 torchao's dynamic per-row fp8 Linear quantizes its input X on every call: `s = (|X|.amax(-1) / 448)`, then
 `X / s` clamped and cast to e4m3. Inside a compiled region inductor fuses X's producer into that quantization,
 but as two passes over the row (a reduction for the amax, then a pointwise kernel that recomputes the producer,
-divides and casts) at 1-1.5 TB/s. Where X is a GELU output or a concatenation of GELU outputs and tensors (Flux's
-single blocks quantize `cat(attention, gelu(mlp))`, 15,360 values per row; every feed-forward quantizes
-`gelu(h)`), both passes re-read all of it: 19.6 of the 103 ms of an uncached fp8 Flux-dev step at 1024² on an
-H200 (BENCHMARKS.md, step profile). A kernel that holds the whole row in registers reads the inputs once,
-applies the GELU, takes the amax and writes the fp8 row and its scale: 86 µs instead of 279 µs for that input.
+divides and casts, or one kernel looping twice), well below the GPU's memory bandwidth. Where X is a GELU output
+or a concatenation with one (Flux's single blocks quantize `cat(attention, gelu(mlp))`, 15,360 values per row;
+every feed-forward quantizes `gelu(h)`), a kernel that holds the row in registers reads the inputs once, applies
+the GELU, takes the amax and writes the fp8 row and its scale (BENCHMARKS.md, session 6: the kernel times and the
+step profile with and without it).
 
 `FusedFp8Rows` is an inductor post-grad graph pass (passed in the `options` of hookkit's own `torch.compile`
 calls, never set process-wide) that finds exactly torchao's per-row quantization of such an X and replaces it
 with one call of `torch.ops.hookkit.fp8_quantize_rows`; every other quantization is left to inductor. The op
 computes what eager torchao computes (GELU rounded to the input dtype, the scale divided in the input dtype,
 IEEE division, round-to-nearest-even e4m3): its CPU implementation *is* the eager arithmetic, and the CUDA
-kernel follows it step by step (its tanh is libdevice's, as inductor's; eager CUDA's may differ in the last bit,
-which moves an fp8 code by one step in rare elements).
+kernel follows it step by step (libdevice's tanh, as eager CUDA's `tanhf`). `fast=True` trades that for speed:
+tanh from exp and approximate division, as inductor's own kernels compute (an fp8 code may move by one step).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from hookkit.errors import HookError
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
@@ -53,32 +55,13 @@ def _reference(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[to
 
 def _check_pieces(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> None:
     if not pieces or len(pieces) != len(gelu):
-        raise ValueError(f"fp8_quantize_rows: expected as many gelu flags as pieces (at least one), got "
-                         f"{len(pieces)} pieces and {len(gelu)} flags")
+        raise HookError(f"hookkit::fp8_quantize_rows: expected as many gelu flags as pieces (at least one), got "
+                        f"{len(pieces)} pieces and {len(gelu)} flags. Pass one flag per piece.")
     lead = pieces[0].shape[:-1]
     if any(p.shape[:-1] != lead or p.dtype != pieces[0].dtype for p in pieces):
-        raise ValueError("fp8_quantize_rows: expected pieces with the same leading shape and dtype, got "
-                         + ", ".join(f"{tuple(p.shape)} {p.dtype}" for p in pieces))
-
-
-@torch.library.custom_op("hookkit::fp8_quantize_rows", mutates_args=())
-def fp8_quantize_rows(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`cat([gelu_tanh(p) if g else p ...], -1)` quantized per row to e4m3 with torchao's scale: (data, scale).
-    `fast`: the CUDA kernel's tanh from exp and approximate division (codes may differ from eager's by one step)."""
-    _check_pieces(pieces, gelu)
-    if pieces[0].is_cuda and _kernel_fits(pieces):
-        return _triton_quantize(pieces, gelu, fast)
-    return _reference(pieces, gelu)
-
-
-@fp8_quantize_rows.register_fake
-def _(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_pieces(pieces, gelu)
-    lead = list(pieces[0].shape[:-1])
-    width = sum(p.shape[-1] for p in pieces)
-    first = pieces[0]
-    return first.new_empty([*lead, width], dtype=FP8), first.new_empty([*lead, 1], dtype=torch.float32)
+        raise HookError("hookkit::fp8_quantize_rows: expected pieces with the same leading shape and dtype, got "
+                        + ", ".join(f"{tuple(p.shape)} {p.dtype}" for p in pieces)
+                        + ". Pass the pieces of one row-major concatenation.")
 
 
 _TRITON: list[bool] = []
@@ -106,6 +89,29 @@ def _triton_quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast:
     from hookkit.techniques.compile import fp8_rows_triton  # imports triton: CUDA only, on first use
 
     return fp8_rows_triton.quantize(pieces, gelu, fast)
+
+
+@torch.library.custom_op("hookkit::fp8_quantize_rows", mutates_args=())
+def fp8_quantize_rows(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cat([gelu_tanh(p) if g else p ...], -1)` quantized per row to e4m3 with torchao's scale: (data, scale).
+    `fast`: the CUDA kernel's tanh from exp and approximate division (codes may differ from eager's by one step); the
+    CPU runs the eager arithmetic either way."""
+    _check_pieces(pieces, gelu)
+    if pieces[0].is_cuda and _kernel_fits(pieces):
+        return _triton_quantize(pieces, gelu, fast)
+    return _reference(pieces, gelu)
+
+
+@fp8_quantize_rows.register_fake
+def _(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_pieces(pieces, gelu)
+    lead = list(pieces[0].shape[:-1])
+    width = sum(p.shape[-1] for p in pieces)
+    first = pieces[0]
+    return first.new_empty([*lead, width], dtype=FP8), first.new_empty([*lead, 1], dtype=torch.float32)
+
+
 
 
 # --- the graph pass ----------------------------------------------------------------------------------------
