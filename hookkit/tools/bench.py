@@ -555,8 +555,8 @@ def _cache_fast_dynamic() -> Any:
                            threshold=1e9, taylorseer_order=0)
 
 
-def _compile(mode: str | None = None, cuda_graphs: str = "none") -> Any:
-    return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs)
+def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: str = "exact") -> Any:
+    return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs, fuse_fp8_rows=fuse_fp8_rows)
 
 
 def _configs() -> dict[str, BenchConfig]:
@@ -639,6 +639,15 @@ def _configs() -> dict[str, BenchConfig]:
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),
+        *(BenchConfig(name=f"hookkit-fp8-mod+cache-fast+cuda-graphs+rows-{rows}", kind="hookkit",
+                      setup=_hookkit(lambda rows=rows: S(cache=_cache_fast(),
+                                                         quantize=hookkit.Quantize(scheme="fp8_row",
+                                                                                   include_modulation=True),
+                                                         compile=_compile(cuda_graphs="transformer",
+                                                                          fuse_fp8_rows=rows), memo=True)),
+                      fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                      description=f"as hookkit-fp8-mod+cache-fast+cuda-graphs with Compile(fuse_fp8_rows={rows!r})")
+          for rows in ("fast", "off")),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs+autotune", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(),
                                              quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
