@@ -290,13 +290,14 @@ def test_cfg_branches_keep_their_own_pairs_references_and_decisions() -> None:
 def test_the_compile_summary_counts_pairs_host_reads_and_switches(eager) -> None:
     import types
 
-    from hookkit.techniques.compile.hooks import FEATURE
+    from hookkit.techniques.compile.hooks import FEATURE, CompileState
 
     pipe, handle, hook, _ = _split_pipeline()
     pipe(**_kwargs())
     # the compile feature's summary of an attach context that kept this hook (on a GPU: Compile(cuda_graphs=...))
     fake = types.SimpleNamespace(spec=hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer")),
-                                 attachments=lambda: [], transformer=pipe.transformer, kept=lambda: hook)
+                                 attachments=lambda: [], transformer=pipe.transformer,
+                                 kept=lambda: CompileState(runner=hook))
     data = FEATURE.summarize(fake).data
     # the first call ran eagerly (the first-call check observed it): every later one replayed a pair
     assert (data["graphs_captured"], data["graph_replays"], data["eager_calls"]) == (4, STEPS - 1, 1)
