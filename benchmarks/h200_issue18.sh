@@ -21,7 +21,8 @@
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
 # More pieces: gpu-tests (every `-m gpu` test; 27 of 29 took 230 s in run 10), controlnet (benchmarks/pipelines.py --parts controlnet),
 # flux-1024-warm (no fresh caches), autotune-if-faster (after profile), quant-micro (benchmarks/rowwise_quant.py; QOPTIONS),
-# wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
+# wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8), fp8-rows (Compile(fuse_fp8_rows):
+# GPU tests, kernels alone, the step per value), quality-compiled (quality_fp8.py's compiled rows); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
 # quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
 # step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
@@ -85,6 +86,20 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       OUT="$W/res/controlnet" timeout "${T_CN:-240}" python3 benchmarks/pipelines.py --parts controlnet \
         > "$W/res/controlnet.log" 2>&1
       log "controlnet rc $?" ;;
+    fp8-rows)  # Compile(fuse_fp8_rows): kernel tests, the kernels alone ("exact" vs "fast"), the step with each value
+      timeout "${T_TESTS_ROWS:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_fp8_rows.py \
+        > "$W/res/gpu_tests_fp8_rows.log" 2>&1
+      log "fp8-rows tests rc $? $(tail -1 "$W/res/gpu_tests_fp8_rows.log")"
+      timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options base,hookkit,hookkit-fast --no-extras \
+        --out "$W/res" > "$W/res/rowwise_quant.log" 2>&1
+      log "fp8-rows micro rc $?"
+      timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
+        --variants "${VARIANTS:-native+mod+nofuse,native+mod,native+mod+fastq}" --out "$W/res" > "$W/res/profile.log" 2>&1
+      log "fp8-rows profile rc $? $(grep '^\[step_profile\]' "$W/res/profile.log" | tr '\n' ' ')" ;;
+    quality-compiled)  # the compiled fp8 rows on the trained tiny model (bf16 reference, classifier)
+      timeout "${T_QUALITY:-300}" python3 benchmarks/quality_fp8.py --seeds 2 --out "$W/res/quality_fp8" \
+        --only fp8+mod,fp8+mod+compile,fp8+mod+compile-fast,fp8+mod+compile-unfused > "$W/res/quality.log" 2>&1
+      log "quality-compiled rc $?" ;;
     quant-micro)
       timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options "${QOPTIONS-}" --out "$W/res" \
         > "$W/res/rowwise_quant.log" 2>&1
@@ -125,7 +140,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS
+  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS T_TESTS_ROWS T_QUALITY
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
@@ -141,7 +156,7 @@ collect)
   report
   out=${OUT:-out}; mkdir -p "$out"
   cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
-  cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$out/" 2>/dev/null
+  cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$W/res/gpu_tests_fp8_rows.log" "$out/" 2>/dev/null
   cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$W/res/rowwise_quant.json" "$out/" 2>/dev/null
   for part in wan22 resolutions; do cp "$W/res/$part/pipelines.json" "$out/pipelines_$part.json" 2>/dev/null; done
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
