@@ -759,8 +759,8 @@ class _CompileFeature(BaseFeature):
             data["fp8_rows_per_graph"] = list(state.fp8_rows.per_graph)
             data["fp8_rows_arithmetic"] = "fast" if state.fp8_rows.fast else "exact"
             rows.append(["fp8 row quantizations fused (one pass)",
-                         f"{'fast' if state.fp8_rows.fast else 'exact'}: {state.fp8_rows.rewritten} rewritten by this handle's compiles (a region served from "
-                         "inductor's FX graph cache was rewritten when cached)"])
+                         f"{data['fp8_rows_arithmetic']}: {state.fp8_rows.rewritten} rewritten by this handle's "
+                         "compiles (a region served from inductor's FX graph cache was rewritten when cached)"])
         runner = state.runner
         if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
