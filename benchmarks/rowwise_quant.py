@@ -18,6 +18,11 @@ where X is a GELU or a concatenation with one). Per pattern and option: median c
 device time of the non-GEMM kernels (the quantization and its fused producer). Writes $OUT/rowwise_quant.json.
 
     python benchmarks/rowwise_quant.py            # H200, ~1.5 min
+    python benchmarks/rowwise_quant.py --options '' --only-arithmetic   # what tanh and the division cost, ~20 s
+
+The arithmetic rows time hookkit's kernel layout with each tanh (libdevice, exp) and division (IEEE `div_rn`, the
+reciprocal with one FMA correction, approximate): Markstein's correction keeps the quotient correctly rounded, so
+its codes must equal eager torchao's as `div_rn`'s do.
 """
 
 from __future__ import annotations
@@ -197,6 +202,80 @@ def triton_fused_proj_out() -> Any:
     return quantize
 
 
+def arithmetic_rows(m: int) -> list[dict[str, Any]]:
+    """What each part of the exact arithmetic costs: hookkit's kernel layout for the proj_out input (attention in one
+    chunk of 4,096, GELU(MLP) in three, bf16 in registers) with tanh from libdevice or exp, and the division IEEE
+    (`div_rn`), by the reciprocal with one FMA correction (Markstein: correctly rounded, so still exact) or approximate.
+    Each row says how many fp8 codes differ from eager torchao's arithmetic."""
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    from hookkit.techniques.compile import fp8_rows
+
+    @triton.jit
+    def chunk(ptr, row, width, C: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr):
+        cols = C * 4096 + tl.arange(0, 4096)
+        x = tl.load(ptr + row * width + cols, mask=cols < width, other=0.0)
+        if GELU:
+            f = x.to(tl.float32)
+            u = 0.7978845608028654 * (f + 0.044715 * (f * f * f))
+            if TANH == 0:
+                t = libdevice.tanh(u)
+            else:
+                t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+            x = (0.5 * f * (1.0 + t)).to(tl.bfloat16)
+        return x
+
+    @triton.jit
+    def put(q_ptr, offset, x, scale, inverse, width, C: tl.constexpr, DIV: tl.constexpr):
+        cols = C * 4096 + tl.arange(0, 4096)
+        f = x.to(tl.float32)
+        if DIV == 0:
+            q = tl.math.div_rn(f, tl.zeros_like(f) + scale)
+        elif DIV == 1:  # Markstein: q0 = f * RN(1/s), r = f - q0 * s (exact, FMA), q = RN(q0 + r * RN(1/s))
+            q0 = f * inverse
+            q = tl.fma(tl.fma(-q0, tl.zeros_like(f) + scale, f), tl.zeros_like(f) + inverse, q0)
+        else:
+            q = f / scale
+        tl.store(q_ptr + offset + cols, tl.clamp(q, -448.0, 448.0).to(tl.float8e4nv), mask=cols < width)
+
+    @triton.jit
+    def kernel(a_ptr, b_ptr, q_ptr, s_ptr, TANH: tl.constexpr, DIV: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        a0 = chunk(a_ptr, row, 3072, 0, False, TANH)
+        b0 = chunk(b_ptr, row, 12288, 0, True, TANH)
+        b1 = chunk(b_ptr, row, 12288, 1, True, TANH)
+        b2 = chunk(b_ptr, row, 12288, 2, True, TANH)
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(a0.to(tl.float32)), axis=0), tl.max(tl.abs(b0.to(tl.float32)), axis=0)),
+                          tl.maximum(tl.max(tl.abs(b1.to(tl.float32)), axis=0), tl.max(tl.abs(b2.to(tl.float32)), axis=0)))
+        scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(tl.bfloat16).to(tl.float32)
+        inverse = tl.math.div_rn(scale * 0.0 + 1.0, scale)
+        out = row * 15360
+        put(q_ptr, out, a0, scale, inverse, 3072, 0, DIV)
+        put(q_ptr, out + 3072, b0, scale, inverse, 12288, 0, DIV)
+        put(q_ptr, out + 3072, b1, scale, inverse, 12288, 1, DIV)
+        put(q_ptr, out + 3072, b2, scale, inverse, 12288, 2, DIV)
+        tl.store(s_ptr + row, scale)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    attn = torch.randn(m, 3072, generator=g, device="cuda", dtype=torch.bfloat16)
+    mlp = torch.randn(m, 12288, generator=g, device="cuda", dtype=torch.bfloat16)
+    ref_q, ref_s = fp8_rows._reference([attn, mlp], [False, True])
+    rows = []
+    for tanh, div in ((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)):
+        q = torch.empty(m, 15360, device="cuda", dtype=torch.float8_e4m3fn)
+        s = torch.empty(m, 1, device="cuda", dtype=torch.float32)
+        run = lambda: kernel[(m,)](attn, mlp, q, s, TANH=tanh, DIV=div, num_warps=8)  # noqa: E731
+        run()
+        mismatch = (q.view(torch.uint8) != ref_q.view(torch.uint8)).float().mean().item()
+        split = kernel_split(run)
+        rows.append(dict(pattern="proj_out", variant=f"arithmetic: tanh={'libdevice' if tanh == 0 else 'exp'}, "
+                         f"division={('div_rn', 'markstein', 'approximate')[div]}", kernel_us=1e3 * split["non_gemm_ms"],
+                         fp8_mismatch_fraction=mismatch, scales_equal=bool(torch.equal(s, ref_s))))
+    return rows
+
+
 def bandwidth_rows() -> list[dict[str, Any]]:
     """What this GPU's memory moves: a 2 GiB bf16 copy (read + write), the yardstick for the kernels above."""
     x = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
@@ -250,6 +329,8 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=4608, help="rows M (Flux-dev 1024²: 4096 image + 512 text)")
     p.add_argument("--options", default="base,mk1,mk2,hookkit,hookkit-fast", help="'' (none) to run only the Triton and copy rows")
     p.add_argument("--no-extras", action="store_true", help="skip the hand-written Triton and copy rows")
+    p.add_argument("--only-arithmetic", action="store_true",
+                   help="of the hand-written rows, only the exact-arithmetic cost split (with --options '')")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -267,7 +348,10 @@ def main() -> int:
             rows.append(dict(pattern=name, variant=option, status="failed", note=f"{type(exc).__name__}: {exc}"[:300]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}), flush=True)
         (out / "rowwise_quant.json").write_text(json.dumps(dict(tokens=args.tokens, rows=rows), indent=1))
-    for extra in () if args.no_extras else (triton_rows, fused_rows, lambda m: bandwidth_rows()):
+    extras = (triton_rows, fused_rows, arithmetic_rows, lambda m: bandwidth_rows())
+    if args.only_arithmetic:
+        extras = (arithmetic_rows,)
+    for extra in () if args.no_extras else extras:
         try:
             new = extra(args.tokens)
         except Exception as exc:  # noqa: BLE001
