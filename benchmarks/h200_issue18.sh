@@ -93,6 +93,9 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options base,hookkit,hookkit-fast --no-extras \
         --out "$W/res" > "$W/res/rowwise_quant.log" 2>&1
       log "fp8-rows micro rc $?"
+      timeout 90 python3 benchmarks/rowwise_quant.py --options '' --only-arithmetic --out "$W/res/arithmetic" \
+        > "$W/res/rowwise_arithmetic.log" 2>&1
+      log "fp8-rows arithmetic rc $? $(grep '^{' "$W/res/rowwise_arithmetic.log" | cut -c1-160 | tr '\n' ' ')"
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
         --variants "${VARIANTS:-native+mod+nofuse,native+mod,native+mod+fastq}" --out "$W/res" > "$W/res/profile.log" 2>&1
       log "fp8-rows profile rc $? $(grep '^\[step_profile\]' "$W/res/profile.log" | tr '\n' ' ')" ;;
@@ -158,6 +161,7 @@ collect)
   cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
   cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$W/res/gpu_tests_fp8_rows.log" "$out/" 2>/dev/null
   cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$W/res/rowwise_quant.json" "$out/" 2>/dev/null
+  cp "$W/res/arithmetic/rowwise_quant.json" "$out/rowwise_arithmetic.json" 2>/dev/null
   for part in wan22 resolutions; do cp "$W/res/$part/pipelines.json" "$out/pipelines_$part.json" 2>/dev/null; done
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
   tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
