@@ -40,6 +40,8 @@ MAX_PIECES = 2
 #: device types whose graphs `FusedFp8Rows` rewrites by default: CUDA, where the Triton kernel runs (on the CPU the op
 #: is eager arithmetic, slower than inductor's own C++ kernel; tests widen this to check the rewrite there)
 DEVICES: tuple[str, ...] = ("cuda",)
+#: this file's source, part of the pass's cache key (read once: inductor asks for the key at every compile)
+_SOURCE = Path(__file__).read_bytes()
 
 
 # --- the op ------------------------------------------------------------------------------------------------
@@ -110,8 +112,6 @@ def _(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False) -> tuple
     width = sum(p.shape[-1] for p in pieces)
     first = pieces[0]
     return first.new_empty([*lead, width], dtype=FP8), first.new_empty([*lead, 1], dtype=torch.float32)
-
-
 
 
 # --- the graph pass ----------------------------------------------------------------------------------------
@@ -262,8 +262,12 @@ class FusedFp8Rows(CustomGraphPass):
         self.fast = fast
         self.devices = DEVICES if devices is None else devices
         self.then = then
-        self.rewritten = 0
         self.per_graph: list[int] = []  # sites rewritten in each graph this pass saw, in compile order
+
+    @property
+    def rewritten(self) -> int:
+        """Sites rewritten by this instance's compiles, all graphs together."""
+        return sum(self.per_graph)
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         found = 0
@@ -282,7 +286,6 @@ class FusedFp8Rows(CustomGraphPass):
         if found:
             graph.eliminate_dead_code()
             graph.lint()
-        self.rewritten += found
         self.per_graph.append(found)
         if self.then is not None:
             self.then(graph)
@@ -306,8 +309,7 @@ class FusedFp8Rows(CustomGraphPass):
         scale.replace_all_uses_with(new_scale)
 
     def uuid(self) -> bytes:
-        """Inductor's FX graph cache key: this file's source and the devices it rewrites (a changed pass or
-        setting compiles anew, an unchanged one reuses the cached graph)."""
-        source = Path(__file__).read_bytes()
+        """Inductor's FX graph cache key: this file's source, the arithmetic, the devices rewritten and the chained
+        pass (a changed pass or setting compiles anew, an unchanged one reuses the cached graph)."""
         then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
-        return hashlib.sha256(source + repr((self.fast, self.devices, then)).encode()).digest()
+        return hashlib.sha256(_SOURCE + repr((self.fast, self.devices, then)).encode()).digest()
