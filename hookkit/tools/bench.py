@@ -559,6 +559,14 @@ def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: 
     return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs, fuse_fp8_rows=fuse_fp8_rows)
 
 
+def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "exact") -> Callable[[], Any]:
+    """The spec of the fastest row (static 'fast' DBCache, fp8 incl. modulation, transformer graphs) and its
+    variants: a compile mode, another `fuse_fp8_rows`."""
+    return lambda: hookkit.Spec(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
+                                compile=_compile(mode, cuda_graphs="transformer", fuse_fp8_rows=fuse_fp8_rows),
+                                memo=True)
+
+
 def _configs() -> dict[str, BenchConfig]:
     S = hookkit.Spec
     rows = [
@@ -633,26 +641,16 @@ def _configs() -> dict[str, BenchConfig]:
                                              memo=True)),
                     fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
                     description="static 'fast' DBCache + one CUDA graph per call and decision"),
-        BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit",
-                    setup=_hookkit(lambda: S(cache=_cache_fast(),
-                                             quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
-                                             compile=_compile(cuda_graphs="transformer"), memo=True)),
+        BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit", setup=_hookkit(_fp8_mod_fast_graphs()),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),
         *(BenchConfig(name=f"hookkit-fp8-mod+cache-fast+cuda-graphs+rows-{rows}", kind="hookkit",
-                      setup=_hookkit(lambda rows=rows: S(cache=_cache_fast(),
-                                                         quantize=hookkit.Quantize(scheme="fp8_row",
-                                                                                   include_modulation=True),
-                                                         compile=_compile(cuda_graphs="transformer",
-                                                                          fuse_fp8_rows=rows), memo=True)),
+                      setup=_hookkit(_fp8_mod_fast_graphs(fuse_fp8_rows=rows)),
                       fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                       description=f"as hookkit-fp8-mod+cache-fast+cuda-graphs with Compile(fuse_fp8_rows={rows!r})")
           for rows in ("fast", "off")),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs+autotune", kind="hookkit",
-                    setup=_hookkit(lambda: S(cache=_cache_fast(),
-                                             quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
-                                             compile=_compile("max-autotune-no-cudagraphs", cuda_graphs="transformer"),
-                                             memo=True)),
+                    setup=_hookkit(_fp8_mod_fast_graphs("max-autotune-no-cudagraphs")),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8-mod+cache-fast+cuda-graphs, regions compiled with "
                                 "mode='max-autotune-no-cudagraphs' (autotuned GEMM templates; long warm-up)"),
