@@ -43,6 +43,20 @@ def _strings(where: str, field: str, value: Any, allow_empty: bool = True) -> No
         raise _fail(where, field, value, "a list of non-empty strings" + ("" if allow_empty else " (at least one)"))
 
 
+def _tables(where: str, field: str, value: Any, cls: type, expected: str, allow_empty: bool = True) -> None:
+    """A list of `cls` tables (`[[blocks]]`, `[[cp_plan]]`), each validated."""
+    if not isinstance(value, tuple) or (not allow_empty and not value) or not all(isinstance(t, cls) for t in value):
+        raise _fail(where, field, value, expected)
+    for table in value:
+        table.validate(where)
+
+
+def _once(where: str, field: str, keys: list[str], expected: str) -> None:
+    """Each of the tables' `keys` at most once."""
+    if len(set(keys)) != len(keys):
+        raise _fail(where, field, keys, expected)
+
+
 def _names_class(entry: str, cls: type) -> bool:
     """True when the dotted path `entry` ("pkg.module.Class") resolves to `cls` itself (not a same-named class)."""
     module_name, _, name = entry.rpartition(".")
@@ -317,13 +331,10 @@ class AdapterSpec:
         if not isinstance(self.name, str) or not self.name:
             raise _fail(repr(self.name), "name", self.name, "a non-empty string")
         _strings(where, "transformer", self.transformer, allow_empty=False)
-        if not isinstance(self.blocks, tuple) or not self.blocks or not all(isinstance(b, BlockListSpec) for b in self.blocks):
-            raise _fail(where, "blocks", self.blocks, "at least one [[blocks]] table (BlockListSpec)")
-        for block in self.blocks:
-            block.validate(where)
+        _tables(where, "blocks", self.blocks, BlockListSpec, "at least one [[blocks]] table (BlockListSpec)",
+                allow_empty=False)
         attrs_seen = [b.attr for b in self.blocks]
-        if len(set(attrs_seen)) != len(attrs_seen):
-            raise _fail(where, "blocks", attrs_seen, "each block list attribute once")
+        _once(where, "blocks", attrs_seen, "each block list attribute once")
         _strings(where, "repeated_blocks", self.repeated_blocks)
         _strings(where, "quant_exclude", self.quant_exclude)
         _strings(where, "quant_modulation", self.quant_modulation)
@@ -342,13 +353,9 @@ class AdapterSpec:
         clash = sorted({a for a, _ in self.left_out} & set(attrs_seen))
         if clash:
             raise _fail(where, "left_out", clash, "only lists that are not [[blocks]]", "Remove them from [left_out].")
-        if not isinstance(self.cp_plan, tuple) or not all(isinstance(e, CPPlanEntry) for e in self.cp_plan):
-            raise _fail(where, "cp_plan", self.cp_plan, "a list of [[cp_plan]] tables (CPPlanEntry)")
-        for entry in self.cp_plan:
-            entry.validate(where)
+        _tables(where, "cp_plan", self.cp_plan, CPPlanEntry, "a list of [[cp_plan]] tables (CPPlanEntry)")
         modules = [e.module for e in self.cp_plan]
-        if len(set(modules)) != len(modules):
-            raise _fail(where, "cp_plan", modules, "each module path in one [[cp_plan]] table")
+        _once(where, "cp_plan", modules, "each module path in one [[cp_plan]] table")
         if self.cp_plan and not any(e.gather for e in self.cp_plan):
             raise _fail(where, "cp_plan", modules, "a table that gathers the sequence back (`gather`), e.g. at the "
                         "output projection", "Without one every rank returns only its shard.")
