@@ -39,8 +39,8 @@ class Compile:
             over the row. "exact" (default) follows eager torchao's arithmetic: the compiled Linear is bitwise eager
             torchao's, and the activation quantization of an fp8 Flux-dev step at 1024² 2 ms shorter on an H200
             (BENCHMARKS.md). "fast" computes tanh from exp and divides approximately, as inductor's own kernels do:
-            fp8 codes may differ from eager's by one step, for about a third of the kernel's time. "off" leaves all
-            of torchao's quantization to inductor.
+            fp8 codes may differ from eager's by one step (that arithmetic was measured in a hand-written kernel
+            only, not yet in this one: BENCHMARKS.md). "off" leaves all of torchao's quantization to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
