@@ -38,7 +38,7 @@ class Compile:
             feed-forward's second Linear) in one pass, by hookkit's Triton kernel, instead of inductor's two passes
             over the row. "exact" (default) follows eager torchao's arithmetic: the compiled Linear is bitwise eager
             torchao's, and the activation quantization of an fp8 Flux-dev step at 1024² 2 ms shorter on an H200
-            (BENCHMARKS.md). "fast" computes tanh from exp and divides approximately, as inductor's own kernels do:
+            (BENCHMARKS.md; separate leases so far). "fast" computes tanh from exp and divides approximately, as inductor's own kernels do:
             fp8 codes may differ from eager's by one step (that arithmetic was measured in a hand-written kernel
             only, not yet in this one: BENCHMARKS.md). "off" leaves all of torchao's quantization to inductor.
     """
