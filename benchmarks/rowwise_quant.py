@@ -236,6 +236,7 @@ def arithmetic_rows(m: int) -> list[dict[str, Any]]:
         elif DIV == 1:  # Markstein: q0 = f * RN(1/s), r = f - q0 * s (exact, FMA), q = RN(q0 + r * RN(1/s))
             q0 = f * inverse
             q = tl.fma(tl.fma(-q0, tl.zeros_like(f) + scale, f), tl.zeros_like(f) + inverse, q0)
+            q = tl.where(q0 == 0.0, q0, q)  # -0 stays -0, as in hookkit's kernel
         else:
             q = f / scale
         tl.store(q_ptr + offset + cols, tl.clamp(q, -448.0, 448.0).to(tl.float8e4nv), mask=cols < width)

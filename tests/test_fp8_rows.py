@@ -258,6 +258,20 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
 def test_gpu_the_kernel_without_gelu_is_bitwise_the_reference(dtype: torch.dtype) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     pieces = [torch.randn(37, 8, w, generator=g, device="cuda").to(dtype) * 3 for w in (300, 1200)]
+    pieces[0][0, 0, :2] = torch.tensor([-0.0, 0.0])  # the fp8 codes of -0 and +0 differ: the sign must survive
+    data, scale = fp8_quantize_rows(pieces, [False, False])
+    ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_kernels_division_is_correctly_rounded_on_flux_sized_rows_of_every_magnitude() -> None:
+    # the division is Markstein's (reciprocal + two FMAs), not div_rn: 70 M quotients, rows from 1e-3 to 1e3
+    g = torch.Generator(device="cuda").manual_seed(1)
+    magnitude = torch.logspace(-3, 3, 4608, device="cuda")[:, None]
+    pieces = [(torch.randn(4608, w, generator=g, device="cuda") * magnitude).to(torch.bfloat16) for w in (3072, 12288)]
     data, scale = fp8_quantize_rows(pieces, [False, False])
     ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
     assert torch.equal(scale, ref_scale)

@@ -4,8 +4,9 @@ Imported only when the op runs on a CUDA tensor (importing triton is slow, and C
 registers in the input dtype, in chunks of 4,096 columns (a first version held fp32 rows of power-of-two width and
 spilled registers: 468 µs instead of inductor's 245 µs for Flux's proj_out input). The
 arithmetic follows eager torchao step by step: GELU in fp32 rounded to the input dtype, the row amax, the scale
-`amax / 448` rounded to the input dtype, IEEE division (`div_rn`: Triton's `/` is approximate), clamp to ±448,
-round-to-nearest-even e4m3.
+`amax / 448` rounded to the input dtype, correctly rounded division (Triton's `/` is approximate), clamp to ±448,
+round-to-nearest-even e4m3. The division is exact without `div_rn`: the reciprocal of the row scale once per row,
+then two FMAs per element (Markstein), correctly rounded as IEEE division is.
 """
 
 from __future__ import annotations
@@ -46,14 +47,21 @@ def _amax(x):
     return tl.max(tl.abs(x.to(tl.float32)), axis=0)
 
 
+# The division by the row scale s. Exact: Markstein's correction of the product by the correctly rounded reciprocal
+# `inverse` = RN(1/s): q0 = RN(f * inverse), r = f - q0 * s (exact with an FMA), q = RN(q0 + r * inverse) is RN(f / s),
+# as IEEE division (`div_rn`) gives it, for two FMAs instead of div_rn's subroutine (benchmarks/markstein_check.py
+# checks the rounding); a zero keeps its sign (the correction would turn -0 into +0, and eager's -0 / s is -0).
 @triton.jit
-def _put(q_ptr, offset, x, scale, width, C: tl.constexpr, CHUNK: tl.constexpr, FAST: tl.constexpr):
+def _put(q_ptr, offset, x, scale, inverse, width, C: tl.constexpr, CHUNK: tl.constexpr, FAST: tl.constexpr):
     cols = C * CHUNK + tl.arange(0, CHUNK)
     f = x.to(tl.float32)
     if FAST:
-        q = tl.clamp(f / scale, -448.0, 448.0)
+        q = f / scale
     else:
-        q = tl.clamp(tl.math.div_rn(f, tl.zeros_like(f) + scale), -448.0, 448.0)
+        q0 = f * inverse
+        q = tl.fma(tl.fma(-q0, tl.zeros_like(f) + scale, f), tl.zeros_like(f) + inverse, q0)
+        q = tl.where(q0 == 0.0, q0, q)
+    q = tl.clamp(q, -448.0, 448.0)
     tl.store(q_ptr + offset + cols, q.to(tl.float8e4nv), mask=cols < width)
 
 
@@ -88,22 +96,23 @@ def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stri
         amax = tl.maximum(amax, _amax(b3))
     # eager divides the amax by 448 in the input dtype: IEEE division (div_rn), rounded to that dtype
     scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(a_ptr.dtype.element_ty).to(tl.float32)
+    inverse = tl.math.div_rn(scale * 0.0 + 1.0, scale)
     out = row * (width_a + width_b)
-    _put(q_ptr, out, a0, scale, width_a, 0, CHUNK, FAST)
+    _put(q_ptr, out, a0, scale, inverse, width_a, 0, CHUNK, FAST)
     if NA > 1:
-        _put(q_ptr, out, a1, scale, width_a, 1, CHUNK, FAST)
+        _put(q_ptr, out, a1, scale, inverse, width_a, 1, CHUNK, FAST)
     if NA > 2:
-        _put(q_ptr, out, a2, scale, width_a, 2, CHUNK, FAST)
+        _put(q_ptr, out, a2, scale, inverse, width_a, 2, CHUNK, FAST)
     if NA > 3:
-        _put(q_ptr, out, a3, scale, width_a, 3, CHUNK, FAST)
+        _put(q_ptr, out, a3, scale, inverse, width_a, 3, CHUNK, FAST)
     if NB > 0:
-        _put(q_ptr, out + width_a, b0, scale, width_b, 0, CHUNK, FAST)
+        _put(q_ptr, out + width_a, b0, scale, inverse, width_b, 0, CHUNK, FAST)
     if NB > 1:
-        _put(q_ptr, out + width_a, b1, scale, width_b, 1, CHUNK, FAST)
+        _put(q_ptr, out + width_a, b1, scale, inverse, width_b, 1, CHUNK, FAST)
     if NB > 2:
-        _put(q_ptr, out + width_a, b2, scale, width_b, 2, CHUNK, FAST)
+        _put(q_ptr, out + width_a, b2, scale, inverse, width_b, 2, CHUNK, FAST)
     if NB > 3:
-        _put(q_ptr, out + width_a, b3, scale, width_b, 3, CHUNK, FAST)
+        _put(q_ptr, out + width_a, b3, scale, inverse, width_b, 3, CHUNK, FAST)
     tl.store(s_ptr + row, scale)
 
 
