@@ -36,11 +36,12 @@ class Compile:
         fuse_fp8_rows: with `Quantize(scheme="fp8_row")` and the inductor backend on CUDA, quantize each Linear
             input that is a GELU output or a concatenation with one (Flux's single-block `proj_out`, every
             feed-forward's second Linear) in one pass, by hookkit's Triton kernel, instead of inductor's two passes
-            over the row. "exact" (default) follows eager torchao's arithmetic: the compiled Linear is bitwise eager
-            torchao's, and the activation quantization of an fp8 Flux-dev step at 1024² 2 ms shorter on an H200
-            (BENCHMARKS.md; separate leases so far). "fast" computes tanh from exp and divides approximately, as inductor's own kernels do:
-            fp8 codes may differ from eager's by one step (that arithmetic was measured in a hand-written kernel
-            only, not yet in this one: BENCHMARKS.md). "off" leaves all of torchao's quantization to inductor.
+            over the row. "fast" (default) computes tanh from exp and divides approximately, as inductor's own
+            kernels do: an fp8 Flux-dev step at 1024² 7.5 ms shorter on an H200, fp8 codes within one step of
+            eager torchao's (closer to them than inductor's own fusion is; BENCHMARKS.md, run 15). "exact" follows
+            eager torchao's arithmetic (libdevice tanh, correctly rounded division): the compiled Linear is bitwise
+            eager torchao's, for reproducing eager outputs, and no faster than "off" in the step. "off" leaves all of
+            torchao's quantization to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -50,4 +51,4 @@ class Compile:
     cuda_graphs: str = attrs.field(default="none", validator=choice("none", "transformer"))
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
     max_graphs: int = attrs.field(default=16, validator=int_field(1))
-    fuse_fp8_rows: str = attrs.field(default="exact", validator=choice("exact", "fast", "off"))
+    fuse_fp8_rows: str = attrs.field(default="fast", validator=choice("exact", "fast", "off"))
