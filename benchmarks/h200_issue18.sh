@@ -31,10 +31,10 @@ W=${W:-/tmp/hk18}
 RUNS=${RUNS:-"--runs 3 --warmup 1 --steps 28"}
 ALL="gpu-check flux-1024 flux-512 profile qwen-1024 flux-256"
 PIECES=${PIECES:-$ALL}
-FAST=${FAST:-hookkit-fp8+cache-fast+cuda-graphs}
-MOD=${MOD:-hookkit-fp8-mod+cache-fast+cuda-graphs}
-DYN=${DYN:-hookkit-fp8+cache-dyn+cuda-graphs}
-PEER=${PEER:-cache-dit+fp8+compile}
+FAST=${FAST-hookkit-fp8+cache-fast+cuda-graphs}
+MOD=${MOD-hookkit-fp8-mod+cache-fast+cuda-graphs}
+DYN=${DYN-hookkit-fp8+cache-dyn+cuda-graphs}
+PEER=${PEER-cache-dit+fp8+compile}
 AUTOTUNE=${AUTOTUNE:-hookkit-fp8-mod+cache-fast+cuda-graphs+autotune}
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" >> "$W/res/queue.log"; }
@@ -97,11 +97,11 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
         > "$W/res/rowwise_arithmetic.log" 2>&1
       log "fp8-rows arithmetic rc $? $(grep '^{' "$W/res/rowwise_arithmetic.log" | cut -c1-160 | tr '\n' ' ')"
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
-        --variants "${VARIANTS:-native+mod+nofuse,native+mod,native+mod+fastq}" --out "$W/res" > "$W/res/profile.log" 2>&1
+        --variants "${VARIANTS:-native+mod+nofuse,native+mod+exactq,native+mod}" --out "$W/res" > "$W/res/profile.log" 2>&1
       log "fp8-rows profile rc $? $(grep '^\[step_profile\]' "$W/res/profile.log" | tr '\n' ' ')" ;;
     quality-compiled)  # the compiled fp8 rows on the trained tiny model (bf16 reference, classifier)
       timeout "${T_QUALITY:-300}" python3 benchmarks/quality_fp8.py --seeds 2 --out "$W/res/quality_fp8" \
-        --only fp8+mod,fp8+mod+compile,fp8+mod+compile-fast,fp8+mod+compile-unfused > "$W/res/quality.log" 2>&1
+        --only fp8+mod,fp8+mod+compile,fp8+mod+compile-exact,fp8+mod+compile-unfused > "$W/res/quality.log" 2>&1
       log "quality-compiled rc $?" ;;
     quant-micro)
       timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options "${QOPTIONS-}" --out "$W/res" \

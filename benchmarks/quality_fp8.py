@@ -8,8 +8,9 @@ shipped classifier still recognises. Rows:
   fp8+mod                  Quantize("fp8_row", include_modulation=True): the AdaLN modulation Linears too
   cache-fast               DBCache F1B0 on the static "fast" mask, bf16 (what caching alone costs)
   fp8+mod+compile          fp8_row incl. modulation + regional compile (GPU): its GELU / concatenated inputs quantized
-                           by hookkit's one-pass kernel (Compile(fuse_fp8_rows="exact"), the default)
-  fp8+mod+compile-fast     the same with fuse_fp8_rows="fast" (tanh from exp, approximate division)
+                           by hookkit's one-pass kernel with Compile's default fuse_fp8_rows="fast" (tanh from exp,
+                           approximate division; up to run 15 this row was "exact" and the next one "-fast")
+  fp8+mod+compile-exact    the same with fuse_fp8_rows="exact" (eager torchao's arithmetic, bitwise)
   fp8+mod+compile-unfused  the same with fuse_fp8_rows="off": inductor's own two-pass quantization
   fp8+cache-fast           the fastest hookkit row's numerics (graphs replay the same kernels)
   fp8+mod+cache-fast       the same with the modulation Linears in fp8
@@ -73,10 +74,10 @@ def configs(scheme: str, cache_dit_type: str, steps: int, compiled: bool = False
         QC(name="fp8", family="fp8", spec=S(quantize=q(False)), x="fp8", description=f"{scheme}, modulation bf16"),
         QC(name="fp8+mod", family="fp8", spec=S(quantize=q(True)), x="fp8+mod", description=f"{scheme} incl. modulation"),
         *([QC(name="fp8+mod+compile", family="fp8", spec=S(quantize=q(True), compile=hookkit.Compile()), x="compile",
-              description=f"{scheme} incl. modulation + regional compile, one-pass fused quantization"),
-           QC(name="fp8+mod+compile-fast", family="fp8", spec=S(quantize=q(True),
-              compile=hookkit.Compile(fuse_fp8_rows="fast")), x="compile-fast",
-              description=f"{scheme} incl. modulation + regional compile, one-pass fast quantization"),
+              description=f"{scheme} incl. modulation + regional compile, one-pass fast quantization (the default)"),
+           QC(name="fp8+mod+compile-exact", family="fp8", spec=S(quantize=q(True),
+              compile=hookkit.Compile(fuse_fp8_rows="exact")), x="compile-exact",
+              description=f"{scheme} incl. modulation + regional compile, one-pass quantization bitwise eager's"),
            QC(name="fp8+mod+compile-unfused", family="fp8", spec=S(quantize=q(True),
               compile=hookkit.Compile(fuse_fp8_rows="off")), x="compile-unfused",
               description=f"{scheme} incl. modulation + regional compile, inductor's two-pass quantization")]

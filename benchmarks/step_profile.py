@@ -109,12 +109,14 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
     )
 
 
-def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str = "exact") -> hookkit.Spec:
+def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str | None = None) -> hookkit.Spec:
+    """The profiled spec; `fuse` None keeps `Compile`'s own `fuse_fp8_rows` default (what a user gets)."""
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
     return hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device", include_modulation=modulation),
-                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode, fuse_fp8_rows=fuse), memo=True)
+                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode,
+                                                **({} if fuse is None else {"fuse_fp8_rows": fuse})), memo=True)
 
 
 #: variant suffixes: what each changes before enabling
@@ -124,9 +126,15 @@ SUFFIXES = {
     "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
     "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
     "nofuse": "Compile(fuse_fp8_rows='off'): all of torchao's activation quantization left to inductor (two passes)",
-    "fastq": "Compile(fuse_fp8_rows='fast'): hookkit's one-pass kernel with tanh from exp and approximate division",
+    "fastq": "Compile(fuse_fp8_rows='fast') named explicitly (the default since session 7; older commands use it)",
+    "exactq": "Compile(fuse_fp8_rows='exact'): hookkit's one-pass kernel with eager torchao's arithmetic (bitwise)",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
 }
+
+
+def fuse_for(extras: list[str]) -> str | None:
+    """`Compile.fuse_fp8_rows` for a variant's suffixes: None (the library default, "fast") unless one names it."""
+    return "off" if "nofuse" in extras else "exact" if "exactq" in extras else "fast" if "fastq" in extras else None
 
 
 def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, Any], args: argparse.Namespace,
@@ -153,7 +161,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
             fused = True
         t0 = time.perf_counter()
         mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
-        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse="off" if "nofuse" in extras else "fast" if "fastq" in extras else "exact"))
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse=fuse_for(extras)))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture
