@@ -262,6 +262,14 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
 # --- GPU: the Triton kernel against the arithmetic it follows ------------------------------------------------
 
 
+def assert_kernel_is_bitwise_the_reference(pieces: list[torch.Tensor]) -> None:
+    """Without GELU the kernel's scale and fp8 codes are eager torchao's, bit for bit."""
+    data, scale = fp8_quantize_rows(pieces, [False, False])
+    ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -269,10 +277,7 @@ def test_gpu_the_kernel_without_gelu_is_bitwise_the_reference(dtype: torch.dtype
     g = torch.Generator(device="cuda").manual_seed(0)
     pieces = [torch.randn(37, 8, w, generator=g, device="cuda").to(dtype) * 3 for w in (300, 1200)]
     pieces[0][0, 0, :2] = torch.tensor([-0.0, 0.0])  # the fp8 codes of -0 and +0 differ: the sign must survive
-    data, scale = fp8_quantize_rows(pieces, [False, False])
-    ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
-    assert torch.equal(scale, ref_scale)
-    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+    assert_kernel_is_bitwise_the_reference(pieces)
 
 
 @pytest.mark.gpu
@@ -282,10 +287,7 @@ def test_gpu_the_kernels_division_is_correctly_rounded_on_flux_sized_rows_of_eve
     g = torch.Generator(device="cuda").manual_seed(1)
     magnitude = torch.logspace(-3, 3, 4608, device="cuda")[:, None]
     pieces = [(torch.randn(4608, w, generator=g, device="cuda") * magnitude).to(torch.bfloat16) for w in (3072, 12288)]
-    data, scale = fp8_quantize_rows(pieces, [False, False])
-    ref_data, ref_scale = fp8_rows._reference(pieces, [False, False])
-    assert torch.equal(scale, ref_scale)
-    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8))
+    assert_kernel_is_bitwise_the_reference(pieces)
 
 
 @pytest.mark.gpu
