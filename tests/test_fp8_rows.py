@@ -2,7 +2,8 @@
 
 The rewrite is checked on the CPU: torchao's fp8 path runs there once its hardware assertion is lifted, and the op's
 CPU implementation is eager torchao's arithmetic, so a rewritten graph must give *bitwise* the eager output. The Triton
-kernel is checked against that arithmetic on a GPU.
+kernel is checked against that arithmetic on a GPU; the rounding of its exact division (Markstein's), on the CPU in
+exact rational arithmetic.
 """
 
 from __future__ import annotations
@@ -257,6 +258,34 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
         assert data["fp8_rows_fused"] == sum(per_graph)
     finally:
         handle.remove()
+
+
+# --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def markstein() -> object:
+    """benchmarks/markstein_check.py: the kernel's reciprocal-plus-two-FMA division modelled in exact rationals."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "markstein_check.py"
+    spec = importlib.util.spec_from_file_location("markstein_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_exact_kernels_division_is_the_correctly_rounded_quotient_of_sampled_row_values(markstein: object) -> None:
+    # the "exact" kernel divides as reciprocal + two FMAs instead of div_rn: every sampled quotient the IEEE one
+    assert markstein.mismatches(markstein.sample(5000)) == []
+
+
+def test_the_reciprocal_alone_would_round_some_quotients_wrongly(markstein: object) -> None:
+    # why the kernel needs the FMA correction: RN(f * RN(1/s)) without it is not always RN(f / s)
+    rn32 = markstein.rn32
+    wrong = [(f, s) for f, s in markstein.sample(5000) if rn32(f * rn32(1 / s)) != rn32(f / s)]
+    assert len(wrong) > 0
 
 
 # --- GPU: the Triton kernel against the arithmetic it follows ------------------------------------------------
