@@ -15,7 +15,8 @@
 #               hookkit fastest, + modulation fp8, cache-dit+fp8+compile                           ~6 min
 #   flux-512    Flux-dev 512²: fastest, dynamic DBCache under split graphs, + modulation, the peer  ~5 min
 #   profile     step profile, Flux 1024² uncached fp8 + graphs, per attention backend              ~2.5 min
-#   qwen-profile  the same for Qwen-Image 1024², fp8 incl. modulation (VARIANTS_QWEN)         ~2.5 min
+#   qwen-profile  the same for Qwen-Image 1024², fp8 incl. modulation, with/without real_rope (VARIANTS_QWEN),
+#                 and benchmarks/real_rope.py (its query/key prologue alone)                     ~3 min
 #   ------ ~15 min: what one 15-device-minute budget covers; the rest runs if the lease lasts ------
 #   qwen-1024   Qwen-Image 1024²: fastest, + modulation fp8 (6.8 GB less), the peer                ~7 min
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
@@ -122,7 +123,8 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       local qargs="--size 1024 --runs 15 --warmup 2"
       [ "${QUICK:-0}" = 1 ] && qargs="--quick"
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --model qwenimage $qargs \
-        --variants "${VARIANTS_QWEN:-native+mod,native+mod+nofuse}" --out "$W/res/qwen_profile" > "$W/res/qwen_profile.log" 2>&1
+        --variants "${VARIANTS_QWEN:-native+mod,native+mod+complex}" --out "$W/res/qwen_profile" > "$W/res/qwen_profile.log" 2>&1
+      timeout 120 python3 benchmarks/real_rope.py --out "$W/res/qwen_profile" > "$W/res/real_rope.log" 2>&1
       log "qwen-profile rc $? $(grep '^\[step_profile\]' "$W/res/qwen_profile.log" | tr '\n' ' ')" ;;
     qwen-1024) for c in ${PQWEN:-$FAST $MOD $PEER}; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
     flux-256) for c in ${P256:-$FAST $MOD $PEER}; do row flux-256 flux 256 "$c" 0; done ;;
@@ -168,6 +170,7 @@ collect)
   cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
   cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$W/res/gpu_tests_fp8_rows.log" "$out/" 2>/dev/null
   cp "$W/res/qwen_profile/step_profile.json" "$out/qwen_step_profile.json" 2>/dev/null
+  cp "$W/res/qwen_profile/real_rope.json" "$out/real_rope.json" 2>/dev/null
   cp "$W/res/gpu_tests_all.log" "$W/res/controlnet/pipelines.json" "$W/res/rowwise_quant.json" "$out/" 2>/dev/null
   cp "$W/res/arithmetic/rowwise_quant.json" "$out/rowwise_arithmetic.json" 2>/dev/null
   for part in wan22 resolutions; do cp "$W/res/$part/pipelines.json" "$out/pipelines_$part.json" 2>/dev/null; done

@@ -110,13 +110,14 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
     )
 
 
-def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str | None = None) -> hookkit.Spec:
+def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str | None = None,
+             real_rope: bool = True) -> hookkit.Spec:
     """The profiled spec; `fuse` None keeps `Compile`'s own `fuse_fp8_rows` default (what a user gets)."""
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
     return hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device", include_modulation=modulation),
-                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode,
+                        compile=hookkit.Compile(cuda_graphs="transformer", mode=mode, real_rope=real_rope,
                                                 **({} if fuse is None else {"fuse_fp8_rows": fuse})), memo=True)
 
 
@@ -129,6 +130,7 @@ SUFFIXES = {
     "nofuse": "Compile(fuse_fp8_rows='off'): all of torchao's activation quantization left to inductor (two passes)",
     "fastq": "Compile(fuse_fp8_rows='fast') named explicitly (the default since session 7; older commands use it)",
     "exactq": "Compile(fuse_fp8_rows='exact'): hookkit's one-pass kernel with eager torchao's arithmetic (bitwise)",
+    "complex": "Compile(real_rope=False): complex RoPE products left to inductor's ATen fallback (Qwen-Image)",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
 }
 
@@ -162,7 +164,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
             fused = True
         t0 = time.perf_counter()
         mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
-        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse=fuse_for(extras)))
+        handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse=fuse_for(extras),
+                                                   real_rope="complex" not in extras))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture

@@ -441,6 +441,20 @@ def test_the_autotune_row_is_the_modulation_row_with_autotuned_regions(monkeypat
                                                                      mode="max-autotune-no-cudagraphs"))
 
 
+@pytest.mark.parametrize(("suffix", "change"), [
+    ("rows-exact", {"fuse_fp8_rows": "exact"}), ("rows-off", {"fuse_fp8_rows": "off"}),
+    ("rope-complex", {"real_rope": False}),
+])
+def test_a_variant_row_is_the_modulation_row_with_one_compile_setting_changed(
+        suffix: str, change: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", f"hookkit-fp8-mod+cache-fast+cuda-graphs+{suffix}"):
+        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
+    modulation, variant = specs
+    assert variant == attrs.evolve(modulation, compile=attrs.evolve(modulation.compile, **change))
+
+
 def test_cold_env_points_every_compiler_cache_at_a_new_empty_folder(tmp_path: Path) -> None:
     env = bench.cold_env(tmp_path / "row", {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm"})
     assert set(env) == {"PATH", "HOOKKIT_BENCH_COLD", *bench.COLD_CACHE_VARS}

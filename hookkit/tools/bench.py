@@ -555,15 +555,19 @@ def _cache_fast_dynamic() -> Any:
                            threshold=1e9, taylorseer_order=0)
 
 
-def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: str = "fast") -> Any:
-    return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs, fuse_fp8_rows=fuse_fp8_rows)
+def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: str = "fast",
+             real_rope: bool = True) -> Any:
+    return hookkit.Compile(regional=True, mode=mode, cuda_graphs=cuda_graphs, fuse_fp8_rows=fuse_fp8_rows,
+                           real_rope=real_rope)
 
 
-def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast") -> Callable[[], Any]:
+def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", real_rope: bool = True
+                         ) -> Callable[[], Any]:
     """The spec of the fastest row (static 'fast' DBCache, fp8 incl. modulation, transformer graphs) and its
-    variants: a compile mode, another `fuse_fp8_rows`."""
+    variants: a compile mode, another `fuse_fp8_rows`, complex RoPE left to inductor."""
     return lambda: hookkit.Spec(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
-                                compile=_compile(mode, cuda_graphs="transformer", fuse_fp8_rows=fuse_fp8_rows),
+                                compile=_compile(mode, cuda_graphs="transformer", fuse_fp8_rows=fuse_fp8_rows,
+                                                 real_rope=real_rope),
                                 memo=True)
 
 
@@ -649,6 +653,11 @@ def _configs() -> dict[str, BenchConfig]:
                       fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                       description=f"as hookkit-fp8-mod+cache-fast+cuda-graphs with Compile(fuse_fp8_rows={rows!r})")
           for rows in ("exact", "off")),
+        BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs+rope-complex", kind="hookkit",
+                    setup=_hookkit(_fp8_mod_fast_graphs(real_rope=False)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="as hookkit-fp8-mod+cache-fast+cuda-graphs with Compile(real_rope=False): complex "
+                                "RoPE (Qwen-Image) left to inductor's ATen fallback"),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs+autotune", kind="hookkit",
                     setup=_hookkit(_fp8_mod_fast_graphs("max-autotune-no-cudagraphs")),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,

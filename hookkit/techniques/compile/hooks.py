@@ -625,25 +625,29 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
 
 
-def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None) -> dict[str, Any]:
+def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None,
+                   real_rope: Any | None = None) -> dict[str, Any]:
     """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call.
 
-    A torch.compile call takes a mode or options, not both, so for a quantized model the mode is spelled
-    as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g. reduce-overhead's
-    `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned for).
-    `fp8_rows` (a `FusedFp8Rows` pass) becomes the call's `post_grad_custom_post_pass`.
+    A torch.compile call takes a mode or options, not both, so where options are needed (a quantized model, a
+    graph pass) the mode is spelled as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g.
+    reduce-overhead's `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned
+    for). `fp8_rows` (a `FusedFp8Rows` pass) becomes the call's `post_grad_custom_post_pass`, `real_rope` (a
+    `RealComplexMul` pass) its `post_grad_custom_pre_pass`.
     """
     kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
     if spec.backend != "inductor":  # modes and options are inductor's
         return kwargs
     mode = None if spec.mode in (None, "default") else spec.mode
-    if quantized:
-        # imported here: importing inductor is slow, and only quantized models need it
+    if quantized or real_rope is not None:
+        # imported here: importing inductor is slow, and only compiles with options need it
         from torch._inductor import list_mode_options
 
-        kwargs["options"] = {**list_mode_options(mode or "default"), **QUANTIZED_INDUCTOR_OPTIONS}
+        kwargs["options"] = {**list_mode_options(mode or "default"), **(QUANTIZED_INDUCTOR_OPTIONS if quantized else {})}
         if fp8_rows is not None:
             kwargs["options"]["post_grad_custom_post_pass"] = fp8_rows
+        if real_rope is not None:
+            kwargs["options"]["post_grad_custom_pre_pass"] = real_rope
     elif mode is not None:
         kwargs["mode"] = mode
     return kwargs
@@ -725,7 +729,10 @@ class _CompileFeature(BaseFeature):
             quantized = ctx.spec.quantize is not None
             if quantized and spec.fuse_fp8_rows != "off" and spec.backend == "inductor" and state.fp8_rows is None:
                 state.fp8_rows = new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")
-            return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows))
+            if spec.real_rope and spec.backend == "inductor" and state.real_rope is None:
+                state.real_rope = new_real_rope_pass()
+            return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows,
+                                                        real_rope=state.real_rope))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
@@ -761,6 +768,11 @@ class _CompileFeature(BaseFeature):
             rows.append(["fp8 row quantizations fused (one pass)",
                          f"{data['fp8_rows_arithmetic']}: {state.fp8_rows.rewritten} rewritten by this handle's "
                          "compiles (a region served from inductor's FX graph cache was rewritten when cached)"])
+        if state.real_rope is not None:
+            data["complex_muls_as_real"] = state.real_rope.rewritten
+            data["complex_muls_per_graph"] = list(state.real_rope.per_graph)
+            rows.append(["complex products as real arithmetic (RoPE)",
+                         f"{state.real_rope.rewritten} rewritten by this handle's compiles"])
         runner = state.runner
         if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
@@ -793,10 +805,11 @@ class _CompileFeature(BaseFeature):
 
 @attrs.define
 class CompileState:
-    """What one handle's compilation keeps: the whole-transformer graph runner, the fp8 row pass its compiles share."""
+    """What one handle's compilation keeps: the whole-transformer graph runner, the graph passes its compiles share."""
 
     runner: GraphRunner | SplitGraphHook | None = None
     fp8_rows: Any | None = None
+    real_rope: Any | None = None
 
 
 def new_fp8_rows_pass(fast: bool = False) -> Any:
@@ -807,6 +820,15 @@ def new_fp8_rows_pass(fast: bool = False) -> Any:
     from hookkit.techniques.compile.fp8_rows import FusedFp8Rows  # imports inductor: only quantized compiles
 
     return FusedFp8Rows(fast=fast, then=inductor_config.post_grad_custom_post_pass)
+
+
+def new_real_rope_pass() -> Any:
+    """A `RealComplexMul` pass chained before any `post_grad_custom_pre_pass` already set process-wide."""
+    import torch._inductor.config as inductor_config
+
+    from hookkit.techniques.compile.real_rope import RealComplexMul
+
+    return RealComplexMul(then=inductor_config.post_grad_custom_pre_pass)
 
 
 class _InnerCompile(Removal):

@@ -42,6 +42,11 @@ class Compile:
             eager torchao's arithmetic (libdevice tanh, correctly rounded division): the compiled Linear is bitwise
             eager torchao's, for reproducing eager outputs, and no faster than "off" in the step. "off" leaves all of
             torchao's quantization to inductor.
+        real_rope: with the inductor backend, compute complex multiplications whose operand is a real tensor viewed
+            as complex and whose result is viewed back as real (complex rotary embeddings: Qwen-Image, Z-Image, ...)
+            as real arithmetic (default True): inductor generates no code for complex operators and runs them as
+            separate kernels between unfused neighbours; as real arithmetic they fuse into the query/key
+            normalization. The same formula as ATen's complex product: on the CPU bitwise the complex path's output.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -52,3 +57,4 @@ class Compile:
     backend: str = attrs.field(default="inductor", validator=choice("inductor", "eager", "aot_eager", "cudagraphs"))
     max_graphs: int = attrs.field(default=16, validator=int_field(1))
     fuse_fp8_rows: str = attrs.field(default="fast", validator=choice("exact", "fast", "off"))
+    real_rope: bool = attrs.field(default=True, validator=boolean)

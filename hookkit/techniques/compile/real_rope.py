@@ -1,0 +1,125 @@
+"""Complex multiplications in compiled regions as real arithmetic that inductor fuses (complex rotary embeddings).
+
+Qwen-Image, Z-Image, NucleusMoE, Bria-Fibo and others apply rotary embeddings to queries and keys as
+`view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs)`. Inductor generates no code for complex
+operators (it warns: "Performance may be worse than eager"): the product runs as its own ATen kernel, and the
+normalization before it and the cast after it cannot fuse across it, so each query and key makes extra float32
+round trips through memory at every attention call. `RealComplexMul` is an inductor post-grad graph pass (passed in the
+`options` of hookkit's own `torch.compile` calls as `post_grad_custom_pre_pass`, never set process-wide) that
+replaces each such product by (a + bi)(c + di) = (ac - bd) + (ad + bc)i on float views of its operands, the formula
+ATen's complex product computes, so that it fuses with its neighbours into one kernel. Products whose result is
+used as a complex tensor, or whose factors are not both complex of one dtype, are left alone (a conjugated factor,
+Sana-WM's inverse rotation, reaches the pass resolved and is rewritten like any other).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+aten, prims = torch.ops.aten, torch.ops.prims
+#: complex dtype -> the real dtype of its parts
+_REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+#: this file's source, part of the pass's cache key (read once: inductor asks for the key at every compile)
+_SOURCE = Path(__file__).read_bytes()
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _is(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _complex_product(mul: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(the real tensor viewed as complex, the other complex factor) of `view_as_complex(x) * y` whose every use
+    is `view_as_real`, else None."""
+    if not _is(mul, aten.mul.Tensor) or len(mul.args) != 2 or mul.kwargs:
+        return None
+    a, b = mul.args
+    if not _is(a, aten.view_as_complex.default):
+        a, b = b, a
+    if not _is(a, aten.view_as_complex.default) or not isinstance(b, torch.fx.Node):
+        return None
+    va, vb, vm = _val(a), _val(b), _val(mul)
+    if va is None or vb is None or vm is None or va.dtype not in _REAL or vb.dtype != va.dtype or vm.dtype != va.dtype:
+        return None
+    if vb.is_conj():  # an unresolved conjugate has no real view (view_as_real refuses it); functionalization resolves them
+        return None
+    if not mul.users or any(not _is(u, aten.view_as_real.default) for u in mul.users):
+        return None
+    return a.args[0], b
+
+
+class RealComplexMul(CustomGraphPass):
+    """Inductor post-grad pass: `view_as_real(view_as_complex(x) * y)` becomes real arithmetic on `x` and
+    `view_as_real(y)`. `rewritten` counts the products replaced by this instance's compiles (a graph served from
+    inductor's FX graph cache is not rewritten again: it was rewritten when cached).
+
+    Args:
+        then: a post-grad pre-pass that was already configured, run after this one (hookkit's compile options replace
+            the process-wide `post_grad_custom_pre_pass` for its own compiles, so it is chained, not dropped).
+    """
+
+    def __init__(self, then: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        self.then = then
+        self.per_graph: list[int] = []  # products rewritten in each graph this pass saw, in compile order
+
+    @property
+    def rewritten(self) -> int:
+        """Products rewritten by this instance's compiles, all graphs together."""
+        return sum(self.per_graph)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        found = 0
+        for mul in list(graph.nodes):
+            match = _complex_product(mul)
+            if match is None:
+                continue
+            self._replace(graph, mul, *match)
+            found += 1
+        if found:
+            graph.eliminate_dead_code()
+            graph.lint()
+        self.per_graph.append(found)
+        if self.then is not None:
+            self.then(graph)
+
+    @staticmethod
+    def _replace(graph: torch.fx.Graph, mul: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node) -> None:
+        from torch._guards import detect_fake_mode
+
+        fake = detect_fake_mode([_val(x), _val(y)])
+
+        def call(target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+            node = graph.call_function(target, args, kwargs)
+            vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
+            with fake:
+                node.meta["val"] = target(*vals, **kwargs)
+            return node
+
+        with graph.inserting_before(mul):
+            parts = call(aten.view_as_real.default, y)
+            a, b = call(aten.select.int, x, -1, 0), call(aten.select.int, x, -1, 1)
+            c, d = call(aten.select.int, parts, -1, 0), call(aten.select.int, parts, -1, 1)
+            real = call(aten.sub.Tensor, call(aten.mul.Tensor, a, c), call(aten.mul.Tensor, b, d))
+            imag = call(aten.add.Tensor, call(aten.mul.Tensor, a, d), call(aten.mul.Tensor, b, c))
+            # interleave (real, imag) on a new last dim with a pointwise select, not a cat (which would
+            # materialize both halves): out[..., k] = real if k == 0 else imag
+            index = call(prims.iota.default, 2, start=0, step=1, dtype=torch.int64, device=_val(x).device,
+                         requires_grad=False)
+            out = call(aten.where.self, call(aten.eq.Scalar, index, 0), call(aten.unsqueeze.default, real, -1),
+                       call(aten.unsqueeze.default, imag, -1))
+        for use in list(mul.users):
+            use.replace_all_uses_with(out)
+
+    def uuid(self) -> bytes:
+        """Inductor's FX graph cache key: this file's source and the chained pass."""
+        then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
+        return hashlib.sha256(_SOURCE + repr(then).encode()).digest()
