@@ -242,13 +242,15 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # a cached graph is not rewritten again
     torch._dynamo.reset()
     pipe, handle = quantized_compiled_pipeline("exact", monkeypatch)
     try:
         kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
                   for k, v in zoo.call_kwargs("flux", steps=2).items()}
-        pipe(**kwargs)
+        # a cached graph is not rewritten again. config.patch, not monkeypatch: undoing a monkeypatched inductor
+        # setting deletes it from the config module, and every later compile in the process fails
+        with inductor_config.patch(fx_graph_cache=False):
+            pipe(**kwargs)
         # one double-block graph (img and context feed-forwards: 2 sites), one single-block graph (proj_out: 1)
         data = handle.summary().features["compile"].data
         per_graph = data["fp8_rows_per_graph"]

@@ -20,16 +20,14 @@ tanh from exp and approximate division, as inductor's own kernels compute (an fp
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.custom_graph_pass import CustomGraphPass
-
 from hookkit.errors import HookError
+from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
@@ -40,8 +38,6 @@ MAX_PIECES = 2
 #: device types whose graphs `FusedFp8Rows` rewrites by default: CUDA, where the Triton kernel runs (on the CPU the op
 #: is eager arithmetic, slower than inductor's own C++ kernel; tests widen this to check the rewrite there)
 DEVICES: tuple[str, ...] = ("cuda",)
-#: this file's source, part of the pass's cache key (read once: inductor asks for the key at every compile)
-_SOURCE = Path(__file__).read_bytes()
 
 
 # --- the op ------------------------------------------------------------------------------------------------
@@ -121,16 +117,8 @@ _CONVERT = prims.convert_element_type.default
 _LOW = (torch.bfloat16, torch.float16)
 
 
-def _is(node: Any, target: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
-
-
 def _number(value: Any, expected: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == expected
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
 def _split(node: Any, target: Any, constant: float, commutative: bool = False) -> Any:
@@ -245,10 +233,9 @@ def _pieces(x: torch.fx.Node) -> tuple[list[torch.fx.Node], list[bool]] | None:
     return pieces, [s is not None for s in sources]
 
 
-class FusedFp8Rows(CustomGraphPass):
+class FusedFp8Rows(CountingPass):
     """Inductor post-grad pass: torchao per-row fp8 quantizations of GELU / concatenated GELU inputs become one
-    `hookkit::fp8_quantize_rows` call each. `rewritten` counts the sites replaced by this instance's compiles (a graph
-    served from inductor's FX graph cache is not rewritten again: it was rewritten when cached).
+    `hookkit::fp8_quantize_rows` call each; `rewritten` counts the sites replaced by this instance's compiles.
 
     Args:
         fast: the kernel's relaxed arithmetic (`Compile(fuse_fp8_rows="fast")`): tanh from exp, approximate division.
@@ -257,19 +244,18 @@ class FusedFp8Rows(CustomGraphPass):
             process-wide `post_grad_custom_post_pass` for its own compiles, so it is chained, not dropped).
     """
 
+    source = Path(__file__).read_bytes()  # part of the cache key (read once: inductor asks for it at every compile)
+
     def __init__(self, fast: bool = False, devices: tuple[str, ...] | None = None,
                  then: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        super().__init__(then)
         self.fast = fast
         self.devices = DEVICES if devices is None else devices
-        self.then = then
-        self.per_graph: list[int] = []  # sites rewritten in each graph this pass saw, in compile order
 
-    @property
-    def rewritten(self) -> int:
-        """Sites rewritten by this instance's compiles, all graphs together."""
-        return sum(self.per_graph)
+    def settings(self) -> tuple[Any, ...]:
+        return (self.fast, self.devices)
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def rewrite(self, graph: torch.fx.Graph) -> int:
         found = 0
         for q in list(graph.nodes):
             match = _row_quantization(q)
@@ -283,12 +269,7 @@ class FusedFp8Rows(CustomGraphPass):
                 continue
             self._replace(graph, q, scale, *pieces, self.fast)
             found += 1
-        if found:
-            graph.eliminate_dead_code()
-            graph.lint()
-        self.per_graph.append(found)
-        if self.then is not None:
-            self.then(graph)
+        return found
 
     @staticmethod
     def _replace(graph: torch.fx.Graph, q: torch.fx.Node, scale: torch.fx.Node, pieces: list[torch.fx.Node],
@@ -308,8 +289,3 @@ class FusedFp8Rows(CustomGraphPass):
         q.replace_all_uses_with(data)
         scale.replace_all_uses_with(new_scale)
 
-    def uuid(self) -> bytes:
-        """Inductor's FX graph cache key: this file's source, the arithmetic, the devices rewritten and the chained
-        pass (a changed pass or setting compiles anew, an unchanged one reuses the cached graph)."""
-        then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
-        return hashlib.sha256(_SOURCE + repr((self.fast, self.devices, then)).encode()).digest()

@@ -14,27 +14,16 @@ Sana-WM's inverse rotation, reaches the pass resolved and is rewritten like any 
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
 
 aten, prims = torch.ops.aten, torch.ops.prims
 #: complex dtype -> the real dtype of its parts
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
-#: this file's source, part of the pass's cache key (read once: inductor asks for the key at every compile)
-_SOURCE = Path(__file__).read_bytes()
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-
-
-def _is(node: Any, target: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
 
 
 def _complex_product(mul: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
@@ -57,39 +46,25 @@ def _complex_product(mul: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] 
     return a.args[0], b
 
 
-class RealComplexMul(CustomGraphPass):
+class RealComplexMul(CountingPass):
     """Inductor post-grad pass: `view_as_real(view_as_complex(x) * y)` becomes real arithmetic on `x` and
-    `view_as_real(y)`. `rewritten` counts the products replaced by this instance's compiles (a graph served from
-    inductor's FX graph cache is not rewritten again: it was rewritten when cached).
+    `view_as_real(y)`; `rewritten` counts the products replaced by this instance's compiles.
 
     Args:
         then: a post-grad pre-pass that was already configured, run after this one (hookkit's compile options replace
             the process-wide `post_grad_custom_pre_pass` for its own compiles, so it is chained, not dropped).
     """
 
-    def __init__(self, then: Callable[[torch.fx.Graph], None] | None = None) -> None:
-        self.then = then
-        self.per_graph: list[int] = []  # products rewritten in each graph this pass saw, in compile order
+    source = Path(__file__).read_bytes()
 
-    @property
-    def rewritten(self) -> int:
-        """Products rewritten by this instance's compiles, all graphs together."""
-        return sum(self.per_graph)
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
+    def rewrite(self, graph: torch.fx.Graph) -> int:
         found = 0
         for mul in list(graph.nodes):
             match = _complex_product(mul)
-            if match is None:
-                continue
-            self._replace(graph, mul, *match)
-            found += 1
-        if found:
-            graph.eliminate_dead_code()
-            graph.lint()
-        self.per_graph.append(found)
-        if self.then is not None:
-            self.then(graph)
+            if match is not None:
+                self._replace(graph, mul, *match)
+                found += 1
+        return found
 
     @staticmethod
     def _replace(graph: torch.fx.Graph, mul: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node) -> None:
@@ -118,8 +93,3 @@ class RealComplexMul(CustomGraphPass):
                        call(aten.unsqueeze.default, imag, -1))
         for use in list(mul.users):
             use.replace_all_uses_with(out)
-
-    def uuid(self) -> bytes:
-        """Inductor's FX graph cache key: this file's source and the chained pass."""
-        then = self.then.uuid() if isinstance(self.then, CustomGraphPass) else repr(self.then)
-        return hashlib.sha256(_SOURCE + repr(then).encode()).digest()
