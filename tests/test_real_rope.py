@@ -131,6 +131,12 @@ def test_an_unquantized_compile_with_the_pass_spells_its_mode_as_options() -> No
         "options": {"triton.cudagraphs": True, "post_grad_custom_pre_pass": rope}}
 
 
+def test_a_quantized_compile_gets_the_pass_beside_torchaos_options() -> None:
+    rope = RealComplexMul()
+    options = compile_kwargs(hookkit.Compile(), quantized=True, real_rope=rope)["options"]
+    assert options == {"force_fuse_int_mm_with_mul": True, "post_grad_custom_pre_pass": rope}
+
+
 def test_tiny_qwen_image_rewrites_its_four_products_per_block_graph_and_matches_the_complex_compile() -> None:
     def run(compile_: hookkit.Compile) -> tuple[torch.Tensor, dict]:
         torch._dynamo.reset()
@@ -156,3 +162,25 @@ def test_a_compile_leaves_the_process_wide_pre_pass_as_it_was() -> None:
     pipe(**zoo.call_kwargs("qwenimage", steps=1))
     handle.remove()
     assert inductor_config.post_grad_custom_pre_pass is None
+
+
+# --- GPU (skipped without CUDA): inductor's Triton code for the rewritten graph -------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_a_compiled_qwen_image_with_real_rope_matches_the_complex_compile() -> None:
+    outputs, counts = [], []
+    for real_rope in (True, False):
+        torch._dynamo.reset()
+        pipe = zoo.tiny_pipeline("qwenimage").to("cuda", torch.bfloat16)
+        kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                  for k, v in zoo.call_kwargs("qwenimage", steps=2, output_type="pt").items()}
+        handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(real_rope=real_rope)))
+        with inductor_config.patch(fx_graph_cache=False):
+            outputs.append(pipe(**kwargs).images)
+        counts.append(handle.summary().features["compile"].data.get("complex_muls_as_real"))
+        handle.remove()
+    assert counts == [4, None]
+    # Triton may contract a*c - b*d into an FMA where ATen's complex kernel does not: equal up to bf16 rounding
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=2e-2)
