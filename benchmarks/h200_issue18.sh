@@ -124,8 +124,9 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       [ "${QUICK:-0}" = 1 ] && qargs="--quick"
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --model qwenimage $qargs \
         --variants "${VARIANTS_QWEN:-native+mod,native+mod+complex}" --out "$W/res/qwen_profile" > "$W/res/qwen_profile.log" 2>&1
+      log "qwen-profile rc $? $(grep '^\[step_profile\]' "$W/res/qwen_profile.log" | tr '\n' ' ')"
       timeout 120 python3 benchmarks/real_rope.py --out "$W/res/qwen_profile" > "$W/res/real_rope.log" 2>&1
-      log "qwen-profile rc $? $(grep '^\[step_profile\]' "$W/res/qwen_profile.log" | tr '\n' ' ')" ;;
+      log "real_rope rc $? $(grep '^speed-up' "$W/res/real_rope.log")" ;;
     qwen-1024) for c in ${PQWEN:-$FAST $MOD $PEER}; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
     flux-256) for c in ${P256:-$FAST $MOD $PEER}; do row flux-256 flux 256 "$c" 0; done ;;
     *) log "unknown piece $1" ;;

@@ -179,6 +179,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
         compiled = handle.summary().features.get("compile")
         row["fp8_rows_fused"] = compiled.data.get("fp8_rows_fused") if compiled is not None else None
+        row["complex_muls_as_real"] = compiled.data.get("complex_muls_as_real") if compiled is not None else None
         row.update(profile(transformer, inputs, args.profile_calls, device))
         if args.size == 1024 and args.model == "flux" and not args.quick:
             row["floor_ms"] = FLOOR_MS_1024

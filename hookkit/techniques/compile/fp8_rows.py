@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from hookkit.errors import HookError
 from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
 

@@ -9,6 +9,7 @@ and settings, so a changed pass or setting compiles anew and an unchanged one re
 from __future__ import annotations
 
 import hashlib
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -48,8 +49,9 @@ class CountingPass(CustomGraphPass):
         cache is not rewritten again: it was rewritten when cached)."""
         return sum(self.per_graph)
 
+    @abstractmethod
     def rewrite(self, graph: torch.fx.Graph) -> int:
-        raise NotImplementedError
+        """Rewrite the matches in `graph` in place; return how many were rewritten."""
 
     def settings(self) -> tuple[Any, ...]:
         return ()

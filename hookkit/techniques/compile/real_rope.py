@@ -36,8 +36,8 @@ def _complex_product(mul: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] 
         a, b = b, a
     if not _is(a, aten.view_as_complex.default) or not isinstance(b, torch.fx.Node):
         return None
-    va, vb, vm = _val(a), _val(b), _val(mul)
-    if va is None or vb is None or vm is None or va.dtype not in _REAL or vb.dtype != va.dtype or vm.dtype != va.dtype:
+    va, vb = _val(a), _val(b)
+    if va is None or vb is None or va.dtype not in _REAL or vb.dtype != va.dtype:  # the product then has va's dtype
         return None
     if vb.is_conj():  # an unresolved conjugate has no real view (view_as_real refuses it); functionalization resolves them
         return None
