@@ -21,9 +21,9 @@
 #   qwen-1024   Qwen-Image 1024²: fastest, + modulation fp8 (6.8 GB less), the peer                ~7 min
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
-# More pieces: gpu-tests (every `-m gpu` test; 27 of 29 took 230 s in run 10), controlnet (benchmarks/pipelines.py --parts controlnet),
+# More pieces: gpu-tests (every `-m gpu` test of GPU_TESTS, default tests/; 27 of 29 took 230 s in run 10), controlnet (benchmarks/pipelines.py --parts controlnet),
 # flux-1024-warm (no fresh caches), autotune-if-faster (after profile), quant-micro (benchmarks/rowwise_quant.py; QOPTIONS),
-# wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8), fp8-rows (Compile(fuse_fp8_rows):
+# split (benchmarks/pipeline_split.py for each "model:config" of SPLIT; T_SPLIT), wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8), fp8-rows (Compile(fuse_fp8_rows):
 # GPU tests, kernels alone, the step per value), quality-compiled (quality_fp8.py's compiled rows); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
 # quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
@@ -82,7 +82,7 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
         row flux-1024 flux 1024 "$AUTOTUNE" 0
       else log "autotune row skipped: not >= 2 % faster per step in the step profile (or not profiled)"; fi ;;
     gpu-tests)
-      timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/ > "$W/res/gpu_tests_all.log" 2>&1
+      timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${GPU_TESTS:-tests/} > "$W/res/gpu_tests_all.log" 2>&1
       log "gpu tests rc $? $(tail -1 "$W/res/gpu_tests_all.log")" ;;
     controlnet)
       OUT="$W/res/controlnet" timeout "${T_CN:-240}" python3 benchmarks/pipelines.py --parts controlnet \
@@ -101,6 +101,12 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --size 1024 --runs 15 --warmup 2 \
         --variants "${VARIANTS:-native+mod+nofuse,native+mod+exactq,native+mod}" --out "$W/res" > "$W/res/profile.log" 2>&1
       log "fp8-rows profile rc $? $(grep '^\[step_profile\]' "$W/res/profile.log" | tr '\n' ' ')" ;;
+    split)  # benchmarks/pipeline_split.py per "model:config" of SPLIT: wall, GPU-only, kernels and host per call
+      for mc in ${SPLIT:-flux:hookkit-fp8-mod+cuda-graphs qwenimage:hookkit-fp8-mod+cache-fast+cuda-graphs}; do
+        timeout "${T_SPLIT:-240}" python3 benchmarks/pipeline_split.py --model "${mc%%:*}" --config "${mc#*:}" \
+          --out "$W/res/split" > "$W/res/split_${mc%%:*}.log" 2>> "$W/res/split.err"
+        log "split $mc rc $? $(tail -1 "$W/res/split_${mc%%:*}.log")"
+      done ;;
     quality-compiled)  # the compiled fp8 rows on the trained tiny model (bf16 reference, classifier)
       timeout "${T_QUALITY:-300}" python3 benchmarks/quality_fp8.py --seeds 2 --out "$W/res/quality_fp8" \
         --only fp8+mod,fp8+mod+compile,fp8+mod+compile-exact,fp8+mod+compile-unfused > "$W/res/quality.log" 2>&1
@@ -125,6 +131,7 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       timeout "${T_PROFILE:-330}" python3 benchmarks/step_profile.py --model qwenimage $qargs \
         --variants "${VARIANTS_QWEN:-native+mod,native+mod+complex}" --out "$W/res/qwen_profile" > "$W/res/qwen_profile.log" 2>&1
       log "qwen-profile rc $? $(grep '^\[step_profile\]' "$W/res/qwen_profile.log" | tr '\n' ' ')"
+      [ "${REAL_ROPE_MICRO:-1}" = 1 ] || return 0
       timeout 120 python3 benchmarks/real_rope.py --out "$W/res/qwen_profile" > "$W/res/real_rope.log" 2>&1
       log "real_rope rc $? $(grep '^speed-up' "$W/res/real_rope.log")" ;;
     qwen-1024) for c in ${PQWEN:-$FAST $MOD $PEER}; do row qwen-1024 qwenimage 1024 "$c" 0; done ;;
@@ -153,7 +160,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS VARIANTS_QWEN T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS T_TESTS_ROWS T_QUALITY
+  export W RUNS PIECES GPU_TESTS SPLIT T_SPLIT REAL_ROPE_MICRO FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS VARIANTS_QWEN T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS T_TESTS_ROWS T_QUALITY
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null

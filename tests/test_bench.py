@@ -441,6 +441,15 @@ def test_the_autotune_row_is_the_modulation_row_with_autotuned_regions(monkeypat
                                                                      mode="max-autotune-no-cudagraphs"))
 
 
+def test_the_uncached_row_is_the_modulation_row_without_its_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
+    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cuda-graphs"):
+        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
+    modulation, uncached = specs
+    assert uncached == attrs.evolve(modulation, cache=None)
+
+
 @pytest.mark.parametrize(("suffix", "change"), [
     ("rows-exact", {"fuse_fp8_rows": "exact"}), ("rows-off", {"fuse_fp8_rows": "off"}),
     ("rope-complex", {"real_rope": False}),

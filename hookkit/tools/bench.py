@@ -645,6 +645,12 @@ def _configs() -> dict[str, BenchConfig]:
                                              memo=True)),
                     fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
                     description="static 'fast' DBCache + one CUDA graph per call and decision"),
+        BenchConfig(name="hookkit-fp8-mod+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
+                                                        compile=_compile(cuda_graphs="transformer"), memo=True)),
+                    fields=frozenset({"quantize", "compile", "memo"}), needs_cuda=True,
+                    description="the fastest row's fp8 (modulation included) and transformer graphs, uncached: "
+                                "every step computed (the uncached step is its time / steps)"),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit", setup=_hookkit(_fp8_mod_fast_graphs()),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),
