@@ -132,6 +132,8 @@ SUFFIXES = {
     "exactq": "Compile(fuse_fp8_rows='exact'): hookkit's one-pass kernel with eager torchao's arithmetic (bitwise)",
     "complex": "Compile(real_rope=False): complex RoPE products left to inductor's ATen fallback (Qwen-Image)",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
+    "adaln": "the fp8 row pass's experimental AdaLN path (compile.hooks.ADALN_ROWS): Linears of the same input share "
+             "one quantization, layer_norm(h) * (1 + scale) + shift quantized in one pass by hookkit's kernel",
 }
 
 
@@ -152,12 +154,14 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
     cdt_before = inductor_config.coordinate_descent_tuning
     from hookkit.techniques.compile import hooks as compile_hooks
     options_before = dict(compile_hooks.QUANTIZED_INDUCTOR_OPTIONS)
+    adaln_before = compile_hooks.ADALN_ROWS
     try:
         if unknown:
             raise ValueError(f"unknown variant suffix {sorted(unknown)}; expected any of {sorted(SUFFIXES)}")
         inductor_config.coordinate_descent_tuning = "cdt" in extras or cdt_before
         if "mk" in extras:
             compile_hooks.QUANTIZED_INDUCTOR_OPTIONS["triton.multi_kernel"] = 1
+        compile_hooks.ADALN_ROWS = adaln_before or "adaln" in extras
         transformer.set_attention_backend(backend)
         if "fused" in extras:  # diffusers' one QKV GEMM per stream (before quantizing: the fused Linear is quantized)
             transformer.fuse_qkv_projections()
@@ -179,6 +183,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
         compiled = handle.summary().features.get("compile")
         row["fp8_rows_fused"] = compiled.data.get("fp8_rows_fused") if compiled is not None else None
+        row["fp8_rows_shared"] = compiled.data.get("fp8_rows_shared") if compiled is not None else None
         row["complex_muls_as_real"] = compiled.data.get("complex_muls_as_real") if compiled is not None else None
         row.update(profile(transformer, inputs, args.profile_calls, device))
         if args.size == 1024 and args.model == "flux" and not args.quick:
@@ -192,6 +197,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         inductor_config.coordinate_descent_tuning = cdt_before
         compile_hooks.QUANTIZED_INDUCTOR_OPTIONS.clear()
         compile_hooks.QUANTIZED_INDUCTOR_OPTIONS.update(options_before)
+        compile_hooks.ADALN_ROWS = adaln_before
         if handle is not None:
             handle.remove()
         if fused:

@@ -56,6 +56,33 @@ class NormIn(torch.nn.Module):
         return self.proj(F.layer_norm(h, (32,)))
 
 
+class NormQKV(torch.nn.Module):
+    """An attention's query, key and value projections of one normalized, modulated stream (Flux, Qwen-Image)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, h: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(h, (32,)) * 1.5 + shift
+        return torch.cat([self.to_q(x), self.to_k(x), self.to_v(x)], dim=-1)
+
+
+class AdaNormQKV(torch.nn.Module):
+    """Flux's and Qwen-Image's AdaLN input: `layer_norm(h) * (1 + scale) + shift`, one modulation row per batch
+    element (given: a quantized modulation Linear compiled would round its own scale unlike eager), quantized once
+    for the query, key and value projections."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.width = width
+        self.to_q, self.to_k, self.to_v = (torch.nn.Linear(width, 32) for _ in range(3))
+
+    def forward(self, h: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(h, (self.width,), eps=1e-6) * (1 + scale[:, None]) + shift[:, None]
+        return torch.cat([self.to_q(x), self.to_k(x), self.to_v(x)], dim=-1)  # exact: no rounding after the Linears
+
+
 def quantized(module: torch.nn.Module) -> torch.nn.Module:
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
@@ -153,6 +180,94 @@ def test_an_input_without_a_gelu_is_left_to_inductor(fp8_on_cpu: None) -> None:
     with torch.no_grad():
         compiled(module, rows)(*inputs(32))
     assert rows.rewritten == 0
+
+
+def row_quantizations(graph: torch.fx.Graph) -> int:
+    return sum(fp8_rows._row_quantization(node) is not None for node in graph.nodes)
+
+
+def test_linears_quantizing_the_same_input_share_one_quantization_and_give_the_same_output(fp8_on_cpu: None) -> None:
+    counted: list[int] = []
+    module = quantized(NormQKV())
+    rows = FusedFp8Rows(devices=("cpu",), share=True, then=lambda graph: counted.append(row_quantizations(graph)))
+    h, shift = inputs(32, 32)
+    with torch.no_grad():
+        unshared = compiled(module, FusedFp8Rows(devices=()))(h, shift)
+        shared = compiled(module, rows)(h, shift)
+    # to_q quantizes x; to_k and to_v use its fp8 data and scale: one quantization left in the graph
+    assert (rows.shared_per_graph, counted, rows.rewritten) == ([2], [1], 0)
+    assert torch.equal(shared, unshared)
+
+
+def test_quantizations_of_different_inputs_are_not_shared(fp8_on_cpu: None) -> None:
+    module, rows = quantized(ProjOut()), FusedFp8Rows(devices=("cpu",), share=True)
+    with torch.no_grad():
+        compiled(module, rows)(*inputs(32, 128))
+    assert rows.shared == 0
+
+
+def test_the_layer_norm_op_is_eager_torchaos_quantization_of_the_modulated_norm() -> None:
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 5, 48, generator=g).to(torch.bfloat16)
+    a, b = (torch.randn(2, 1, 48, generator=g).to(torch.bfloat16) for _ in range(2))
+    data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)
+    expected = Float8Tensor.from_hp(F.layer_norm(h, (48,), eps=1e-6) * a + b, granularity=PerRow())
+    assert torch.equal(data.view(torch.uint8), expected.qdata.view(torch.uint8))
+    assert torch.equal(scale, expected.scale)
+
+
+def test_the_layer_norm_op_refuses_a_modulation_that_is_not_one_row_per_batch_element() -> None:
+    h = torch.zeros(2, 5, 48, dtype=torch.bfloat16)
+    with pytest.raises(hookkit.errors.HookError, match=r"a \[batch or 1, 1, width\].*got h \(2, 5, 48\).*a \(2, 5, 48\)"):
+        fp8_rows.fp8_quantize_layer_norm_rows(h, h, h[:, :1], 1e-6)
+
+
+def adaln_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [2, 8, 32] and a shift and scale row per batch element."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 8, 32, generator=g).to(torch.bfloat16)
+    return h, *(torch.randn(2, 32, generator=g).to(torch.bfloat16) for _ in range(2))
+
+
+def test_an_adaln_input_is_quantized_in_one_op_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    module, rows = quantized(AdaNormQKV()), FusedFp8Rows(devices=("cpu",), layer_norm=True, share=True, fast=True)
+    h, shift, scale = adaln_inputs()
+    with torch.no_grad():
+        assert torch.equal(compiled(module, rows)(h, shift, scale), module(h, shift, scale))
+    # to_k and to_v share to_q's quantization, which becomes one hookkit::fp8_quantize_layer_norm_rows call
+    assert (rows.shared, rows.rewritten) == (2, 1)
+
+
+def test_adaln_inputs_are_left_to_inductor_unless_asked(fp8_on_cpu: None) -> None:
+    module, rows = quantized(AdaNormQKV()), FusedFp8Rows(devices=("cpu",), share=True, fast=True)
+    with torch.no_grad():
+        compiled(module, rows)(*adaln_inputs())
+    assert (rows.shared, rows.rewritten) == (2, 0)
+
+
+def test_a_layer_norm_wider_than_the_kernel_holds_is_left_to_inductor(fp8_on_cpu: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fp8_rows, "LAYER_NORM_MAX_WIDTH", 16)
+    module, rows = quantized(AdaNormQKV()), FusedFp8Rows(devices=("cpu",), layer_norm=True, fast=True)
+    with torch.no_grad():
+        compiled(module, rows)(*adaln_inputs())
+    assert rows.rewritten == 0
+
+
+def test_the_adaln_path_is_off_by_default_and_fuses_layer_norms_in_fast_graphs_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.compile import hooks as compile_hooks
+
+    def flags(fast: bool) -> tuple[bool, bool]:
+        rows = compile_hooks.new_fp8_rows_pass(fast=fast)
+        return rows.layer_norm, rows.share
+
+    assert (flags(True), flags(False)) == ((False, False), (False, False))
+    monkeypatch.setattr(compile_hooks, "ADALN_ROWS", True)
+    assert (flags(True), flags(False)) == ((True, True), (False, True))
 
 
 def test_only_cuda_graphs_are_rewritten_by_default(fp8_on_cpu: None) -> None:
@@ -262,6 +377,34 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
         handle.remove()
 
 
+@pytest.mark.slow
+def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
+        fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    from hookkit.techniques.compile import hooks as compile_hooks
+
+    monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
+    monkeypatch.setattr(compile_hooks, "ADALN_ROWS", True)
+    torch._dynamo.reset()
+    pipe, handle = quantized_compiled_pipeline("fast", monkeypatch)
+    try:
+        kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                  for k, v in zoo.call_kwargs("flux", steps=2).items()}
+        with inductor_config.patch(fx_graph_cache=False):
+            pipe(**kwargs)
+        data = handle.summary().features["compile"].data
+        per_graph = data["fp8_rows_per_graph"]
+        # a double block: 2 feed-forward outputs + 4 AdaLN inputs (norm1 and norm2 of both streams); a single block:
+        # proj_out + its one AdaLN input
+        assert per_graph[0] == 6 and set(per_graph[1:]) == {2}
+        # to_k and to_v share to_q's quantization in both streams of a double block (4 dropped); a single block's
+        # to_k, to_v and proj_mlp share its to_q's (3 dropped)
+        assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
+    finally:
+        handle.remove()
+
+
 # --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------
 
 
@@ -360,14 +503,57 @@ def test_gpu_a_compiled_fp8_flux_fuses_and_matches_the_unfused_compile() -> None
                   for k, v in zoo.call_kwargs("flux", steps=3, output_type="pt").items()}
         return pipe(**kwargs).images
 
+    from hookkit.techniques.compile import hooks as compile_hooks
+
     outputs, fused = [], []
-    for fuse in ("off", "exact", "fast"):
+    for fuse, adaln in (("off", False), ("exact", False), ("fast", False), ("fast", True)):
         torch._dynamo.reset()
-        handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device"),
-                                                   compile=hookkit.Compile(fuse_fp8_rows=fuse)))
-        outputs.append(run())
+        compile_hooks.ADALN_ROWS = adaln
+        try:
+            handle = hookkit.enable(pipe, hookkit.Spec(
+                quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device"),
+                compile=hookkit.Compile(fuse_fp8_rows=fuse)))
+            outputs.append(run())
+        finally:
+            compile_hooks.ADALN_ROWS = False
         fused.append(handle.summary().features["compile"].data.get("fp8_rows_fused"))
         handle.remove()
-    assert fused[0] is None and fused[1] >= 3 and fused[2] == fused[1]
-    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=2e-2)
-    torch.testing.assert_close(outputs[2], outputs[1], rtol=0, atol=2e-2)
+    # "fast" fuses the same GELU sites as "exact"; the experimental AdaLN path fuses the AdaLN inputs too
+    assert fused[0] is None and fused[1] >= 3 and fused[2] == fused[1] and fused[3] > fused[2]
+    for output in outputs[1:]:
+        torch.testing.assert_close(output, outputs[0], rtol=0, atol=2e-2)
+
+
+def assert_close_to_the_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """The kernel sums mean and variance in another order than eager CUDA's layer_norm. Run 20 (H200) measured the
+    scales of about a fifth of the rows one or two bf16 steps from eager's (at most 1.4 %; why so many is not yet
+    explained: the ADALN_ROWS path stays off); the bound here is that measurement's, the codes' is one fp8 step."""
+    data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)
+    ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
+    relative = ((scale - ref_scale).abs() / ref_scale).max().item()
+    moved = (scale != ref_scale).float().mean().item()
+    assert relative <= 2**-5, f"scales: largest relative difference {relative}, {moved:.1%} of rows moved"
+    dequantized, ref_dequantized = data.float() * scale, ref_data.float() * ref_scale
+    # one fp8 step (e4m3: a relative step of at most 2^-3) on top of the scale's, or a subnormal step of the scale
+    error = (dequantized - ref_dequantized).abs() - ref_dequantized.abs() * 2**-2 - ref_scale * 2**-6
+    assert error.max().item() <= 0, f"codes: {(error > 0).float().mean().item():.2%} more than one step apart"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_layer_norm_kernel_quantizes_a_flux_sized_adaln_input_as_eager_up_to_rounding() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = (torch.randn(1, 4608, 3072, generator=g, device="cuda") * 4 + 1).to(torch.bfloat16)
+    a = (1 + torch.randn(1, 1, 3072, generator=g, device="cuda")).to(torch.bfloat16)
+    b = torch.randn(1, 1, 3072, generator=g, device="cuda").to(torch.bfloat16)
+    assert_close_to_the_layer_norm_reference(h, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_layer_norm_kernel_takes_a_modulation_row_per_batch_element_and_strided_rows() -> None:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    h = torch.randn(2, 300, 2 * 3072, generator=g, device="cuda").to(torch.bfloat16)[..., ::2]  # strided columns
+    chunks = torch.randn(2, 6 * 3072, generator=g, device="cuda").to(torch.bfloat16)  # a modulation Linear's output
+    shift, scale = chunks[:, None, :3072], chunks[:, None, 3072:6144]  # views with the chunk's batch stride
+    assert_close_to_the_layer_norm_reference(h, 1 + scale, shift)

@@ -20,6 +20,7 @@ tanh from exp and approximate division, as inductor's own kernels compute (an fp
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
 MAX_WIDTH = 16384
 #: pieces per row the kernel takes (Flux: attention + MLP)
 MAX_PIECES = 2
+#: the widest row the layer-norm kernel holds in registers (one power-of-two block; Flux and Qwen-Image: 3,072)
+LAYER_NORM_MAX_WIDTH = 8192
 #: device types whose graphs `FusedFp8Rows` rewrites by default: CUDA, where the Triton kernel runs (on the CPU the op
 #: is eager arithmetic, slower than inductor's own C++ kernel; tests widen this to check the rewrite there)
 DEVICES: tuple[str, ...] = ("cuda",)
@@ -109,6 +112,45 @@ def _(pieces: list[torch.Tensor], gelu: list[bool], fast: bool = False) -> tuple
     width = sum(p.shape[-1] for p in pieces)
     first = pieces[0]
     return first.new_empty([*lead, width], dtype=FP8), first.new_empty([*lead, 1], dtype=torch.float32)
+
+
+def _layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager arithmetic of `layer_norm(h) * a + b` (no affine; each op rounded to h's dtype), quantized as torchao does."""
+    x = F.layer_norm(h, (h.shape[-1],), eps=eps) * a + b
+    return _reference([x], [False])
+
+
+def _check_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    width = h.shape[-1]
+    for name, t in (("a", a), ("b", b)):
+        if h.dim() != 3 or t.dim() != 3 or t.shape[1] != 1 or t.shape[2] != width or t.shape[0] not in (1, h.shape[0]) \
+                or t.dtype != h.dtype:
+            raise HookError(f"hookkit::fp8_quantize_layer_norm_rows: expected h [batch, tokens, width] and {name} [batch or "
+                            f"1, 1, width] of h's dtype, got h {tuple(h.shape)} {h.dtype}, {name} {tuple(t.shape)} "
+                            f"{t.dtype}. Pass one modulation row per batch element.")
+
+
+@torch.library.custom_op("hookkit::fp8_quantize_layer_norm_rows", mutates_args=())
+def fp8_quantize_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`layer_norm(h) * a + b` (AdaLN modulation: a = 1 + scale, b = shift, one row per batch element) quantized per
+    row to e4m3 with torchao's scale: (data, scale). The CUDA kernel holds the row in registers and reads h once; its
+    mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it; on an H200 a
+    fifth of the row scales came out one or two bf16 steps from eager torchao's, BENCHMARKS.md run 19, which is why
+    the path is experimental). The CPU runs the eager arithmetic."""
+    _check_layer_norm(h, a, b)
+    if h.is_cuda and _has_triton() and h.dtype in _LOW and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
+        from hookkit.techniques.compile import fp8_rows_triton
+
+        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps)
+    return _layer_norm_reference(h, a, b, eps)
+
+
+@fp8_quantize_layer_norm_rows.register_fake
+def _(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_layer_norm(h, a, b)
+    return h.new_empty(h.shape, dtype=FP8), h.new_empty([*h.shape[:-1], 1], dtype=torch.float32)
 
 
 # --- the graph pass ----------------------------------------------------------------------------------------
@@ -234,29 +276,108 @@ def _pieces(x: torch.fx.Node) -> tuple[list[torch.fx.Node], list[bool]] | None:
     return pieces, [s is not None for s in sources]
 
 
+def layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | None:
+    """(h, a, b, eps) when X is torch's decomposition of `layer_norm(h) * a + b` (no affine, last dimension, h of a
+    low-precision dtype and static width; a and b one row per batch element: `[B or 1, 1, width]`), the AdaLN input
+    of Flux's and Qwen-Image's attention and feed-forward:
+    `add(mul(convert(mul(sub(hf, mean), rsqrt(add(var, eps))), dtype), a), b)`, `var, mean = var_mean(hf, [-1],
+    correction=0, keepdim=True)`, `hf = convert(h, f32)` (either operand order of the add and the muls)."""
+    terms = _pair(x, aten.add.Tensor)
+    val = _val(x)
+    if terms is None or val is None or val.dtype not in _LOW or val.dim() != 3:
+        return None
+    for product, b in (terms, terms[::-1]):
+        factors = _pair(product, aten.mul.Tensor)
+        for ln, a in ((factors, factors[::-1]) if factors else ()):
+            match = _layer_norm_source(ln)
+            if match is None or not all(_modulation_row(t, val) for t in (a, b)):
+                continue
+            h, eps = match
+            return h, a, b, eps
+    return None
+
+
+def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
+    """(h, eps) of `convert(mul(sub(hf, mean), rsqrt(add(var, eps))), h.dtype)` over the last dimension."""
+    if not _is(node, _CONVERT) or node.args[1] not in _LOW:
+        return None
+    factors = _pair(node.args[0], aten.mul.Tensor)
+    for centred, inverse in ((factors, factors[::-1]) if factors else ()):
+        diff = _pair(centred, aten.sub.Tensor)
+        if diff is None or not _is(inverse, aten.rsqrt.default):
+            continue
+        shifted = _pair(inverse.args[0], aten.add.Tensor)
+        if shifted is None or not isinstance(shifted[1], float) or shifted[1] <= 0:
+            continue
+        hf, mean = diff
+        var, eps = shifted
+        if not (_is(mean, operator.getitem) and _is(var, operator.getitem) and mean.args[0] is var.args[0]
+                and (mean.args[1], var.args[1]) == (1, 0)):
+            continue
+        stats = mean.args[0]
+        if not _is(stats, aten.var_mean.correction) or stats.args[0] is not hf or stats.kwargs != {"correction": 0, "keepdim": True}:
+            continue
+        if not (_is(hf, _CONVERT) and hf.args[1] == torch.float32):
+            continue
+        h = hf.args[0]
+        dims, h_val = stats.args[1], _val(h)
+        if h_val is None or h_val.dtype != node.args[1] or len(dims) != 1 or not _last_dim(dims[0], h_val.dim()):
+            continue
+        width = h_val.shape[-1]
+        if not isinstance(width, int) or width > LAYER_NORM_MAX_WIDTH:
+            continue
+        return h, eps
+    return None
+
+
+def _modulation_row(node: Any, x_val: torch.Tensor) -> bool:
+    """Whether `node` is a tensor of X's dtype holding one row per batch element: `[B or 1, 1, width]`."""
+    val = _val(node)
+    return (isinstance(val, torch.Tensor) and val.dtype == x_val.dtype and val.dim() == 3 and val.shape[1] == 1
+            and val.shape[2] == x_val.shape[2] and (val.shape[0] == 1 or val.shape[0] == x_val.shape[0]))
+
+
 class FusedFp8Rows(CountingPass):
     """Inductor post-grad pass: torchao per-row fp8 quantizations of GELU / concatenated GELU inputs become one
-    `hookkit::fp8_quantize_rows` call each; `rewritten` counts the sites replaced by this instance's compiles.
+    `hookkit::fp8_quantize_rows` call each; `rewritten` counts the sites replaced by this instance's compiles. With
+    `share`, Linears that quantize the same input first share one quantization (`shared` counts those dropped).
 
     Args:
         fast: the kernel's relaxed arithmetic (`Compile(fuse_fp8_rows="fast")`): tanh from exp, approximate division.
         devices: device types whose graphs are rewritten (default `DEVICES`: CUDA, where the Triton kernel runs).
+        layer_norm: also rewrite quantizations of `layer_norm(h) * a + b` (AdaLN modulation) to
+            `hookkit::fp8_quantize_layer_norm_rows` (its kernel sums mean and variance in another order than eager:
+            "fast" graphs only).
+        share: Linears that quantize the same input share one quantization (exact: the same computation).
         then: a post-grad pass that was already configured, run after this one (hookkit's compile options replace the
             process-wide `post_grad_custom_post_pass` for its own compiles, so it is chained, not dropped).
     """
 
     source = Path(__file__).read_bytes()  # part of the cache key (read once: inductor asks for it at every compile)
 
-    def __init__(self, fast: bool = False, devices: tuple[str, ...] | None = None,
-                 then: Callable[[torch.fx.Graph], None] | None = None) -> None:
+    def __init__(self, fast: bool = False, devices: tuple[str, ...] | None = None, layer_norm: bool = False,
+                 share: bool = False, then: Callable[[torch.fx.Graph], None] | None = None) -> None:
         super().__init__(then)
         self.fast = fast
         self.devices = DEVICES if devices is None else devices
+        self.layer_norm = layer_norm
+        self.share = share
+        #: per graph (compile order), how many quantizations were dropped for an identical earlier one
+        self.shared_per_graph: list[int] = []
+
+    @property
+    def shared(self) -> int:
+        """Quantizations dropped for an identical one of the same input, all graphs together."""
+        return sum(self.shared_per_graph)
 
     def settings(self) -> tuple[Any, ...]:
-        return (self.fast, self.devices)
+        return (self.fast, self.devices, self.layer_norm, self.share)
 
     def rewrite(self, graph: torch.fx.Graph) -> int:
+        shared = self._share(graph) if self.share else 0
+        self.shared_per_graph.append(shared)
+        if shared:
+            graph.eliminate_dead_code()
         found = 0
         for q in list(graph.nodes):
             match = _row_quantization(q)
@@ -266,26 +387,52 @@ class FusedFp8Rows(CountingPass):
             if _val(x).device.type not in self.devices:
                 continue
             pieces = _pieces(x)
-            if pieces is None:
+            if pieces is not None:
+                self._replace(graph, q, scale, torch.ops.hookkit.fp8_quantize_rows.default, (*pieces, self.fast))
+                found += 1
                 continue
-            self._replace(graph, q, scale, *pieces, self.fast)
-            found += 1
+            norm = layer_norm_modulation(x) if self.layer_norm else None
+            if norm is not None:
+                self._replace(graph, q, scale, torch.ops.hookkit.fp8_quantize_layer_norm_rows.default, norm)
+                found += 1
         return found
 
-    @staticmethod
-    def _replace(graph: torch.fx.Graph, q: torch.fx.Node, scale: torch.fx.Node, pieces: list[torch.fx.Node],
-                 gelu: list[bool], fast: bool) -> None:
-        import operator
+    def _share(self, graph: torch.fx.Graph) -> int:
+        """Linears that quantize the same input (Flux's and Qwen-Image's to_q, to_k and to_v of one normalized stream,
+        a single block's proj_mlp too) each get torchao's quantization of it; inductor fuses them into one kernel but
+        still writes one fp8 copy per Linear. The first quantization of an input serves every later one (the same
+        computation on the same tensor: bitwise the same data and scale)."""
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        first: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
+        shared = 0
+        for q in list(graph.nodes):
+            match = _row_quantization(q)
+            if match is None or _val(match[0]).device.type not in self.devices:
+                continue
+            x, scale = match
+            if x not in first:
+                first[x] = (q, scale)
+                continue
+            kept_q, kept_scale = first[x]
+            # FX order is execution order: the kept quantization (found first) precedes this one and its uses; a use
+            # of this scale placed before the kept scale is this quantization's own division, dead once q is replaced
+            q.replace_all_uses_with(kept_q)
+            scale.replace_all_uses_with(kept_scale, delete_user_cb=lambda user: order.get(user, -1) > order[kept_scale])
+            shared += 1
+        return shared
 
+    @staticmethod
+    def _replace(graph: torch.fx.Graph, q: torch.fx.Node, scale: torch.fx.Node, op: Any, args: tuple[Any, ...]) -> None:
+        """`op(*args)` (fp8 data, scale) takes the place of torchao's quantization `q` and its `scale`."""
         from torch._guards import detect_fake_mode
 
-        vals = [_val(p) for p in pieces]
         with graph.inserting_before(scale):  # before both outputs' first use: X and its inputs precede `scale`
-            fused = graph.call_function(torch.ops.hookkit.fp8_quantize_rows.default, (pieces, gelu, fast))
+            fused = graph.call_function(op, args)
             data = graph.call_function(operator.getitem, (fused, 0))
             new_scale = graph.call_function(operator.getitem, (fused, 1))
-        with detect_fake_mode(vals):
-            out = torch.ops.hookkit.fp8_quantize_rows.default(vals, gelu, fast)
+        vals = torch.utils._pytree.tree_map_only(torch.fx.Node, _val, args)
+        with detect_fake_mode(torch.utils._pytree.tree_leaves(vals)):
+            out = op(*vals)
         fused.meta["val"], data.meta["val"], new_scale.meta["val"] = out, out[0], out[1]
         q.replace_all_uses_with(data)
         scale.replace_all_uses_with(new_scale)

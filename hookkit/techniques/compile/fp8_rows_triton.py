@@ -143,3 +143,56 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
                 GELU_A=bool(gelu[0]), GELU_B=bool(two and gelu[1]), FAST=bool(fast),
                 num_warps=8 if lanes >= 8192 else 4 if lanes >= 2048 else 2)
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)
+
+
+# One program per row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in fp32
+# (two passes over the registers), the normalized row rounded to h's dtype, then the product and the sum each rounded
+# to it as eager rounds them; the amax, the scale `amax / 448` rounded to h's dtype, approximate division, clamp, e4m3.
+@triton.jit
+def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
+                                         stride_b, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    batch = row // tokens
+    cols = tl.arange(0, BLOCK)
+    mask = cols < width
+    x = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / width
+    centred = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(centred * centred, axis=0) / width
+    dtype = h_ptr.dtype.element_ty
+    normed = (centred * tl.rsqrt(var + eps)).to(dtype).to(tl.float32)
+    a = tl.load(a_ptr + batch * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + batch * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+    y = ((normed * a).to(dtype).to(tl.float32) + b).to(dtype).to(tl.float32)
+    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
+    scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(dtype).to(tl.float32)
+    q = tl.clamp(y / scale, -448.0, 448.0)
+    tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A `[B or 1, 1, width]` modulation tensor as `[B or 1, width]` rows with unit column stride, and its batch stride
+    (0 when one row serves every batch element)."""
+    rows = t[:, 0, :]
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return rows, rows.stride(0) if rows.shape[0] > 1 else 0
+
+
+def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes)."""
+    batch, tokens, width = h.shape
+    flat = _rows(h)
+    a_rows, stride_a = _batch_rows(a)
+    b_rows, stride_b = _batch_rows(b)
+    q = torch.empty((batch * tokens, width), device=h.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((batch * tokens, 1), device=h.device, dtype=torch.float32)
+    if batch * tokens:
+        block = triton.next_power_of_2(width)
+        with torch.cuda.device(h.device):
+            _fp8_quantize_layer_norm_rows_kernel[(batch * tokens,)](
+                flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
+                num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
+    return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)
