@@ -10,7 +10,9 @@ in one process:
   syncs) on, the call queued behind a sleep kernel long enough for the host to enqueue the rest first (no host
   sync in the loop assumed, and checked: the host's time must end inside the sleep), so the events around it
   time the GPU's work alone, gaps between kernels included; beside it the same span of a normal call, whose
-  excess is time the GPU waited for the host;
+  excess is time the GPU waited for the host. Under whole-transformer CUDA graphs the host cannot run ahead (a
+  graph launch returns only when the previous graph has nearly finished: BENCHMARKS.md, session 8), so there the
+  JSON says `gpu_only_valid: false` and the per-call GPU times of the normal call are the measure;
 - **kernels**: the sum of kernel times of one profiled call (torch.profiler), and their count.
 
 Per transformer call (a forward pre-hook on the transformer records a CUDA event and the host clock):
@@ -185,8 +187,11 @@ def markdown(row: dict[str, Any]) -> str:
     """One table row: the whole call, then the span from the sleep's call on split into GPU-only and waiting."""
     def ms(key: str, scale: float = 1.0) -> str:
         value = row.get(key)
+        if key in ("gpu_only_span_s", "waiting_for_host_ms") and not row.get("gpu_only_valid", False):
+            return "—"  # the host did not stay ahead of the sleep: no GPU-only time
         return "—" if value is None else f"{scale * value:.1f}"
-    return (f"| {row['model']} {row['height']}² | {row['config']} | {ms('wall_s', 1e3)} | {ms('wall_span_s', 1e3)} | "
+    size = "tiny" if row["height"] is None else f"{row['height']}²"
+    return (f"| {row['model']} {size} | {row['config']} | {ms('wall_s', 1e3)} | {ms('wall_span_s', 1e3)} | "
             f"{ms('gpu_only_span_s', 1e3)} | {ms('waiting_for_host_ms')} | {ms('kernel_ms')} | "
             f"{row.get('kernel_count', '—')} |")
 
@@ -225,7 +230,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = f"pipeline_split_{args.model}_{config.name.replace('+', '_')}"
     bench.write_json(out / f"{name}.json", row)
-    print("| model | config | wall ms | span ms | span GPU-only ms | GPU waits for host ms | kernels ms (whole call) | kernels |")
+    print("| model | config | wall ms | span ms | span GPU-only ms | GPU waits for host ms | kernels ms (whole call) "
+          "| kernels |")
     print("|---|---|---|---|---|---|---|---|")
     print(markdown(row))
     return 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -42,3 +45,15 @@ def _silent_library() -> Iterator[None]:
 
     yield
     hookkit.set_verbosity(None)
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """Import one of `benchmarks/*.py` (not a package) by file name, to test its functions in process."""
+    def load(name: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load

@@ -420,33 +420,33 @@ def test_cache_dit_without_fp8_passes_no_quantize_config(monkeypatch: pytest.Mon
     assert "quantize_config" not in fake.calls[0][1]
 
 
-def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quantized(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def row_specs(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[hookkit.Spec]:
+    """The hookkit specs the named rows enable (hookkit.enable recorded, nothing run)."""
     specs: list[hookkit.Spec] = []
     monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
-    for name in ("hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs"):
+    for name in names:
         bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
-    fastest, modulation = specs
+    return specs
+
+
+def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quantized(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fastest, modulation = row_specs(
+        monkeypatch, "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs")
     assert modulation.quantize == attrs.evolve(fastest.quantize, include_modulation=True)
     assert (modulation.cache, modulation.compile, modulation.memo) == (fastest.cache, fastest.compile, fastest.memo)
 
 
 def test_the_autotune_row_is_the_modulation_row_with_autotuned_regions(monkeypatch: pytest.MonkeyPatch) -> None:
-    specs: list[hookkit.Spec] = []
-    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
-    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs+autotune"):
-        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
-    modulation, autotune = specs
+    modulation, autotune = row_specs(
+        monkeypatch, "hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cache-fast+cuda-graphs+autotune")
     assert autotune == attrs.evolve(modulation, compile=attrs.evolve(modulation.compile,
                                                                      mode="max-autotune-no-cudagraphs"))
 
 
 def test_the_uncached_row_is_the_modulation_row_without_its_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    specs: list[hookkit.Spec] = []
-    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
-    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cuda-graphs"):
-        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
-    modulation, uncached = specs
+    modulation, uncached = row_specs(
+        monkeypatch, "hookkit-fp8-mod+cache-fast+cuda-graphs", "hookkit-fp8-mod+cuda-graphs")
     assert uncached == attrs.evolve(modulation, cache=None)
 
 
@@ -456,11 +456,8 @@ def test_the_uncached_row_is_the_modulation_row_without_its_cache(monkeypatch: p
 ])
 def test_a_variant_row_is_the_modulation_row_with_one_compile_setting_changed(
         suffix: str, change: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    specs: list[hookkit.Spec] = []
-    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: specs.append(spec))
-    for name in ("hookkit-fp8-mod+cache-fast+cuda-graphs", f"hookkit-fp8-mod+cache-fast+cuda-graphs+{suffix}"):
-        bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
-    modulation, variant = specs
+    modulation, variant = row_specs(
+        monkeypatch, "hookkit-fp8-mod+cache-fast+cuda-graphs", f"hookkit-fp8-mod+cache-fast+cuda-graphs+{suffix}")
     assert variant == attrs.evolve(modulation, compile=attrs.evolve(modulation.compile, **change))
 
 

@@ -8,6 +8,9 @@ exact rational arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -351,14 +354,14 @@ def test_fuse_fp8_rows_off_compiles_without_the_pass(fp8_on_cpu: None, monkeypat
         handle.remove()
 
 
-@pytest.mark.slow
-def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_outputs(
-        fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def tiny_flux_compile_data(fuse: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The compile summary data of a tiny fp8 Flux with `fuse`, after one call whose graphs are all compiled anew
+    and rewritten on the CPU."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
     torch._dynamo.reset()
-    pipe, handle = quantized_compiled_pipeline("exact", monkeypatch)
+    pipe, handle = quantized_compiled_pipeline(fuse, monkeypatch)
     try:
         kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
                   for k, v in zoo.call_kwargs("flux", steps=2).items()}
@@ -366,59 +369,45 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
         # setting deletes it from the config module, and every later compile in the process fails
         with inductor_config.patch(fx_graph_cache=False):
             pipe(**kwargs)
-        # one double-block graph (img and context feed-forwards: 2 sites), one single-block graph (proj_out: 1)
-        data = handle.summary().features["compile"].data
-        per_graph = data["fp8_rows_per_graph"]
-        # the double blocks run first: their graph fuses the image and context feed-forward outputs (2 sites); every
-        # single-block graph (dynamo compiles one a second time for its guards) fuses its proj_out input (1 site)
-        assert per_graph[0] == 2 and set(per_graph[1:]) == {1}
-        assert data["fp8_rows_fused"] == sum(per_graph)
+        return handle.summary().features["compile"].data
     finally:
         handle.remove()
 
 
 @pytest.mark.slow
+def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_outputs(
+        fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tiny_flux_compile_data("exact", monkeypatch)
+    per_graph = data["fp8_rows_per_graph"]
+    # the double blocks run first: their graph fuses the image and context feed-forward outputs (2 sites); every
+    # single-block graph (dynamo compiles one a second time for its guards) fuses its proj_out input (1 site)
+    assert per_graph[0] == 2 and set(per_graph[1:]) == {1}
+    assert data["fp8_rows_fused"] == sum(per_graph)
+
+
+@pytest.mark.slow
 def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
         fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch._inductor.config as inductor_config
-
     from hookkit.techniques.compile import hooks as compile_hooks
 
-    monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
     monkeypatch.setattr(compile_hooks, "ADALN_ROWS", True)
-    torch._dynamo.reset()
-    pipe, handle = quantized_compiled_pipeline("fast", monkeypatch)
-    try:
-        kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                  for k, v in zoo.call_kwargs("flux", steps=2).items()}
-        with inductor_config.patch(fx_graph_cache=False):
-            pipe(**kwargs)
-        data = handle.summary().features["compile"].data
-        per_graph = data["fp8_rows_per_graph"]
-        # a double block: 2 feed-forward outputs + 4 AdaLN inputs (norm1 and norm2 of both streams); a single block:
-        # proj_out + its one AdaLN input
-        assert per_graph[0] == 6 and set(per_graph[1:]) == {2}
-        # to_k and to_v share to_q's quantization in both streams of a double block (4 dropped); a single block's
-        # to_k, to_v and proj_mlp share its to_q's (3 dropped)
-        assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
-    finally:
-        handle.remove()
+    data = tiny_flux_compile_data("fast", monkeypatch)
+    per_graph = data["fp8_rows_per_graph"]
+    # a double block: 2 feed-forward outputs + 4 AdaLN inputs (norm1 and norm2 of both streams); a single block:
+    # proj_out + its one AdaLN input
+    assert per_graph[0] == 6 and set(per_graph[1:]) == {2}
+    # to_k and to_v share to_q's quantization in both streams of a double block (4 dropped); a single block's
+    # to_k, to_v and proj_mlp share its to_q's (3 dropped)
+    assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
 
 
 # --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def markstein() -> object:
+def markstein(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
     """benchmarks/markstein_check.py: the kernel's reciprocal-plus-two-FMA division modelled in exact rationals."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "markstein_check.py"
-    spec = importlib.util.spec_from_file_location("markstein_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("markstein_check")
 
 
 def test_the_exact_kernels_division_is_the_correctly_rounded_quotient_of_sampled_row_values(markstein: object) -> None:

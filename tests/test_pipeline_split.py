@@ -3,8 +3,7 @@ host columns run on the CPU)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -14,12 +13,8 @@ from hookkit.tools import bench
 
 
 @pytest.fixture(scope="module")
-def split() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline_split.py"
-    spec = importlib.util.spec_from_file_location("pipeline_split", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def split(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_script("pipeline_split")
 
 
 def test_host_intervals_run_from_each_call_to_the_next_and_the_last_to_the_end(split: ModuleType) -> None:

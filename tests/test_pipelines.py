@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -372,16 +372,11 @@ def test_full_structure_flux_controlnet_cached_step_adds_the_current_residuals_o
     assert_cached_step_adds_the_current_residuals_once(pipe, kw)
 
 
-def test_benchmark_controlnet_part_runs_on_the_full_structure_on_the_cpu() -> None:
+def test_benchmark_controlnet_part_runs_on_the_full_structure_on_the_cpu(benchmark_script: Callable[[str], Any]) -> None:
     # benchmarks/pipelines.py --cpu-smoke --parts controlnet, in process: the GPU's code path at tiny widths
     import argparse
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipelines.py"
-    spec = importlib.util.spec_from_file_location("bench_pipelines", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_script("pipelines")
     opts = argparse.Namespace(cpu_smoke=True, quick=False, steps=4, runs=1, backend="eager")
     [record] = bench.part_controlnet(opts, torch.device("cpu"))
     assert record["cached_steps"] == {"transformer": {0: [1]}}

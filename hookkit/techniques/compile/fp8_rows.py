@@ -315,7 +315,8 @@ def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
                 and (mean.args[1], var.args[1]) == (1, 0)):
             continue
         stats = mean.args[0]
-        if not _is(stats, aten.var_mean.correction) or stats.args[0] is not hf or stats.kwargs != {"correction": 0, "keepdim": True}:
+        if (not _is(stats, aten.var_mean.correction) or stats.args[0] is not hf
+                or stats.kwargs != {"correction": 0, "keepdim": True}):
             continue
         if not (_is(hf, _CONVERT) and hf.args[1] == torch.float32):
             continue
