@@ -8,7 +8,12 @@ exact rational arithmetic.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -401,6 +406,41 @@ def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
     assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
 
 
+# --- CPU: the AdaLN kernel's arithmetic in Triton's interpreter ------------------------------------------------
+
+INTERPRETED_ADALN = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined: they run on the CPU, in numpy
+import torch
+from hookkit.techniques.compile import fp8_rows, fp8_rows_triton as kernels
+
+g = torch.Generator().manual_seed(0)
+h = (torch.randn(2, 24, 2 * 3072, generator=g) * 4 + 1).to(torch.bfloat16)[..., ::2]  # strided columns
+chunks = torch.randn(2, 6 * 3072, generator=g).to(torch.bfloat16)  # a modulation Linear's output, two batch rows
+a, b = 1 + chunks[:, None, 3072:6144], chunks[:, None, :3072]
+flat = kernels._rows(h)
+(a_rows, stride_a), (b_rows, stride_b) = kernels._batch_rows(a), kernels._batch_rows(b)
+q = torch.empty(48, 3072, dtype=torch.float8_e4m3fn)
+s = torch.empty(48, 1)
+kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 3072, 24, flat.stride(0), stride_a,
+                                                    stride_b, 1e-6, BLOCK=4096)
+_, ref = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
+print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
+def test_the_adaln_kernels_row_scales_are_eager_torchaos_in_tritons_interpreter(tmp_path: Path) -> None:
+    # the kernel's mean, variance, bf16 roundings (integer arithmetic, which the interpreter runs exactly), per-batch
+    # modulation rows and strides, on the CPU; its fp8 codes need a GPU (the interpreter's e4m3 cast is not the GPU's)
+    script = tmp_path / "adaln.py"
+    script.write_text(INTERPRETED_ADALN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows": 48, "scales_equal": 48}
+
+
 # --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------
 
 
@@ -514,14 +554,16 @@ def test_gpu_a_compiled_fp8_flux_fuses_and_matches_the_unfused_compile() -> None
 
 
 def assert_close_to_the_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """The kernel sums mean and variance in another order than eager CUDA's layer_norm. Run 20 (H200) measured the
-    scales of about a fifth of the rows one or two bf16 steps from eager's (at most 1.4 %; why so many is not yet
-    explained: the ADALN_ROWS path stays off); the bound here is that measurement's, the codes' is one fp8 step."""
+    """The kernel sums mean and variance in another order than eager CUDA's layer_norm, which moves a normalized value
+    to the neighbouring bf16 now and then, and the row's scale only where that value is the row's largest (on the CPU
+    an fp32 difference of 1e-7 moves 0.02 % of Flux-sized rows). Run 20 measured a fifth of the rows moved (at most
+    1.36 %): one missing intermediate rounding reproduces that on the CPU (19.5 %, 1.36 %); the kernel rounds in
+    integer arithmetic since, and this bound is what it should meet (not yet run on a GPU)."""
     data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)
     ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
     relative = ((scale - ref_scale).abs() / ref_scale).max().item()
     moved = (scale != ref_scale).float().mean().item()
-    assert relative <= 2**-5, f"scales: largest relative difference {relative}, {moved:.1%} of rows moved"
+    assert relative <= 2**-5 and moved < 0.01, f"scales: largest relative difference {relative}, {moved:.1%} of rows moved"
     dequantized, ref_dequantized = data.float() * scale, ref_data.float() * ref_scale
     # one fp8 step (e4m3: a relative step of at most 2^-3) on top of the scale's, or a subnormal step of the scale
     error = (dequantized - ref_dequantized).abs() - ref_dequantized.abs() * 2**-2 - ref_scale * 2**-6

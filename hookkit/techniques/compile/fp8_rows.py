@@ -136,11 +136,11 @@ def fp8_quantize_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tens
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """`layer_norm(h) * a + b` (AdaLN modulation: a = 1 + scale, b = shift, one row per batch element) quantized per
     row to e4m3 with torchao's scale: (data, scale). The CUDA kernel holds the row in registers and reads h once; its
-    mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it; on an H200 a
-    fifth of the row scales came out one or two bf16 steps from eager torchao's, BENCHMARKS.md run 19, which is why
-    the path is experimental). The CPU runs the eager arithmetic."""
+    mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it; in run 19 a
+    fifth of its row scales came out one or two bf16 steps from eager torchao's, BENCHMARKS.md, since addressed and
+    not yet re-measured: the path is experimental). The CPU runs the eager arithmetic."""
     _check_layer_norm(h, a, b)
-    if h.is_cuda and _has_triton() and h.dtype in _LOW and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
+    if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
         from hookkit.techniques.compile import fp8_rows_triton
 
         return fp8_rows_triton.quantize_layer_norm(h, a, b, eps)
@@ -277,14 +277,14 @@ def _pieces(x: torch.fx.Node) -> tuple[list[torch.fx.Node], list[bool]] | None:
 
 
 def layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | None:
-    """(h, a, b, eps) when X is torch's decomposition of `layer_norm(h) * a + b` (no affine, last dimension, h of a
-    low-precision dtype and static width; a and b one row per batch element: `[B or 1, 1, width]`), the AdaLN input
+    """(h, a, b, eps) when X is torch's decomposition of `layer_norm(h) * a + b` (no affine, last dimension, h bf16
+    of static width; a and b one row per batch element: `[B or 1, 1, width]`), the AdaLN input
     of Flux's and Qwen-Image's attention and feed-forward:
     `add(mul(convert(mul(sub(hf, mean), rsqrt(add(var, eps))), dtype), a), b)`, `var, mean = var_mean(hf, [-1],
     correction=0, keepdim=True)`, `hf = convert(h, f32)` (either operand order of the add and the muls)."""
     terms = _pair(x, aten.add.Tensor)
     val = _val(x)
-    if terms is None or val is None or val.dtype not in _LOW or val.dim() != 3:
+    if terms is None or val is None or val.dtype != torch.bfloat16 or val.dim() != 3:  # the kernel rounds to bf16
         return None
     for product, b in (terms, terms[::-1]):
         factors = _pair(product, aten.mul.Tensor)

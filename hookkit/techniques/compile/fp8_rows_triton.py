@@ -145,9 +145,19 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)
 
 
-# One program per row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in fp32
-# (two passes over the registers), the normalized row rounded to h's dtype, then the product and the sum each rounded
-# to it as eager rounds them; the amax, the scale `amax / 448` rounded to h's dtype, approximate division, clamp, e4m3.
+# fp32 -> the nearest bf16 (ties to even), returned as fp32, in integer arithmetic: the AdaLN kernel rounds as eager
+# does between its operations, and a `.to(bf16).to(fp32)` round trip there measured as if one rounding were missing
+# (run 19: a fifth of the row scales moved; BENCHMARKS.md); integer operations leave a compiler nothing to fold.
+@triton.jit
+def _round_bf16(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # NaN stays NaN
+
+
+# One program per bf16 row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in
+# fp32 (two passes over the registers), the normalized row, the product and the sum each rounded to bf16 as eager
+# rounds them; the amax, the scale `amax / 448` rounded to bf16, approximate division, clamp, e4m3.
 @triton.jit
 def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
                                          stride_b, eps, BLOCK: tl.constexpr):
@@ -159,13 +169,12 @@ def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, widt
     mean = tl.sum(x, axis=0) / width
     centred = tl.where(mask, x - mean, 0.0)
     var = tl.sum(centred * centred, axis=0) / width
-    dtype = h_ptr.dtype.element_ty
-    normed = (centred * tl.rsqrt(var + eps)).to(dtype).to(tl.float32)
+    normed = _round_bf16(centred * tl.rsqrt(var + eps))
     a = tl.load(a_ptr + batch * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + batch * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    y = ((normed * a).to(dtype).to(tl.float32) + b).to(dtype).to(tl.float32)
+    y = _round_bf16(_round_bf16(normed * a) + b)
     amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
-    scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(dtype).to(tl.float32)
+    scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0))
     q = tl.clamp(y / scale, -448.0, 448.0)
     tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + row, scale)

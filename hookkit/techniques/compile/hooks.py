@@ -830,8 +830,9 @@ def new_fp8_rows_pass(fast: bool = False) -> Any:
 #: Experimental, off: with `fuse_fp8_rows="fast"`, Linears that quantize the same input share one quantization and
 #: AdaLN inputs (`layer_norm(h) * (1 + scale) + shift`) are quantized in one pass by hookkit's kernel. Measured on an
 #: H200 (BENCHMARKS.md, run 19): 1.8 ms less kernel time per fp8 Flux-dev step at 1024², 0.9 ms per Qwen-Image step;
-#: its scales differ from eager torchao's on about a fifth of the rows (at most 1.4 %), not yet explained, and its
-#: quality on the trained model is not measured: off until both are. Benchmarks turn it on to measure it.
+#: there its scales differed from eager torchao's on a fifth of the rows (at most 1.4 %), as if one bf16 rounding were
+#: missing; the kernel now rounds in integer arithmetic (exact in Triton's CPU interpreter), not yet re-run on a GPU,
+#: and its quality on the trained model is not measured: off until both are. Benchmarks turn it on to measure it.
 ADALN_ROWS = False
 
 
