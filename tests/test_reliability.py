@@ -37,6 +37,40 @@ def test_watch_sees_no_change_in_an_untouched_model() -> None:
     assert watch.check(transformer) is None
 
 
+class CountingMode(torch.overrides.TorchFunctionMode):
+    """A torch-function mode like memo's (active around a whole transformer call), counting what passes through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 (torch's signature)
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_watch_and_the_graph_key_read_past_an_active_torch_function_mode() -> None:
+    # Qwen-Image's graph-served call: 8.6-12.3 ms of host with every watched address and version dispatched through
+    # memo's mode, 3.2-3.6 ms without (CPU, benchmarks/graph_host_cost.py; BENCHMARKS.md session 8)
+    from hookkit.techniques.compile.hooks import signature
+
+    transformer, inputs = zoo.tiny_transformer("flux"), torch.zeros(2, 3)
+    watch, mode = ModelWatch(), CountingMode()
+    with mode:
+        watch.arm(transformer)
+        unchanged = watch.check(transformer)
+        signature((inputs,), {"scale": 1.0})
+    assert (unchanged, mode.calls) == (None, 0)
+
+
+def test_the_watch_sees_a_change_made_under_an_active_torch_function_mode() -> None:
+    transformer, watch = _armed()
+    with CountingMode():
+        with torch.no_grad():
+            transformer.proj_out.weight.add_(1)
+        assert watch.check(transformer) == "proj_out: parameters and buffers changed since capture"
+
+
 def test_watch_sees_a_dtype_change() -> None:
     transformer, watch = _armed()
     transformer.to(torch.float64)

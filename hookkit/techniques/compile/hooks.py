@@ -77,6 +77,11 @@ class StepMarkHook(ModelHook):
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     """What must match for a captured graph to be replayed: tensor metadata and every non-tensor value."""
+    with torch._C.DisableTorchFunction():  # metadata reads: no torch-function mode (memo's) sees them
+        return _signature(args, kwargs)
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     key: list[Hashable] = [str(spec)]
     for leaf in leaves:
@@ -256,6 +261,10 @@ class ModelWatch:
 
     def arm(self, module: torch.nn.Module) -> None:
         """Record the current state of `module` (right before a capture)."""
+        with torch._C.DisableTorchFunction():
+            self._arm(module)
+
+    def _arm(self, module: torch.nn.Module) -> None:
         named = list(module.named_modules(remove_duplicate=False))
         self._module = module
         self._paths = tuple(path or "<transformer>" for path, _ in named)
@@ -277,9 +286,12 @@ class ModelWatch:
         """None while nothing watched changed since `arm`; else what changed (and the watch must be re-armed)."""
         if self._state is None or module is not self._module:
             return "first call" if self._state is None else "another module"
-        if self._read() == self._state:
-            return None
-        return self._describe()
+        # its thousands of metadata reads (addresses, versions) bypass torch-function handling: under an active mode
+        # (memo's, around the whole call) each read would be dispatched through it (BENCHMARKS.md, session 8)
+        with torch._C.DisableTorchFunction():
+            if self._read() == self._state:
+                return None
+            return self._describe()
 
     def _read(self) -> tuple[Any, ...]:
         g = torch.nn.modules.module
