@@ -3,7 +3,9 @@
 One transformer call = one denoising step without caching. This script captures the inputs of a real pipeline
 call, then, for each variant (an attention backend set with diffusers' `transformer.set_attention_backend`, and
 optionally the AdaLN modulation Linears in fp8 too), enables hookkit on the bare transformer
-(`Quantize("fp8_row")` + `Compile(cuda_graphs="transformer")`), times the step (CUDA events, median) and
+(`Quantize("fp8_row")` + `Compile(cuda_graphs="transformer")`), times the step (calls back to back, CUDA events
+between them, median: a pipeline's step; since session 8, before which each call was synchronized, now
+`synced_step_ms`) and
 profiles it with `torch.profiler`: device kernel time grouped as GEMMs / attention / activation quantization /
 norms+modulation / RoPE / other, against the 87 ms floor (DESIGN.md: 64 ms of fp8 GEMMs at 1140-1300 TFLOP/s
 + 23 ms of cuDNN attention at 652 TFLOP/s on an H200). A backend that is not installed is a "failed" row with
@@ -76,11 +78,27 @@ def capture_inputs(pipe: Any, opts: bench.ModelOptions) -> dict[str, Any]:
 
 
 def step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, device: torch.device) -> list[float]:
-    out = []
-    for _ in range(runs):
-        seconds, _ = bench.timed(lambda: transformer(**inputs), device)
-        out.append(seconds * 1e3)
-    return out
+    """Per call, as a pipeline's steps run: `runs` calls back to back, the GPU's time from each call's start to the
+    next one's (CUDA events; the host launches ahead as far as a graph launch lets it), so host work that a pipeline
+    overlaps is not counted twice. The first call starts from an idle GPU and includes the host's work before its
+    launch (the median leaves it out). On the CPU: the wall time of each call."""
+    if device.type != "cuda":
+        return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
+    bench.synchronize(device)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(runs + 1)]
+    for event in events[:-1]:
+        event.record()
+        transformer(**inputs)
+    events[-1].record()
+    events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
+def synced_step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, device: torch.device
+                   ) -> list[float]:
+    """Each call synchronized before and after (the measure of runs 1-19): the host's work before the graph launch
+    adds to the GPU's, which a pipeline overlaps; its "step" moved by up to 9 ms against the kernels (session 8)."""
+    return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
 
 
 def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, device: torch.device) -> dict[str, Any]:
@@ -180,6 +198,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
             torch.cuda.reset_peak_memory_stats(device)
         times = step_ms(transformer, inputs, args.runs, device)
         row.update(step_ms=statistics.median(times), step_ms_all=times)
+        synced = synced_step_ms(transformer, inputs, args.runs, device)
+        row.update(synced_step_ms=statistics.median(synced), synced_step_ms_all=synced)
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
         compiled = handle.summary().features.get("compile")
         row["fp8_rows_fused"] = compiled.data.get("fp8_rows_fused") if compiled is not None else None
