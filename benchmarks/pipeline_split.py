@@ -101,6 +101,8 @@ def kernel_profile(call: Any) -> dict[str, Any]:
 
 def measure(config: bench.BenchConfig, opts: bench.ModelOptions, runs: int, warmup: int,
             sleep_ms: float, sleep_at: int) -> dict[str, Any]:
+    """One configuration's row: a fresh pipeline set up as `hookkit bench-one` sets it up, warmed up, then `runs`
+    timed calls with the per-call clock, the GPU-only calls and one profiled call (CUDA), the hookkit summary."""
     device = bench.resolve_device(opts.device)
     cuda = device.type == "cuda"
     row: dict[str, Any] = dict(config=config.name, model=opts.name, height=opts.height, steps=opts.num_steps())
@@ -142,6 +144,8 @@ def measure(config: bench.BenchConfig, opts: bench.ModelOptions, runs: int, warm
             row.update(gpu_only(call, clock, runs, sleep_ms, sleep_at))
             row["wall_span_s"] = sum(row["gpu_per_call_ms"][sleep_at:]) / 1e3  # the same span, normal call
             row["waiting_for_host_ms"] = 1e3 * (row["wall_span_s"] - row["gpu_only_span_s"])
+            # from the call's start until the GPU reached the first transformer call (medians of runs: approximate)
+            row["prologue_ms"] = 1e3 * row["wall_s"] - sum(row["gpu_per_call_ms"])
             row.update(kernel_profile(call))
     finally:
         hook.remove()
