@@ -83,7 +83,7 @@ def step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, dev
     overlaps is not counted twice. The first call starts from an idle GPU and includes the host's work before its
     launch (the median leaves it out). On the CPU: the wall time of each call."""
     if device.type != "cuda":
-        return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
+        return synced_step_ms(transformer, inputs, runs, device)
     bench.synchronize(device)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(runs + 1)]
     for event in events[:-1]:

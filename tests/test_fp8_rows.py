@@ -64,18 +64,6 @@ class NormIn(torch.nn.Module):
         return self.proj(F.layer_norm(h, (32,)))
 
 
-class NormQKV(torch.nn.Module):
-    """An attention's query, key and value projections of one normalized, modulated stream (Flux, Qwen-Image)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.to_q, self.to_k, self.to_v = (torch.nn.Linear(32, 32) for _ in range(3))
-
-    def forward(self, h: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(h, (32,)) * 1.5 + shift
-        return torch.cat([self.to_q(x), self.to_k(x), self.to_v(x)], dim=-1)
-
-
 class AdaNormQKV(torch.nn.Module):
     """Flux's and Qwen-Image's AdaLN input: `layer_norm(h) * (1 + scale) + shift`, one modulation row per batch
     element (given: a quantized modulation Linear compiled would round its own scale unlike eager), quantized once
@@ -194,14 +182,20 @@ def row_quantizations(graph: torch.fx.Graph) -> int:
     return sum(fp8_rows._row_quantization(node) is not None for node in graph.nodes)
 
 
+def adaln_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [2, 8, 32] and a shift and scale row per batch element."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 8, 32, generator=g).to(torch.bfloat16)
+    return h, *(torch.randn(2, 32, generator=g).to(torch.bfloat16) for _ in range(2))
+
+
 def test_linears_quantizing_the_same_input_share_one_quantization_and_give_the_same_output(fp8_on_cpu: None) -> None:
     counted: list[int] = []
-    module = quantized(NormQKV())
+    module = quantized(AdaNormQKV())
     rows = FusedFp8Rows(devices=("cpu",), share=True, then=lambda graph: counted.append(row_quantizations(graph)))
-    h, shift = inputs(32, 32)
     with torch.no_grad():
-        unshared = compiled(module, FusedFp8Rows(devices=()))(h, shift)
-        shared = compiled(module, rows)(h, shift)
+        unshared = compiled(module, FusedFp8Rows(devices=()))(*adaln_inputs())
+        shared = compiled(module, rows)(*adaln_inputs())
     # to_q quantizes x; to_k and to_v use its fp8 data and scale: one quantization left in the graph
     assert (rows.shared_per_graph, counted, rows.rewritten) == ([2], [1], 0)
     assert torch.equal(shared, unshared)
@@ -231,13 +225,6 @@ def test_the_layer_norm_op_refuses_a_modulation_that_is_not_one_row_per_batch_el
     h = torch.zeros(2, 5, 48, dtype=torch.bfloat16)
     with pytest.raises(hookkit.errors.HookError, match=r"a \[batch or 1, 1, width\].*got h \(2, 5, 48\).*a \(2, 5, 48\)"):
         fp8_rows.fp8_quantize_layer_norm_rows(h, h, h[:, :1], 1e-6)
-
-
-def adaln_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [2, 8, 32] and a shift and scale row per batch element."""
-    g = torch.Generator().manual_seed(4)
-    h = torch.randn(2, 8, 32, generator=g).to(torch.bfloat16)
-    return h, *(torch.randn(2, 32, generator=g).to(torch.bfloat16) for _ in range(2))
 
 
 def test_an_adaln_input_is_quantized_in_one_op_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:

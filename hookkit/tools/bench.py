@@ -561,11 +561,12 @@ def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: 
                            real_rope=real_rope)
 
 
-def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", real_rope: bool = True
-                         ) -> Callable[[], Any]:
+def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", real_rope: bool = True,
+                         cached: bool = True) -> Callable[[], Any]:
     """The spec of the fastest row (static 'fast' DBCache, fp8 incl. modulation, transformer graphs) and its
-    variants: a compile mode, another `fuse_fp8_rows`, complex RoPE left to inductor."""
-    return lambda: hookkit.Spec(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
+    variants: a compile mode, another `fuse_fp8_rows`, complex RoPE left to inductor, no cache."""
+    return lambda: hookkit.Spec(cache=_cache_fast() if cached else None,
+                                quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
                                 compile=_compile(mode, cuda_graphs="transformer", fuse_fp8_rows=fuse_fp8_rows,
                                                  real_rope=real_rope),
                                 memo=True)
@@ -645,9 +646,7 @@ def _configs() -> dict[str, BenchConfig]:
                                              memo=True)),
                     fields=frozenset({"cache", "compile", "memo"}), needs_cuda=True,
                     description="static 'fast' DBCache + one CUDA graph per call and decision"),
-        BenchConfig(name="hookkit-fp8-mod+cuda-graphs", kind="hookkit",
-                    setup=_hookkit(lambda: hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
-                                                        compile=_compile(cuda_graphs="transformer"), memo=True)),
+        BenchConfig(name="hookkit-fp8-mod+cuda-graphs", kind="hookkit", setup=_hookkit(_fp8_mod_fast_graphs(cached=False)),
                     fields=frozenset({"quantize", "compile", "memo"}), needs_cuda=True,
                     description="the fastest row's fp8 (modulation included) and transformer graphs, uncached: "
                                 "every step computed (the uncached step is its time / steps)"),
