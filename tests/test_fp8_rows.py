@@ -127,6 +127,40 @@ def test_a_concatenation_with_a_gelu_is_rewritten_and_gives_the_eager_output_bit
     assert rows.rewritten == 1
 
 
+class AttentionOut(torch.nn.Module):
+    """A joint attention's output projections (Flux's double block, Qwen-Image): heads merged, split into the text and
+    image tokens, each stream through its own Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_add_out, self.to_out = torch.nn.Linear(64, 32), torch.nn.Linear(64, 32)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2).flatten(2, 3)
+        text, image = out.split_with_sizes([3, out.shape[1] - 3], dim=1)
+        return self.to_add_out(text.contiguous()), self.to_out(image.contiguous())
+
+
+def test_an_attention_outputs_quantizations_are_rewritten_and_give_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    # the attention writes its output anyway: quantizing it in one pass saves inductor's second read
+    module, rows = quantized(AttentionOut()), FusedFp8Rows(devices=("cpu",))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 11, 4, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        out, expected = compiled(module, rows)(q, k, v), module(q, k, v)
+    assert rows.rewritten == 2
+    assert all(torch.equal(a, b) for a, b in zip(out, expected, strict=True))
+
+
+def test_a_plain_input_is_left_to_inductor(fp8_on_cpu: None) -> None:
+    # inductor fuses a plain producer into the quantization; the op would need the tensor written out first
+    module, rows = quantized(torch.nn.Linear(128, 32)), FusedFp8Rows(devices=("cpu",))
+    (h,) = inputs(128)
+    with torch.no_grad():
+        compiled(module, rows)(h * 2)
+    assert rows.per_graph == [0]
+
+
 def test_a_gelu_input_is_rewritten_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
     module, rows = quantized(FeedForwardOut()), FusedFp8Rows(devices=("cpu",))
     (h,) = inputs(128)
@@ -252,7 +286,7 @@ def test_a_layer_norm_wider_than_the_kernel_holds_is_left_to_inductor(fp8_on_cpu
     assert rows.rewritten == 0
 
 
-def test_the_adaln_path_is_off_by_default_and_fuses_layer_norms_in_fast_graphs_only(
+def test_the_adaln_path_is_on_by_default_and_fuses_layer_norms_in_fast_graphs_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.techniques.compile import hooks as compile_hooks
 
@@ -260,9 +294,9 @@ def test_the_adaln_path_is_off_by_default_and_fuses_layer_norms_in_fast_graphs_o
         rows = compile_hooks.new_fp8_rows_pass(fast=fast)
         return rows.layer_norm, rows.share
 
-    assert (flags(True), flags(False)) == ((False, False), (False, False))
-    monkeypatch.setattr(compile_hooks, "ADALN_ROWS", True)
     assert (flags(True), flags(False)) == ((True, True), (False, True))
+    monkeypatch.setattr(compile_hooks, "ADALN_ROWS", False)  # the switch benchmarks turn it off with
+    assert (flags(True), flags(False)) == ((False, False), (False, False))
 
 
 def test_only_cuda_graphs_are_rewritten_by_default(fp8_on_cpu: None) -> None:
@@ -371,9 +405,9 @@ def test_a_tiny_flux_compiled_with_fp8_fuses_its_feed_forwards_and_single_block_
         fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tiny_flux_compile_data("exact", monkeypatch)
     per_graph = data["fp8_rows_per_graph"]
-    # the double blocks run first: their graph fuses the image and context feed-forward outputs (2 sites); every
-    # single-block graph (dynamo compiles one a second time for its guards) fuses its proj_out input (1 site)
-    assert per_graph[0] == 2 and set(per_graph[1:]) == {1}
+    # the double blocks run first: their graph fuses the image and context feed-forward outputs and attention outputs
+    # (4 sites); every single-block graph (dynamo compiles one a second time for its guards) fuses its proj_out input
+    assert per_graph[0] == 4 and set(per_graph[1:]) == {1}
     assert data["fp8_rows_fused"] == sum(per_graph)
 
 
@@ -385,9 +419,9 @@ def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
     monkeypatch.setattr(compile_hooks, "ADALN_ROWS", True)
     data = tiny_flux_compile_data("fast", monkeypatch)
     per_graph = data["fp8_rows_per_graph"]
-    # a double block: 2 feed-forward outputs + 4 AdaLN inputs (norm1 and norm2 of both streams); a single block:
-    # proj_out + its one AdaLN input
-    assert per_graph[0] == 6 and set(per_graph[1:]) == {2}
+    # a double block: 2 feed-forward outputs + 2 attention outputs + 4 AdaLN inputs (norm1 and norm2 of both streams);
+    # a single block: proj_out + its one AdaLN input
+    assert per_graph[0] == 8 and set(per_graph[1:]) == {2}
     # to_k and to_v share to_q's quantization in both streams of a double block (4 dropped); a single block's
     # to_k, to_v and proj_mlp share its to_q's (3 dropped)
     assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
@@ -410,7 +444,7 @@ flat = kernels._rows(h)
 q = torch.empty(48, 3072, dtype=torch.float8_e4m3fn)
 s = torch.empty(48, 1)
 kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 3072, 24, flat.stride(0), stride_a,
-                                                    stride_b, 1e-6, BLOCK=4096)
+                                                    stride_b, 1e-6, BLOCK=4096, PTX=False)
 _, ref = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
 print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
 """

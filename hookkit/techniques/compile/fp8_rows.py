@@ -136,9 +136,9 @@ def fp8_quantize_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tens
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """`layer_norm(h) * a + b` (AdaLN modulation: a = 1 + scale, b = shift, one row per batch element) quantized per
     row to e4m3 with torchao's scale: (data, scale). The CUDA kernel holds the row in registers and reads h once; its
-    mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it; in run 19 a
-    fifth of its row scales came out one or two bf16 steps from eager torchao's, BENCHMARKS.md, since addressed and
-    not yet re-measured: the path is experimental). The CPU runs the eager arithmetic."""
+    mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it) and it rounds
+    to bf16 where eager does (GPU tests since run 21: row scales as eager torchao's on more than 99 % of rows; run 22's
+    Flux-sized input: every scale equal, 0.006 % of the codes one step apart). The CPU runs the eager arithmetic."""
     _check_layer_norm(h, a, b)
     if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
         from hookkit.techniques.compile import fp8_rows_triton
@@ -254,12 +254,42 @@ def _fits(piece: torch.fx.Node) -> bool:
     return isinstance(width, int) and width <= MAX_WIDTH
 
 
+#: the attention kernels whose output (getitem 0) the attention's output projection quantizes
+_ATTENTION_KERNELS = tuple(getattr(aten, name).default for name in (
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, name))
+#: views between an attention kernel's output and the Linear that reads it (heads merged, streams split)
+_VIEWS = (aten.permute.default, aten.reshape.default, aten.view.default, aten.slice.Tensor, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.alias.default)
+_SPLITS = (aten.split_with_sizes.default, aten.split.Tensor)
+
+
+def attention_output(x: Any) -> bool:
+    """Whether X is a view of an attention kernel's output: the input of Flux's double-block and Qwen-Image's `to_out`
+    and `to_add_out` (the joint attention's output, heads merged, split into its image and text tokens). The attention
+    writes it anyway, and inductor's quantization reads it twice (a reduction, then the scaled cast: 32 µs per
+    Qwen-Image image stream at 1024² on an H200, run 22), where the one-pass kernel reads it once."""
+    node = x
+    while True:
+        if _is(node, operator.getitem) and isinstance(node.args[0], torch.fx.Node) and node.args[0].target in _SPLITS:
+            node = node.args[0].args[0]
+        elif isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS:
+            node = node.args[0]
+        else:
+            break
+    return (_is(node, operator.getitem) and node.args[1] == 0 and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].op == "call_function" and node.args[0].target in _ATTENTION_KERNELS)
+
+
 def _pieces(x: torch.fx.Node) -> tuple[list[torch.fx.Node], list[bool]] | None:
-    """The inputs the op takes for X: `gelu(M)`, or `cat([...], -1)` of up to two GELU outputs or tensors (at least
-    one GELU: a plain tensor gains nothing from the one-pass kernel that inductor's own kernel does not give)."""
+    """The inputs the op takes for X: `gelu(M)`, an attention's output (`attention_output`), or `cat([...], -1)` of up
+    to two GELU outputs or tensors (at least one GELU). Any other plain tensor stays inductor's: it fuses the producer
+    into the quantization, where the op would need the tensor written out first."""
     source = gelu_tanh_source(x)
     if source is not None:
         return ([source], [True]) if _fits(source) else None
+    if attention_output(x):
+        return ([x], [False]) if _fits(x) and _val(x).dtype in _LOW else None
     if not _is(x, aten.cat.default):
         return None
     parts, dim = x.args[0], (x.args[1] if len(x.args) > 1 else x.kwargs.get("dim", 0))
@@ -339,7 +369,8 @@ def _modulation_row(node: Any, x_val: torch.Tensor) -> bool:
 
 
 class FusedFp8Rows(CountingPass):
-    """Inductor post-grad pass: torchao per-row fp8 quantizations of GELU / concatenated GELU inputs become one
+    """Inductor post-grad pass: torchao per-row fp8 quantizations of GELU / concatenated GELU / attention-output inputs
+    become one
     `hookkit::fp8_quantize_rows` call each; `rewritten` counts the sites replaced by this instance's compiles. With
     `share`, Linears that quantize the same input first share one quantization (`shared` counts those dropped).
 

@@ -11,6 +11,7 @@ then two FMAs per element (Markstein), correctly rounded as IEEE division is.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -145,14 +146,24 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)
 
 
-# fp32 -> the nearest bf16 (ties to even), returned as fp32, in integer arithmetic: the AdaLN kernel rounds as eager
-# does between its operations, and a `.to(bf16).to(fp32)` round trip there measured as if one rounding were missing
-# (run 19: a fifth of the row scales moved; BENCHMARKS.md); integer operations leave a compiler nothing to fold.
+# fp32 -> the nearest bf16 (ties to even), returned as fp32, where eager rounds between its operations. On a GPU (`PTX`)
+# one `cvt.rn.bf16.f32` instruction as inline PTX, which no compiler pass folds away (a `.to(bf16).to(fp32)` round trip
+# measured as if one rounding were missing, run 19: a fifth of the row scales moved; BENCHMARKS.md). Triton's CPU
+# interpreter runs no PTX: there the same rounding in integer arithmetic, which it runs exactly (and a GPU runs at half
+# the float rate: the AdaLN kernel took 31 µs instead of 19 per Flux-sized call with it, run 21).
 @triton.jit
-def _round_bf16(x):
+def _round_bf16(x, PTX: tl.constexpr):
+    if PTX:
+        return tl.inline_asm_elementwise("cvt.rn.bf16.f32 $0, $1;", "=h,r", [x], dtype=tl.bfloat16, is_pure=True,
+                                         pack=1).to(tl.float32)
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # NaN stays NaN
+
+
+def ptx() -> bool:
+    """Whether kernels run as PTX on a GPU (False in Triton's CPU interpreter, `TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True")
 
 
 # One program per bf16 row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in
@@ -160,7 +171,7 @@ def _round_bf16(x):
 # rounds them; the amax, the scale `amax / 448` rounded to bf16, approximate division, clamp, e4m3.
 @triton.jit
 def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
-                                         stride_b, eps, BLOCK: tl.constexpr):
+                                         stride_b, eps, BLOCK: tl.constexpr, PTX: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     batch = row // tokens
     cols = tl.arange(0, BLOCK)
@@ -169,12 +180,12 @@ def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, widt
     mean = tl.sum(x, axis=0) / width
     centred = tl.where(mask, x - mean, 0.0)
     var = tl.sum(centred * centred, axis=0) / width
-    normed = _round_bf16(centred * tl.rsqrt(var + eps))
+    normed = _round_bf16(centred * tl.rsqrt(var + eps), PTX)
     a = tl.load(a_ptr + batch * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + batch * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _round_bf16(_round_bf16(normed * a) + b)
+    y = _round_bf16(_round_bf16(normed * a, PTX) + b, PTX)
     amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
-    scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0))
+    scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0), PTX)
     q = tl.clamp(y / scale, -448.0, 448.0)
     tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + row, scale)
@@ -189,9 +200,10 @@ def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return rows, rows.stride(0) if rows.shape[0] > 1 else 0
 
 
-def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes)."""
+    """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes);
+    `use_ptx=False` rounds in integer arithmetic on a GPU too (benchmarks compare the two)."""
     batch, tokens, width = h.shape
     flat = _rows(h)
     a_rows, stride_a = _batch_rows(a)
@@ -203,5 +215,6 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(batch * tokens,)](
                 flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
+                PTX=ptx() if use_ptx is None else use_ptx,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)

@@ -638,28 +638,30 @@ QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True
 
 
 def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None,
-                   real_rope: Any | None = None) -> dict[str, Any]:
+                   real_rope: Any | None = None, norm_rope: Any | None = None) -> dict[str, Any]:
     """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call.
 
     A torch.compile call takes a mode or options, not both, so where options are needed (a quantized model, a
     graph pass) the mode is spelled as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g.
     reduce-overhead's `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned
     for). `fp8_rows` (a `FusedFp8Rows` pass) becomes the call's `post_grad_custom_post_pass`, `real_rope` (a
-    `RealComplexMul` pass) its `post_grad_custom_pre_pass`.
+    `RealComplexMul` pass) its `post_grad_custom_pre_pass`, or `norm_rope` (a `FusedNormRope` pass) without one (with
+    both, `norm_rope` runs chained after `real_rope`: see `new_real_rope_pass`).
     """
     kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
     if spec.backend != "inductor":  # modes and options are inductor's
         return kwargs
     mode = None if spec.mode in (None, "default") else spec.mode
-    if quantized or real_rope is not None:
+    pre_pass = real_rope if real_rope is not None else norm_rope
+    if quantized or pre_pass is not None:
         # imported here: importing inductor is slow, and only compiles with options need it
         from torch._inductor import list_mode_options
 
         kwargs["options"] = {**list_mode_options(mode or "default"), **(QUANTIZED_INDUCTOR_OPTIONS if quantized else {})}
         if fp8_rows is not None:
             kwargs["options"]["post_grad_custom_post_pass"] = fp8_rows
-        if real_rope is not None:
-            kwargs["options"]["post_grad_custom_pre_pass"] = real_rope
+        if pre_pass is not None:
+            kwargs["options"]["post_grad_custom_pre_pass"] = pre_pass
     elif mode is not None:
         kwargs["mode"] = mode
     return kwargs
@@ -741,10 +743,12 @@ class _CompileFeature(BaseFeature):
             quantized = ctx.spec.quantize is not None
             if quantized and spec.fuse_fp8_rows != "off" and spec.backend == "inductor" and state.fp8_rows is None:
                 state.fp8_rows = new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")
+            if spec.fuse_norm_rope and spec.backend == "inductor" and state.norm_rope is None:
+                state.norm_rope = new_norm_rope_pass()
             if spec.real_rope and spec.backend == "inductor" and state.real_rope is None:
-                state.real_rope = new_real_rope_pass()
+                state.real_rope = new_real_rope_pass(then=state.norm_rope)
             return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows,
-                                                        real_rope=state.real_rope))
+                                                        real_rope=state.real_rope, norm_rope=state.norm_rope))
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
@@ -784,6 +788,11 @@ class _CompileFeature(BaseFeature):
             if state.fp8_rows.share:
                 rows.append(["fp8 row quantizations shared (same input)",
                              f"{state.fp8_rows.shared} dropped for an identical one by this handle's compiles"])
+        if state.norm_rope is not None:
+            data["norm_ropes_fused"] = state.norm_rope.rewritten
+            data["norm_ropes_per_graph"] = list(state.norm_rope.per_graph)
+            rows.append(["query/key RMSNorm + RoPE in one pass",
+                         f"{state.norm_rope.rewritten} rewritten by this handle's compiles"])
         if state.real_rope is not None:
             data["complex_muls_as_real"] = state.real_rope.rewritten
             data["complex_muls_per_graph"] = list(state.real_rope.per_graph)
@@ -826,6 +835,7 @@ class CompileState:
     runner: GraphRunner | SplitGraphHook | None = None
     fp8_rows: Any | None = None
     real_rope: Any | None = None
+    norm_rope: Any | None = None
 
 
 def new_fp8_rows_pass(fast: bool = False) -> Any:
@@ -839,22 +849,31 @@ def new_fp8_rows_pass(fast: bool = False) -> Any:
                         then=inductor_config.post_grad_custom_post_pass)
 
 
-#: Experimental, off: with `fuse_fp8_rows="fast"`, Linears that quantize the same input share one quantization and
-#: AdaLN inputs (`layer_norm(h) * (1 + scale) + shift`) are quantized in one pass by hookkit's kernel. Measured on an
-#: H200 (BENCHMARKS.md, run 19): 1.8 ms less kernel time per fp8 Flux-dev step at 1024², 0.9 ms per Qwen-Image step;
-#: there its scales differed from eager torchao's on a fifth of the rows (at most 1.4 %), as if one bf16 rounding were
-#: missing; the kernel now rounds in integer arithmetic (exact in Triton's CPU interpreter), not yet re-run on a GPU,
-#: and its quality on the trained model is not measured: off until both are. Benchmarks turn it on to measure it.
-ADALN_ROWS = False
+#: On by default since session 9: with `fuse_fp8_rows="fast"`, Linears that quantize the same input share one
+#: quantization and AdaLN inputs (`layer_norm(h) * (1 + scale) + shift`) are quantized in one pass by hookkit's kernel
+#: (rounding to bf16 where eager rounds: its GPU tests pass since run 21, and the trained tiny Flux compiled with it
+#: keeps 43.1 dB against bf16, BENCHMARKS.md). A module switch, not a `Compile` field: benchmarks turn it off
+#: (`step_profile.py`'s `+noadaln`) to measure it against inductor's own quantization.
+ADALN_ROWS = True
 
 
-def new_real_rope_pass() -> Any:
-    """A `RealComplexMul` pass chained before any `post_grad_custom_pre_pass` already set process-wide."""
+def new_real_rope_pass(then: Any | None = None) -> Any:
+    """A `RealComplexMul` pass chained before `then` (the norm-rope pass, which needs the complex rotations written as
+    real arithmetic) or else before any `post_grad_custom_pre_pass` already set process-wide."""
     import torch._inductor.config as inductor_config
 
     from hookkit.techniques.compile.real_rope import RealComplexMul
 
-    return RealComplexMul(then=inductor_config.post_grad_custom_pre_pass)
+    return RealComplexMul(then=then if then is not None else inductor_config.post_grad_custom_pre_pass)
+
+
+def new_norm_rope_pass() -> Any:
+    """A `FusedNormRope` pass chained before any `post_grad_custom_pre_pass` already set process-wide."""
+    import torch._inductor.config as inductor_config
+
+    from hookkit.techniques.compile.norm_rope import FusedNormRope
+
+    return FusedNormRope(then=inductor_config.post_grad_custom_pre_pass)
 
 
 class _InnerCompile(Removal):

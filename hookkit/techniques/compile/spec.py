@@ -33,20 +33,30 @@ class Compile:
             recently replayed is evicted first). Each input signature, CFG branch and DBCache decision is one
             graph holding its static inputs and outputs; the summary counts captures and evictions and reports
             the memory each kept graph took.
-        fuse_fp8_rows: with `Quantize(scheme="fp8_row")` and the inductor backend on CUDA, quantize each Linear
-            input that is a GELU output or a concatenation with one (Flux's single-block `proj_out`, every
-            feed-forward's second Linear) in one pass, by hookkit's Triton kernel, instead of inductor's two passes
-            over the row. "fast" (default) computes tanh from exp and divides approximately, as inductor's own
-            kernels do: an fp8 Flux-dev step at 1024² 7.5 ms shorter on an H200, fp8 codes within one step of
-            eager torchao's (closer to them than inductor's own fusion is; BENCHMARKS.md, run 15). "exact" follows
-            eager torchao's arithmetic (libdevice tanh, correctly rounded division): the compiled Linear is bitwise
-            eager torchao's, for reproducing eager outputs, and no faster than "off" in the step. "off" leaves all of
-            torchao's quantization to inductor.
+        fuse_fp8_rows: with `Quantize(scheme="fp8_row")` and the inductor backend on CUDA, quantize in one pass, by
+            hookkit's Triton kernels, the Linear inputs inductor quantizes in two passes over the row: GELU outputs and
+            concatenations with one (Flux's single-block `proj_out`, every feed-forward's second Linear), attention
+            outputs (Flux's double-block and Qwen-Image's `to_out` / `to_add_out`), and with "fast" the AdaLN inputs
+            `layer_norm(h) * (1 + scale) + shift` (Linears of one input then share one quantization). "fast"
+            (default) computes tanh from exp and divides approximately, as inductor's own kernels do: an fp8 Flux-dev
+            step at 1024² 7.5 ms shorter on an H200 from the GELU sites alone (BENCHMARKS.md, run 15), fp8 codes
+            within one step of eager torchao's. "exact" follows eager torchao's arithmetic (libdevice tanh, correctly
+            rounded division) on the GELU and attention sites and leaves AdaLN inputs to inductor: the compiled Linear
+            is bitwise eager torchao's, for reproducing eager outputs. "off" leaves all of torchao's quantization to
+            inductor.
         real_rope: with the inductor backend, compute complex multiplications whose operand is a real tensor viewed
             as complex and whose result is viewed back as real (complex rotary embeddings: Qwen-Image, Z-Image, ...)
             as real arithmetic (default True): inductor generates no code for complex operators and runs them as
             separate kernels between unfused neighbours; as real arithmetic they fuse into the query/key
             normalization. The same formula as ATen's complex product: on the CPU bitwise the complex path's output.
+        fuse_norm_rope: with the inductor backend on CUDA, compute each attention's per-head query/key RMSNorm and
+            rotary embedding (the forms of Flux, Qwen-Image and the models that share their attention code) in one
+            pass by hookkit's kernel, writing the attention's input directly (default True): inductor's own kernels
+            pass over the query and key several times (the kernels between the QKV projections and the attention took
+            6.4 ms of an fp8 Flux-dev 1024² step on an H200, 3.1 ms with hookkit's; Qwen-Image's 7.3 against 4.3 ms:
+            BENCHMARKS.md, run 22). The kernel rounds where eager
+            rounds (bitwise in Triton's CPU interpreter; on the GPU the sum of squares in another order moves a few
+            values in a million by one bf16 step). False leaves them to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
@@ -58,3 +68,4 @@ class Compile:
     max_graphs: int = attrs.field(default=16, validator=int_field(1))
     fuse_fp8_rows: str = attrs.field(default="fast", validator=choice("exact", "fast", "off"))
     real_rope: bool = attrs.field(default=True, validator=boolean)
+    fuse_norm_rope: bool = attrs.field(default=True, validator=boolean)
