@@ -22,7 +22,7 @@
 #   flux-256    Flux-dev 256²: fastest, + modulation, the peer                                     ~4 min
 # PIECES="flux-1024 profile" bash benchmarks/h200_issue18.sh start   runs only those, in that order.
 # More pieces: gpu-tests (every `-m gpu` test of GPU_TESTS, default tests/; 27 of 29 took 230 s in run 10), controlnet (benchmarks/pipelines.py --parts controlnet),
-# flux-1024-warm (no fresh caches), autotune-if-faster (after profile), quant-micro (benchmarks/rowwise_quant.py; QOPTIONS),
+# norm-rope-micro (benchmarks/norm_rope.py; T_NR), flux-1024-warm (no fresh caches), autotune-if-faster (after profile), quant-micro (benchmarks/rowwise_quant.py; QOPTIONS),
 # split (benchmarks/pipeline_split.py for each "model:config" of SPLIT; T_SPLIT), wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8), fp8-rows (Compile(fuse_fp8_rows):
 # GPU tests, kernels alone, the step per value), quality-compiled (quality_fp8.py's compiled rows); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
@@ -111,6 +111,9 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
       timeout "${T_QUALITY:-300}" python3 benchmarks/quality_fp8.py --seeds 2 --out "$W/res/quality_fp8" \
         --only fp8+mod,fp8+mod+compile,fp8+mod+compile-exact,fp8+mod+compile-unfused > "$W/res/quality.log" 2>&1
       log "quality-compiled rc $?" ;;
+    norm-rope-micro)  # benchmarks/norm_rope.py: the q/k RMSNorm+RoPE kernel's variants vs inductor, the AdaLN rounding
+      timeout "${T_NR:-300}" python3 benchmarks/norm_rope.py --out "$W/res/norm_rope" > "$W/res/norm_rope.log" 2>&1
+      log "norm-rope-micro rc $?" ;;
     quant-micro)
       timeout "${T_QUANT:-120}" python3 benchmarks/rowwise_quant.py --options "${QOPTIONS-}" --out "$W/res" \
         > "$W/res/rowwise_quant.log" 2>&1
@@ -160,7 +163,7 @@ start)
   export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
   ensure_packages || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
-  export W RUNS PIECES GPU_TESTS SPLIT T_SPLIT REAL_ROPE_MICRO FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS VARIANTS_QWEN T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS T_TESTS_ROWS T_QUALITY
+  export W RUNS PIECES GPU_TESTS SPLIT T_SPLIT T_NR REAL_ROPE_MICRO FAST MOD DYN PEER AUTOTUNE P1024 P512 P256 PQWEN VARIANTS VARIANTS_QWEN T_TESTS T_CN T_PROFILE T_QUANT QOPTIONS T_PIPE RES_STEPS T_TESTS_ROWS T_QUALITY
   export -f log row piece queue report
   setsid bash -c 'queue; report' > "$W/res/queue.out" 2>&1 < /dev/null &
   sleep 2; echo "started: $PIECES"; cat "$W/res/queue.log" 2>/dev/null
@@ -183,6 +186,7 @@ collect)
   cp "$W/res/arithmetic/rowwise_quant.json" "$out/rowwise_arithmetic.json" 2>/dev/null
   for part in wan22 resolutions; do cp "$W/res/$part/pipelines.json" "$out/pipelines_$part.json" 2>/dev/null; done
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
+  cp "$W/res/norm_rope/norm_rope.json" "$out/norm_rope.json" 2>/dev/null
   tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
   cat "$W/res/issue18.md"
   ;;

@@ -129,13 +129,14 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
 
 
 def spec_for(quick: bool, modulation: bool, mode: str | None = None, fuse: str | None = None,
-             real_rope: bool = True) -> hookkit.Spec:
+             real_rope: bool = True, norm_rope: bool = True) -> hookkit.Spec:
     """The profiled spec; `fuse` None keeps `Compile`'s own `fuse_fp8_rows` default (what a user gets)."""
     if quick:  # CPU: a scheme the CPU runs, no compile (this only checks the script)
         return hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="device",
                                                       include_modulation=modulation))
     return hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="device", include_modulation=modulation),
                         compile=hookkit.Compile(cuda_graphs="transformer", mode=mode, real_rope=real_rope,
+                                                fuse_norm_rope=norm_rope,
                                                 **({} if fuse is None else {"fuse_fp8_rows": fuse})), memo=True)
 
 
@@ -152,6 +153,8 @@ SUFFIXES = {
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",
     "adaln": "the fp8 row pass's experimental AdaLN path (compile.hooks.ADALN_ROWS): Linears of the same input share "
              "one quantization, layer_norm(h) * (1 + scale) + shift quantized in one pass by hookkit's kernel",
+    "noadaln": "that AdaLN path off, whatever compile.hooks.ADALN_ROWS says",
+    "nonormrope": "Compile(fuse_norm_rope=False): the query/key RMSNorm and RoPE left to inductor's kernels",
 }
 
 
@@ -179,7 +182,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         inductor_config.coordinate_descent_tuning = "cdt" in extras or cdt_before
         if "mk" in extras:
             compile_hooks.QUANTIZED_INDUCTOR_OPTIONS["triton.multi_kernel"] = 1
-        compile_hooks.ADALN_ROWS = adaln_before or "adaln" in extras
+        compile_hooks.ADALN_ROWS = (adaln_before or "adaln" in extras) and "noadaln" not in extras
         transformer.set_attention_backend(backend)
         if "fused" in extras:  # diffusers' one QKV GEMM per stream (before quantizing: the fused Linear is quantized)
             transformer.fuse_qkv_projections()
@@ -187,7 +190,8 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         t0 = time.perf_counter()
         mode = "max-autotune-no-cudagraphs" if "autotune" in extras else None
         handle = hookkit.enable(transformer, spec_for(args.quick, "mod" in extras, mode, fuse=fuse_for(extras),
-                                                   real_rope="complex" not in extras))
+                                                   real_rope="complex" not in extras,
+                                                   norm_rope="nonormrope" not in extras))
         row["enable_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(args.warmup):  # compile, autotune, capture
@@ -205,6 +209,7 @@ def run_variant(variant: str, transformer: torch.nn.Module, inputs: dict[str, An
         row["fp8_rows_fused"] = compiled.data.get("fp8_rows_fused") if compiled is not None else None
         row["fp8_rows_shared"] = compiled.data.get("fp8_rows_shared") if compiled is not None else None
         row["complex_muls_as_real"] = compiled.data.get("complex_muls_as_real") if compiled is not None else None
+        row["norm_ropes_fused"] = compiled.data.get("norm_ropes_fused") if compiled is not None else None
         row.update(profile(transformer, inputs, args.profile_calls, device))
         if args.size == 1024 and args.model == "flux" and not args.quick:
             row["floor_ms"] = FLOOR_MS_1024

@@ -1,0 +1,222 @@
+"""hookkit's query/key RMSNorm + RoPE kernel against inductor's kernels for it, at Flux-dev and Qwen-Image 1024².
+
+Cases (bf16, query and key, 24 heads of 128, batch 1):
+  flux-single  4,608 tokens: torch's rms_norm, then diffusers' interleaved real RoPE ([tokens, 128] tables)
+  flux-double  text 512 + image 4,096 tokens, each normalized with its own weight, concatenated, then rotated
+  qwen         text 512 + image 4,096 tokens: diffusers' RMSNorm (bf16 weight), complex RoPE, concatenated after
+Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
+`hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
+called directly (`join`: contiguous loads split in registers, else strided loads; `warps`; `int`: integer bf16
+rounding instead of the PTX instruction). Each row: GPU time per call, from CUDA-event timings of a CUDA graph that
+replays --iters calls (median of --runs replays after warm-up, min-max): the kernels alone, as a captured transformer
+runs them (run 22 timed the calls from Python instead, and measured the host's launch path: the op's wrapper and
+Triton's launcher, 60-250 µs per call, not the kernels; its times are not used), the memory traffic that implies, and
+the output against the eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel
+(compile.fp8_rows) with PTX and with integer rounding.
+
+    python benchmarks/norm_rope.py --out DIR        # a CUDA device; JSON in DIR/norm_rope.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from diffusers.models.embeddings import apply_rotary_emb  # noqa: E402
+from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen  # noqa: E402
+
+from hookkit.techniques.compile import fp8_rows, norm_rope  # noqa: E402
+from hookkit.techniques.compile.norm_rope import FusedNormRope  # noqa: E402
+from hookkit.techniques.compile.real_rope import RealComplexMul  # noqa: E402
+
+HEADS, DIM, EPS = 24, 128, 1e-6
+
+
+def diffusers_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """diffusers' RMSNorm with a bf16 weight (Qwen-Image's norm_q / norm_k)."""
+    inverse = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS)
+    return (x * inverse).to(x.dtype) * w
+
+
+def flux_single(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(apply_rotary_emb(F.rms_norm(t, (DIM,), w, EPS), (cos, sin), sequence_dim=1)
+                 for t, w in ((q, wq), (k, wk)))
+
+
+def flux_double(q: torch.Tensor, k: torch.Tensor, tq: torch.Tensor, tk: torch.Tensor, w: list[torch.Tensor],
+                cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = []
+    for image, text, wi, wt in ((q, tq, w[0], w[1]), (k, tk, w[2], w[3])):
+        joined = torch.cat([F.rms_norm(text, (DIM,), wt, EPS), F.rms_norm(image, (DIM,), wi, EPS)], dim=1)
+        out.append(apply_rotary_emb(joined, (cos, sin), sequence_dim=1))
+    return tuple(out)
+
+
+def qwen(q: torch.Tensor, k: torch.Tensor, tq: torch.Tensor, tk: torch.Tensor, w: list[torch.Tensor],
+         image_freqs: torch.Tensor, text_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = []
+    for image, text, wi, wt in ((q, tq, w[0], w[1]), (k, tk, w[2], w[3])):
+        out.append(torch.cat([apply_rotary_emb_qwen(diffusers_rms_norm(text, wt), text_freqs, use_real=False),
+                              apply_rotary_emb_qwen(diffusers_rms_norm(image, wi), image_freqs, use_real=False)], dim=1))
+    return tuple(out)
+
+
+def case(name: str, device: torch.device) -> tuple[Callable[..., Any], tuple[Any, ...], list[dict[str, Any]]]:
+    """(eager function, its inputs, the op's arguments for the query and for the key)."""
+    g = torch.Generator(device).manual_seed(0)
+
+    def x(tokens: int) -> torch.Tensor:
+        return (torch.randn(1, tokens, HEADS * DIM * 3, device=device, generator=g) * 3).to(torch.bfloat16)[
+            ..., :HEADS * DIM].unflatten(-1, (HEADS, DIM))  # a slice of a fused QKV output, as projections give it
+
+    weights = [(torch.randn(DIM, device=device, generator=g) * 0.5 + 1).to(torch.bfloat16) for _ in range(4)]
+    if name == "flux-single":
+        q, k = x(4608), x(4608)
+        cos, sin = torch.randn(4608, DIM, device=device, generator=g), torch.randn(4608, DIM, device=device, generator=g)
+        return flux_single, (q, k, weights[0], weights[1], cos, sin), [
+            dict(xs=[t], weights=[w], eps=[EPS], cos=[cos], sin=[sin], round_first=False)
+            for t, w in ((q, weights[0]), (k, weights[1]))]
+    q, k, tq, tk = x(4096), x(4096), x(512), x(512)
+    if name == "flux-double":
+        cos, sin = torch.randn(4608, DIM, device=device, generator=g), torch.randn(4608, DIM, device=device, generator=g)
+        return flux_double, (q, k, tq, tk, weights, cos, sin), [
+            dict(xs=[text, image], weights=[wt, wi], eps=[EPS, EPS], cos=[cos[:512], cos[512:]],
+                 sin=[sin[:512], sin[512:]], round_first=False)
+            for image, text, wi, wt in ((q, tq, weights[0], weights[1]), (k, tk, weights[2], weights[3]))]
+    image_freqs = torch.polar(torch.ones(4096, DIM // 2, device=device),
+                              torch.randn(4096, DIM // 2, device=device, generator=g))
+    text_freqs = torch.polar(torch.ones(512, DIM // 2, device=device), torch.randn(512, DIM // 2, device=device, generator=g))
+    fi, ft = torch.view_as_real(image_freqs), torch.view_as_real(text_freqs)
+    return qwen, (q, k, tq, tk, weights, image_freqs, text_freqs), [
+        dict(xs=[text, image], weights=[wt, wi], eps=[EPS, EPS], cos=[ft[..., 0], fi[..., 0]],
+             sin=[ft[..., 1], fi[..., 1]], round_first=True)
+        for image, text, wi, wt in ((q, tq, weights[0], weights[1]), (k, tk, weights[2], weights[3]))]
+
+
+def timed_us(fn: Callable[[], Any], iters: int, runs: int) -> list[float]:
+    """Per-call GPU time (µs) of `fn`: a CUDA graph of `iters` calls (captured after 3 warm-up calls on a side stream),
+    replayed `runs` times, each replay timed by CUDA events. No host work is timed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    out = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / iters)
+    return out
+
+
+def compare(out: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> dict[str, float]:
+    moved = sum(int((o != r).sum()) for o, r in zip(out, ref, strict=True)) / sum(r.numel() for r in ref)
+    largest = max((o.float() - r.float()).abs().max().item() for o, r in zip(out, ref, strict=True))
+    return {"moved": moved, "max_abs_diff": largest}
+
+
+def row(name: str, fn: Callable[[], Any], ref: tuple[torch.Tensor, ...], traffic: int, args: argparse.Namespace
+        ) -> dict[str, Any]:
+    times = timed_us(fn, args.iters, args.runs)
+    med = statistics.median(times)
+    out = fn()
+    return {"row": name, "us": med, "us_min": min(times), "us_max": max(times), "tb_per_s": traffic / med / 1e6,
+            **compare(tuple(out), ref)}
+
+
+def norm_rope_rows(name: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    fn, inputs, calls = case(name, device)
+    ref = tuple(norm_rope._reference(**c) for c in calls)  # the eager arithmetic (on the GPU: eager CUDA kernels)
+    traffic = sum(2 * sum(x.numel() for x in c["xs"]) * 2 for c in calls)  # read and write bf16, query and key
+    rows = []
+    for label, rope in (("inductor", False), ("hookkit", True)):
+        torch._dynamo.reset()
+        fused = FusedNormRope() if rope else None
+        pre = RealComplexMul(then=fused) if name == "qwen" else fused
+        compiled = torch.compile(fn, options={"fx_graph_cache": False, **({"post_grad_custom_pre_pass": pre} if pre else {})})
+        rows.append(row(label, lambda: compiled(*inputs), ref, traffic, args) | {"fused": fused.rewritten if fused else 0})
+    from hookkit.techniques.compile import norm_rope_triton
+
+    for join in (True, False):
+        for warps in (2, 4, 8):
+            for use_ptx in (True, False):
+                if not use_ptx and (warps != 4 or not join):
+                    continue
+
+                def direct(join: bool = join, warps: int = warps, use_ptx: bool = use_ptx) -> tuple[torch.Tensor, ...]:
+                    outs = []
+                    for c in calls:
+                        xs = [x if x.stride(3) == 1 and x.stride(2) == DIM else x.contiguous() for x in c["xs"]]
+                        out = xs[0].new_empty([1, sum(x.shape[1] for x in xs), HEADS, DIM])
+                        norm_rope_triton.launch(xs, c["weights"], c["eps"], c["cos"], c["sin"], c["round_first"], out,
+                                                join=join, num_warps=warps, use_ptx=use_ptx)
+                        outs.append(out)
+                    return tuple(outs)
+
+                label = f"op join={int(join)} warps={warps}" + ("" if use_ptx else " int")
+                rows.append(row(label, direct, ref, traffic, args))
+    return [r | {"case": name} for r in rows]
+
+
+def layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    from hookkit.techniques.compile import fp8_rows_triton
+
+    g = torch.Generator(device).manual_seed(0)
+    h = (torch.randn(1, 4608, 3072, device=device, generator=g) * 4 + 1).to(torch.bfloat16)
+    a = (1 + torch.randn(1, 1, 3072, device=device, generator=g)).to(torch.bfloat16)
+    b = torch.randn(1, 1, 3072, device=device, generator=g).to(torch.bfloat16)
+    ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, EPS)
+    traffic = h.numel() * 3  # bf16 read, fp8 written
+    rows = []
+    for use_ptx in (True, False):
+        fn = lambda use_ptx=use_ptx: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, use_ptx=use_ptx)  # noqa: E731
+        times = timed_us(fn, args.iters, args.runs)
+        data, scale = fn()
+        rows.append({"case": "adaln-fp8", "row": "ptx" if use_ptx else "int", "us": statistics.median(times),
+                     "us_min": min(times), "us_max": max(times), "tb_per_s": traffic / statistics.median(times) / 1e6,
+                     "scales_moved": (scale != ref_scale).float().mean().item(),
+                     "codes_moved": (data.view(torch.uint8) != ref_data.view(torch.uint8)).float().mean().item()})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--cases", default="flux-single,flux-double,qwen")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/norm_rope.py needs a CUDA device (the kernels are Triton's)")
+    device = torch.device("cuda")
+    rows = layer_norm_rows(args, device)
+    for name in args.cases.split(","):
+        rows += norm_rope_rows(name, args, device)
+    for r in rows:
+        print(json.dumps(r))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "norm_rope.json").write_text(json.dumps({
+        "script": "benchmarks/norm_rope.py", "argv": sys.argv[1:], "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
