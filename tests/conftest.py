@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -57,3 +61,18 @@ def benchmark_script() -> Callable[[str], ModuleType]:
         spec.loader.exec_module(module)
         return module
     return load
+
+
+@pytest.fixture
+def interpreted(tmp_path: Path) -> Callable[[str], Any]:
+    """Run a script in a fresh Python with Triton's CPU interpreter on (`TRITON_INTERPRET=1` must be set before a
+    kernel is defined, so not in this process); return the JSON of its last output line."""
+    def run(script: str) -> Any:
+        path = tmp_path / "interpreted.py"
+        path.write_text('import os\nos.environ["TRITON_INTERPRET"] = "1"\n' + script)
+        done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    return run
+

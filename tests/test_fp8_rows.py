@@ -9,12 +9,9 @@ exact rational arithmetic.
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -430,8 +427,7 @@ def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
 # --- CPU: the AdaLN kernel's arithmetic in Triton's interpreter ------------------------------------------------
 
 INTERPRETED_ADALN = """
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined: they run on the CPU, in numpy
+import json
 import torch
 from hookkit.techniques.compile import fp8_rows, fp8_rows_triton as kernels
 
@@ -451,15 +447,11 @@ print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
-def test_the_adaln_kernels_row_scales_are_eager_torchaos_in_tritons_interpreter(tmp_path: Path) -> None:
+def test_the_adaln_kernels_row_scales_are_eager_torchaos_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
     # the kernel's mean, variance, bf16 roundings (integer arithmetic, which the interpreter runs exactly), per-batch
     # modulation rows and strides, on the CPU; its fp8 codes need a GPU (the interpreter's e4m3 cast is not the GPU's)
-    script = tmp_path / "adaln.py"
-    script.write_text(INTERPRETED_ADALN)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows": 48, "scales_equal": 48}
+    assert interpreted(INTERPRETED_ADALN) == {"rows": 48, "scales_equal": 48}
 
 
 # --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------

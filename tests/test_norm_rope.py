@@ -8,11 +8,7 @@ kernel rounds where eager rounds (bitwise in Triton's CPU interpreter), and on a
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,8 +201,7 @@ def test_compile_fuses_the_query_and_key_of_every_block_graph_of_a_tiny_pipeline
 # --- the kernel's arithmetic in Triton's CPU interpreter --------------------------------------------------------
 
 INTERPRETED = """
-import json, os
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is defined: it runs on the CPU, in numpy
+import json
 import torch
 from hookkit.techniques.compile import norm_rope, norm_rope_triton as kernels
 
@@ -233,14 +228,9 @@ print(json.dumps(found))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
-def test_the_kernel_is_the_ops_arithmetic_bitwise_in_tritons_interpreter(tmp_path: Path) -> None:
+def test_the_kernel_is_the_ops_arithmetic_bitwise_in_tritons_interpreter(interpreted: Callable[[str], Any]) -> None:
     # the sum of squares, both RMSNorm roundings, both table layouts, two streams at their token offsets, on the CPU
-    script = tmp_path / "norm_rope.py"
-    script.write_text(INTERPRETED)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+    assert interpreted(INTERPRETED) == {
         f"{round_first} {join}": [9216, 9216] for round_first in (False, True) for join in (True, False)}
 
 
@@ -257,29 +247,30 @@ def assert_within_one_rounding(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert (out.float() - ref.float()).abs().max().item() <= 2 ** -6 * ref.float().abs().max().item()
 
 
-@pytest.mark.gpu
-@cuda
-def test_the_kernel_at_flux_dev_size_is_eagers_arithmetic_within_one_rounding() -> None:
+def full_size_arguments(model: str) -> tuple[Any, ...]:
+    """The op's arguments for one query at 1024²: Flux-dev's double block (512 text + 4,096 image tokens, the image a
+    slice of a fused QKV output: rows strided; [tokens, 128] tables) or Qwen-Image's image stream (one table per pair)."""
     device = torch.device("cuda")
     g = torch.Generator(device).manual_seed(0)
-    text = torch.randn(1, 512, 24, 128, device=device, generator=g).to(torch.bfloat16) * 4
-    image = torch.randn(1, 4096, 24 * 128 * 3, device=device, generator=g).to(torch.bfloat16)[..., :3072]
-    image = image.unflatten(-1, (24, 128))  # a slice of a fused QKV output: rows strided
-    weights = [(torch.randn(128, device=device, generator=g) * 0.5 + 1).to(torch.bfloat16) for _ in range(2)]
-    cos, sin = torch.randn(4608, 128, device=device, generator=g), torch.randn(4608, 128, device=device, generator=g)
-    args = ([text, image], weights, [1e-6, 1e-6], [cos[:512], cos[512:]], [sin[:512], sin[512:]], False)
-    assert_within_one_rounding(rms_norm_rope(*args), norm_rope._reference(*args))
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, generator=g)
+
+    weights = [(randn(128) * 0.5 + 1).to(torch.bfloat16) for _ in range(2)]
+    if model == "qwenimage":
+        table = randn(4096, 64, 2)
+        return [(randn(1, 4096, 24, 128) * 4).to(torch.bfloat16)], weights[:1], [1e-6], [table[..., 0]], [table[..., 1]], True
+    text = (randn(1, 512, 24, 128) * 4).to(torch.bfloat16)
+    image = randn(1, 4096, 24 * 128 * 3).to(torch.bfloat16)[..., :3072].unflatten(-1, (24, 128))
+    cos, sin = randn(4608, 128), randn(4608, 128)
+    return [text, image], weights, [1e-6, 1e-6], [cos[:512], cos[512:]], [sin[:512], sin[512:]], False
 
 
 @pytest.mark.gpu
 @cuda
-def test_the_kernel_at_qwen_image_size_is_eagers_arithmetic_within_one_rounding() -> None:
-    device = torch.device("cuda")
-    g = torch.Generator(device).manual_seed(0)
-    x = torch.randn(1, 4096, 24, 128, device=device, generator=g).to(torch.bfloat16) * 4
-    w = (torch.randn(128, device=device, generator=g) * 0.5 + 1).to(torch.bfloat16)
-    table = torch.randn(4096, 64, 2, device=device, generator=g)
-    args = ([x], [w], [1e-6], [table[..., 0]], [table[..., 1]], True)
+@pytest.mark.parametrize("model", ["flux", "qwenimage"])
+def test_the_kernel_at_full_size_is_eagers_arithmetic_within_one_rounding(model: str) -> None:
+    args = full_size_arguments(model)
     assert_within_one_rounding(rms_norm_rope(*args), norm_rope._reference(*args))
 
 

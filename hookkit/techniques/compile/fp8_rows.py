@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from hookkit.errors import HookError
 from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
+from hookkit.techniques.compile.graph_pass import has_triton as _has_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
@@ -64,21 +65,6 @@ def _check_pieces(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> None:
         raise HookError("hookkit::fp8_quantize_rows: expected pieces with the same leading shape and dtype, got "
                         + ", ".join(f"{tuple(p.shape)} {p.dtype}" for p in pieces)
                         + ". Pass the pieces of one row-major concatenation.")
-
-
-_TRITON: list[bool] = []
-
-
-def _has_triton() -> bool:
-    """Whether the Triton kernel can be built here (else the op runs its reference arithmetic)."""
-    if not _TRITON:
-        try:
-            from triton.language.extra import libdevice  # noqa: F401  (the kernel's tanh, as inductor's)
-
-            _TRITON.append(True)
-        except ImportError:
-            _TRITON.append(False)
-    return _TRITON[0]
 
 
 def _kernel_fits(pieces: Sequence[torch.Tensor]) -> bool:

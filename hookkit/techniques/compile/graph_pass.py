@@ -17,6 +17,22 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 
+_TRITON: list[bool] = []
+
+
+def has_triton() -> bool:
+    """Whether hookkit's Triton kernels can be built here (else their ops run their reference arithmetic); checked
+    once. libdevice is what the fp8 row kernel's tanh needs, as inductor's does."""
+    if not _TRITON:
+        try:
+            from triton.language.extra import libdevice  # noqa: F401
+
+            _TRITON.append(True)
+        except ImportError:
+            _TRITON.append(False)
+    return _TRITON[0]
+
+
 def is_call(node: Any, target: Any) -> bool:
     """Whether `node` is an FX call of `target`."""
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target

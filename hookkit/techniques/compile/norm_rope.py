@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hookkit.errors import HookError
-from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
+from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, has_triton, is_call as _is
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CONVERT = prims.convert_element_type.default
@@ -95,21 +95,7 @@ def _check(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float]
 def _kernel_fits(xs: list[torch.Tensor]) -> bool:
     dim = xs[0].shape[-1]
     return xs[0].is_cuda and xs[0].dtype == torch.bfloat16 and dim <= MAX_HEAD_DIM and dim & (dim - 1) == 0 \
-        and _has_triton()
-
-
-_TRITON: list[bool] = []
-
-
-def _has_triton() -> bool:
-    if not _TRITON:
-        try:
-            import triton  # noqa: F401
-
-            _TRITON.append(True)
-        except ImportError:
-            _TRITON.append(False)
-    return _TRITON[0]
+        and has_triton()
 
 
 @torch.library.custom_op("hookkit::rms_norm_rope", mutates_args=())
