@@ -301,3 +301,14 @@ def test_each_benchmark_case_compiles_to_two_op_calls_that_match_its_eager_funct
     reference = tuple(norm_rope._reference(**call) for call in calls)  # what the benchmark compares the kernels with
     assert all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(fn(*inputs), reference, strict=True))
+
+
+def test_the_coverage_script_finds_flux2s_queries_and_keys_and_their_output_matches_the_unfused_compile(
+        benchmark_script: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flux.2 shares Flux's attention forms: its double and single block graphs each fuse a query and a key
+    coverage = benchmark_script("norm_rope_coverage")
+    monkeypatch.setattr(norm_rope, "DEVICES", ("cpu",))
+    out, data = coverage.run("Flux2Transformer", fuse=True)
+    reference, plain = coverage.run("Flux2Transformer", fuse=False)
+    assert data["norm_ropes_per_graph"] == [2, 2] and "norm_ropes_fused" not in plain
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-2)
