@@ -23,11 +23,22 @@ MOD = os.environ.get("MOD", "hookkit-fp8-mod+cache-fast+cuda-graphs")
 DYN = os.environ.get("DYN", "hookkit-fp8+cache-dyn+cuda-graphs")
 PEER = os.environ.get("PEER", "cache-dit+fp8+compile")
 AUTOTUNE = os.environ.get("AUTOTUNE", "hookkit-fp8-mod+cache-fast+cuda-graphs+autotune")
+UNCACHED = os.environ.get("UNCACHED", "hookkit-fp8-mod+cuda-graphs")
 FASTEST = (FAST, MOD, AUTOTUNE)
+
+
+def _steps(runs: str) -> int:
+    """The step count of the queue's `RUNS` arguments (`--steps N`; 28 when absent)."""
+    words = runs.split()
+    return int(words[words.index("--steps") + 1]) if "--steps" in words[:-1] else 28
+
+
+#: denoising steps per pipeline call (the uncached row's time / STEPS is its step)
+STEPS = _steps(os.environ.get("RUNS", ""))
 #: group -> (model, size, cold, configs in table order); the queue runs them in this order
 GROUPS: dict[str, tuple[str, int, bool, tuple[str, ...]]] = {
     "flux-1024-cold": ("flux", 1024, True, (FAST, MOD, PEER)),
-    "flux-1024": ("flux", 1024, False, (FAST, MOD, AUTOTUNE, PEER)),
+    "flux-1024": ("flux", 1024, False, (FAST, MOD, AUTOTUNE, UNCACHED, PEER)),
     "flux-512": ("flux", 512, False, (FAST, DYN, MOD, PEER)),
     "qwen-1024": ("qwenimage", 1024, False, (FAST, MOD, PEER)),
     "flux-256": ("flux", 256, False, (FAST, MOD, PEER)),
@@ -83,16 +94,24 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
         return "not measured" if ok is None else "met" if ok else "missed"
 
     for name in ("flux-1024-cold", "flux-1024", "qwen-1024"):
+        # Flux-dev: <= 12.6 GB; Qwen-Image (20 B parameters, above that in fp8 alone): less memory than the peer. Both
+        # against the peer measured in the same run: without it a met time is said as such, not as the goal met.
+        memory = "<= 12.6 GB" if name.startswith("flux") else "less memory than the peer"
+        goal = f"{name}: hookkit fastest <= 1.08 s and {memory}, beside the peer in this run"
         rows = doc["groups"][name]["rows"]
         best = min((r for c in FASTEST if (r := _ok(rows, c))), key=lambda r: r["latency_s"], default=None)
         peer = _ok(rows, PEER)
         if best is None:
-            out.append((f"{name}: hookkit fastest <= 1.08 s and <= 12.6 GB", "—", verdict(None)))
+            out.append((goal, "—", verdict(None)))
             continue
-        ok = best["latency_s"] <= 1.08 and (best["peak_memory_gb"] or 99) <= 12.6
+        gb = best["peak_memory_gb"] or 99
+        if name.startswith("flux"):
+            ok = best["latency_s"] <= 1.08 and gb <= 12.6
+        else:
+            ok = best["latency_s"] <= 1.08 and (peer is None or gb < (peer["peak_memory_gb"] or 0))
         vs = f", peer {peer['latency_s']:.3f} s / {peer['peak_memory_gb']:.2f} GB" if peer else ", peer not measured"
-        out.append((f"{name}: hookkit fastest <= 1.08 s and <= 12.6 GB",
-                    f"{best['config']}: {best['latency_s']:.3f} s, {best['peak_memory_gb']:.2f} GB{vs}", verdict(ok)))
+        said = verdict(ok) if peer is not None or not ok else "met without the peer in this run (not the goal)"
+        out.append((goal, f"{best['config']}: {best['latency_s']:.3f} s, {best['peak_memory_gb']:.2f} GB{vs}", said))
     rows = doc["groups"]["flux-1024-cold"]["rows"]
     hk, peer = _ok(rows, FASTEST[0]), _ok(rows, PEER)
     if hk is not None:
@@ -118,12 +137,20 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{_cached(dyn)} vs {_cached(static)}", verdict(r <= 1.05 and same)))
     else:
         out.append(("dynamic DBCache under graphs, 512²: within 5 % of static-mask graphs", "—", verdict(None)))
+    # the uncached step: in the pipeline (the uncached row's time / steps) where it ran, else the step profile's GPU time
+    # per call (its best variant)
+    uncached = _ok(doc["groups"]["flux-1024"]["rows"], UNCACHED)
     prof = doc.get("step_profile") or {}
-    native = next((r for r in prof.get("rows", []) if r.get("variant") == "native" and r.get("status") == "ok"), None)
     best = min((r for r in prof.get("rows", []) if r.get("status") == "ok"), key=lambda r: r["step_ms"], default=None)
-    out.append(("uncached fp8 step at 1024² <= 92 ms", (f"native {native['step_ms']:.1f} ms; best {best['variant']} "
-                f"{best['step_ms']:.1f} ms") if native and best else "—",
-                verdict(None if best is None else best["step_ms"] <= 92)))
+    parts, ok = [], None
+    if uncached is not None:
+        step = 1e3 * uncached["latency_s"] / STEPS
+        parts.append(f"pipeline {step:.1f} ms ({uncached['config']}, {uncached['latency_s']:.3f} s / {STEPS})")
+        ok = step <= 92
+    if best is not None:
+        parts.append(f"step profile best {best['variant']} {best['step_ms']:.1f} ms")
+        ok = best["step_ms"] <= 92 if ok is None else ok
+    out.append(("uncached fp8 step at 1024² <= 92 ms", "; ".join(parts) or "—", verdict(ok)))
     return out
 
 
