@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from hookkit.errors import HookError
-from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
-from hookkit.techniques.compile.graph_pass import has_triton as _has_triton
+from hookkit.techniques.compile.graph_pass import CountingPass, binary as _pair, fake_call, fake_value as _val
+from hookkit.techniques.compile.graph_pass import has_triton as _has_triton, is_call as _is, last_dim as _last_dim, orders
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
@@ -162,21 +162,12 @@ def _split(node: Any, target: Any, constant: float, commutative: bool = False) -
     return None
 
 
-def _pair(node: Any, target: Any) -> tuple[Any, Any] | None:
-    if not _is(node, target) or len(node.args) != 2 or node.kwargs:
-        return None
-    return node.args[0], node.args[1]
-
-
 def gelu_tanh_source(node: Any) -> torch.fx.Node | None:
     """M when `node` is torch's decomposition of `gelu(M, approximate="tanh")` for a bf16/fp16 M:
     `convert(0.5 * x * (1 + tanh(0.79788... * (x + 0.044715 * x * x * x))), M.dtype)` with `x = convert(M, f32)`."""
     if not _is(node, _CONVERT) or node.args[1] not in _LOW:
         return None
-    product = _pair(node.args[0], aten.mul.Tensor)
-    if product is None:
-        return None
-    for half, one_plus in (product, product[::-1]):
+    for half, one_plus in orders(_pair(node.args[0], aten.mul.Tensor)):
         x = _split(half, aten.mul.Tensor, 0.5, True)
         t = _split(one_plus, aten.add.Tensor, 1.0, True)
         if x is None or not _is(t, aten.tanh.default):
@@ -197,10 +188,6 @@ def gelu_tanh_source(node: Any) -> torch.fx.Node | None:
                     and _val(x.args[0]).dtype == node.args[1]:
                 return x.args[0]
     return None
-
-
-def _last_dim(dim: Any, ndim: int) -> bool:
-    return isinstance(dim, int) and dim in (-1, ndim - 1)
 
 
 def _row_quantization(q: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
@@ -302,9 +289,8 @@ def layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Nod
     val = _val(x)
     if terms is None or val is None or val.dtype != torch.bfloat16 or val.dim() != 3:  # the kernel rounds to bf16
         return None
-    for product, b in (terms, terms[::-1]):
-        factors = _pair(product, aten.mul.Tensor)
-        for ln, a in ((factors, factors[::-1]) if factors else ()):
+    for product, b in orders(terms):
+        for ln, a in orders(_pair(product, aten.mul.Tensor)):
             match = _layer_norm_source(ln)
             if match is None or not all(_modulation_row(t, val) for t in (a, b)):
                 continue
@@ -317,8 +303,7 @@ def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
     """(h, eps) of `convert(mul(sub(hf, mean), rsqrt(add(var, eps))), h.dtype)` over the last dimension."""
     if not _is(node, _CONVERT) or node.args[1] not in _LOW:
         return None
-    factors = _pair(node.args[0], aten.mul.Tensor)
-    for centred, inverse in ((factors, factors[::-1]) if factors else ()):
+    for centred, inverse in orders(_pair(node.args[0], aten.mul.Tensor)):
         diff = _pair(centred, aten.sub.Tensor)
         if diff is None or not _is(inverse, aten.rsqrt.default):
             continue
@@ -444,14 +429,12 @@ class FusedFp8Rows(CountingPass):
         """`op(*args)` (fp8 data, scale) takes the place of torchao's quantization `q` and its `scale`."""
         from torch._guards import detect_fake_mode
 
+        fake = detect_fake_mode([_val(a) for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.fx.Node)])
         with graph.inserting_before(scale):  # before both outputs' first use: X and its inputs precede `scale`
-            fused = graph.call_function(op, args)
+            fused = fake_call(graph, fake, op, *args)
             data = graph.call_function(operator.getitem, (fused, 0))
             new_scale = graph.call_function(operator.getitem, (fused, 1))
-        vals = torch.utils._pytree.tree_map_only(torch.fx.Node, _val, args)
-        with detect_fake_mode(torch.utils._pytree.tree_leaves(vals)):
-            out = op(*vals)
-        fused.meta["val"], data.meta["val"], new_scale.meta["val"] = out, out[0], out[1]
+        data.meta["val"], new_scale.meta["val"] = fused.meta["val"]
         q.replace_all_uses_with(data)
         scale.replace_all_uses_with(new_scale)
 

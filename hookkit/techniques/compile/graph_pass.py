@@ -38,6 +38,33 @@ def is_call(node: Any, target: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
 
 
+def binary(node: Any, target: Any) -> tuple[Any, Any] | None:
+    """The two operands of `node` when it is an FX call of `target` with exactly two positional arguments, else None."""
+    if not is_call(node, target) or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args[0], node.args[1]
+
+
+def orders(pair: tuple[Any, Any] | None) -> tuple[tuple[Any, Any], ...]:
+    """Both operand orders of a commutative operation's `binary` match (none when it did not match)."""
+    return (pair, pair[::-1]) if pair is not None else ()
+
+
+def last_dim(dim: Any, ndim: int) -> bool:
+    """Whether `dim` names the last of `ndim` dimensions (-1 or ndim - 1)."""
+    return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+def fake_call(graph: torch.fx.Graph, fake: Any, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+    """A new FX call of `target` (at the graph's insertion point) with the fake value inductor expects on every node:
+    `target` run under the fake mode `fake` on its arguments' fake values."""
+    node = graph.call_function(target, args, kwargs)
+    vals = torch.utils._pytree.tree_map_only(torch.fx.Node, fake_value, args)
+    with fake:
+        node.meta["val"] = target(*vals, **kwargs)
+    return node
+
+
 def fake_value(node: Any) -> Any:
     """The fake tensor (or value) inductor recorded for `node`; None for a constant or an unrecorded node."""
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None

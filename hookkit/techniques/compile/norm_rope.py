@@ -20,6 +20,7 @@ CUDA kernel rounds where it rounds (the squares are summed in another order).
 
 from __future__ import annotations
 
+import functools
 import operator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from typing import Any
 import torch
 
 from hookkit.errors import HookError
-from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, has_triton, is_call as _is
+from hookkit.techniques.compile.graph_pass import CountingPass, binary as _pair, fake_call, fake_value as _val, has_triton
+from hookkit.techniques.compile.graph_pass import is_call as _is, last_dim as _last, orders as _orders
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CONVERT = prims.convert_element_type.default
@@ -126,21 +128,6 @@ def _(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float], cos
 
 
 # --- the graph pass ----------------------------------------------------------------------------------------
-
-
-def _pair(node: Any, target: Any) -> tuple[Any, Any] | None:
-    if not _is(node, target) or len(node.args) != 2 or node.kwargs:
-        return None
-    return node.args[0], node.args[1]
-
-
-def _orders(pair: tuple[Any, Any] | None) -> tuple[tuple[Any, Any], ...]:
-    """Both operand orders of a commutative operation (none when it did not match)."""
-    return (pair, pair[::-1]) if pair is not None else ()
-
-
-def _last(dim: Any, ndim: int) -> bool:
-    return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
 
 
 def _converts(node: Any, dtype: torch.dtype) -> Any:
@@ -395,14 +382,7 @@ class FusedNormRope(CountingPass):
         if len({s[3] for s in streams}) != 1:
             return False
         fake = detect_fake_mode([_val(s[0]) for s in streams])
-
-        def call(target: Any, *args: Any) -> torch.fx.Node:
-            made = graph.call_function(target, args)
-            vals = torch.utils._pytree.tree_map_only(torch.fx.Node, _val, args)
-            with fake:
-                made.meta["val"] = target(*vals)
-            return made
-
+        call = functools.partial(fake_call, graph, fake)  # a new node with its fake value
         with graph.inserting_before(node):
             cos, sin = [], []
             for (x, *_), pair in zip(streams, tables, strict=True):

@@ -14,12 +14,13 @@ Sana-WM's inverse rotation, reaches the pass resolved and is rewritten like any 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hookkit.techniques.compile.graph_pass import CountingPass, fake_value as _val, is_call as _is
+from hookkit.techniques.compile.graph_pass import CountingPass, fake_call, fake_value as _val, is_call as _is
 
 aten, prims = torch.ops.aten, torch.ops.prims
 #: complex dtype -> the real dtype of its parts
@@ -72,12 +73,7 @@ class RealComplexMul(CountingPass):
 
         fake = detect_fake_mode([_val(x), _val(y)])
 
-        def call(target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
-            node = graph.call_function(target, args, kwargs)
-            vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
-            with fake:
-                node.meta["val"] = target(*vals, **kwargs)
-            return node
+        call = functools.partial(fake_call, graph, fake)  # a new node with its fake value
 
         with graph.inserting_before(mul):
             parts = call(aten.view_as_real.default, y)
