@@ -66,18 +66,11 @@ def run(name: str, fuse: bool) -> tuple[torch.Tensor, dict[str, Any]]:
 
 
 def _cosmos_without_torchvision() -> None:
-    """Cosmos resizes its padding mask with torchvision, which this environment may lack: the same nearest resize (as
-    tests/test_every_transformer.py does)."""
-    import types
-
+    """Cosmos resizes its padding mask with torchvision, which this environment may lack: the tests' nearest resize."""
     import diffusers.models.transformers.transformer_cosmos as cosmos
 
     if "transforms" not in vars(cosmos):
-        def resize(mask: torch.Tensor, size: list[int], interpolation: Any = None) -> torch.Tensor:
-            return torch.nn.functional.interpolate(mask, size=size, mode="nearest")
-
-        cosmos.transforms = types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
-                                                  InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
+        cosmos.transforms = diffusers_configs.torchvision_shim()
 
 
 def main() -> None:

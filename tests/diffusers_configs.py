@@ -71,3 +71,16 @@ def build(name: str, **overrides: Any) -> torch.nn.Module:
 def inputs(name: str, seed: int = 0) -> dict[str, Any]:
     init = entry(name)["init"]
     return _decode(entry(name)["inputs"], torch.Generator().manual_seed(seed), init)
+
+
+def torchvision_shim() -> Any:
+    """What Cosmos's `transformer_cosmos.transforms` provides (it resizes its padding mask with torchvision, which the test
+    environment lacks): the same nearest resize, for setting there when the module has no `transforms`."""
+    import types
+
+    def resize(mask: torch.Tensor, size: list[int], interpolation: Any = None) -> torch.Tensor:
+        return torch.nn.functional.interpolate(mask, size=size, mode="nearest")
+
+    return types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
+                                 InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
+

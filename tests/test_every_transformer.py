@@ -21,7 +21,6 @@ inputs: each call is one denoising step.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ import pytest
 import torch
 
 import hookkit
-from diffusers_configs import build, configs, entry, inputs
+from diffusers_configs import build, configs, entry, inputs, torchvision_shim
 from hookkit.core.plan import flat_blocks
 from hookkit.errors import SpecError, UnsupportedError
 
@@ -125,12 +124,7 @@ def _cosmos_without_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
     import diffusers.models.transformers.transformer_cosmos as cosmos
 
     if "transforms" not in vars(cosmos):
-        def resize(mask: torch.Tensor, size: list[int], interpolation: Any = None) -> torch.Tensor:
-            return torch.nn.functional.interpolate(mask, size=size, mode="nearest")
-
-        shim = types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
-                                     InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
-        monkeypatch.setattr(cosmos, "transforms", shim, raising=False)
+        monkeypatch.setattr(cosmos, "transforms", torchvision_shim(), raising=False)
 
 
 def _bits(output: Any) -> torch.Tensor:
