@@ -6,8 +6,8 @@ Cases (bf16, query and key, 24 heads of 128, batch 1):
   qwen         text 512 + image 4,096 tokens: diffusers' RMSNorm (bf16 weight), complex RoPE, concatenated after
 Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
 `hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
-called directly (`join`: contiguous loads split in registers, else strided loads; `warps`; `int`: integer bf16
-rounding instead of the PTX instruction). Each row: GPU time per call, from CUDA-event timings of a CUDA graph that
+called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; run 24 also timed strided
+loads of the even and odd elements, 11x slower than the kernel's contiguous loads, since removed). Each row: GPU time per call, from CUDA-event timings of a CUDA graph that
 replays --iters calls (median of --runs replays after warm-up, min-max): the kernels alone, as a captured transformer
 runs them (run 22 timed the calls from Python instead, and measured the host's launch path: the op's wrapper and
 Triton's launcher, 60-250 µs per call, not the kernels; its times are not used), the memory traffic that implies, and
@@ -155,24 +155,23 @@ def norm_rope_rows(name: str, args: argparse.Namespace, device: torch.device) ->
         rows.append(row(label, lambda: compiled(*inputs), ref, traffic, args) | {"fused": fused.rewritten if fused else 0})
     from hookkit.techniques.compile import norm_rope_triton
 
-    for join in (True, False):
-        for warps in (2, 4, 8):
-            for use_ptx in (True, False):
-                if not use_ptx and (warps != 4 or not join):
-                    continue
+    for warps in (2, 4, 8):
+        for use_ptx in (True, False):
+            if not use_ptx and warps != 4:
+                continue
 
-                def direct(join: bool = join, warps: int = warps, use_ptx: bool = use_ptx) -> tuple[torch.Tensor, ...]:
-                    outs = []
-                    for c in calls:
-                        xs = [x if x.stride(3) == 1 and x.stride(2) == DIM else x.contiguous() for x in c["xs"]]
-                        out = xs[0].new_empty([1, sum(x.shape[1] for x in xs), HEADS, DIM])
-                        norm_rope_triton.launch(xs, c["weights"], c["eps"], c["cos"], c["sin"], c["round_first"], out,
-                                                join=join, num_warps=warps, use_ptx=use_ptx)
-                        outs.append(out)
-                    return tuple(outs)
+            def direct(warps: int = warps, use_ptx: bool = use_ptx) -> tuple[torch.Tensor, ...]:
+                outs = []
+                for c in calls:
+                    xs = [x if x.stride(3) == 1 and x.stride(2) == DIM else x.contiguous() for x in c["xs"]]
+                    out = xs[0].new_empty([1, sum(x.shape[1] for x in xs), HEADS, DIM])
+                    norm_rope_triton.launch(xs, c["weights"], c["eps"], c["cos"], c["sin"], c["round_first"], out,
+                                            num_warps=warps, use_ptx=use_ptx)
+                    outs.append(out)
+                return tuple(outs)
 
-                label = f"op join={int(join)} warps={warps}" + ("" if use_ptx else " int")
-                rows.append(row(label, direct, ref, traffic, args))
+            label = f"op warps={warps}" + ("" if use_ptx else " int")
+            rows.append(row(label, direct, ref, traffic, args))
     return [r | {"case": name} for r in rows]
 
 

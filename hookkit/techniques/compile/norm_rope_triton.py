@@ -21,20 +21,17 @@ from hookkit.techniques.compile.fp8_rows_triton import _round_bf16, ptx
 @triton.jit
 def _rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, tokens, out_tokens, offset, stride_xb,
                           stride_xs, stride_cs, stride_cj, cos_odd, stride_ss, stride_sj, sin_odd, eps,
-                          D: tl.constexpr, HEADS: tl.constexpr, ROUND_FIRST: tl.constexpr, JOIN: tl.constexpr,
-                          PTX: tl.constexpr):
+                          D: tl.constexpr, HEADS: tl.constexpr, ROUND_FIRST: tl.constexpr, PTX: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     batch, seq = token // tokens, token % tokens
     head = tl.arange(0, HEADS)[:, None]  # HEADS: the head count rounded up to a power of two
     live = head < heads
     pair = tl.arange(0, D // 2)[None, :]
     source = x_ptr + batch * stride_xb + seq * stride_xs + head * D
-    if JOIN:  # one contiguous load of each head, split in registers
-        x = tl.load(source + tl.arange(0, D)[None, :], mask=live, other=0.0).to(tl.float32)
-        even, odd = tl.split(tl.reshape(x, (HEADS, D // 2, 2)))
-    else:  # two strided loads
-        even = tl.load(source + 2 * pair, mask=live, other=0.0).to(tl.float32)
-        odd = tl.load(source + 2 * pair + 1, mask=live, other=0.0).to(tl.float32)
+    # one contiguous load of each head, split in registers (two strided loads of the even and odd elements were 11x
+    # slower on an H200: BENCHMARKS.md, run 24)
+    x = tl.load(source + tl.arange(0, D)[None, :], mask=live, other=0.0).to(tl.float32)
+    even, odd = tl.split(tl.reshape(x, (HEADS, D // 2, 2)))
     # eager: mean(x.float() ** 2) (each square rounded), + eps, rsqrt; the kernel sums the squares in another order
     squares = even * even + odd * odd
     inverse = tl.rsqrt(tl.sum(squares, axis=1)[:, None] / D + eps)
@@ -55,19 +52,15 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, tokens
     rot_even = _round_bf16(a * c_even - b * s_even, PTX).to(tl.bfloat16)
     rot_odd = _round_bf16(b * c_odd + a * s_odd, PTX).to(tl.bfloat16)
     target = out_ptr + ((batch * out_tokens + offset + seq) * heads + head) * D
-    if JOIN:
-        tl.store(target + tl.arange(0, D)[None, :], tl.reshape(tl.join(rot_even, rot_odd), (HEADS, D)), mask=live)
-    else:
-        tl.store(target + 2 * pair, rot_even, mask=live)
-        tl.store(target + 2 * pair + 1, rot_odd, mask=live)
+    tl.store(target + tl.arange(0, D)[None, :], tl.reshape(tl.join(rot_even, rot_odd), (HEADS, D)), mask=live)
 
 
 def launch(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float], cos: list[torch.Tensor],
-           sin: list[torch.Tensor], round_first: bool, out: torch.Tensor, join: bool = True, num_warps: int = 4,
+           sin: list[torch.Tensor], round_first: bool, out: torch.Tensor, num_warps: int = 4,
            use_ptx: bool | None = None) -> None:
     """Fill `out` `[B, sum of tokens, H, D]` stream by stream (norm_rope.py checked shapes and dtypes). A rotation table
     `[tokens, D / 2]` (one value per pair) serves both elements of a pair; a `[tokens, D]` one holds each element's.
-    `join`, `num_warps`, `use_ptx`: the kernel's variants, for benchmarks (the defaults are what the op runs)."""
+    `num_warps`, `use_ptx`: the kernel's variants, for benchmarks (the defaults are what the op runs)."""
     batch, total, heads, dim = out.shape
     offset = 0
     with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
@@ -79,6 +72,6 @@ def launch(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float]
                 _rms_norm_rope_kernel[(batch * tokens,)](
                     x, w, c, s, out, heads, tokens, total, offset, x.stride(0), x.stride(1), c.stride(0), cj, c_odd,
                     s.stride(0), sj, s_odd, float(e), D=dim, HEADS=triton.next_power_of_2(heads),
-                    ROUND_FIRST=bool(round_first), JOIN=bool(join), PTX=ptx() if use_ptx is None else use_ptx,
+                    ROUND_FIRST=bool(round_first), PTX=ptx() if use_ptx is None else use_ptx,
                     num_warps=num_warps, enable_fp_fusion=False)
             offset += tokens
