@@ -1,18 +1,20 @@
-"""hookkit's query/key RMSNorm + RoPE kernel against inductor's kernels for it, at Flux-dev and Qwen-Image 1024².
+"""hookkit's query/key RMSNorm + RoPE kernel against inductor's kernels for it: Flux-dev and Qwen-Image at 1024², Wan.
 
-Cases (bf16, query and key, 24 heads of 128, batch 1):
+Cases (bf16, query and key, batch 1; 24 heads of 128 but Wan's):
   flux-single  4,608 tokens: torch's rms_norm, then diffusers' interleaved real RoPE ([tokens, 128] tables)
   flux-double  text 512 + image 4,096 tokens, each normalized with its own weight, concatenated, then rotated
   qwen         text 512 + image 4,096 tokens: diffusers' RMSNorm (bf16 weight), complex RoPE, concatenated after
+  wan          Wan 2.1 14B at 480x832, 81 frames: 32,760 tokens of 40 heads, torch's rms_norm over all heads, Wan's
+               own RoPE with bf16 tables (a bf16 model's rope buffers)
 Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
 `hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
-called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; run 24 also timed strided
-loads of the even and odd elements, 11x slower than the kernel's contiguous loads, since removed). Each row: GPU time per call, from CUDA-event timings of a CUDA graph that
-replays --iters calls (median of --runs replays after warm-up, min-max): the kernels alone, as a captured transformer
-runs them (run 22 timed the calls from Python instead, and measured the host's launch path: the op's wrapper and
-Triton's launcher, 60-250 µs per call, not the kernels; its times are not used), the memory traffic that implies, and
-the output against the eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel
-(compile.fp8_rows) with PTX and with integer rounding.
+called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; run 24 also timed strided loads
+of the even and odd elements, 11x slower than the kernel's contiguous loads, since removed). Each row: GPU time per
+call, from CUDA-event timings of a CUDA graph that replays --iters calls (median of --runs replays after warm-up,
+min-max): the kernels alone, as a captured transformer runs them (run 22 timed the calls from Python instead, and
+measured the host's launch path: the op's wrapper and Triton's launcher, 60-250 µs per call, not the kernels; its
+times are not used), the memory traffic that implies, and the output against the eager arithmetic (fraction of values
+moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding.
 
     python benchmarks/norm_rope.py --out DIR        # a CUDA device; JSON in DIR/norm_rope.json
 """
@@ -38,6 +40,8 @@ from hookkit.techniques.compile.norm_rope import FusedNormRope  # noqa: E402
 from hookkit.techniques.compile.real_rope import RealComplexMul  # noqa: E402
 
 HEADS, DIM, EPS = 24, 128, 1e-6
+#: Wan 2.1 14B at 480x832, 81 frames (21 latent frames of 30 x 52 patches): 32,760 tokens of 40 heads
+WAN_HEADS, WAN_TOKENS = 40, 32760
 
 
 def diffusers_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -70,6 +74,21 @@ def qwen(q: torch.Tensor, k: torch.Tensor, tq: torch.Tensor, tk: torch.Tensor, w
     return tuple(out)
 
 
+def wan(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan's query and key paths (`WanAttnProcessor`): RMSNorm over all heads, then its own rotary embedding."""
+    out = []
+    for t, w in ((q, wq), (k, wk)):
+        y = F.rms_norm(t, (t.shape[-1],), w, EPS).unflatten(2, (WAN_HEADS, -1))
+        x1, x2 = y.unflatten(-1, (-1, 2)).unbind(-1)
+        c, s = cos[..., 0::2], sin[..., 1::2]
+        rotated = torch.empty_like(y)
+        rotated[..., 0::2] = x1 * c - x2 * s
+        rotated[..., 1::2] = x1 * s + x2 * c
+        out.append(rotated.type_as(y))
+    return tuple(out)
+
+
 def case(name: str, device: torch.device) -> tuple[Callable[..., Any], tuple[Any, ...], list[dict[str, Any]]]:
     """(eager function, its inputs, the op's arguments for the query and for the key)."""
     g = torch.Generator(device).manual_seed(0)
@@ -78,6 +97,15 @@ def case(name: str, device: torch.device) -> tuple[Callable[..., Any], tuple[Any
         return (torch.randn(1, tokens, HEADS * DIM * 3, device=device, generator=g) * 3).to(torch.bfloat16)[
             ..., :HEADS * DIM].unflatten(-1, (HEADS, DIM))  # a slice of a fused QKV output, as projections give it
 
+    if name == "wan":  # separate projections (contiguous); bf16 tables, as a bf16 model's rope buffers are
+        q, k = ((torch.randn(1, WAN_TOKENS, WAN_HEADS * DIM, device=device, generator=g) * 3).to(torch.bfloat16)
+                for _ in range(2))
+        wq, wk = ((torch.randn(WAN_HEADS * DIM, device=device, generator=g) * 0.5 + 1).to(torch.bfloat16)
+                  for _ in range(2))
+        cos, sin = (torch.randn(1, WAN_TOKENS, 1, DIM, device=device, generator=g).to(torch.bfloat16) for _ in range(2))
+        return wan, (q, k, wq, wk, cos, sin), [
+            dict(xs=[t.unflatten(-1, (WAN_HEADS, DIM))], weights=[w], eps=[EPS], cos=[cos[0, :, 0, 0::2]],
+                 sin=[sin[0, :, 0, 1::2]], round_first=False, across_heads=True) for t, w in ((q, wq), (k, wk))]
     weights = [(torch.randn(DIM, device=device, generator=g) * 0.5 + 1).to(torch.bfloat16) for _ in range(4)]
     if name == "flux-single":
         q, k = x(4608), x(4608)
@@ -155,18 +183,18 @@ def norm_rope_rows(name: str, args: argparse.Namespace, device: torch.device) ->
         rows.append(row(label, lambda: compiled(*inputs), ref, traffic, args) | {"fused": fused.rewritten if fused else 0})
     from hookkit.techniques.compile import norm_rope_triton
 
-    for warps in (2, 4, 8):
+    for warps in (2, 4, 8, 16):
         for use_ptx in (True, False):
-            if not use_ptx and warps != 4:
+            if not use_ptx and warps != 4 or warps == 16 and name != "wan":  # 16 warps: Wan's 64 (40) heads only
                 continue
 
             def direct(warps: int = warps, use_ptx: bool = use_ptx) -> tuple[torch.Tensor, ...]:
                 outs = []
                 for c in calls:
                     xs = [x if x.stride(3) == 1 and x.stride(2) == DIM else x.contiguous() for x in c["xs"]]
-                    out = xs[0].new_empty([1, sum(x.shape[1] for x in xs), HEADS, DIM])
+                    out = xs[0].new_empty([1, sum(x.shape[1] for x in xs), xs[0].shape[2], DIM])
                     norm_rope_triton.launch(xs, c["weights"], c["eps"], c["cos"], c["sin"], c["round_first"], out,
-                                            num_warps=warps, use_ptx=use_ptx)
+                                            c.get("across_heads", False), num_warps=warps, use_ptx=use_ptx)
                     outs.append(out)
                 return tuple(outs)
 
@@ -200,7 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--cases", default="flux-single,flux-double,qwen")
+    parser.add_argument("--cases", default="flux-single,flux-double,qwen,wan")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     if not torch.cuda.is_available():

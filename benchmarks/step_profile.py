@@ -14,6 +14,7 @@ the reason, not a crash. Rows stream to $OUT/step_profile.json as they finish.
     python benchmarks/step_profile.py                       # H200: Flux-dev 1024², ~3 min
     python benchmarks/step_profile.py --variants native,native+mod,native+fused+mod --size 512
     python benchmarks/step_profile.py --model qwenimage     # H200: Qwen-Image 1024² (no floor computed)
+    python benchmarks/step_profile.py --model wan --size 480 --variants native+mod,native+mod+nonormrope
     python benchmarks/step_profile.py --quick               # CPU: the tiny model, int8 weight-only, no graphs (~1 min)
 
 Kernel names are grouped by regular expressions (`GROUPS`); each row keeps its 25 largest kernels with their
@@ -253,8 +254,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--model", default="flux", choices=("flux", "qwenimage"),
-                   help="Flux-dev (the 87 ms floor at 1024² is Flux's) or Qwen-Image (no floor computed)")
+    p.add_argument("--model", default="flux", choices=("flux", "qwenimage", "wan"),
+                   help="Flux-dev (the 87 ms floor at 1024² is Flux's), Qwen-Image or Wan 2.1 1.3B (size² frames; no "
+                        "floor computed)")
     p.add_argument("--variants", default=DEFAULT_VARIANTS,
                    help="comma-separated attention backends, each with optional suffixes: "
                         + "; ".join(f"'+{k}' {v}" for k, v in SUFFIXES.items()))
