@@ -5,7 +5,8 @@ Cases (bf16, query and key, batch 1; 24 heads of 128 but Wan's):
   flux-double  text 512 + image 4,096 tokens, each normalized with its own weight, concatenated, then rotated
   qwen         text 512 + image 4,096 tokens: diffusers' RMSNorm (bf16 weight), complex RoPE, concatenated after
   wan          Wan 2.1 14B at 480x832, 81 frames: 32,760 tokens of 40 heads, torch's rms_norm over all heads, Wan's
-               own RoPE with bf16 tables (a bf16 model's rope buffers)
+               own RoPE with bf16 tables (a bf16 model's rope buffers); since run 26 the pass leaves 40 heads to
+               inductor (`norm_rope.MAX_ACROSS_WIDTH`): its `hookkit` row is inductor's, the op rows time the kernel
 Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
 `hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
 called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; run 24 also timed strided loads

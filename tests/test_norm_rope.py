@@ -156,6 +156,17 @@ def test_wans_query_path_compiles_to_one_op_call_with_eagers_output(tables: torc
     assert torch.equal(out, wan_query(x, w, *wan_tables(16, tables)))
 
 
+def test_a_norm_over_more_heads_than_the_kernel_is_measured_faster_for_is_left_to_inductor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # HEADS (2) x DIM (64) = 128 values a token: fused at the limit, left alone one head-row below it
+    x = randn(1, 16, HEADS * DIM, scale=3, dtype=torch.bfloat16)
+    w = (randn(HEADS * DIM, seed=1, scale=0.5) + 1).to(torch.bfloat16)
+    monkeypatch.setattr(norm_rope, "MAX_ACROSS_WIDTH", HEADS * DIM)
+    assert compiled(wan_query, x, w, *wan_tables(16, torch.float32))[1].per_graph == [1]
+    monkeypatch.setattr(norm_rope, "MAX_ACROSS_WIDTH", HEADS * DIM - 1)
+    assert compiled(wan_query, x, w, *wan_tables(16, torch.float32))[1].per_graph == [0]
+
+
 def test_a_per_head_weight_with_a_norm_over_all_heads_is_refused_by_name() -> None:
     x = randn(1, 4, HEADS, DIM, dtype=torch.bfloat16)
     with pytest.raises(HookError, match=r"hookkit::rms_norm_rope: stream 0: .*weight \[heads \* D\].*got .*weight \(64,\)"):

@@ -40,6 +40,10 @@ _CONVERT = prims.convert_element_type.default
 DEVICES: tuple[str, ...] = ("cuda",)
 #: the widest head the kernel holds (a power of two; Flux, Qwen-Image: 128)
 MAX_HEAD_DIM = 256
+#: the most values of a token (heads rounded up to a power of two, times the head) that the pass gives the kernel for
+#: a norm over all heads: on an H200 (BENCHMARKS.md, run 26) Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
+#: inductor's 7.5, Wan 2.1 14B's 64 x 128 (40 heads) took 1.9x inductor's time (one program holds a whole token)
+MAX_ACROSS_WIDTH = 2048
 
 
 # --- the op ------------------------------------------------------------------------------------------------
@@ -196,6 +200,8 @@ def across_heads_source(y: Any) -> tuple[torch.fx.Node, torch.fx.Node, float, bo
     if not _is(y, aten.reshape.default) or not _head_input(y):
         return None
     shape = _val(y).shape
+    if (1 << (shape[2] - 1).bit_length()) * shape[3] > MAX_ACROSS_WIDTH:  # slower than inductor's kernels there
+        return None
 
     def whole_token(x: Any) -> bool:
         val = _val(x)
@@ -434,7 +440,7 @@ class FusedNormRope(CountingPass):
         self.devices = DEVICES if devices is None else devices
 
     def settings(self) -> tuple[Any, ...]:
-        return (self.devices,)
+        return (self.devices, MAX_ACROSS_WIDTH)
 
     def rewrite(self, graph: torch.fx.Graph) -> int:
         ropes: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = {}
