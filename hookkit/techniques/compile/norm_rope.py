@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def _check(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float]
     first = xs[0]
     dim = first.shape[-1] if first.dim() == 4 else -1
     width = first.shape[-2] * dim if across_heads and first.dim() == 4 else dim
-    tables = cos[0].dtype if cos else None
+    tables = cos[0].dtype
     for k, (x, w, c, s) in enumerate(zip(xs, weights, cos, sin, strict=True)):
         ok = (x.dim() == 4 and dim % 2 == 0 and x.dtype == first.dtype and x.shape[0] == first.shape[0]
               and x.shape[2:] == first.shape[2:] and tuple(w.shape) == (width,)
@@ -172,7 +173,8 @@ def _inverse_rms(node: Any) -> tuple[torch.fx.Node, float] | None:
     return xf, eps
 
 
-def rms_norm_source(y: Any, input_ok: Any = None) -> tuple[torch.fx.Node, torch.fx.Node, float, bool] | None:
+def rms_norm_source(y: Any, input_ok: Callable[[Any], bool] | None = None
+                    ) -> tuple[torch.fx.Node, torch.fx.Node, float, bool] | None:
     """(x, weight, eps, round_first) when `y` is a bf16 RMSNorm of x over its head dimension with a weight: torch's
     `convert(xf * r * w, bf16)` (round_first False) or diffusers' `convert(x * r, bf16) * w` (True), where
     `xf = convert(x, f32)`, `r = rsqrt(mean(xf ** 2, [-1], True) + eps)`. `input_ok` judges x (default: a head the
@@ -279,14 +281,18 @@ def _rotated(node: Any, y: torch.fx.Node) -> bool:
     negated, even = parts
     if not _is(negated, aten.neg.default):
         return False
-    odd = negated.args[0]
+    return _unbound_pairs(even, negated.args[0]) is y
+
+
+def _unbound_pairs(even: Any, odd: Any) -> Any:
+    """y when `even, odd = unbind(reshape(y, [..., -1, 2]), -1)` (each pair's two elements), else None."""
     unbind = even.args[0] if _is(even, operator.getitem) else None
     if unbind is None or not _getitem(even, unbind, 0) or not _getitem(odd, unbind, 1):
-        return False
+        return None
     if not _is(unbind, aten.unbind.int) or not _last(unbind.args[1] if len(unbind.args) > 1 else 0, 5):
-        return False
+        return None
     pairs = unbind.args[0]
-    return _is(pairs, aten.reshape.default) and pairs.args[0] is y and _val(pairs).shape[-1] == 2
+    return pairs.args[0] if _is(pairs, aten.reshape.default) and _val(pairs).shape[-1] == 2 else None
 
 
 def complex_rope_source(out: Any) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
@@ -384,15 +390,7 @@ def wan_rope_source(out: Any) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.No
         return None
     for a, c in _orders(_pair(difference[0], aten.mul.Tensor)):
         for b, s in _orders(_pair(difference[1], aten.mul.Tensor)):
-            if not (_getitem(a, a.args[0] if _is(a, operator.getitem) else None, 0) and _getitem(b, a.args[0], 1)):
-                continue
-            unbind = a.args[0]
-            if not _is(unbind, aten.unbind.int) or not _last(unbind.args[1] if len(unbind.args) > 1 else 0, 5):
-                continue
-            pairs = unbind.args[0]
-            if not _is(pairs, aten.reshape.default) or _val(pairs).shape[-1] != 2:
-                continue
-            y = pairs.args[0]
+            y = _unbound_pairs(a, b)
             if not _head_input(y) or tuple(_val(even[0]).shape) != tuple(_val(y).shape):
                 continue
             half = _val(y).shape[3] // 2

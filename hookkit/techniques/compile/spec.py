@@ -49,14 +49,14 @@ class Compile:
             as real arithmetic (default True): inductor generates no code for complex operators and runs them as
             separate kernels between unfused neighbours; as real arithmetic they fuse into the query/key
             normalization. The same formula as ATen's complex product: on the CPU bitwise the complex path's output.
-        fuse_norm_rope: with the inductor backend on CUDA, compute each attention's per-head query/key RMSNorm and
-            rotary embedding (the forms of Flux, Qwen-Image and the models that share their attention code) in one
-            pass by hookkit's kernel, writing the attention's input directly (default True): inductor's own kernels
-            pass over the query and key several times (the kernels between the QKV projections and the attention took
-            6.4 ms of an fp8 Flux-dev 1024² step on an H200, 3.1 ms with hookkit's; Qwen-Image's 7.3 against 4.3 ms:
-            BENCHMARKS.md, run 22). The kernel rounds where eager
-            rounds (bitwise in Triton's CPU interpreter; on the GPU the sum of squares in another order moves a few
-            values in a million by one bf16 step). False leaves them to inductor.
+        fuse_norm_rope: with the inductor backend on CUDA, compute each attention's query/key RMSNorm and rotary
+            embedding (the forms of Flux, Qwen-Image, Wan up to 16 heads, and the models that share their attention
+            code) in one pass by hookkit's kernel, writing the attention's input directly (default True): inductor's
+            own kernels pass over the query and key several times (the kernels between the QKV projections and the
+            attention took 6.4 ms of an fp8 Flux-dev 1024² step on an H200, 3.1 ms with hookkit's; Qwen-Image's 7.3
+            against 4.3 ms: BENCHMARKS.md, run 22; Wan 2.1 1.3B's 7.5 against 7.0 ms, run 26). The kernel rounds where
+            eager rounds (bitwise in Triton's CPU interpreter; on the GPU the sum of squares in another order moves a
+            few values in a million by one bf16 step). False leaves them to inductor.
     """
 
     regional: bool = attrs.field(default=True, validator=boolean)
