@@ -24,6 +24,7 @@ from hookkit.adapters import (
 from hookkit.core.handle import Handle, disable, handle_of
 from hookkit.features import build_plan, enable
 from hookkit.spec import Spec
+from hookkit.techniques.cache.calibration import CacheCalibration
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.parallel import ContextParallel
@@ -32,9 +33,28 @@ from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 
 __version__ = "0.1.0.dev0"
 
+
+def calibrate(pipe: object, calls: list, *, progress: bool = False) -> CacheCalibration:
+    """One uncached run of `calls` on `pipe`: the `CacheCalibration` DBCache's "magnitude" and "schedule" rules read.
+    See `hookkit.tools.tune.calibrate` (imported on first use: `import hookkit` loads no tooling)."""
+    from hookkit.tools.tune import calibrate as run
+
+    return run(pipe, calls, progress=progress)
+
+
+def tune(pipe: object, calls: list, *, speedup: float | None = None, min_psnr: float | None = None,
+         progress: bool = True) -> Spec:
+    """The caching Spec with the best PSNR at >= `speedup`, or the fastest above `min_psnr`, measured on `calls`.
+    See `hookkit.tools.tune.tune` (imported on first use: `import hookkit` loads no tooling)."""
+    from hookkit.tools.tune import tune as run
+
+    return run(pipe, calls, speedup=speedup, min_psnr=min_psnr, progress=progress)
+
+
 __all__ = [
     "AdapterSpec",
     "BlockListSpec",
+    "CacheCalibration",
     "Compile",
     "ContextParallel",
     "DBCache",
@@ -43,6 +63,7 @@ __all__ = [
     "Spec",
     "SyncReport",
     "build_plan",
+    "calibrate",
     "disable",
     "enable",
     "errors",
@@ -55,5 +76,6 @@ __all__ = [
     "resolve_adapter",
     "set_verbosity",
     "testing",
+    "tune",
     "unregister_adapter",
 ]

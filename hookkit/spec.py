@@ -47,14 +47,15 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         """A plain, JSON-safe dict (lists for tuples), the inverse of `Spec.from_dict`.
 
-        A callable field (`Quantize.filter_fn`) is written as 'module:qualname' (`validate.callable_name`), which
+        A nested record (`DBCache.calibration`) is written by its own `to_dict`. A callable field (`Quantize.filter_fn`) is written as 'module:qualname' (`validate.callable_name`), which
         `from_dict` imports again; a lambda or local function is written as its repr, which `from_dict` refuses.
         """
         out: dict[str, Any] = {}
         for field in attrs.fields(Spec):
             value = getattr(self, field.name)
             if attrs.has(type(value)):
-                value = {k: list(v) if isinstance(v, tuple) else callable_name(v) if callable(v) else v
+                value = {k: v.to_dict() if attrs.has(type(v)) else list(v) if isinstance(v, tuple)
+                         else callable_name(v) if callable(v) else v
                          for k, v in attrs.asdict(value, recurse=False).items()}
             out[field.name] = value
         return out

@@ -18,7 +18,7 @@ def test_specs_are_frozen() -> None:
 
 def test_specs_are_keyword_only() -> None:
     with pytest.raises(SpecError, match=r"^DBCache: expected keyword arguments only, got 2 positional \(\(1, 0\)\)\. "
-                                        r"Name each one, e.g. DBCache\(fn_blocks=\.\.\.\); valid fields: fn_blocks, "):
+                                        r"Name each one, e.g. DBCache\(rule=\.\.\.\); valid fields: rule, fn_blocks, "):
         hookkit.DBCache(1, 0)  # type: ignore[misc]
 
 
@@ -26,7 +26,7 @@ def test_a_misspelled_field_names_the_closest_valid_one_and_lists_them_all() -> 
     with pytest.raises(SpecError) as info:
         hookkit.DBCache(treshold=0.1)
     assert str(info.value).startswith("DBCache.treshold: expected one of the fields of DBCache, got the unknown field "
-                                      "'treshold'. Did you mean 'threshold'? Valid fields: fn_blocks, bn_blocks, threshold,")
+                                      "'treshold'. Did you mean 'threshold'? Valid fields: rule, fn_blocks, bn_blocks, threshold,")
 
 
 def test_a_missing_required_field_is_a_spec_error() -> None:

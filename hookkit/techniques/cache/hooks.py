@@ -42,7 +42,7 @@ from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, Summary, table
 from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
-from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask
+from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask, rule_mask
 
 NAME = "cache"
 ENTRY_HOOK = "hookkit.cache.entry"
@@ -82,7 +82,8 @@ def _layout(spec: DBCache, num_blocks: int) -> _Layout:
             f"bn_blocks={spec.bn_blocks} = {spec.fn_blocks + spec.bn_blocks}. Lower one of them."
         )
     static_mask = spec.steps_mask is not None and spec.mask_policy == "static"
-    return _Layout(spec=spec, num_blocks=num_blocks, needs_diff=not static_mask and spec.threshold > 0)
+    needs_diff = spec.rule == "threshold" and not static_mask and spec.threshold > 0
+    return _Layout(spec=spec, num_blocks=num_blocks, needs_diff=needs_diff)
 
 
 # --- block inputs and outputs --------------------------------------------------------------------------------
@@ -170,7 +171,8 @@ class _Branch:
         self.times: list[int] = []
 
     def store(self, step: int, residuals: tuple[torch.Tensor | None, torch.Tensor | None], order: int) -> None:
-        """Keep the middle residuals of computed step `step` (and their divided differences for TaylorSeer)."""
+        """Keep the middle residuals of computed step `step` and, for TaylorSeer, their derivative estimates in
+        the paper's form: each difference taken against the previous computed step and divided by the gap."""
         for s, y in enumerate(residuals):
             if y is None:
                 continue
@@ -178,16 +180,18 @@ class _Branch:
             if previous is not None and previous.shape != y.shape:  # a new geometry: start the trajectory over
                 previous = self.d1[s] = self.d2[s] = None
             if order >= 1 and previous is not None:
-                d1 = (y - previous).div_(step - self.times[-1])
+                gap = step - self.times[-1]
+                d1 = (y - previous).div_(gap)
                 old_d1 = self.d1[s]
-                if order >= 2 and old_d1 is not None and len(self.times) >= 2:
-                    self.d2[s] = (d1 - old_d1).div_(step - self.times[-2])
+                if order >= 2 and old_d1 is not None:
+                    self.d2[s] = (d1 - old_d1).div_(gap)
                 self.d1[s] = d1
             self.residual[s] = y
         self.times = [*self.times[-1:], step]
 
     def predict(self, stream: int, step: int, base: torch.Tensor) -> torch.Tensor:
-        """`base` + the middle residual at `step`: the stored one, or its Newton extrapolation."""
+        """`base` + the middle residual at `step`: the stored one, or its Taylor extrapolation y + d1 k + d2 k^2 / 2
+        (k: steps since the last computed one). `calibration.predict_weights` is the same sum, for planning."""
         y = self.residual[stream]
         d1 = self.d1[stream]
         if d1 is None:
@@ -196,7 +200,7 @@ class _Branch:
         out = torch.add(y, d1, alpha=dt)
         d2 = self.d2[stream]
         if d2 is not None:
-            out.add_(d2, alpha=dt * (step - self.times[-2]))
+            out.add_(d2, alpha=dt * dt / 2)
         return out.add_(base)
 
     def record(self, step: int, cached: bool) -> None:
@@ -234,8 +238,15 @@ class _CallState:
                 "is unknown here (a bare transformer without it). Use `with handle.generation(num_steps=N):`, or "
                 "pass an explicit list of 0/1."
             )
-        mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
-        self.mask: tuple[int, ...] | None = mask
+        if spec.rule != "threshold":
+            if num_steps is None:
+                raise SpecError(
+                    f"DBCache(rule={spec.rule!r}): the rule plans the call's steps before it starts, and the number of "
+                    "steps is unknown here (a bare transformer without it). Use `with handle.generation(num_steps=N):`.")
+            mask: tuple[int, ...] | None = rule_mask(spec, num_steps, layout.num_blocks)
+        else:
+            mask = spec.steps_mask if num_steps is None else resolve_steps_mask(spec.steps_mask, num_steps)
+        self.mask = mask
         warmup = effective_warmup_steps(spec, num_steps)
         self.num_steps = num_steps
         #: steps of the warm-up as given (before a mask cuts it), for the summary's "why nothing was cached"
@@ -243,8 +254,11 @@ class _CallState:
         if mask is not None:
             leading = next((i for i, m in enumerate(mask) if m != 1), len(mask))
             warmup = min(warmup, leading)
-        self.warmup = frozenset(range(0, warmup, spec.warmup_interval))
-        self.static = mask is not None and spec.mask_policy == "static"
+        #: the warm-up computes steps 0, interval, 2 interval, ... below `warmup_end` (kept as two ints: a huge
+        #: warmup_steps costs nothing)
+        self.warmup_end = warmup
+        self.warmup_interval = spec.warmup_interval
+        self.static = mask is not None and (spec.mask_policy == "static" or spec.rule != "threshold")
         self.branches: dict[int, _Branch] = {}
         #: decision of the current transformer call, and its branch and step
         self.skip = False
@@ -330,7 +344,7 @@ class _CallState:
         """Rules 1-7 of `rules`, which read nothing from the device: cached (True), computed (False), or None
         when rule 8, the diff against the threshold, decides."""
         spec = self.layout.spec
-        if branch.residual[0] is None or step in self.warmup:
+        if branch.residual[0] is None or self.in_warmup(step):
             return False
         if middle is not None and not _fits(branch, middle):
             return False  # the batch or geometry changed within the call (e.g. CFG cut off part-way): compute
@@ -349,6 +363,14 @@ class _CallState:
         if spec.threshold <= 0:
             return False
         return None
+
+    def in_warmup(self, step: int) -> bool:
+        return step < self.warmup_end and step % self.warmup_interval == 0
+
+    def warmup_steps(self) -> list[int]:
+        """The warm-up's steps within the call (at most `num_steps` of them, for the summary)."""
+        end = min(self.warmup_end, self.step + 1 if self.num_steps is None else self.num_steps)
+        return list(range(0, end, self.warmup_interval))
 
     def judge(self, step: int, branch: _Branch, diff: float) -> bool:
         """Rule 8 for a diff read from the device: records it, and caches iff it is below the threshold."""
@@ -956,7 +978,7 @@ def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
         return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
     if spec.max_continuous_cached_steps == 0:
         return "max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
-    if len(cs.warmup) >= n:
+    if len(cs.warmup_steps()) >= n:
         return (f"warmup_steps={cs.warmup_given} covers all {n} steps of this call: no step may be cached. "
                 f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).")
     return None
@@ -1003,7 +1025,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "parallel": cs.parallel.describe() if cs is not None and cs.parallel is not None else None,
         "collectives": cs.collectives if cs is not None else 0,
         "branches": branches,
-        "warmup_steps": sorted(cs.warmup) if cs is not None else None,
+        "warmup_steps": cs.warmup_steps() if cs is not None else None,
+        "rule": spec.rule,
         "no_cache_reason": _no_cached_reason(layout, cs),
     }
     return FeatureSummary(name=NAME, data=data, text=_render(data))

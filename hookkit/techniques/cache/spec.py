@@ -8,8 +8,12 @@ from typing import Any
 
 import attrs
 
-from hookkit.core.validate import choice, float_field, int_field, is_int, owner, plain, strict_init, to_tuple
+from hookkit.core.validate import choice, float_field, instance_of, int_field, is_int, owner, plain, strict_init, to_tuple
 from hookkit.errors import SpecError, field_error
+from hookkit.techniques.cache.calibration import CacheCalibration, as_calibration, magnitude_mask, plan_schedule
+
+#: how DBCache decides which steps reuse the middle blocks' residual (`DBCache.rule`)
+RULES = ("threshold", "magnitude", "schedule")
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
@@ -39,15 +43,33 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
 @attrs.frozen(kw_only=True)
 class DBCache:
     """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
-    blocks are skipped on steps where the first blocks' residual changed little, and their stored residual
-    is added instead. The order in which the rules below decide is in `hookkit.techniques.cache.hooks`.
-    The defaults are the quality harness's choice on the trained tiny Flux (BENCHMARKS.md).
+    blocks are skipped on cached steps and their stored residual (or its TaylorSeer extrapolation) is added
+    instead. `rule` decides which steps are cached; the order in which the threshold rule's checks decide is in
+    `hookkit.techniques.cache.hooks`. The defaults are the quality harness's choice on the trained tiny Flux
+    (BENCHMARKS.md).
+
+    Rules:
+      - "threshold" (default): cache a step when the first blocks' residual changed little since the branch's
+        last computed step (one host read per step), within `warmup_steps`, `steps_mask` and the limits below.
+      - "magnitude": MagCache's rule, decided before the call from `calibration.ratios`: cache while the error the
+        per-step magnitude ratios accumulate stays <= `threshold`, at most `max_continuous_cached_steps` in a row
+        (-1: no limit), after `warmup_steps` (None: MagCache's 20 % retention). No host read.
+      - "schedule": hookkit's planned rule. From `calibration.gram` (one uncached run of the model) it predicts
+        the error each choice of computed steps makes on the final latent with this spec's TaylorSeer
+        extrapolation, and computes the steps of the least predicted error that reach `speedup` in executed block
+        work (`hookkit.techniques.cache.calibration.plan_schedule`). No host read.
+    "magnitude" and "schedule" decide like a static mask: they replay under whole-transformer CUDA graphs and decide
+    alike on every rank. Make a calibration with `hookkit.calibrate(pipe, calls)`; `hookkit.tune` picks a rule.
 
     Args:
-        fn_blocks: blocks at the start that always run (default 1, >= 1); their residual detects change.
+        rule: "threshold" (default), "magnitude" or "schedule" (above).
+        fn_blocks: blocks at the start that always run (>= 0); their residual detects change. Default: 1 for
+            "threshold", 0 for "magnitude" and "schedule" (their decisions need no residual: every block is skipped
+            on a cached step). 0 with "threshold" needs a static mask.
         bn_blocks: blocks at the end that always run (default 0), refining the approximated hidden states.
-        threshold: cache a step when the relative L1 change of the Fn residual against the branch's last
-            computed step is below this (default 0.24); 0 never caches dynamically (a mask still may).
+        threshold: "threshold": cache a step when the relative L1 change of the Fn residual against the branch's
+            last computed step is below this (default 0.24); 0 never caches dynamically (a mask still may).
+            "magnitude": the bound on the accumulated magnitude error (MagCache's default is 0.06).
         warmup_steps: the first steps, always computed; cut to a `steps_mask`'s leading 1s. Default None: scaled
             to the call's step count by `auto_warmup_steps` (8 at 28 steps and more, the same share rounded up
             below: 2 at 4-7 steps, 3 at 8-10), so 4-8-step models (FLUX.1-schnell, distilled LoRAs) cache too; 8
@@ -55,7 +77,8 @@ class DBCache:
             summary then says why nothing was cached).
         warmup_interval: within the warm-up, compute every this-many-th step only (default 1: all of them).
         max_cached_steps: at most this many cached steps per branch and call (default -1: no limit).
-        max_continuous_cached_steps: at most this many cached steps in a row (default -1: no limit).
+        max_continuous_cached_steps: at most this many cached steps in a row (default -1: no limit); MagCache's K
+            with "magnitude" (MagCache's default is 3).
         max_accumulated_diff: once the measured diffs of a branch sum to this, compute every later step of the
             call (default None: no limit; otherwise > 0).
         steps_mask: which steps may be cached: a list of 1 (compute) / 0 (may cache), or a named policy
@@ -64,10 +87,16 @@ class DBCache:
         mask_policy: "dynamic" (default): a 0 in the mask still asks the rules and the threshold; "static":
             a 0 caches, no diff is measured and no host sync made (needs `steps_mask`).
         taylorseer_order: 0 reuses the last computed residual; 1 or 2 (default 1) extrapolates it from the last
-            computed steps (TaylorSeer, Newton divided differences in step units).
+            computed steps in the TaylorSeer paper's form: differences over the latest gap between computed
+            steps, divided by it, the k-th one times distance^k / k!.
+        calibration: a `hookkit.CacheCalibration` (or its dict) for "magnitude" (its ratios) and "schedule" (its
+            gram matrix); None (default) for "threshold".
+        speedup: "schedule" only: the speed-up in executed block work to reach (> 1); the computed steps are as
+            many as it allows.
     """
 
-    fn_blocks: int = attrs.field(default=1, validator=int_field(1))
+    rule: str = attrs.field(default="threshold", validator=choice(*RULES))
+    fn_blocks: int = attrs.field(validator=int_field(0))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
     threshold: float = attrs.field(default=0.24, validator=float_field(0.0))
     warmup_steps: int | None = attrs.field(default=None, validator=int_field(0, allow_none=True))
@@ -78,6 +107,13 @@ class DBCache:
     steps_mask: tuple[int, ...] | str | None = attrs.field(default=None, converter=to_tuple, validator=_check_steps_mask)
     mask_policy: str = attrs.field(default="dynamic", validator=choice("dynamic", "static"))
     taylorseer_order: int = attrs.field(default=1, validator=int_field(0, 2))
+    calibration: CacheCalibration | None = attrs.field(
+        default=None, converter=as_calibration, validator=instance_of(CacheCalibration, "a hookkit.CacheCalibration"))
+    speedup: float | None = attrs.field(default=None, validator=float_field(1.0, allow_none=True, strict=True))
+
+    @fn_blocks.default
+    def _default_fn_blocks(self) -> int:
+        return 1 if self.rule == "threshold" else 0
 
     @mask_policy.validator
     def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
@@ -85,6 +121,42 @@ class DBCache:
         if value == "static" and self.steps_mask is None:
             raise SpecError("DBCache.mask_policy: 'static' follows steps_mask alone, but steps_mask is None. "
                             "Give a mask (steps_mask='fast' or a 0/1 list) or use mask_policy='dynamic'.")
+
+    def __attrs_post_init__(self) -> None:
+        rule = self.rule
+        if rule == "threshold":
+            if self.fn_blocks == 0 and not (self.steps_mask is not None and self.mask_policy == "static"):
+                raise SpecError(
+                    "DBCache.fn_blocks: expected >= 1 with rule='threshold' (the first blocks' residual is what it "
+                    "measures), got 0. Use fn_blocks=1, or a static mask (steps_mask=..., mask_policy='static'), or "
+                    "rule='magnitude'/'schedule', which decide before the call and may skip every block.")
+            for name in ("calibration", "speedup"):
+                if getattr(self, name) is not None:
+                    raise SpecError(f"DBCache.{name}: expected None with rule='threshold' (it is read by the "
+                                    f"'magnitude' and 'schedule' rules), got {getattr(self, name)!r:.80}. Drop it or "
+                                    "set rule='magnitude' / 'schedule'.")
+            return
+        if self.steps_mask is not None:
+            raise SpecError(f"DBCache.steps_mask: expected None with rule={rule!r} (the rule makes the mask), got "
+                            f"{self.steps_mask!r}. Drop steps_mask, or use rule='threshold' with it.")
+        if self.calibration is None:
+            raise SpecError(f"DBCache.calibration: expected a hookkit.CacheCalibration with rule={rule!r}, got None. "
+                            "Make one from an uncached run of your model: hookkit.calibrate(pipe, calls).")
+        if rule == "magnitude":
+            if self.calibration.ratios is None:
+                raise SpecError("DBCache.calibration: expected ratios with rule='magnitude', got a calibration without. "
+                                "Calibrate with hookkit.calibrate(pipe, calls).")
+            if self.speedup is not None:
+                raise SpecError(f"DBCache.speedup: expected None with rule='magnitude' (its threshold sets the speed), "
+                                f"got {self.speedup!r}. Drop it, or use rule='schedule'.")
+        if rule == "schedule":
+            if self.calibration.gram is None:
+                raise SpecError("DBCache.calibration: expected a gram matrix with rule='schedule', got ratios only. "
+                                "Calibrate with hookkit.calibrate(pipe, calls).")
+            if self.speedup is None:
+                raise SpecError("DBCache.speedup: expected a number > 1 with rule='schedule' (the speed-up in executed "
+                                "block work to plan for), got None. E.g. DBCache(rule='schedule', calibration=cal, "
+                                "speedup=2.0).")
 
 
 #: warm-up of `DBCache(warmup_steps=None)` at `WARMUP_REFERENCE_STEPS` steps and more (cache-dit's default)
@@ -157,3 +229,43 @@ def _scale_mask(base: list[int], n: int) -> tuple[int, ...]:
     scaled = [1 if counts[i + 1] > counts[i] else 0 for i in range(n)]
     scaled[0] = scaled[-1] = 1
     return tuple(scaled)
+
+
+#: MagCache's retention: the first 20 % of the steps are always computed (`MagCacheConfig.retention_ratio`)
+MAGNITUDE_RETENTION = 0.2
+
+
+def rule_mask(spec: DBCache, num_steps: int, num_blocks: int) -> tuple[int, ...]:
+    """The static 0/1 mask the "magnitude" or "schedule" rule decides for a call of `num_steps` steps.
+
+    `num_blocks`: of the model (with `fn_blocks` + `bn_blocks` they give what a cached step still costs, which sets
+    how many steps "schedule" may compute to reach `speedup`).
+    """
+    calibration = spec.calibration
+    if calibration is None or spec.rule == "threshold":
+        raise SpecError(f"rule_mask: expected a DBCache with rule 'magnitude' or 'schedule' and a calibration, got "
+                        f"rule={spec.rule!r}.")
+    if spec.rule == "magnitude":
+        retention = (int(MAGNITUDE_RETENTION * num_steps + 0.5) if spec.warmup_steps is None
+                     else min(spec.warmup_steps, num_steps))
+        return magnitude_mask(calibration.ratios_for(num_steps), spec.threshold, spec.max_continuous_cached_steps,
+                              retention)
+    computed = schedule_computed_steps(spec, num_steps, num_blocks)
+    forced = 1 if spec.warmup_steps is None else max(1, min(spec.warmup_steps, computed))
+    return plan_schedule(calibration, num_steps, computed, spec.taylorseer_order, forced)
+
+
+def schedule_computed_steps(spec: DBCache, num_steps: int, num_blocks: int) -> int:
+    """How many of `num_steps` steps "schedule" computes: the most that keep the speed-up in executed block work
+    (uncached block calls / block calls run) >= `spec.speedup`, a cached step running `fn_blocks + bn_blocks`."""
+    speedup = float(spec.speedup or 1.0)
+    share = (spec.fn_blocks + spec.bn_blocks) / num_blocks
+    best = num_steps / (1 + (num_steps - 1) * share)  # one computed step, every other one cached
+    if speedup > best + 1e-9:
+        raise SpecError(
+            f"DBCache.speedup: expected at most {best:.3g} for {num_steps} steps with fn_blocks={spec.fn_blocks} + "
+            f"bn_blocks={spec.bn_blocks} of {num_blocks} blocks running on every cached step, got {speedup:g}. Lower "
+            "the speed-up, or fn_blocks / bn_blocks (0 skips every block on a cached step).")
+    # k computed steps cost k + (n - k) * share block-steps; the speed-up is n over that
+    k = math.floor((num_steps / speedup - num_steps * share) / (1 - share) + 1e-9)
+    return max(1, min(num_steps, k))
