@@ -151,6 +151,37 @@ def test_watch_sees_train_mode() -> None:
     assert watch.check(transformer) == "<transformer>: training mode changed since capture"
 
 
+def test_watch_sees_an_attention_processor_set_after_capture() -> None:
+    transformer, watch = _armed()
+    processors = transformer.attn_processors
+    transformer.set_attn_processor(dict(processors))  # the same processors again: nothing changed
+    assert watch.check(transformer) is None
+    transformer.set_attn_processor(type(processors["transformer_blocks.0.attn.processor"])())
+    assert watch.check(transformer) == "transformer_blocks.0.attn: attention processor changed since capture"
+
+
+def test_watch_sees_an_attention_backend_set_after_capture() -> None:
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    transformer, watch = _armed()
+    saved = _AttentionBackendRegistry._active_backend
+    try:
+        transformer.set_attention_backend("_native_math")
+        assert watch.check(transformer) == "transformer_blocks.0.attn: attention backend changed since capture"
+    finally:
+        _AttentionBackendRegistry.set_active_backend(saved)
+
+
+def test_watch_sees_diffusers_active_attention_backend_change() -> None:
+    """Processors without a backend of their own run diffusers' process-wide one (`attention_backend(...)`)."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    transformer, watch = _armed()
+    with attention_backend("_native_math"):
+        assert watch.check(transformer) == "diffusers' active attention backend changed since capture"
+    assert watch.check(transformer) is None
+
+
 def test_watch_reads_quantized_weights_through_their_inner_tensors() -> None:
     """torchao's quantized weights have no storage of their own (`data_ptr()` raises on them)."""
     transformer = zoo.tiny_transformer("flux").to(torch.bfloat16)
