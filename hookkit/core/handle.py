@@ -17,7 +17,8 @@ whose scheduler patches drive every clock of the group: the pipeline's step, the
 One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
 pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
 with a `HookError`, and so is a transformer call from another thread while a call runs. Two pipelines, each with
-its own handle, run in two threads as stock diffusers does.
+its own handle, run in two threads as stock diffusers does. A call's `CallState` is `ended` once its `__call__`
+has returned, also early (`pipe._interrupt`, an exception): a transformer call after it continues no generation.
 """
 
 from __future__ import annotations
@@ -111,12 +112,16 @@ def _pipeline_frame(pipeline: Any, start: FrameType | None) -> FrameType | None:
     return None
 
 
-def _on_stack(thread: int, frame_id: int, code: Any) -> bool:
-    """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned."""
+def _on_stack(thread: int, frame_id: int, code: Any, self_id: int | None = None) -> bool:
+    """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned.
+
+    `self_id`: also require the frame's `self` to be that object (a later call of the same `__call__` on another
+    pipeline, e.g. one sharing the transformer, may get the freed frame's address).
+    """
     frame: FrameType | None = sys._getframe() if thread == threading.get_ident() else sys._current_frames().get(thread)
     while frame is not None:
         if id(frame) == frame_id and frame.f_code is code:
-            return True
+            return self_id is None or id(frame.f_locals.get("self")) == self_id
         frame = frame.f_back
     return False
 
@@ -133,6 +138,7 @@ class _CallOwner:
         self.thread: int | None = None
         self._frame_id = 0
         self._code: Any = None
+        self._pipeline_id = 0
 
     def running(self) -> bool:
         return self.thread is not None and _on_stack(self.thread, self._frame_id, self._code)
@@ -155,6 +161,16 @@ class _CallOwner:
                 self.thread = None
             else:
                 self.thread, self._frame_id, self._code = threading.get_ident(), id(frame), frame.f_code
+                self._pipeline_id = id(pipeline)
+
+    def returned_check(self) -> Callable[[], bool] | None:
+        """For the call owning the state now: a check whether it has returned (however it ended), for its
+        `CallState`; None when `set_timesteps` ran outside the pipeline's `__call__` (a loop hookkit cannot see end).
+        Holds ids, not the frame or the pipeline."""
+        thread, frame_id, code, pipeline_id = self.thread, self._frame_id, self._code, self._pipeline_id
+        if thread is None:
+            return None
+        return lambda: not _on_stack(thread, frame_id, code, pipeline_id)
 
     def check_thread(self, what: str) -> None:
         """Refuse a transformer call from a thread other than the running call's."""
@@ -207,8 +223,10 @@ class _CoreFeature:
                         member._check_modules()
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
+                    returned = handle._owner.returned_check()
                     for member in group:
-                        member.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                        member.new_generation(num_steps=len(timesteps) if timesteps is not None else None,
+                                              call_returned=returned)
                     handle._begin_pending = True
                     for listener in handle._group_listeners():
                         listener.after_set_timesteps(scheduler)
@@ -454,9 +472,13 @@ class Handle:
                         state.num_steps -= begin
         self._clock.on_transformer_call()
 
-    def new_generation(self, num_steps: int | None = None) -> CallState:
-        """Start a fresh generation: a new `CallState`, so the per-call state of every feature is dropped."""
-        state = self._clock.new_generation(num_steps)
+    def new_generation(self, num_steps: int | None = None,
+                       call_returned: Callable[[], bool] | None = None) -> CallState:
+        """Start a fresh generation: a new `CallState`, so the per-call state of every feature is dropped.
+
+        `call_returned`: says whether the pipeline call it belongs to has returned (`CallState.ended`).
+        """
+        state = self._clock.new_generation(num_steps, call_returned)
         self._begin_pending = False
         return state
 
@@ -498,9 +520,13 @@ class Handle:
         saved = self._clock.calls_per_step
         if calls_per_step is not None:
             self._clock.calls_per_step = calls_per_step
+        state: CallState | None = None
         try:
-            yield self.new_generation(num_steps)
+            state = self.new_generation(num_steps)
+            yield state
         finally:
+            if state is not None:
+                state.end()
             self._in_generation = False
             self._clock.calls_per_step = saved
 
