@@ -343,6 +343,8 @@ class Handle:
         self._attached: list[tuple[Attachment, Removable]] = []
         #: (path, module) of every module carrying hookkit hooks, checked at each call for replacement
         self._hooked_paths: list[tuple[str, torch.nn.Module]] = []
+        #: (list attribute, length) of every adapter block list holding hooked modules, checked at each call
+        self._block_counts: list[tuple[str, int]] = []
         #: one attach context per feature (what the feature sees of this handle)
         self._contexts: dict[str, AttachContext] = {}
         #: each feature's long-lived object (`AttachContext.keep`), keyed by feature name
@@ -411,8 +413,9 @@ class Handle:
         return self._clock.state
 
     def _check_modules(self) -> None:
-        """At every generation: the hooked blocks must still be the transformer's (a replaced block runs unhooked:
-        DBCache would silently stop skipping it, compilation would silently not apply)."""
+        """At every generation: the hooked blocks must still be the transformer's, and their lists as long as at
+        enable (a replaced or appended block runs unhooked: DBCache would silently stop skipping it, or run it inside
+        its cached region on a cached step and count its work twice; compilation would silently not apply)."""
         for path, module in self._hooked_paths:
             try:
                 current: Any = self.transformer.get_submodule(path)
@@ -424,6 +427,16 @@ class Handle:
                     f"{type(self.transformer).__name__}.{path}: expected the {type(module).__name__} hookkit hooked at "
                     f"enable, got {found} (replaced after hookkit.enable); its hooks no longer run. Call "
                     "hookkit.disable before replacing modules of the transformer and hookkit.enable after."
+                )
+        for attr, count in self._block_counts:
+            found = len(getattr(self.transformer, attr, ()))
+            if found != count:
+                raise HookError(
+                    f"{type(self.transformer).__name__}.{attr}: expected the {count} blocks it held at hookkit.enable, "
+                    f"got {found} (blocks added or removed after hookkit.enable); an added block carries none of "
+                    "hookkit's hooks: it is not compiled or quantized, and on a DBCache cached step it runs inside the "
+                    "cached region, its work counted twice. Call hookkit.disable, change the block list, then "
+                    "hookkit.enable again."
                 )
 
     def _check_transformer(self) -> None:
@@ -542,6 +555,8 @@ class Handle:
             modules = [module_at(self.transformer, t) for t in targets]
             self._hooked_paths = [(t, m) for t, m in zip(targets, modules)
                                   if t and HookRegistry.of(m, create=False) is not None]
+            self._block_counts = [(spec.attr, len(blocks)) for spec, blocks in self.adapter.block_lists(self.transformer)
+                                  if any(path.startswith(f"{spec.attr}.") for path, _ in self._hooked_paths)]
         except BaseException as exc:
             try:
                 self._detach_all()
@@ -564,6 +579,7 @@ class Handle:
         self._slots.clear()
         self._services.clear()
         self._hooked_paths = []
+        self._block_counts = []
         if errors:
             raise errors[0]
 
