@@ -217,6 +217,7 @@ class _CoreFeature:
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
                     handle._owner.claim(handle.pipeline, sys._getframe(1))
+                    handle._check_components()
                     group = handle.group
                     for member in group:
                         member._check_transformer()
@@ -437,6 +438,20 @@ class Handle:
                     "hookkit's hooks: it is not compiled or quantized, and on a DBCache cached step it runs inside the "
                     "cached region, its work counted twice. Call hookkit.disable, change the block list, then "
                     "hookkit.enable again."
+                )
+
+    def _check_components(self) -> None:
+        """At every pipeline call: the pipeline holds no transformer beyond those hooked at enable (Wan 2.2's
+        `transformer_2`, None at enable and set after, would run with no hooks while the handle reports the pipeline
+        enabled). A hooked one replaced or set to None is `_check_transformer`'s."""
+        hooked = {member.component for member in self.group}
+        for name, module in transformer_components(self.pipeline):
+            if name not in hooked:
+                raise HookError(
+                    f"{type(self.pipeline).__name__}.{name}: expected None, as at hookkit.enable, got a "
+                    f"{type(module).__name__} (set after hookkit.enable); hookkit hooked none of it, so it would run "
+                    "plain while the handle reports the pipeline enabled. Call hookkit.disable(pipe) before setting it "
+                    "and hookkit.enable(pipe, spec) after: every transformer the pipeline holds then is hooked."
                 )
 
     def _check_transformer(self) -> None:
