@@ -5,11 +5,11 @@ the features of a `FeatureTable`, attach it all or nothing (`hookkit.enable` pas
 The handle owns every removable and the per-call state; `remove()` undoes everything in reverse order,
 after which the pipeline is exactly as before (its output bitwise equal to a never-hooked run).
 
-Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first
-transformer call; hookkit patches that method *on the scheduler instance* (never the class) and starts a
-fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that starts part-way (img2img:
-`set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
-A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
+Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first transformer
+call; hookkit patches that method *on the scheduler instance* (never the class) and starts a fresh `CallState` there,
+`ended` once that `__call__` returned, also early (an interrupt, an exception). `scheduler.step` ends a step. A
+pipeline that starts part-way (img2img: `set_begin_index`) gets the number of steps that run as `num_steps`, settled
+at the first transformer call. A bare transformer has no scheduler: use `with handle.generation(): ...`.
 
 Several transformers (Wan 2.2 `transformer_2`): one handle each, grouped under the first (`enable` returns it),
 whose scheduler patches drive every clock of the group: the pipeline's step, the CFG branch per transformer.
@@ -17,8 +17,7 @@ whose scheduler patches drive every clock of the group: the pipeline's step, the
 One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
 pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
 with a `HookError`, and so is a transformer call from another thread while a call runs. Two pipelines, each with
-its own handle, run in two threads as stock diffusers does. A call's `CallState` is `ended` once its `__call__`
-has returned, also early (`pipe._interrupt`, an exception): a transformer call after it continues no generation.
+its own handle, run in two threads as stock diffusers does.
 """
 
 from __future__ import annotations
