@@ -546,6 +546,23 @@ def test_replacing_the_transformer_after_enable_is_refused_at_the_next_call_and_
     hookkit.enable(pipe, hookkit.Spec())
 
 
+def test_appending_a_block_to_a_hooked_block_list_after_enable_is_refused_at_the_next_call() -> None:
+    """An appended block carries no hooks: on a cached step it would run inside DBCache's cached region and its
+    work would be counted twice (once in the reused residual, once run)."""
+    pipe = zoo.tiny_pipeline("flux")
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
+    blocks = pipe.transformer.single_transformer_blocks
+    blocks.append(zoo.tiny_pipeline("flux").transformer.single_transformer_blocks[0])
+    with pytest.raises(HookError, match=r"^FluxTransformer2DModel.single_transformer_blocks: expected the 3 blocks "
+                                        r"it held at hookkit.enable, got 4 \(blocks added or removed after "
+                                        r"hookkit.enable\).* Call hookkit.disable, change the block list, then "
+                                        r"hookkit.enable again"):
+        run(pipe, "flux")
+    del blocks[-1]
+    run(pipe, "flux")
+    hookkit.disable(pipe)
+
+
 def test_replacing_a_hooked_block_after_enable_is_refused_at_the_next_call() -> None:
     pipe = zoo.tiny_pipeline("flux")
     hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))

@@ -188,6 +188,22 @@ def test_wan22_replacing_the_second_transformer_is_refused_at_the_next_call(wan2
         handle.remove()
 
 
+def test_wan22_an_expert_set_after_an_enable_without_it_is_refused_at_the_next_call(wan22: Any) -> None:
+    expert = wan22.transformer_2
+    wan22.transformer_2 = None
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0))))
+    try:
+        assert [h.component for h in handle.group] == ["transformer"]
+        wan22.transformer_2 = expert  # it would run with none of hookkit's hooks while the handle reports enabled
+        with pytest.raises(hookkit.errors.HookError, match=r"^WanPipeline.transformer_2: expected None, as at "
+                                                           r"hookkit.enable, got a WanTransformer3DModel"):
+            run(wan22, "wan22")
+        assert registry_names(expert) == ()
+    finally:
+        wan22.transformer_2 = expert
+        handle.remove()
+
+
 # --- ControlNet: residuals added between blocks are counted once --------------------------------------------
 
 

@@ -151,6 +151,37 @@ def test_watch_sees_train_mode() -> None:
     assert watch.check(transformer) == "<transformer>: training mode changed since capture"
 
 
+def test_watch_sees_an_attention_processor_set_after_capture() -> None:
+    transformer, watch = _armed()
+    processors = transformer.attn_processors
+    transformer.set_attn_processor(dict(processors))  # the same processors again: nothing changed
+    assert watch.check(transformer) is None
+    transformer.set_attn_processor(type(processors["transformer_blocks.0.attn.processor"])())
+    assert watch.check(transformer) == "transformer_blocks.0.attn: attention processor changed since capture"
+
+
+def test_watch_sees_an_attention_backend_set_after_capture() -> None:
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    transformer, watch = _armed()
+    saved = _AttentionBackendRegistry._active_backend
+    try:
+        transformer.set_attention_backend("_native_math")
+        assert watch.check(transformer) == "transformer_blocks.0.attn: attention backend changed since capture"
+    finally:
+        _AttentionBackendRegistry.set_active_backend(saved)
+
+
+def test_watch_sees_diffusers_active_attention_backend_change() -> None:
+    """Processors without a backend of their own run diffusers' process-wide one (`attention_backend(...)`)."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    transformer, watch = _armed()
+    with attention_backend("_native_math"):
+        assert watch.check(transformer) == "diffusers' active attention backend changed since capture"
+    assert watch.check(transformer) is None
+
+
 def test_watch_reads_quantized_weights_through_their_inner_tensors() -> None:
     """torchao's quantized weights have no storage of their own (`data_ptr()` raises on them)."""
     transformer = zoo.tiny_transformer("flux").to(torch.bfloat16)
@@ -414,6 +445,93 @@ def test_a_bare_generation_from_another_thread_while_one_runs_is_refused() -> No
         thread.join(30)
     assert [type(e) for e in errors] == [HookError]
     assert "from another thread while the first runs" in str(errors[0])
+
+
+# --- a pipeline call that ended early ends its generation --------------------------------------------------------
+
+
+def _transformer_inputs(pipe) -> dict:
+    """The keyword arguments of the transformer's first call in a 2-step pipeline call (run without hookkit)."""
+    seen: list[dict] = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, k: seen.append(dict(k)) if not seen else None,
+                                                      with_kwargs=True)
+    try:
+        _latents(pipe)
+    finally:
+        hook.remove()
+    return seen[0]
+
+
+def _interrupt_at_step_1(pipeline, step, t, kwargs):
+    if step == 1:
+        pipeline._interrupt = True  # diffusers' documented way to stop a call early: the loop skips its other steps
+    return kwargs
+
+
+AFTER_THE_CALL = r"expected a transformer call inside the denoising loop, got one after its last step \(2 of 4 done\)"
+
+
+def test_the_state_of_a_running_call_is_not_ended_and_of_a_returned_one_is() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    during: list[bool] = []
+
+    def record(pipeline, step, t, kwargs):
+        during.append(handle.state.ended)
+        return kwargs
+
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=record)
+    assert (during, handle.state.ended) == ([False, False], True)
+
+
+def test_a_transformer_call_after_an_interrupted_pipeline_call_is_refused_as_after_a_complete_one() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    inputs = _transformer_inputs(pipe)
+    handle = _cached(pipe)
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_interrupt_at_step_1)
+    assert (handle.state.step, handle.state.num_steps, handle.state.ended) == (2, 4, True)
+    with pytest.raises(HookError, match=AFTER_THE_CALL), torch.no_grad():
+        pipe.transformer(**inputs)  # would be taken as step 2 of the dead call, reusing its residual
+
+
+def test_a_transformer_call_after_a_pipeline_call_that_raised_in_a_callback_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    inputs = _transformer_inputs(pipe)
+    _cached(pipe)
+
+    def stop(pipeline, step, t, kwargs):
+        if step == 1:
+            raise RuntimeError("stopped by the application")
+        return kwargs
+
+    with pytest.raises(RuntimeError, match="stopped by the application"), torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=stop)
+    with pytest.raises(HookError, match=AFTER_THE_CALL), torch.no_grad():
+        pipe.transformer(**inputs)
+
+
+def test_a_pipeline_sharing_the_transformer_after_an_interrupted_call_is_refused() -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    other = type(pipe)(**{**pipe.components, "scheduler": FlowMatchEulerDiscreteScheduler.from_config(
+        pipe.scheduler.config)})
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_interrupt_at_step_1)
+    with pytest.raises(HookError, match=AFTER_THE_CALL + r" with no new scheduler.set_timesteps"), torch.no_grad():
+        other(**zoo.call_kwargs("flux", steps=4))
+
+
+def test_the_pipeline_runs_on_after_an_interrupted_call() -> None:
+    pipe, reference = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    _cached(reference)
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_interrupt_at_step_1)
+    assert torch.equal(_latents(pipe), _latents(reference))
 
 
 # --- 8. handle.generation(num_steps=...) is validated --------------------------------------------------------

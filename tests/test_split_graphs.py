@@ -9,7 +9,8 @@ The decisions must be exactly eager dynamic DBCache's, and the images bitwise eq
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -24,7 +25,7 @@ from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.errors import SpecError
 from hookkit.techniques.cache.hooks import graph_bridge
 from hookkit.core import compat
-from hookkit.techniques.compile.hooks import GRAPH, SplitGraphHook
+from hookkit.techniques.compile.hooks import GRAPH, GraphHook, GraphRunner, SplitGraphHook
 from hookkit.tools import trained, zoo
 
 
@@ -382,3 +383,93 @@ def test_the_first_pair_captured_after_an_invalidation_starts_a_new_memory_pool(
         pipe.transformer.proj_out.bias.add_(0.01)
     pipe(**_kwargs())
     assert backend.events == ["release", "capture", "capture", "release", "capture", "capture"]
+
+
+# --- attention processors and backends set after capture ---------------------------------------------------------
+
+
+def _halving_processor(transformer: torch.nn.Module) -> Any:
+    """A processor of the transformer's own class whose attention output is halved: another result, same shapes."""
+    base = type(transformer.transformer_blocks[0].attn.processor)
+
+    class Halving(base):  # type: ignore[misc, valid-type]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return pytree.tree_map_only(torch.Tensor, lambda t: t * 0.5, super().__call__(*args, **kwargs))
+
+    return Halving()
+
+
+def test_set_attn_processor_after_capture_drops_the_pairs_and_the_next_call_matches_eager_with_it() -> None:
+    """A replay runs no Python: without re-capture the pairs would go on running the processor captured first."""
+    pipe, handle, hook, backend = _split_pipeline()
+    pipe(**_kwargs())
+    pipe.transformer.set_attn_processor(_halving_processor(pipe.transformer))
+    out = pipe(**_kwargs()).images
+    assert hook.invalidations == ["transformer_blocks.0.attn: attention processor changed since capture"]
+    reference = trained.load_pipeline()
+    reference.transformer.set_attn_processor(_halving_processor(reference.transformer))
+    hookkit.enable(reference, hookkit.Spec(cache=CACHE))
+    assert torch.equal(out, reference(**_kwargs()).images)
+
+
+class OpReplayBackend:
+    """CPU stand-in for `CudaGraphBackend` (`GraphHook`'s unsplit graphs): capture records the call's aten ops, a
+    replay re-runs them on the same tensors and runs no Python, as a CUDA graph does."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        self.captures += 1
+        with _Recorder() as recorder:
+            output = fn()
+        return _replayer(recorder.ops), output
+
+
+def _graphed_flux() -> tuple[Any, GraphRunner, OpReplayBackend]:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec())
+    runner = GraphRunner(OpReplayBackend())
+    # as Compile(cuda_graphs="transformer") attaches it: the first-call check's call runs uncaptured
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(runner, eager=handle.service(EagerCalls)))
+    return pipe, runner, runner.backend
+
+
+def _flux_images(pipe: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return pipe(**zoo.call_kwargs("flux", steps=2)).images
+
+
+def test_transformer_graphs_are_captured_anew_after_set_attn_processor_and_match_a_fresh_run() -> None:
+    pipe, runner, backend = _graphed_flux()
+    _flux_images(pipe)
+    pipe.transformer.set_attn_processor(_halving_processor(pipe.transformer))
+    out = _flux_images(pipe)
+    assert (backend.captures, runner.invalidations) == (
+        2, ["transformer_blocks.0.attn: attention processor changed since capture"])
+    reference = zoo.tiny_pipeline("flux")
+    reference.transformer.set_attn_processor(_halving_processor(reference.transformer))
+    assert torch.equal(out, _flux_images(reference))
+
+
+def test_transformer_graphs_are_captured_anew_after_set_attention_backend() -> None:
+    pipe, runner, backend = _graphed_flux()
+    _flux_images(pipe)
+    with _active_attention_backend_restored():
+        pipe.transformer.set_attention_backend("_native_math")
+        _flux_images(pipe)
+        _flux_images(pipe)
+    assert (backend.captures, runner.invalidations) == (
+        2, ["transformer_blocks.0.attn: attention backend changed since capture"])
+
+
+@contextlib.contextmanager
+def _active_attention_backend_restored() -> Iterator[None]:
+    """`set_attention_backend` also sets diffusers' process-wide active backend: give it back for the other tests."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    saved = _AttentionBackendRegistry._active_backend
+    try:
+        yield
+    finally:
+        _AttentionBackendRegistry.set_active_backend(saved)

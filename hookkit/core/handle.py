@@ -5,11 +5,11 @@ the features of a `FeatureTable`, attach it all or nothing (`hookkit.enable` pas
 The handle owns every removable and the per-call state; `remove()` undoes everything in reverse order,
 after which the pipeline is exactly as before (its output bitwise equal to a never-hooked run).
 
-Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first
-transformer call; hookkit patches that method *on the scheduler instance* (never the class) and starts a
-fresh `CallState` there. `scheduler.step` ends a denoising step. A pipeline that starts part-way (img2img:
-`set_begin_index`) gets the number of steps that run as `num_steps`, settled at the first transformer call.
-A bare transformer has no scheduler: use `with handle.generation(): ...` around each generation.
+Where a generation starts: a pipeline calls `scheduler.set_timesteps` once per call, before the first transformer
+call; hookkit patches that method *on the scheduler instance* (never the class) and starts a fresh `CallState` there,
+`ended` once that `__call__` returned, also early (an interrupt, an exception). `scheduler.step` ends a step. A
+pipeline that starts part-way (img2img: `set_begin_index`) gets the number of steps that run as `num_steps`, settled
+at the first transformer call. A bare transformer has no scheduler: use `with handle.generation(): ...`.
 
 Several transformers (Wan 2.2 `transformer_2`): one handle each, grouped under the first (`enable` returns it),
 whose scheduler patches drive every clock of the group: the pipeline's step, the CFG branch per transformer.
@@ -111,12 +111,16 @@ def _pipeline_frame(pipeline: Any, start: FrameType | None) -> FrameType | None:
     return None
 
 
-def _on_stack(thread: int, frame_id: int, code: Any) -> bool:
-    """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned."""
+def _on_stack(thread: int, frame_id: int, code: Any, self_id: int | None = None) -> bool:
+    """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned.
+
+    `self_id`: also require the frame's `self` to be that object (a later call of the same `__call__` on another
+    pipeline, e.g. one sharing the transformer, may get the freed frame's address).
+    """
     frame: FrameType | None = sys._getframe() if thread == threading.get_ident() else sys._current_frames().get(thread)
     while frame is not None:
         if id(frame) == frame_id and frame.f_code is code:
-            return True
+            return self_id is None or id(frame.f_locals.get("self")) == self_id
         frame = frame.f_back
     return False
 
@@ -133,6 +137,7 @@ class _CallOwner:
         self.thread: int | None = None
         self._frame_id = 0
         self._code: Any = None
+        self._pipeline_id = 0
 
     def running(self) -> bool:
         return self.thread is not None and _on_stack(self.thread, self._frame_id, self._code)
@@ -155,6 +160,16 @@ class _CallOwner:
                 self.thread = None
             else:
                 self.thread, self._frame_id, self._code = threading.get_ident(), id(frame), frame.f_code
+                self._pipeline_id = id(pipeline)
+
+    def returned_check(self) -> Callable[[], bool] | None:
+        """For the call owning the state now: a check whether it has returned (however it ended), for its
+        `CallState`; None when `set_timesteps` ran outside the pipeline's `__call__` (a loop hookkit cannot see end).
+        Holds ids, not the frame or the pipeline."""
+        thread, frame_id, code, pipeline_id = self.thread, self._frame_id, self._code, self._pipeline_id
+        if thread is None:
+            return None
+        return lambda: not _on_stack(thread, frame_id, code, pipeline_id)
 
     def check_thread(self, what: str) -> None:
         """Refuse a transformer call from a thread other than the running call's."""
@@ -201,14 +216,17 @@ class _CoreFeature:
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
                     handle._owner.claim(handle.pipeline, sys._getframe(1))
+                    handle._check_components()
                     group = handle.group
                     for member in group:
                         member._check_transformer()
                         member._check_modules()
                     result = original(*args, **kwargs)
                     timesteps = getattr(scheduler, "timesteps", None)
+                    returned = handle._owner.returned_check()
                     for member in group:
-                        member.new_generation(num_steps=len(timesteps) if timesteps is not None else None)
+                        member.new_generation(num_steps=len(timesteps) if timesteps is not None else None,
+                                              call_returned=returned)
                     handle._begin_pending = True
                     for listener in handle._group_listeners():
                         listener.after_set_timesteps(scheduler)
@@ -325,6 +343,8 @@ class Handle:
         self._attached: list[tuple[Attachment, Removable]] = []
         #: (path, module) of every module carrying hookkit hooks, checked at each call for replacement
         self._hooked_paths: list[tuple[str, torch.nn.Module]] = []
+        #: (list attribute, length) of every adapter block list holding hooked modules, checked at each call
+        self._block_counts: list[tuple[str, int]] = []
         #: one attach context per feature (what the feature sees of this handle)
         self._contexts: dict[str, AttachContext] = {}
         #: each feature's long-lived object (`AttachContext.keep`), keyed by feature name
@@ -393,8 +413,9 @@ class Handle:
         return self._clock.state
 
     def _check_modules(self) -> None:
-        """At every generation: the hooked blocks must still be the transformer's (a replaced block runs unhooked:
-        DBCache would silently stop skipping it, compilation would silently not apply)."""
+        """At every generation: the hooked blocks must still be the transformer's, and their lists as long as at
+        enable (a replaced or appended block runs unhooked: DBCache would silently stop skipping it, or run it inside
+        its cached region on a cached step and count its work twice; compilation would silently not apply)."""
         for path, module in self._hooked_paths:
             try:
                 current: Any = self.transformer.get_submodule(path)
@@ -406,6 +427,30 @@ class Handle:
                     f"{type(self.transformer).__name__}.{path}: expected the {type(module).__name__} hookkit hooked at "
                     f"enable, got {found} (replaced after hookkit.enable); its hooks no longer run. Call "
                     "hookkit.disable before replacing modules of the transformer and hookkit.enable after."
+                )
+        for attr, count in self._block_counts:
+            found = len(getattr(self.transformer, attr, ()))
+            if found != count:
+                raise HookError(
+                    f"{type(self.transformer).__name__}.{attr}: expected the {count} blocks it held at hookkit.enable, "
+                    f"got {found} (blocks added or removed after hookkit.enable); an added block carries none of "
+                    "hookkit's hooks: it is not compiled or quantized, and on a DBCache cached step it runs inside the "
+                    "cached region, its work counted twice. Call hookkit.disable, change the block list, then "
+                    "hookkit.enable again."
+                )
+
+    def _check_components(self) -> None:
+        """At every pipeline call: the pipeline holds no transformer beyond those hooked at enable (Wan 2.2's
+        `transformer_2`, None at enable and set after, would run with no hooks while the handle reports the pipeline
+        enabled). A hooked one replaced or set to None is `_check_transformer`'s."""
+        hooked = {member.component for member in self.group}
+        for name, module in transformer_components(self.pipeline):
+            if name not in hooked:
+                raise HookError(
+                    f"{type(self.pipeline).__name__}.{name}: expected None, as at hookkit.enable, got a "
+                    f"{type(module).__name__} (set after hookkit.enable); hookkit hooked none of it, so it would run "
+                    "plain while the handle reports the pipeline enabled. Call hookkit.disable(pipe) before setting it "
+                    "and hookkit.enable(pipe, spec) after: every transformer the pipeline holds then is hooked."
                 )
 
     def _check_transformer(self) -> None:
@@ -454,9 +499,13 @@ class Handle:
                         state.num_steps -= begin
         self._clock.on_transformer_call()
 
-    def new_generation(self, num_steps: int | None = None) -> CallState:
-        """Start a fresh generation: a new `CallState`, so the per-call state of every feature is dropped."""
-        state = self._clock.new_generation(num_steps)
+    def new_generation(self, num_steps: int | None = None,
+                       call_returned: Callable[[], bool] | None = None) -> CallState:
+        """Start a fresh generation: a new `CallState`, so the per-call state of every feature is dropped.
+
+        `call_returned`: says whether the pipeline call it belongs to has returned (`CallState.ended`).
+        """
+        state = self._clock.new_generation(num_steps, call_returned)
         self._begin_pending = False
         return state
 
@@ -498,9 +547,13 @@ class Handle:
         saved = self._clock.calls_per_step
         if calls_per_step is not None:
             self._clock.calls_per_step = calls_per_step
+        state: CallState | None = None
         try:
-            yield self.new_generation(num_steps)
+            state = self.new_generation(num_steps)
+            yield state
         finally:
+            if state is not None:
+                state.end()
             self._in_generation = False
             self._clock.calls_per_step = saved
 
@@ -516,6 +569,8 @@ class Handle:
             modules = [module_at(self.transformer, t) for t in targets]
             self._hooked_paths = [(t, m) for t, m in zip(targets, modules)
                                   if t and HookRegistry.of(m, create=False) is not None]
+            self._block_counts = [(spec.attr, len(blocks)) for spec, blocks in self.adapter.block_lists(self.transformer)
+                                  if any(path.startswith(f"{spec.attr}.") for path, _ in self._hooked_paths)]
         except BaseException as exc:
             try:
                 self._detach_all()
@@ -538,6 +593,7 @@ class Handle:
         self._slots.clear()
         self._services.clear()
         self._hooked_paths = []
+        self._block_counts = []
         if errors:
             raise errors[0]
 

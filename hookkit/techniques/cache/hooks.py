@@ -434,11 +434,11 @@ class _Shared:
                 "pipe.transformer called before any pipeline call. Call the pipeline, or enable hookkit on the bare "
                 "transformer and wrap your loop in `with handle.generation(num_steps=N):`."
             )
-        if state.num_steps is not None and state.step >= state.num_steps:
+        if state.finished:  # the core's: all its steps ran, or its call returned early (an interrupt, an exception)
             # The loop ended, yet the transformer runs on: its caller's scheduler never told hookkit a new call began
             raise HookError(
                 f"DBCache on {type(handle.transformer).__name__}: expected a transformer call inside the denoising loop, "
-                f"got one after its last step ({state.num_steps} of {state.num_steps} done) with no new "
+                f"got one after its last step ({state.step} of {state.num_steps} done) with no new "
                 "scheduler.set_timesteps on the scheduler hookkit patched. The caller is another pipeline sharing this "
                 "transformer with its own scheduler (e.g. Pipeline(**pipe.components, scheduler=...), or from_pipe "
                 "followed by a scheduler swap), or pipe.transformer called directly after a pipeline call; the cache "

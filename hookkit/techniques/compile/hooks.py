@@ -15,9 +15,9 @@ run on replay, so a feature that decides per call provides `hookkit.core.graphs.
 with a static mask: the decision becomes part of the graph key) or `SplitDecisions` (the cache with a
 threshold: each call is split at the decision into a head graph ending with the statistic, one host read,
 and the computed or cached tail graph, `SplitGraphHook`). Before every call `ModelWatch` compares what the
-graphs captured (tensors, module tree, inner hooks, LoRA state) with the model now: on a change they are
-captured anew; a model moved off CUDA is refused. The call the first-call check of the adapter observes runs
-eagerly (`hookkit.core.graphs.EagerCalls`): captures start at the next call, with no observer in them.
+graphs captured (tensors, module tree, inner hooks, LoRA state, attention processors and backends) with the
+model now: on a change they are captured anew; a model moved off CUDA is refused. The call the first-call check
+of the adapter observes runs eagerly (`hookkit.core.graphs.EagerCalls`): captures start at the next call.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import itertools
 from collections import OrderedDict
 import operator
+import sys
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ContextManager
 
@@ -237,7 +238,11 @@ class ModelWatch:
       hookkit's own hook chain of every module, and torch's global module hooks (hooks and `forward` of the
       transformer itself run outside the graph and are not watched);
     - PEFT LoRA state of every LoRA layer: `scaling` (`set_adapters(..., weights)`), the active adapters,
-      `disable_adapters`, merged adapters.
+      `disable_adapters`, merged adapters;
+    - attention: which processor object each module holds as `processor` (`set_attn_processor`; a plain attribute,
+      not a submodule), the backend each processor dispatches to (`set_attention_backend` sets its
+      `_attention_backend`), and diffusers' process-wide active backend, which processors without one of their own
+      run (`attention_backend(...)`); read from `sys.modules`, never imported.
 
     `check()` compares a few flat lists, each built by one C-level `map` over the lists `arm()` collected (its
     cost per call is measured by `benchmarks/watch_overhead.py`, numbers in BENCHMARKS.md); only when they
@@ -256,6 +261,7 @@ class ModelWatch:
         self._tensors: list[torch.Tensor] = []
         self._lora: list[dict[str, Any]] = []
         self._registries: list[HookRegistry] = []
+        self._attention: list[dict[str, Any]] = []
         self._state: tuple[Any, ...] | None = None
         self._detail: list[tuple[Any, ...]] = []
 
@@ -279,6 +285,7 @@ class ModelWatch:
         self._tensors = [inner for d in self._tensor_dicts for t in d.values() if t is not None for inner in _storages(t)]
         self._lora = [d for d in self._dicts if isinstance(d.get("scaling"), dict)]
         self._registries = [r for d in self._dicts if (r := d.get("_hookkit_registry")) is not None]
+        self._attention = [d for d in self._dicts if "processor" in d or "processor" in d["_modules"]]
         self._state = self._read()
         self._detail = [self._module_state(i) for i in range(len(self._dicts))]
 
@@ -306,6 +313,7 @@ class ModelWatch:
             [(id(r._chain), id(r._inner)) for r in self._registries],
             [(tuple(d["scaling"].items()), _adapters(d.get("_active_adapter")), d.get("_disable_adapters"),
               tuple(d.get("merged_adapters", ()))) for d in self._lora],
+            list(map(_processor_state, self._attention)), _active_attention_backend(),
         )
 
     def _module_state(self, index: int) -> tuple[Any, ...]:
@@ -322,7 +330,9 @@ class ModelWatch:
         return (("parameters and buffers", tensors), ("submodules", tuple(map(id, d["_modules"].values()))),
                 ("training mode", d["training"]), ("forward hooks", hooks),
                 ("hookkit hooks", (id(registry._chain), id(registry._inner)) if registry is not None else None),
-                ("LoRA scales or active adapters", lora))
+                ("LoRA scales or active adapters", lora),
+                ("attention processor", id(_processor(d))),
+                ("attention backend", getattr(_processor(d), "_attention_backend", None)))
 
     def _describe(self) -> str:
         for index, before in enumerate(self._detail):
@@ -330,6 +340,8 @@ class ModelWatch:
             for (kind, old), (_, new) in zip(before, now):
                 if old != new:
                     return f"{self._paths[index]}: {kind} changed since capture"
+        if self._state is not None and self._state[-1] != _active_attention_backend():
+            return "diffusers' active attention backend changed since capture"
         return "torch's global module hooks changed since capture"
 
 
@@ -344,6 +356,26 @@ def _storages(tensor: torch.Tensor) -> list[torch.Tensor]:
     names, _ = tensor.__tensor_flatten__()
     return [inner for name in names for inner in _storages(getattr(tensor, name))]
 _TRAINING = operator.itemgetter("training")
+
+
+def _processor(module_dict: dict[str, Any]) -> Any:
+    """The attention processor of a module (by its `__dict__`): a plain attribute, or a submodule for processors
+    that are modules (IP-Adapter's); None for a module without one."""
+    processor = module_dict.get("processor")
+    return processor if processor is not None else module_dict["_modules"].get("processor")
+
+
+def _processor_state(module_dict: dict[str, Any]) -> tuple[int, Any]:
+    processor = _processor(module_dict)
+    return id(processor), getattr(processor, "_attention_backend", None)
+
+
+def _active_attention_backend() -> Any:
+    """diffusers' process-wide attention backend (what a processor without its own runs); None before diffusers'
+    attention dispatch is imported (then no model of it was built, so nothing captured can depend on it)."""
+    dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+    registry = getattr(dispatch, "_AttentionBackendRegistry", None)
+    return getattr(registry, "_active_backend", None)
 
 
 def _adapters(active: Any) -> Any:
@@ -365,10 +397,11 @@ class GraphHook(ModelHook):
     mode, uncaptured (the cache's hooks decide it; `adopted` keeps the bookkeeping a replay keeps), so its output
     and errors are eager mode's and no graph holds the check's block observers. That is once per enable (again only
     while the check fails and stays armed): an invalidation re-captures without a second check, because what
-    the watch sees change (weights, devices, dtypes, LoRA layers and scales, hooks, training mode) changes none
-    of what the check confirmed (block order, each block's stream arguments and returns, the hidden-stream
-    chain: the forward's code and block lists), and a replaced hooked block is refused at the next pipeline
-    call whatever the graphs (`Handle._check_modules`). Eager mode checks once per enable too.
+    the watch sees change (weights, devices, dtypes, LoRA layers and scales, hooks, training mode, attention
+    processors and backends) changes none of what the check confirmed (block order, each block's stream arguments
+    and returns, the hidden-stream chain: the forward's code and block lists), and a replaced or appended hooked
+    block is refused at the next pipeline call whatever the graphs (`Handle._check_modules`). Eager mode checks
+    once per enable too.
     """
 
     replaces_forward = True
