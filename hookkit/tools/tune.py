@@ -304,16 +304,16 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
             out.append(hookkit.DBCache(rule="schedule", calibration=calibration, speedup=float(s),
                                        taylorseer_order=order))
     if calibration.ratios is not None:
-        for threshold in (0.03, 0.06, 0.12, 0.24, 0.5):
-            for k in (2, 3, 5):
+        for threshold in (0.06, 0.12, 0.24, 0.5):
+            for k in (2, 3):
                 for order in (0, 1):
                     out.append(hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=threshold,
                                                max_continuous_cached_steps=k, taylorseer_order=order))
-    for threshold in (0.08, 0.16, 0.24, 0.4):
+    for threshold in (0.08, 0.16, 0.24):
         for order in (0, 1):
             out.append(hookkit.DBCache(threshold=threshold, taylorseer_order=order))
     for mask in ("slow", "medium", "fast", "ultra"):
-        for order in (0, 1, 2):
+        for order in (1, 2):
             out.append(hookkit.DBCache(steps_mask=mask, mask_policy="static", taylorseer_order=order))
     return out
 
@@ -321,8 +321,9 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
 def _speedup(handle: hookkit.Handle) -> tuple[int, int]:
     """(uncached block calls, block calls run) of the handle's last generation, over its transformers."""
     total = run = 0
-    for member in handle.group:
-        data = member.summary().features.get("cache")
+    summary = handle.summary()
+    for part in (summary, *summary.companions):
+        data = part.features.get("cache")
         if data is not None:
             total += data.data["block_calls_uncached"]
             run += data.data["block_calls"]

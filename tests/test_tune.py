@@ -1,0 +1,135 @@
+"""`hookkit.calibrate` and `hookkit.tune`: calibration from the user's calls, a Spec for a speed or quality target.
+
+The arithmetic and the candidates' bookkeeping run on tiny random pipelines (fast); whether a tuned Spec meets its
+target on seeds it did not see is judged on the shipped trained tiny Flux (marked slow).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import hookkit
+from hookkit.errors import SpecError
+from hookkit.tools import trained, zoo
+from hookkit.tools.tune import _Replay, _measure, search
+
+
+def flux_calls(seeds: tuple[int, ...] = (0, 1), steps: int = 6) -> list[dict[str, Any]]:
+    return [zoo.call_kwargs("flux", steps=steps, seed=s) for s in seeds]
+
+
+def images(pipe: Any, calls: list[dict[str, Any]]) -> list[torch.Tensor]:
+    replay = _Replay(pipe, calls)
+    return [replay.images(i) for i in range(len(calls))]
+
+
+SPECS = [
+    hookkit.DBCache(fn_blocks=0, steps_mask=(1, 1, 0, 1, 0, 1), mask_policy="static", taylorseer_order=0),
+    hookkit.DBCache(fn_blocks=0, steps_mask=(1, 1, 0, 0, 0, 1), mask_policy="static", taylorseer_order=1),
+]
+
+
+def test_calibrate_records_a_ratio_and_a_gram_row_per_step_and_the_sigma_weights() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    calibration = hookkit.calibrate(pipe, flux_calls())
+    assert (calibration.model, calibration.steps, calibration.calls) == ("FluxTransformer2DModel", 6, 2)
+    assert len(calibration.ratios) == 6 and calibration.ratios[0] == 1.0
+    assert len(calibration.gram) == 6 and all(calibration.gram[i][i] > 0 for i in range(6))
+    sigmas = pipe.scheduler.sigmas.double()
+    assert calibration.weights == pytest.approx((sigmas[:-1] - sigmas[1:]).abs().tolist(), rel=1e-12)
+
+
+def test_calibrate_leaves_the_pipeline_bitwise_stock() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    before = images(pipe, flux_calls())
+    hookkit.calibrate(pipe, flux_calls())
+    assert hookkit.handle_of(pipe) is None
+    after = images(pipe, flux_calls())
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_calls_without_a_generator_are_refused_with_the_fix() -> None:
+    call = zoo.call_kwargs("flux", steps=6)
+    del call["generator"]
+    with pytest.raises(SpecError, match=r"hookkit.tune.calls\[0\]: expected a `generator` \(or `latents`\)"):
+        hookkit.tune(zoo.tiny_pipeline("flux"), [call], speedup=2.0, progress=False)
+
+
+def test_calls_at_two_step_counts_are_refused() -> None:
+    with pytest.raises(SpecError, match=r"expected one num_inference_steps for all calls"):
+        hookkit.calibrate(zoo.tiny_pipeline("flux"), [zoo.call_kwargs("flux", steps=4), zoo.call_kwargs("flux", steps=6)])
+
+
+def test_tune_needs_a_target() -> None:
+    with pytest.raises(SpecError, match=r"hookkit.tune: expected a target, speedup=... \(e.g. 2.0\) or min_psnr="):
+        hookkit.tune(zoo.tiny_pipeline("flux"), flux_calls(), progress=False)
+
+
+def test_a_speedup_above_the_step_count_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"hookkit.tune.speedup: expected at most 6 .* for calls of 6 steps, got 7"):
+        hookkit.tune(zoo.tiny_pipeline("flux"), flux_calls(), speedup=7.0, progress=False)
+
+
+def test_a_quality_no_candidate_reaches_is_refused_with_what_was_reached() -> None:
+    with pytest.raises(SpecError, match=r"expected a candidate with every PSNR >= 1000 dB, got none among 2 "
+                                        r"\(fastest \d\.\d\dx, best min PSNR \d+\.\d\d dB\)"):
+        search(zoo.tiny_pipeline("flux"), flux_calls(), min_psnr=1000.0, specs=SPECS)
+
+
+def test_search_picks_the_best_psnr_at_the_speedup_and_the_fastest_above_the_psnr() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    result = search(pipe, flux_calls(), speedup=1.4, specs=SPECS)
+    rows = {r.name: r for r in result.rows}
+    assert [round(r.speedup, 4) for r in result.rows] == [round(6 / 4, 4), 2.0]  # 4 and 3 of 6 steps computed
+    assert result.chosen is max(result.rows, key=lambda r: r.psnr_mean)
+    fastest = search(pipe, flux_calls(), min_psnr=min(r.psnr_min for r in rows.values()), specs=SPECS)
+    assert fastest.chosen.speedup == 2.0
+    assert "* " in fastest.table() and "speed-up" in fastest.table()
+
+
+def test_search_is_deterministic_and_leaves_the_pipeline_bitwise_stock() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    before = images(pipe, flux_calls())
+    first = search(pipe, flux_calls(), speedup=1.4, specs=SPECS)
+    second = search(pipe, flux_calls(), speedup=1.4, specs=SPECS)
+    assert first.rows == second.rows and first.chosen == second.chosen
+    after = images(pipe, flux_calls())
+    assert hookkit.handle_of(pipe) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_a_tuned_schedule_spec_runs_again_from_its_json_dict() -> None:
+    import json
+
+    pipe = zoo.tiny_pipeline("flux")
+    spec = hookkit.tune(pipe, flux_calls(), speedup=2.0, progress=False)
+    again = hookkit.Spec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+    handle = hookkit.enable(pipe, again)
+    pipe(**zoo.call_kwargs("flux", steps=6, seed=5))
+    data = handle.summary().features["cache"].data
+    assert data["block_calls_uncached"] / data["block_calls"] >= 2.0
+
+
+@pytest.mark.slow
+def test_the_tuned_spec_reaches_its_speedup_and_beats_fewer_steps_on_held_out_seeds() -> None:
+    """Tuned on seeds 10-11 of the trained model, judged on seeds 100-101 that it never saw."""
+    pipe = trained.load_pipeline()
+    steps = 14
+    tune_calls = [trained.call_kwargs([0, 3, 6], [10, 10, 10], steps=steps),
+                  trained.call_kwargs([1, 4, 8], [11, 11, 11], steps=steps)]
+    spec = hookkit.tune(pipe, tune_calls, speedup=2.0, progress=False)
+    held = [trained.call_kwargs([2, 5, 9], [100, 100, 100], steps=steps),
+            trained.call_kwargs([7, 0, 4], [101, 101, 101], steps=steps)]
+    replay = _Replay(pipe, held)  # both snapshot the generators before any run: the same noise for all three
+    fewer = _Replay(pipe, [dict(c, num_inference_steps=steps // 2) for c in held])
+    reference = [replay.images(i) for i in range(2)]
+    speedup, psnrs = _measure(replay, spec.cache, reference)
+    fewer_psnrs = [10 * math.log10(1 / (fewer.images(i).double() - reference[i].double()).pow(2)[j].mean().item())
+                   for i in range(2) for j in range(3)]
+    assert speedup >= 2.0
+    assert sum(psnrs) / len(psnrs) > sum(fewer_psnrs) / len(fewer_psnrs) + 1.0
