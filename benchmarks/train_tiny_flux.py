@@ -1,12 +1,19 @@
-"""Train hookkit's small Flux-architecture model (and its classifier): the weights in hookkit/trained/.
+"""Train hookkit's small Flux-architecture models (and the classifier): the weights in hookkit/tools/trained/.
 
-    python3 benchmarks/train_tiny_flux.py --device cuda --out $OUT     # the shipped run: ~5 min on one H200
+    python3 benchmarks/train_tiny_flux.py --device cuda --out $OUT     # the shipped tiny run: ~5 min on one H200
     python3 benchmarks/train_tiny_flux.py --quick                      # CPU, a few iterations: end-to-end check
+    python3 benchmarks/train_tiny_flux.py --model deep --classifier hookkit/tools/trained/classifier.safetensors \
+        --batch 1024 --fit-steps --max-train-seconds 300 --log-every 250 --device cuda --out $OUT
+                                                                       # the shipped deep run (16 blocks)
 
-What it does, in order (all seeded; see hookkit/trained/__init__.py for the model and its conventions):
+`--model` picks the architecture from `hookkit.tools.trained.MODELS` ("tiny": 2 double + 4 single blocks, 192
+hidden; "deep": 4 + 12 blocks, 128 hidden). `--classifier PATH` skips step 1 and judges the samples with that
+(shipped) classifier instead, so that both models are measured by the same one.
+
+What it does, in order (all seeded; see hookkit/tools/trained/__init__.py for the model and its conventions):
 1. trains `ShapeClassifier` on procedural images (`hookkit.tools.trained.shapes.render`, drawn on the fly) and
    measures it on a held-out set;
-2. trains a stock `FluxTransformer2DModel` (2 double + 4 single blocks, 192 hidden) with rectified flow
+2. trains a stock `FluxTransformer2DModel` (the `--model`'s config) with rectified flow
    matching exactly as FluxPipeline samples it: latents = (pixel_unshuffle(image) - shift) * scale, packed
    with `FluxPipeline._pack_latents`; x_t = (1 - sigma) * x0 + sigma * noise; target = noise - x0; the
    transformer gets `timestep = sigma` (the pipeline passes `t / 1000` with t = 1000 * sigma), the class
@@ -19,10 +26,12 @@ What it does, in order (all seeded; see hookkit/trained/__init__.py for the mode
    x 20 seeds, including the 20 samples `tests/test_trained.py` checks (seeds 0 and 1 of every class).
 
 Writes to --out (default $OUT, else ./out), a flat folder of 6 files: model.safetensors (~10 MB),
-classifier.safetensors, loss.png, samples.png, MODEL_CARD.md, train_log.json. Copy them into
-hookkit/trained/. CUDA runs train in fp32 with TF32 matmuls (`--precision bf16`: bf16 autocast); CUDA kernels are not bitwise deterministic, so a rerun is
+classifier.safetensors (not with --classifier), loss.png, samples.png, MODEL_CARD.md, train_log.json. Copy them
+into hookkit/tools/trained/ (the deep model's into hookkit/tools/trained/deep/). CUDA runs train in fp32 with TF32 matmuls (`--precision bf16`: bf16 autocast); CUDA kernels are not bitwise deterministic, so a rerun is
 close to, not identical with, the shipped weights. `--max-train-seconds` stops the transformer loop early
-(and says so in the log and the model card) should a slow machine run past the 10-minute budget.
+(and says so in the log and the model card) should a slow machine run past the 10-minute budget;
+`--fit-steps` instead measures the speed over the first steps and shortens the planned steps to what fits in
+it, so that the learning rate's cosine ends at the deadline rather than being cut off half way.
 """
 
 from __future__ import annotations
@@ -50,10 +59,15 @@ from hookkit.tools.trained import shapes
 SAMPLE_SEEDS = 8  # columns of samples.png
 EVAL_SEEDS = 20  # seeds per class for the recognition rate
 TEST_SEEDS = (0, 1)  # the 20 samples tests/test_trained.py checks
+FIT_AFTER = 200  # --fit-steps: steps timed before the plan is cut to the time left
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(trained.MODELS), default="tiny",
+                   help="which architecture (hookkit.tools.trained.MODELS; default tiny)")
+    p.add_argument("--classifier", default=None, metavar="PATH",
+                   help="judge samples with this classifier file (e.g. the shipped one) instead of training one")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
     p.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default: $OUT or ./out)")
     p.add_argument("--seed", type=int, default=0)
@@ -65,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classifier-steps", type=int, default=1500)
     p.add_argument("--max-train-seconds", type=float, default=450.0,
                    help="stop the transformer loop after this long (a guard for the 10-minute budget)")
+    p.add_argument("--fit-steps", action="store_true",
+                   help=f"after {FIT_AFTER} steps, cut --steps to what fits in --max-train-seconds at the measured "
+                        "speed (the cosine schedule then ends at the deadline)")
     p.add_argument("--log-every", type=int, default=500)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="training precision on CUDA: fp32 with TF32 matmuls (default) or bf16 autocast")
@@ -72,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.classifier_steps, args.warmup, args.log_every = 12, 8, 12, 4, 4
+    given = list(sys.argv[1:] if argv is None else argv)  # for the model card's "Reproduce", the folder as OUT
+    args.argv = ["OUT" if i and given[i - 1] == "--out" else a.split("=")[0] + "=OUT" if a.startswith("--out=") else a
+                 for i, a in enumerate(given)]
     return args
 
 
@@ -155,7 +175,8 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
     from diffusers import FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(args.seed)
-    model = FluxTransformer2DModel(**trained.TRANSFORMER_CONFIG).to(device).train()
+    config = trained.MODELS[args.model][0]
+    model = FluxTransformer2DModel(**config).to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     ema = [p.detach().clone().float() for p in params]
     decay_groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
@@ -170,12 +191,22 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
     g = torch.Generator(device).manual_seed(args.seed + 2)
     losses = torch.zeros(args.steps, device=device)
     b = args.batch
-    print(f"transformer: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
+    print(f"transformer ({args.model}: {config['num_layers']} double + {config['num_single_layers']} single blocks, "
+          f"{config['num_attention_heads'] * config['attention_head_dim']} hidden): "
+          f"{sum(p.numel() for p in params) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
           f"{(side // 2) ** 2} image tokens + {trained.TEXT_TOKENS} text tokens", flush=True)
     t0 = time.perf_counter()
-    done, stopped_early = 0, False
+    done, stopped_early, total = 0, False, args.steps
     for step in range(args.steps):
-        set_lr(opt, lr_at(step, args.steps, args.warmup, args.lr))
+        if step >= total:
+            break
+        if args.fit_steps and step == FIT_AFTER and total > FIT_AFTER:
+            sync(device)
+            per_step = (time.perf_counter() - t0) / FIT_AFTER
+            total = max(FIT_AFTER + 1, min(args.steps, int(args.max_train_seconds / per_step * 0.97)))
+            print(f"  --fit-steps: {per_step * 1e3:.1f} ms a step over the first {FIT_AFTER}: planning {total} steps "
+                  f"(of {args.steps}) for {args.max_train_seconds:g} s", flush=True)
+        set_lr(opt, lr_at(step, total, args.warmup, args.lr))
         labels = torch.randint(0, trained.NUM_CLASSES, (b,), generator=g, device=device)
         with torch.no_grad():
             images = shapes.render(labels, g) * 2 - 1
@@ -203,13 +234,13 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
             torch._foreach_lerp_(ema, [p.detach().float() for p in params], 1 - decay)
             losses[step] = loss.detach()
         done = step + 1
-        if done % args.log_every == 0 or done == args.steps:
+        if done % args.log_every == 0 or done == total:
             sync(device)
             elapsed = time.perf_counter() - t0
             recent = losses[max(0, done - args.log_every):done].mean().item()
-            print(f"  step {done:6d}/{args.steps}  loss {recent:.4f}  lr {opt.param_groups[0]['lr']:.2e}  "
+            print(f"  step {done:6d}/{total}  loss {recent:.4f}  lr {opt.param_groups[0]['lr']:.2e}  "
                   f"{elapsed:6.1f} s  ({done / elapsed:.1f} steps/s)", flush=True)
-            if elapsed > args.max_train_seconds and done < args.steps:
+            if elapsed > args.max_train_seconds and done < total:
                 print(f"  stopping early after {done} steps: --max-train-seconds {args.max_train_seconds:g} reached",
                       flush=True)
                 stopped_early = True
@@ -219,7 +250,8 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     state = {n: e.cpu() for n, e in zip(names, ema)}
     curve = losses[:done].cpu().tolist()
-    return state, dict(steps=done, planned_steps=args.steps, stopped_early=stopped_early, batch=b, lr=args.lr,
+    return state, dict(steps=done, planned_steps=total, requested_steps=args.steps, fit_steps=args.fit_steps,
+                       stopped_early=stopped_early, batch=b, lr=args.lr,
                        warmup=args.warmup, ema=args.ema, seconds=seconds, steps_per_second=done / seconds,
                        final_loss=sum(curve[-min(len(curve), 500):]) / min(len(curve), 500),
                        params=sum(p.numel() for p in params), losses=curve)
@@ -260,7 +292,7 @@ def save_grid(images: torch.Tensor, rows: int, cols: int, path: Path, scale: int
     canvas.save(path)
 
 
-def save_loss_plot(losses: list[float], path: Path) -> None:
+def save_loss_plot(losses: list[float], path: Path, model: str = "tiny") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -275,7 +307,7 @@ def save_loss_plot(losses: list[float], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("flow-matching MSE")
-    ax.set_title("hookkit tiny Flux: training loss")
+    ax.set_title(f"hookkit {model} Flux: training loss")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
@@ -301,18 +333,37 @@ def evaluate(pipe: Any, weights: Path, classifier: trained.ShapeClassifier, devi
 
 def model_card(log: dict[str, Any]) -> str:
     t, c, e = log["transformer"], log["classifier"], log["evaluation"]
-    cfg = trained.TRANSFORMER_CONFIG
+    name = log.get("model", "tiny")
+    cfg = trained.MODELS[name][0]
+    blocks = cfg["num_layers"] + cfg["num_single_layers"]
     early = (f" **Stopped early** at {t['steps']} of {t['planned_steps']} planned steps (time guard)."
              if t["stopped_early"] else "")
+    fitted = (f" `--fit-steps`: {t['planned_steps']} of the {t['requested_steps']} requested steps were planned from "
+              f"the speed of the first {FIT_AFTER}, so the cosine schedule ends at the time limit."
+              if t.get("fit_steps") else "")
+    loader = "load_pipeline()" if name == "tiny" else f'load_pipeline(model="{name}")'
+    folder = "hookkit/tools/trained/" if name == "tiny" else f"hookkit/tools/trained/{name}/"
+    why = ("" if name == "tiny" else
+           f"\nThe second shipped model: with {blocks} blocks, one block is at most 1/{blocks} of a step, so the first\n"
+           f"block that block-level caching always computes no longer costs 1/6 of a step as in the tiny model\n"
+           f"(a real Flux has 57 blocks). Same data, classes, latents, conditioning and classifier as the tiny one.\n")
+    if c.get("trained", True):
+        classifier_text = (f"`ShapeClassifier` ({c['params'] / 1e3:.0f} k parameters: five 3x3 convolutions, mean+max "
+                           f"pooling, linear), trained\n{c['steps']} steps of batch {c['batch']} on procedural images "
+                           f"with noise/blur augmentation; accuracy on\n{c['held_out_images']} held-out procedural "
+                           f"images: {c['held_out_accuracy']:.2%}.")
+    else:
+        classifier_text = (f"The shipped `ShapeClassifier` (`{c['path']}`, trained with the tiny model; not retrained "
+                           f"here), so that both models are judged by the same one.")
     per_class = "\n".join(f"| {name} | {acc:.0%} |" for name, acc in e["per_class"].items())
     hidden = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     quick = "\n**QUICK RUN (--quick): a check of the script, not a trained model. Do not ship.**\n" if log["quick"] else ""
-    return f"""# hookkit tiny Flux (trained)
+    return f"""# hookkit {name} Flux (trained)
 {quick}
 A small model with the real Flux classes, trained so that hookkit's caching is judged on real denoising
 trajectories (random weights never cache dynamically). Made by `benchmarks/train_tiny_flux.py`; loaded by
-`hookkit.tools.trained.load_pipeline()` into a stock `diffusers.FluxPipeline` (no text encoders).
-
+`hookkit.tools.trained.{loader}` into a stock `diffusers.FluxPipeline` (no text encoders).
+{why}
 ## Model
 - `FluxTransformer2DModel`: {cfg['num_layers']} double-stream + {cfg['num_single_layers']} single-stream blocks,
   {cfg['num_attention_heads']} heads x {cfg['attention_head_dim']} = {hidden} hidden, `joint_attention_dim`
@@ -327,7 +378,7 @@ trajectories (random weights never cache dynamically). Made by `benchmarks/train
 - Scheduler: `FlowMatchEulerDiscreteScheduler` with Flux-dev's dynamic shift; 28 steps by default.
 
 ## Data
-Procedural 32x32 images drawn on the fly (`hookkit/trained/shapes.py`): one shape on a dark, tinted,
+Procedural 32x32 images drawn on the fly (`hookkit/tools/trained/shapes.py`): one shape on a dark, tinted,
 gradient background; random position, size, rotation and brightness; one-pixel anti-aliasing.
 Classes (shape x colour; every shape and several colours occur in two classes):
 {', '.join(f'{i} {n}' for i, n in enumerate(trained.CLASSES))}.
@@ -338,7 +389,7 @@ Rectified flow matching as FluxPipeline samples it: x_t = (1 - sigma) x0 + sigma
 {t['steps']} steps of batch {t['batch']}, AdamW (lr {t['lr']:g}, betas (0.9, 0.99), weight decay 0.01 on
 matrices), {t['warmup']} warm-up steps then cosine to 10%, gradient clipping 1.0, EMA {t['ema']}, precision
 {log.get('precision', 'fp32')} on CUDA. {t['seconds']:.0f} s on {log['device']} ({t['steps_per_second']:.1f} steps/s); final loss (mean of the
-last 500 steps) {t['final_loss']:.4f}.{early}
+last 500 steps) {t['final_loss']:.4f}.{early}{fitted}
 
 ![training loss](loss.png)
 
@@ -348,24 +399,23 @@ Stock FluxPipeline, 28 steps, no CFG; rows are classes, columns seeds 0..{log['s
 ![samples](samples.png)
 
 ## Classifier
-`ShapeClassifier` ({c['params'] / 1e3:.0f} k parameters: five 3x3 convolutions, mean+max pooling, linear), trained
-{c['steps']} steps of batch {c['batch']} on procedural images with noise/blur augmentation; accuracy on
-{c['held_out_images']} held-out procedural images: {c['held_out_accuracy']:.2%}.
+{classifier_text}
 
 Generated samples it recognises as the class asked for (28 steps, no CFG, {e['seeds_per_class']} seeds per class):
 **{e['accuracy']:.1%}** of {e['samples']}; on the {e['test_samples']} samples `tests/test_trained.py` checks
-(seeds {', '.join(map(str, TEST_SEEDS))} of every class): {e['test_accuracy']:.0%} (the test needs >= 90% on the CPU).
+(seeds {', '.join(map(str, TEST_SEEDS))} of every class): {e['test_accuracy']:.0%}.
 
 | class | recognised |
 |---|---|
 {per_class}
 
 ## Reproduce
-`python3 benchmarks/train_tiny_flux.py --device cuda --out OUT` (seed {log['seed']}; torch {log['torch']},
-diffusers {log['diffusers']}). CUDA kernels are not bitwise deterministic: a rerun is close, not identical.
+`python3 benchmarks/train_tiny_flux.py {' '.join(log.get('argv') or ['--device', 'cuda', '--out', 'OUT'])}` (seed {log['seed']}; torch {log['torch']},
+diffusers {log['diffusers']}); copy the files into `{folder}`. CUDA kernels are not bitwise deterministic: a
+rerun is close, not identical.
 
 ## Limits
-A toy: 32x32, ten classes, 64 image tokens, 6 blocks. It shows how caching behaves on a trained
+A toy: 32x32, ten classes, 64 image tokens, {blocks} blocks. It shows how caching behaves on a trained
 rectified-flow trajectory; speed-ups in wall time on it are dominated by per-call overheads.
 """
 
@@ -388,16 +438,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train_tiny_flux: {name}, torch {torch.__version__}, diffusers {diffusers.__version__}, seed {args.seed}"
           f"{', QUICK (not for shipping)' if args.quick else ''}", flush=True)
 
-    classifier, classifier_log = train_classifier(args, device)
+    if args.classifier is None:
+        classifier, classifier_log = train_classifier(args, device)
+    else:  # the shipped classifier: every model is judged by the same one
+        classifier = trained.load_classifier(path=args.classifier)
+        classifier_log = dict(trained=False, path=str(args.classifier),
+                              params=sum(p.numel() for p in classifier.parameters()))
+        print(f"classifier: {args.classifier} (not retrained)", flush=True)
     conditions = trained.make_conditions(args.seed)
     state, transformer_log = train_transformer(args, device, conditions)
 
-    meta = dict(seed=args.seed, quick=args.quick,
+    meta = dict(config=trained.MODELS[args.model][0], model=args.model, seed=args.seed, quick=args.quick,
                 steps=transformer_log["steps"], batch=args.batch, torch=torch.__version__,
                 diffusers=diffusers.__version__, device=name)
-    model_path, classifier_path = out / "model.safetensors", out / "classifier.safetensors"
+    model_path = out / "model.safetensors"
     trained.save_model(model_path, state, conditions, meta)
-    trained.save_classifier(classifier_path, classifier)
+    if args.classifier is None:
+        trained.save_classifier(out / "classifier.safetensors", classifier)
 
     # Sample the saved file through the public loader: what ships is what is measured.
     pipe = trained.load_pipeline(device=device, dtype=torch.float32, path=model_path)
@@ -408,9 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     save_grid(grid, trained.NUM_CLASSES, cols, out / "samples.png")
     evaluation = evaluate(pipe, model_path, classifier, device, 2 if args.quick else EVAL_SEEDS)
     evaluation["seconds"] = time.perf_counter() - t0
-    save_loss_plot(transformer_log["losses"], out / "loss.png")
+    save_loss_plot(transformer_log["losses"], out / "loss.png", args.model)
 
-    log = dict(seed=args.seed, quick=args.quick, precision=args.precision, sample_seeds=cols, device=name, torch=torch.__version__, diffusers=diffusers.__version__,
+    log = dict(model=args.model, argv=args.argv, seed=args.seed, quick=args.quick, precision=args.precision, sample_seeds=cols, device=name, torch=torch.__version__, diffusers=diffusers.__version__,
                python=platform.python_version(), classifier=classifier_log, transformer=transformer_log,
                evaluation=evaluation, total_seconds=time.perf_counter() - start)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")

@@ -41,6 +41,25 @@ def test_demo_spec_is_the_measured_dbcache_default_and_the_sync_free_loop() -> N
     assert demo.demo_spec() == hookkit.Spec(cache=hookkit.DBCache(), sync_free=True)
 
 
+def test_demo_model_deep_draws_with_the_16_block_trained_model(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    threads = torch.get_num_threads()
+    try:
+        code = cli.main(["demo", "--model", "deep", "--steps", "3", "--classes", "red circle", "--out",
+                         str(tmp_path / "d.png")])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("hookkit demo: hookkit's trained deep Flux (stock FluxPipeline, 3 steps, 32x32")
+    assert "(middle 15 of 16 blocks)" in out
+
+
+def test_demo_refuses_an_unknown_model_naming_the_shipped_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--model", "huge"]) == 2
+    assert "hookkit.tools.trained model: expected one of ['tiny', 'deep'], got 'huge'." in capsys.readouterr().err
+
+
 # --- generate: what runs on the CPU writes its file ---------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The adapter files ship inside the wheel and are found from an installed package."""
+"""The adapter files and the trained models ship inside the wheel and are found from an installed package."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_contains_every_adapter_file(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {Path(n).name for n in names if n.startswith("hookkit/_adapters/")} == SHIPPED
+
+
+@pytest.mark.slow
+def test_wheel_contains_both_trained_models_and_the_classifier(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    trained = "hookkit/tools/trained/"
+    assert {f"{trained}{name}" for name in ("model.safetensors", "classifier.safetensors", "MODEL_CARD.md")} <= names
+    assert {f"{trained}deep/{name}" for name in ("model.safetensors", "MODEL_CARD.md", "samples.png")} <= names
 
 
 @pytest.mark.slow

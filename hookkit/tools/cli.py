@@ -105,7 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise SpecError(f"--classes: expected comma-separated class names, got {args.classes!r}. "
                         f"Give e.g. --classes 'red circle,green square'.")
     # One thread by default: a tiny model gains nothing from more, and timings stay stable on a busy machine.
-    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads)
+    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads, args.model)
 
 
 # --- generate --------------------------------------------------------------------------------------------
@@ -573,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "hookkit.tools.trained.CLASSES)")
     p.add_argument("--out", default="hookkit-demo.png", help="the side-by-side PNG (default ./hookkit-demo.png)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the tiny model needs no more)")
+    p.add_argument("--model", default="tiny", help="which trained model draws: tiny (default; 6 blocks) or deep "
+                                                   "(16 blocks) (hookkit.tools.trained.MODELS)")
     p.set_defaults(func=cmd_demo)
 
     models = sorted(hookkit.list_adapters())

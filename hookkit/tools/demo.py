@@ -6,7 +6,9 @@ images identical to the eye. So the demo shows what a user would get: one stock 
 class, plain and with hookkit, each panel labelled with its class, time, cached steps and PSNR against plain,
 then the summary and a check that the pipeline after `hookkit.disable` is bitwise the plain one again.
 
-    python -m hookkit demo [--classes "red circle,green square"] [--out hookkit-demo.png]
+    python -m hookkit demo [--classes "red circle,green square"] [--out hookkit-demo.png] [--model deep]
+
+`--model deep` draws with the 16-block trained model instead of the 6-block tiny one (`trained.MODELS`).
 """
 
 from __future__ import annotations
@@ -120,18 +122,23 @@ def read_panels(path: str | Path) -> list[dict[str, Any]]:
         return json.loads(image.text[PANELS_KEY])
 
 
-def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: int) -> int:
-    """Run the demo, print what it did, write the grid; the exit code is 0 iff disable restored plain exactly."""
+def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: int, model: str = "tiny") -> int:
+    """Run the demo, print what it did, write the grid; the exit code is 0 iff disable restored plain exactly.
+
+    Args:
+        model: which shipped trained model draws: "tiny" (2 + 4 blocks) or "deep" (4 + 12 blocks).
+    """
     from hookkit.tools import bench, trained
     from hookkit.core.summary import table
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
+    trained.model_file(model)  # an unknown model or class fails here, before any model is loaded
     for name in classes:
-        trained.class_index(name)  # an unknown class fails here, before any model is loaded
-    pipe = trained.load_pipeline()
+        trained.class_index(name)
+    pipe = trained.load_pipeline(model=model)
     spec = demo_spec()
-    print(f"hookkit demo: hookkit's trained tiny Flux (stock FluxPipeline, {steps} steps, 32x32, "
+    print(f"hookkit demo: hookkit's trained {model} Flux (stock FluxPipeline, {steps} steps, 32x32, "
           f"{bench.device_description(device)}), one call per class, seeds {seed}..{seed + len(classes) - 1}")
     from hookkit.techniques.cache.spec import effective_warmup_steps
 
@@ -141,7 +148,7 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
           f"warm-up {effective_warmup_steps(cache, steps)} of {steps} steps, TaylorSeer order {cache.taylorseer_order}")
 
     def call(i: int) -> tuple[float, torch.Tensor]:
-        kwargs = trained.call_kwargs([classes[i]], seeds=[seed + i], steps=steps)  # fresh generators each call
+        kwargs = trained.call_kwargs([classes[i]], seeds=[seed + i], steps=steps, model=model)  # fresh generators
         start = time.perf_counter()
         images = pipe(**kwargs).images
         return time.perf_counter() - start, images[0]
@@ -164,7 +171,7 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
                      psnr=bench.psnr(p, image, peak=1.0))
                for name, (t, image), n, (_, p) in zip(classes, hooked, cached, plain)]
     t_plain, t_hooked = sum(t for t, _ in plain), sum(t for t, _ in hooked)
-    title = (f"trained tiny Flux, {steps} steps, CPU: plain {t_plain:.2f} s, hookkit DBCache() {t_hooked:.2f} s "
+    title = (f"trained {model} Flux, {steps} steps, CPU: plain {t_plain:.2f} s, hookkit DBCache() {t_hooked:.2f} s "
              f"({t_plain / t_hooked:.2f}x)")
     path = save_grid([p for _, p in plain], [h for _, h in hooked], panels, title, out)
 

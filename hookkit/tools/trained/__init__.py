@@ -1,20 +1,19 @@
-"""A small *trained* Flux-architecture model, so that caching is judged on real denoising trajectories.
+"""Small *trained* Flux-architecture models, so that caching is judged on real denoising trajectories.
 
-Random weights never trigger dynamic caching: their block residuals change from step to step as a
-trained model's do not. No trained weights can be downloaded here, so hookkit trains and ships its own:
+Random weights never trigger dynamic caching: their block residuals change from step to step as a trained
+model's do not. No trained weights can be downloaded here, so hookkit trains and ships its own:
 
-- the transformer is a stock `diffusers.FluxTransformer2DModel` (2 double-stream + 4 single-stream
-  blocks, 6 heads x 32 = 192 hidden units), trained with rectified flow matching on procedurally drawn
-  32x32 images of ten classes (`CLASSES`: a shape in a colour; `hookkit.tools.trained.shapes`);
-- it runs in the stock `FluxPipeline` with `text_encoder=None`: a class is a fixed random
-  `prompt_embeds` (1, 4, 64) and `pooled_prompt_embeds` (1, 64), stored with the weights; one extra
-  "null" class (index `NUM_CLASSES`) is the unconditional embedding for true CFG;
-- the latent space needs no trained autoencoder: `PatchVAE` is pixel (un)shuffle by 2 (a 32x32 RGB image
-  is a 12x16x16 latent; FluxPipeline packs 2x2 latent patches, so a token is a 4x4 pixel patch);
-- a small CNN (`ShapeClassifier`), trained alongside on the procedural images, says whether a generated
-  image still shows the class it was asked for.
+- stock `diffusers.FluxTransformer2DModel`s trained with rectified flow matching on procedural 32x32 images of
+  ten classes (`CLASSES`: a shape in a colour; `shapes`). `MODELS`: "tiny" (2 double + 4 single blocks, 192
+  hidden; the default) and "deep" (4 + 12 blocks, 128 hidden; in `deep/`): with 16 blocks the first block,
+  which block-level caching always computes, is at most 1/16 of a step, not the tiny model's 1/6;
+- they run in the stock `FluxPipeline` with `text_encoder=None`: a class is a fixed random `prompt_embeds`
+  (1, 4, 64) and `pooled_prompt_embeds` (1, 64), stored with the weights; one extra "null" class (index
+  `NUM_CLASSES`) is the unconditional embedding for true CFG;
+- `PatchVAE` is pixel (un)shuffle by 2 (a 32x32 RGB image is a 12x16x16 latent; a token is a 4x4 pixel patch);
+- a small CNN (`ShapeClassifier`) says whether a generated image shows the class it was asked for.
 
-    pipe = trained.load_pipeline()                                   # CPU, float32
+    pipe = trained.load_pipeline()                 # CPU, float32, the tiny model; model="deep" for the other
     images = pipe(**trained.call_kwargs(["red circle", 3], seeds=[0, 1])).images   # (2, 3, 32, 32) in [0, 1]
 
 Weights are made by `benchmarks/train_tiny_flux.py`; `MODEL_CARD.md` says how, on what, and how well.
@@ -44,7 +43,9 @@ from hookkit.tools.trained.shapes import CLASSES
 __all__ = [
     "CLASSES",
     "CLASSIFIER_FILE",
+    "DEEP_TRANSFORMER_CONFIG",
     "IMAGE_SIZE",
+    "MODELS",
     "MODEL_FILE",
     "NULL_CLASS",
     "NUM_CLASSES",
@@ -64,6 +65,7 @@ __all__ = [
     "make_conditions",
     "make_scheduler",
     "missing_weights",
+    "model_file",
     "read_metadata",
     "save_classifier",
     "save_model",
@@ -89,6 +91,19 @@ TRANSFORMER_CONFIG: dict[str, Any] = dict(
     num_attention_heads=6, joint_attention_dim=64, pooled_projection_dim=64, guidance_embeds=False,
     axes_dims_rope=(8, 12, 12),
 )
+
+#: The deep model: 4 double + 12 single blocks (16, so one block is at most 1/16 of a step), 4 heads x 32 =
+#: 128 hidden (narrower, to train in minutes and ship in about as many MB as the tiny one). Same inputs,
+#: conditioning and RoPE axes as `TRANSFORMER_CONFIG`.
+DEEP_TRANSFORMER_CONFIG: dict[str, Any] = dict(TRANSFORMER_CONFIG, num_layers=4, num_single_layers=12,
+                                               num_attention_heads=4)
+
+#: The shipped models: name -> (transformer config, weights file). All share the classes, the conditioning
+#: (`make_conditions(0)`), the latents, the scheduler and the classifier.
+MODELS: dict[str, tuple[dict[str, Any], Path]] = {
+    "tiny": (TRANSFORMER_CONFIG, MODEL_FILE),
+    "deep": (DEEP_TRANSFORMER_CONFIG, HERE / "deep" / "model.safetensors"),
+}
 
 #: Flux-dev's scheduler: resolution-dependent time shift (at 64 image tokens, sigmas shift by exp(0.47) = 1.6).
 SCHEDULER_CONFIG: dict[str, Any] = dict(
@@ -211,12 +226,22 @@ def class_index(cls: int | str) -> int:
 # --- files --------------------------------------------------------------------------------------------------
 
 _TRAIN_HINT = ("Train them with `python benchmarks/train_tiny_flux.py --device cuda --out DIR` (about 5 minutes on "
-               "one H200) and copy DIR/model.safetensors and DIR/classifier.safetensors into hookkit/trained/.")
+               "one H200) and copy DIR/model.safetensors and DIR/classifier.safetensors into hookkit/tools/trained/"
+               " (the deep model: add `--model deep --classifier hookkit/tools/trained/classifier.safetensors` and "
+               "copy DIR/* into hookkit/tools/trained/deep/).")
 
 
-def missing_weights() -> str | None:
-    """None when both shipped weights files exist, else a sentence saying which is missing and how to make it."""
-    missing = [p.name for p in (MODEL_FILE, CLASSIFIER_FILE) if not p.is_file()]
+def model_file(model: str = "tiny") -> Path:
+    """The shipped weights file of `model` ("tiny" or "deep"; see `MODELS`), whether or not it exists yet."""
+    if model not in MODELS:
+        raise SpecError(f"hookkit.tools.trained model: expected one of {list(MODELS)}, got {model!r}.")
+    return MODELS[model][1]
+
+
+def missing_weights(model: str = "tiny") -> str | None:
+    """None when `model`'s shipped weights and the classifier exist, else a sentence saying which file is
+    missing and how to make it."""
+    missing = [str(p.relative_to(HERE)) for p in (model_file(model), CLASSIFIER_FILE) if not p.is_file()]
     if not missing:
         return None
     return f"hookkit.tools.trained: {' and '.join(missing)} not found in {HERE}. {_TRAIN_HINT}"
@@ -230,11 +255,12 @@ def _weights_path(path: str | Path | None, default: Path) -> Path:
     return p
 
 
-def read_metadata(path: str | Path | None = None) -> dict[str, Any]:
-    """The JSON metadata stored in a weights file (config, classes, training settings and results)."""
+def read_metadata(path: str | Path | None = None, model: str = "tiny") -> dict[str, Any]:
+    """The JSON metadata stored in a weights file (config, classes, training settings and results): `path`,
+    else the shipped file of `model`."""
     from safetensors import safe_open
 
-    p = _weights_path(path, MODEL_FILE)
+    p = _weights_path(path, model_file(model))
     with safe_open(str(p), framework="pt") as f:
         raw = f.metadata() or {}
     if raw.get("format") != FORMAT:
@@ -250,9 +276,9 @@ def _load_file(path: str) -> dict[str, torch.Tensor]:
     return load_file(path)
 
 
-def load_conditions(path: str | Path | None = None) -> ClassConditions:
-    """The class embeddings stored with the transformer weights."""
-    tensors = _load_file(str(_weights_path(path, MODEL_FILE)))
+def load_conditions(path: str | Path | None = None, model: str = "tiny") -> ClassConditions:
+    """The class embeddings stored with the transformer weights (`path`, else the shipped file of `model`)."""
+    tensors = _load_file(str(_weights_path(path, model_file(model))))
     return ClassConditions(prompt_embeds=tensors["conditions.prompt_embeds"].float(),
                            pooled_prompt_embeds=tensors["conditions.pooled_prompt_embeds"].float())
 
@@ -308,11 +334,12 @@ def save_classifier(path: str | Path, classifier: ShapeClassifier) -> Path:
 
 @quiet_imports()
 def load_transformer(path: str | Path | None = None, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The trained `FluxTransformer2DModel` (eval mode) from its weights file."""
+                     dtype: torch.dtype = torch.float32, model: str = "tiny") -> nn.Module:
+    """The trained `FluxTransformer2DModel` (eval mode) from its weights file: `path`, else the shipped file of
+    `model` ("tiny" or "deep"). The architecture is the config stored in the file."""
     from diffusers import FluxTransformer2DModel
 
-    p = _weights_path(path, MODEL_FILE)
+    p = _weights_path(path, model_file(model))
     config = read_metadata(p)["config"]
     state = {k.removeprefix("transformer."): v for k, v in _load_file(str(p)).items() if k.startswith("transformer.")}
     with torch.device("meta"):
@@ -322,9 +349,16 @@ def load_transformer(path: str | Path | None = None, device: torch.device | str 
 
 
 def load_pipeline(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                  path: str | Path | None = None) -> Any:
-    """The shipped model in a stock `FluxPipeline` (no text encoders), on `device` in `dtype`."""
-    pipe = build_pipeline(load_transformer(path, device, dtype))
+                  path: str | Path | None = None, model: str = "tiny") -> Any:
+    """A shipped model in a stock `FluxPipeline` (no text encoders), on `device` in `dtype`.
+
+    Args:
+        device: where the transformer runs.
+        dtype: the transformer's dtype (the weights are stored as float16).
+        path: a weights file written by `save_model`; None for the shipped file of `model`.
+        model: "tiny" (default; 2 double + 4 single blocks) or "deep" (4 + 12 blocks); see `MODELS`.
+    """
+    pipe = build_pipeline(load_transformer(path, device, dtype, model))
     pipe.vae.to(device)  # weightless: no dtype to set (the decode is a reshuffle in the latents' dtype)
     return pipe
 
@@ -340,18 +374,19 @@ def load_classifier(device: torch.device | str = "cpu", path: str | Path | None 
 
 def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int = 28, cfg_scale: float = 1.0,
                 output_type: str = "pt", device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                path: str | Path | None = None) -> dict[str, Any]:
+                path: str | Path | None = None, model: str = "tiny") -> dict[str, Any]:
     """Keyword arguments for one `pipe(...)` call generating `classes[i]` from seed `seeds[i]`.
 
     Every sample has its own CPU generator, so an image depends only on its class and seed, not on the
     batch it was made in (nor on the device). `cfg_scale` > 1 turns on FluxPipeline's true CFG against the
-    null class (two transformer calls per step).
+    null class (two transformer calls per step). The class embeddings come from `path`, else from the shipped
+    file of `model`.
     """
     labels = [class_index(c) for c in classes]
     if len(labels) != len(seeds):
         raise SpecError(f"hookkit.tools.trained.call_kwargs.seeds: expected one seed per class ({len(labels)}), "
                         f"got {len(seeds)}.")
-    conditions = load_conditions(path)
+    conditions = load_conditions(path, model)
     embeds, pooled = conditions.select(labels, device, dtype)
     kwargs: dict[str, Any] = dict(
         prompt_embeds=embeds, pooled_prompt_embeds=pooled, num_inference_steps=steps, height=IMAGE_SIZE,
