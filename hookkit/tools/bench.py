@@ -477,7 +477,19 @@ def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
     return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", 1.0))) > 1.0
 
 
-def _cache_dit(ctx: RunContext, quant_type: str | None = None) -> None:
+def tuned_2x_mask(steps: int = 28) -> tuple[int, ...]:
+    """The steps `hookkit.tune(..., speedup=2)` computes on the trained tiny Flux at `steps` steps: DBCache's
+    "schedule" rule, TaylorSeer 2, planned from the shipped calibration (14 of 28 steps computed, no block on a
+    cached step). Random weights never tell a rule anything, so speed is measured on the rule's decisions."""
+    from hookkit.techniques.cache.spec import rule_mask
+    from hookkit.tools import trained
+
+    spec = hookkit.DBCache(rule="schedule", calibration=trained.calibration("tiny", steps), speedup=2.0,
+                           taylorseer_order=2)
+    return rule_mask(spec, steps, num_blocks=1)  # fn_blocks 0: the plan does not depend on the model's depth
+
+
+def _cache_dit(ctx: RunContext, quant_type: str | None = None, mask: Sequence[int] | None = None) -> None:
     """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured, told
     whether this call's CFG runs as separate transformer calls. `quant_type`: cache-dit's own torchao
     quantization (`QuantizeConfig(quant_type=...)`, applied by `enable_cache` after the cache hooks)."""
@@ -491,7 +503,8 @@ def _cache_dit(ctx: RunContext, quant_type: str | None = None) -> None:
     cache_dit.enable_cache(ctx.pipe, cache_config=cache_dit.DBCacheConfig(
         Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
         enable_separate_cfg=separate,
-        steps_computation_mask=cache_dit.steps_mask(mask_policy="fast", total_steps=steps),
+        steps_computation_mask=(list(mask) if mask is not None
+                                else cache_dit.steps_mask(mask_policy="fast", total_steps=steps)),
         steps_computation_policy="static",
     ), **extra)
     ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
@@ -510,6 +523,20 @@ def _cache_dit_fp8_compile(ctx: RunContext) -> None:
     repeated blocks, the AdaLN modulation Linears included), then stock regional compilation."""
     _cache_dit(ctx, quant_type="float8_per_row")
     _stock_regional_compile(None)(ctx)
+
+
+def _cache_dit_fp8_compile_2x(ctx: RunContext) -> None:
+    """The strongest peer configuration on the tuned 2x rule's computed steps (`tuned_2x_mask`): cache-dit F1B0 (its
+    smallest Fn) with that mask, its fp8 per-row, stock regional compile."""
+    _cache_dit(ctx, quant_type="float8_per_row", mask=tuned_2x_mask(ctx.opts.num_steps()))
+    _stock_regional_compile(None)(ctx)
+
+
+def _cache_2x(steps: int = 28) -> Any:
+    """DBCache on the tuned 2x rule's steps (`tuned_2x_mask`), every block skipped on a cached step (fn_blocks 0),
+    TaylorSeer off: whole-transformer graphs refuse TaylorSeer (compat), so this row times the rule's decisions."""
+    return hookkit.DBCache(fn_blocks=0, warmup_steps=0, steps_mask=tuned_2x_mask(steps), mask_policy="static",
+                           taylorseer_order=0)
 
 
 def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
@@ -650,6 +677,17 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"quantize", "compile", "memo"}), needs_cuda=True,
                     description="the fastest row's fp8 (modulation included) and transformer graphs, uncached: "
                                 "every step computed (the uncached step is its time / steps)"),
+        BenchConfig(name="hookkit-fp8-mod+cache-2x+cuda-graphs", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_2x(), quantize=hookkit.Quantize(scheme="fp8_row",
+                                                                                       include_modulation=True),
+                                             compile=_compile(cuda_graphs="transformer"), memo=True)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="the tuned 2x rule's steps (14 of 28, no block on a cached step) + fp8 incl. "
+                                "modulation + transformer graphs"),
+        BenchConfig(name="cache-dit+fp8+compile+2x", kind="peer", setup=_cache_dit_fp8_compile_2x,
+                    needs_module="cache_dit", needs_cuda=True,
+                    description="cache-dit DBCache F1B0 on the tuned 2x rule's 14 of 28 steps + its fp8 per-row + "
+                                "stock regional compile"),
         BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs", kind="hookkit", setup=_hookkit(_fp8_mod_fast_graphs()),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8+cache-fast+cuda-graphs, the AdaLN modulation Linears in fp8 too"),

@@ -396,3 +396,40 @@ def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int =
         neg, neg_pooled = conditions.select([NULL_CLASS] * len(labels), device, dtype)
         kwargs.update(negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled, true_cfg_scale=cfg_scale)
     return kwargs
+
+
+#: Seeds the shipped calibrations were made on (one per class): disjoint from the quality harness's evaluation
+#: seeds (100 and up) and from every default chosen on seeds 0-3.
+CALIBRATION_SEEDS = tuple(range(50, 60))
+
+
+def calibration_file(model: str = "tiny", steps: int = 28) -> Path:
+    """The shipped `CacheCalibration` JSON of `model` at `steps` (made by `make_calibration`), existing or not."""
+    return model_file(model).parent / f"calibration-{model}-{steps}.json"
+
+
+def calibration(model: str = "tiny", steps: int = 28) -> Any:
+    """The shipped calibration of a trained model: DBCache's "magnitude" and "schedule" rules read it.
+
+    Shipped at 28 and 14 steps for both models; made from one uncached call of every class on `CALIBRATION_SEEDS`.
+    """
+    from hookkit.techniques.cache.calibration import CacheCalibration
+
+    path = calibration_file(model, steps)
+    if not path.is_file():
+        raise SpecError(f"hookkit.tools.trained.calibration: expected a shipped calibration of {model!r} at {steps} "
+                        f"steps ({path.name}), got none. Shipped: 28 and 14 steps; make others with "
+                        "hookkit.calibrate(trained.load_pipeline(model=...), calls).")
+    return CacheCalibration.load(path)
+
+
+def make_calibration(model: str = "tiny", steps: int = 28) -> Any:
+    """Calibrate `model` at `steps` on `CALIBRATION_SEEDS` (one call, every class) and write it where
+    `calibration` reads it."""
+    import hookkit
+
+    pipe = load_pipeline(model=model)
+    made = hookkit.calibrate(pipe, [call_kwargs(list(range(NUM_CLASSES)), list(CALIBRATION_SEEDS), steps=steps,
+                                                model=model)])
+    made.save(calibration_file(model, steps))
+    return made
