@@ -535,3 +535,73 @@ def test_generate_cpu_offload_runs_on_a_gpu(mode: str, tmp_path: Path, capsys: p
 def test_generate_model_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, *argv)
     assert code == 2 and message in stderr
+
+
+# --- refused before anything is loaded or timed: sizes, output paths, timeouts, environment variables -------------
+
+
+@pytest.fixture
+def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a pipeline, running a bench matrix or timing a row fails the test: what these tests refuse must be
+    refused before any of it."""
+    from hookkit.tools import trained
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("expensive work started before the refusal")
+
+    for owner, name in ((bench, "load_pipeline"), (trained, "load_pipeline"), (bench, "run_matrix"),
+                        (bench, "measure")):
+        monkeypatch.setattr(owner, name, refuse)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--height", "-32"), ("--height", "0"), ("--width", "0")])
+def test_generate_refuses_a_size_below_one(flag: str, value: str, no_load: None,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = generate(capsys, "flux", flag, value)
+    assert code == 2 and stdout == ""
+    assert stderr == f"hookkit generate: error: {flag}: expected an int >= 1, got {value}.\n"
+
+
+@pytest.mark.parametrize("command", [["generate", "flux"], ["bench", "--model", "flux"]])
+def test_a_size_of_more_latent_tokens_than_the_cpu_bound_is_refused(command: list[str], no_load: None,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main([*command, "--device", "cpu", "--height", "4096", "--width", "4096"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: --height 4096 --width 4096: FluxPipeline would attend over 1,048,576 latent "
+        "tokens a sample (4096x4096), above the 32,768 hookkit allows on the CPU (131,072 on a GPU): attention's "
+        "time and memory grow with the square of the token count, and the longest sequence the supported families "
+        "are made for is 118,800 tokens (HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width.\n")
+
+
+def test_the_latent_token_bound_admits_the_sizes_the_families_are_made_for() -> None:
+    from hookkit.errors import SpecError
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # only the type is read: no GPU needed
+    bench.check_size(bench.ModelOptions(name="wan", full=True, height=480, width=832), cpu)  # 32,760 tokens
+    bench.check_size(bench.ModelOptions(name="wan", full=True, height=720, width=1280), gpu)  # 75,600 tokens
+    with pytest.raises(SpecError, match=r"WanPipeline would attend over 75,600 latent tokens a sample \(720x1280, 81 "
+                                        r"frames\), above the 32,768 hookkit allows on the CPU"):
+        bench.check_size(bench.ModelOptions(name="wan", full=True, height=720, width=1280), cpu)
+
+
+@pytest.mark.parametrize(("name", "height", "width"), [("flux", 48, 32), ("wan", 32, 48)])
+def test_latent_tokens_are_the_sequence_the_transformer_sees(name: str, height: int, width: int) -> None:
+    from hookkit.tools import local
+
+    pipe = zoo.tiny_pipeline(name)
+    kwargs = zoo.call_kwargs(name, steps=1, height=height, width=width)
+    seen: list[int] = []
+
+    def record(module: torch.nn.Module, args: tuple[object, ...], kw: dict[str, torch.Tensor]) -> None:
+        hidden = kw.get("hidden_states", args[0] if args else None)
+        assert isinstance(hidden, torch.Tensor)
+        if hidden.dim() == 3:  # Flux: packed (batch, tokens, channels)
+            seen.append(hidden.shape[1])
+        else:  # Wan: (batch, channels, frames, height, width), patched by patch_size
+            pt, ph, pw = module.config.patch_size
+            seen.append(hidden.shape[2] // pt * (hidden.shape[3] // ph) * (hidden.shape[4] // pw))
+
+    pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    pipe(**kwargs)
+    assert seen[0] == local.latent_tokens(pipe, height, width, kwargs.get("num_frames", 1))

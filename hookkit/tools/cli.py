@@ -298,6 +298,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
                                                     f"--quantize {spec.quantize.scheme}")
                                    .replace("scheme='", "--quantize '")) from None
     local.check_call_options(options, device, args.cuda_graphs)
+    bench.check_size(opts, device)
     if opts.model_path is None:
         if options.negative_prompt is not None:
             raise SpecError("--negative-prompt: needs text encoders, only with --model-path (a local pipeline with "
@@ -474,6 +475,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "--device cpu to run it on the CPU anyway.")
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
+    bench.check_size(opts, device)
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
     configs, notes = bench.select_configs(names, device)
     if args.parallel is not None:  # under torchrun: every rank measures in-process, rank 0 reports
@@ -498,6 +500,7 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
     opts = _model_options(args, args.model)
     if args.config not in bench.CONFIGS:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)}.")
+    bench.check_size(opts, bench.resolve_device(opts.device))
     row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, Path(args.out_dir))
     text = bench.to_json(row)
     if args.result:

@@ -8,6 +8,7 @@ not after the load.
 
 from __future__ import annotations
 
+import inspect
 import json
 import struct
 from collections.abc import Sequence
@@ -240,6 +241,50 @@ def size_multiple(pipe: Any) -> int | None:
     if name.startswith(("Flux", "QwenImage")):
         return vae * 2
     return vae * int(patch or 1)
+
+
+def latent_tokens(pipe: Any, height: int, width: int, frames: int = 1) -> int | None:
+    """Tokens a sample's latents make at `height` x `width` (and `frames` for a video pipeline): what each
+    attention call of the transformer runs over, text aside. None when the pipeline's geometry is unknown.
+
+    Spatially one token per `size_multiple` pixels a side; in time the VAE keeps `(frames - 1) // t + 1` latent
+    frames (Wan, CogVideoX) and the transformer patches `patch_size_t` of them (Wan's `patch_size[0]`).
+    """
+    multiple = size_multiple(pipe)
+    if multiple is None:
+        return None
+    tokens = (height // multiple) * (width // multiple)
+    temporal = getattr(pipe, "vae_scale_factor_temporal", None)
+    if isinstance(temporal, int) and frames > 1:
+        config = pipe.transformer.config
+        patch = config.get("patch_size", 1)
+        patch_t = config.get("patch_size_t") or (patch[0] if isinstance(patch, (tuple, list)) else 1)
+        tokens *= -(-((frames - 1) // temporal + 1) // patch_t)
+    return tokens
+
+
+def skeleton_pipeline(folder: Path) -> Any | None:
+    """The folder's pipeline with its transformer and VAE built from their config.json on the meta device and
+    every other component None: its geometry (scale factors, patch sizes, default size) without reading a weight.
+    None when the folder's layout does not allow it (no diffusers class of that name, a component without a
+    config.json, a pipeline whose constructor needs more): its size is then checked after the load."""
+    import diffusers
+
+    index = read_index(folder)
+    try:
+        cls = getattr(diffusers, index["_class_name"])
+        parts = {}
+        for key in ("transformer", "vae"):
+            name = _component(index, key)
+            config = json.loads((folder / key / "config.json").read_text())
+            with torch.device("meta"):
+                parts[key] = getattr(diffusers, name or "").from_config(config)
+        required = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        others = {p.name: None for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.name not in ("self", *parts) and p.kind in required and p.default is inspect.Parameter.empty}
+        return cls(**others, **parts)
+    except (AttributeError, KeyError, OSError, TypeError, ValueError):
+        return None
 
 
 def check_size(pipe: Any, height: int | None, width: int | None) -> None:
