@@ -605,3 +605,83 @@ def test_latent_tokens_are_the_sequence_the_transformer_sees(name: str, height: 
     pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
     pipe(**kwargs)
     assert seen[0] == local.latent_tokens(pipe, height, width, kwargs.get("num_frames", 1))
+
+
+@pytest.mark.parametrize(("out", "message"), [
+    ("file/sub/x.png", "--out {tmp}/file/sub/x.png: expected a path under a folder, but {tmp}/file is a file, so the "
+                       "folder {tmp}/file/sub cannot be created. Pass a path under a folder."),
+    ("folder.png", "--out {tmp}/folder.png: expected a file name, got an existing folder. Pass a file in it, e.g. "
+                   "{tmp}/folder.png/image.png."),
+])
+def test_generate_refuses_an_out_path_it_cannot_write_before_loading(out: str, message: str, tmp_path: Path,
+                                                                     no_load: None,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder.png").mkdir()
+    code, _, stderr = generate(capsys, "flux", "--out", str(tmp_path / out))
+    assert code == 2
+    assert stderr == f"hookkit generate: error: {message.format(tmp=tmp_path)}\n"
+
+
+def test_demo_refuses_an_out_path_under_a_file_before_loading(tmp_path: Path, no_load: None,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    threads = torch.get_num_threads()
+    try:
+        code = cli.main(["demo", "--out", str(tmp_path / "file" / "demo.png")])
+    finally:
+        torch.set_num_threads(threads)  # the demo sets its thread count once it runs
+    assert code == 2
+    assert capsys.readouterr().err == (f"hookkit demo: error: --out {tmp_path}/file/demo.png: expected a path under a "
+                                       f"folder, but {tmp_path}/file is a file. Pass a path under a folder.\n")
+
+
+@pytest.mark.parametrize(("flag", "path"), [("--json", "file/report.json"), ("--out-dir", "file/rows")])
+def test_bench_refuses_an_output_path_under_a_file_before_running(flag: str, path: str, tmp_path: Path, no_load: None,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert cli.main(["bench", "--device", "cpu", flag, str(tmp_path / path)]) == 2
+    assert (f"hookkit bench: error: {flag} {tmp_path / path}: expected a path under a folder, but {tmp_path}/file is "
+            "a file") in capsys.readouterr().err
+
+
+def test_bench_quality_refuses_an_out_variable_under_a_file_before_the_sweep(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import quality
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep started before the refusal")
+
+    monkeypatch.setattr(quality, "run_quality", refuse)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("OUT", str(tmp_path / "file"))
+    assert cli.main(["bench", "--quality", "--quick", "--no-plot"]) == 2
+    assert capsys.readouterr().err == (
+        f"hookkit bench --quality: error: OUT (the default of --out: $OUT/quality) {tmp_path}/file/quality: expected "
+        f"a path under a folder, but {tmp_path}/file is a file, so the folder {tmp_path}/file/quality cannot be "
+        "created. Pass a path under a folder.\n")
+
+
+def test_bench_one_creates_its_out_dir_before_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "new" / "rows"
+    existed: list[bool] = []
+
+    def measure(config: object, opts: object, runs: int, warmup: int, folder: Path) -> dict[str, object]:
+        existed.append(folder.is_dir())
+        return {}
+
+    monkeypatch.setattr(bench, "measure", measure)
+    assert cli.main(["bench-one", "--config", "eager", "--model", "flux", "--out-dir", str(out_dir)]) == 0
+    assert existed == [True]
+
+
+def test_lora_scale_that_is_not_a_number_is_named_as_the_scale(tmp_path: Path, no_load: None,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    lora = tmp_path / "lora.safetensors"
+    lora.write_bytes(b"")
+    code, _, stderr = generate(capsys, "flux", "--lora", f"{lora}:abc")
+    assert code == 2
+    assert stderr == (f"hookkit generate: error: --lora {lora}:abc: expected PATH or PATH:SCALE with SCALE a finite "
+                      f"number, got scale 'abc'. Pass e.g. --lora {lora}:0.8, or --lora {lora} for scale 1.0.\n")

@@ -40,6 +40,17 @@ EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 # --- shared --------------------------------------------------------------------------------------------
 
 
+def _created_folder(folder: Path, flag: str) -> Path:
+    """`folder`, created now (with its parents) rather than after the work whose results go in it."""
+    local.check_folder(folder, flag, str(folder))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{flag} {folder}: expected a folder hookkit can create, got {type(exc).__name__}: "
+                        f"{exc.strerror or exc}. Pass another folder.") from None
+    return folder
+
+
 def _quiet_third_party() -> None:
     """Silence import-time chatter of torchao/diffusers/transformers (missing optional kernels, deprecations)
     so that the CLI's own output stays readable; `-v` keeps it."""
@@ -104,8 +115,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not classes:
         raise SpecError(f"--classes: expected comma-separated class names, got {args.classes!r}. "
                         f"Give e.g. --classes 'red circle,green square'.")
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":  # the grid's labels go into a PNG text chunk
+        raise SpecError(f"--out {out}: expected a .png file name, got suffix {out.suffix or 'none'!r}. "
+                        f"Pass e.g. --out {out.with_suffix('.png')}.")
+    local.check_output_file(out, "--out")
     # One thread by default: a tiny model gains nothing from more, and timings stay stable on a busy machine.
-    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads)
+    return demo.run_demo(classes, args.steps, args.seed, out, args.threads)
 
 
 # --- generate --------------------------------------------------------------------------------------------
@@ -334,8 +350,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
     latent = opts.full
-    if args.out is not None and not latent:
-        _check_image_suffix(Path(args.out))
+    if args.out is not None:
+        if not latent:
+            _check_image_suffix(Path(args.out))
+        local.check_output_file(Path(args.out), "--out")
     precheck_generate(args, opts, spec, options, device, dtype)
     steps = opts.num_steps()
     compiling = args.compile or args.cuda_graphs
@@ -476,6 +494,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     bench.check_size(opts, device)
+    if args.json:
+        local.check_output_file(Path(args.json), "--json")
+    if args.out_dir:
+        local.check_folder(Path(args.out_dir), "--out-dir", args.out_dir)
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
     configs, notes = bench.select_configs(names, device)
     if args.parallel is not None:  # under torchrun: every rank measures in-process, rank 0 reports
@@ -501,7 +523,8 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
     if args.config not in bench.CONFIGS:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)}.")
     bench.check_size(opts, bench.resolve_device(opts.device))
-    row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, Path(args.out_dir))
+    out_dir = _created_folder(Path(args.out_dir), "--out-dir")
+    row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, out_dir)
     text = bench.to_json(row)
     if args.result:
         Path(args.result).write_text(text)
