@@ -6,6 +6,7 @@ returns the exit code; `demo` runs as `python -m hookkit demo` in a subprocess, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -663,6 +664,14 @@ def test_bench_quality_refuses_an_out_variable_under_a_file_before_the_sweep(tmp
         "created. Pass a path under a folder.\n")
 
 
+@pytest.mark.parametrize("timeout", ["-5", "0", "nan"])
+def test_bench_refuses_a_timeout_that_is_not_a_positive_number(timeout: str, no_load: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--device", "cpu", "--timeout", timeout]) == 2
+    assert capsys.readouterr().err == (f"hookkit bench: error: --timeout: expected a number of seconds > 0, got "
+                                       f"{float(timeout):g}.\n")
+
+
 def test_bench_one_creates_its_out_dir_before_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "new" / "rows"
@@ -685,3 +694,40 @@ def test_lora_scale_that_is_not_a_number_is_named_as_the_scale(tmp_path: Path, n
     assert code == 2
     assert stderr == (f"hookkit generate: error: --lora {lora}:abc: expected PATH or PATH:SCALE with SCALE a finite "
                       f"number, got scale 'abc'. Pass e.g. --lora {lora}:0.8, or --lora {lora} for scale 1.0.\n")
+
+
+def test_help_works_whatever_hookkit_bench_timeout_holds(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_TIMEOUT", "abc")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--help"])
+    assert exit_.value.code == 0
+    assert "(default: $HOOKKIT_BENCH_TIMEOUT or 1800)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("value", ["abc", "-5"])
+def test_bench_names_hookkit_bench_timeout_when_it_is_no_positive_number(value: str, monkeypatch: pytest.MonkeyPatch,
+                                                                         no_load: None,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_TIMEOUT", value)
+    assert cli.main(["bench", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hookkit bench: error: HOOKKIT_BENCH_TIMEOUT={value!r}: expected a number of seconds > 0")
+
+
+def test_import_hookkit_ignores_an_unknown_hookkit_log_with_a_warning_naming_it() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import hookkit; print('imported')"], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "HOOKKIT_LOG": "loud"})
+    assert proc.returncode == 0 and proc.stdout == "imported\n"
+    assert ("UserWarning: HOOKKIT_LOG='loud': expected one of TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL "
+            "(any case), or unset; ignored, hookkit's log stays off. Set e.g. HOOKKIT_LOG=INFO, or unset it.") in proc.stderr
+
+
+def test_parallel_names_a_torchrun_variable_that_is_not_an_int(monkeypatch: pytest.MonkeyPatch, no_load: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "first")):
+        monkeypatch.setenv(name, value)
+    code, _, stderr = generate(capsys, "flux", "--parallel", "ulysses=2")
+    assert code == 2
+    assert stderr == ("hookkit generate: error: --parallel: expected the environment variable LOCAL_RANK to be an int "
+                      ">= 0 (torchrun sets it), got 'first'. Run under torchrun, or fix LOCAL_RANK.\n")

@@ -1190,8 +1190,32 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(to_json(data, indent=2) + "\n")
 
 
+#: the environment variable that sets `hookkit bench --timeout`'s default, and the default without it
+TIMEOUT_VARIABLE = "HOOKKIT_BENCH_TIMEOUT"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def check_timeout(seconds: float, where: str) -> float:
+    """`seconds` when it is a finite number > 0, else a SpecError naming `where` (the flag or the variable)."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise SpecError(f"{where}: expected a number of seconds > 0, got {seconds:g}.")
+    return seconds
+
+
 def default_timeout() -> float:
-    return float(os.environ.get("HOOKKIT_BENCH_TIMEOUT", "1800"))
+    """Seconds a row of `hookkit bench` may take when `--timeout` is not given: `$HOOKKIT_BENCH_TIMEOUT`, else
+    `DEFAULT_TIMEOUT_S`. Read when a matrix runs, not when the parser is built: whatever the variable holds,
+    `--help` and the other commands work."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise SpecError(f"{TIMEOUT_VARIABLE}={text!r}: expected a number of seconds > 0 (the default of "
+                        f"--timeout), got {text!r}. Set e.g. {TIMEOUT_VARIABLE}=3600, or unset it for "
+                        f"{DEFAULT_TIMEOUT_S:g}.") from None
+    return check_timeout(seconds, f"{TIMEOUT_VARIABLE}={text!r}")
 
 
 __all__ = [

@@ -493,6 +493,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "--device cpu to run it on the CPU anyway.")
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
+    timeout = bench.default_timeout() if args.timeout is None else bench.check_timeout(args.timeout, "--timeout")
     bench.check_size(opts, device)
     if args.json:
         local.check_output_file(Path(args.json), "--json")
@@ -510,7 +511,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not distributed.is_main():
             return 0 if rows[0]["status"] == "ok" else 1
     else:
-        rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
+        rows = bench.run_matrix(configs, opts, args.runs, args.warmup, timeout,
                                 Path(args.out_dir) if args.out_dir else None, log=_progress_line, cold=args.cold)
     data = bench.report(rows, notes, opts, args.runs, args.warmup, args.argv)
     _print_report(data, args.json)
@@ -655,7 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (compilation, CUDA graph capture)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--out-dir", default=None, help="keep each configuration's output (.pt) and row (.json) here")
-    p.add_argument("--timeout", type=float, default=bench.default_timeout(), help="seconds per configuration")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds per configuration (default: ${bench.TIMEOUT_VARIABLE} or {bench.DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--cold", action="store_true",
                    help="fresh, empty inductor and Triton cache folders for every row: first-call and "
                         "time-to-first-image include all compilation and autotuning")
