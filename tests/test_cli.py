@@ -6,6 +6,7 @@ returns the exit code; `demo` runs as `python -m hookkit demo` in a subprocess, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -554,3 +555,198 @@ def test_generate_cpu_offload_runs_on_a_gpu(mode: str, tmp_path: Path, capsys: p
 def test_generate_model_argument_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, stderr = generate(capsys, *argv)
     assert code == 2 and message in stderr
+
+
+# --- refused before anything is loaded or timed: sizes, output paths, timeouts, environment variables -------------
+
+
+@pytest.fixture
+def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a pipeline, running a bench matrix or timing a row fails the test: what these tests refuse must be
+    refused before any of it."""
+    from hookkit.tools import trained
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("expensive work started before the refusal")
+
+    for owner, name in ((bench, "load_pipeline"), (trained, "load_pipeline"), (bench, "run_matrix"),
+                        (bench, "measure")):
+        monkeypatch.setattr(owner, name, refuse)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--height", "-32"), ("--height", "0"), ("--width", "0")])
+def test_generate_refuses_a_size_below_one(flag: str, value: str, no_load: None,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = generate(capsys, "flux", flag, value)
+    assert code == 2 and stdout == ""
+    assert stderr == f"hookkit generate: error: {flag}: expected an int >= 1, got {value}.\n"
+
+
+@pytest.mark.parametrize("command", [["generate", "flux"], ["bench", "--model", "flux"]])
+def test_a_size_of_more_latent_tokens_than_the_cpu_bound_is_refused(command: list[str], no_load: None,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main([*command, "--device", "cpu", "--height", "4096", "--width", "4096"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: --height 4096 --width 4096: FluxPipeline would attend over 1,048,576 latent "
+        "tokens a sample (4096x4096), above the 32,768 hookkit allows on the CPU (131,072 on a GPU): attention's "
+        "time and memory grow with the square of the token count, and the longest sequence the supported families "
+        "are made for is 118,800 tokens (HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width.\n")
+
+
+def test_the_latent_token_bound_admits_the_sizes_the_families_are_made_for() -> None:
+    from hookkit.errors import SpecError
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # only the type is read: no GPU needed
+    bench.check_size(bench.ModelOptions(name="wan", full=True, height=480, width=832), cpu)  # 32,760 tokens
+    bench.check_size(bench.ModelOptions(name="wan", full=True, height=720, width=1280), gpu)  # 75,600 tokens
+    with pytest.raises(SpecError, match=r"WanPipeline would attend over 75,600 latent tokens a sample \(720x1280, 81 "
+                                        r"frames\), above the 32,768 hookkit allows on the CPU"):
+        bench.check_size(bench.ModelOptions(name="wan", full=True, height=720, width=1280), cpu)
+
+
+@pytest.mark.parametrize(("name", "height", "width"), [("flux", 48, 32), ("wan", 32, 48)])
+def test_latent_tokens_are_the_sequence_the_transformer_sees(name: str, height: int, width: int) -> None:
+    from hookkit.tools import local
+
+    pipe = zoo.tiny_pipeline(name)
+    kwargs = zoo.call_kwargs(name, steps=1, height=height, width=width)
+    seen: list[int] = []
+
+    def record(module: torch.nn.Module, args: tuple[object, ...], kw: dict[str, torch.Tensor]) -> None:
+        hidden = kw.get("hidden_states", args[0] if args else None)
+        assert isinstance(hidden, torch.Tensor)
+        if hidden.dim() == 3:  # Flux: packed (batch, tokens, channels)
+            seen.append(hidden.shape[1])
+        else:  # Wan: (batch, channels, frames, height, width), patched by patch_size
+            pt, ph, pw = module.config.patch_size
+            seen.append(hidden.shape[2] // pt * (hidden.shape[3] // ph) * (hidden.shape[4] // pw))
+
+    pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    pipe(**kwargs)
+    assert seen[0] == local.latent_tokens(pipe, height, width, kwargs.get("num_frames", 1))
+
+
+@pytest.mark.parametrize(("out", "message"), [
+    ("file/sub/x.png", "--out {tmp}/file/sub/x.png: expected a path under a folder, but {tmp}/file is a file, so the "
+                       "folder {tmp}/file/sub cannot be created. Pass a path under a folder."),
+    ("folder.png", "--out {tmp}/folder.png: expected a file name, got an existing folder. Pass a file in it, e.g. "
+                   "{tmp}/folder.png/image.png."),
+])
+def test_generate_refuses_an_out_path_it_cannot_write_before_loading(out: str, message: str, tmp_path: Path,
+                                                                     no_load: None,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder.png").mkdir()
+    code, _, stderr = generate(capsys, "flux", "--out", str(tmp_path / out))
+    assert code == 2
+    assert stderr == f"hookkit generate: error: {message.format(tmp=tmp_path)}\n"
+
+
+def test_demo_refuses_an_out_path_under_a_file_before_loading(tmp_path: Path, no_load: None,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    threads = torch.get_num_threads()
+    try:
+        code = cli.main(["demo", "--out", str(tmp_path / "file" / "demo.png")])
+    finally:
+        torch.set_num_threads(threads)  # the demo sets its thread count once it runs
+    assert code == 2
+    assert capsys.readouterr().err == (f"hookkit demo: error: --out {tmp_path}/file/demo.png: expected a path under a "
+                                       f"folder, but {tmp_path}/file is a file. Pass a path under a folder.\n")
+
+
+@pytest.mark.parametrize(("flag", "path"), [("--json", "file/report.json"), ("--out-dir", "file/rows")])
+def test_bench_refuses_an_output_path_under_a_file_before_running(flag: str, path: str, tmp_path: Path, no_load: None,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert cli.main(["bench", "--device", "cpu", flag, str(tmp_path / path)]) == 2
+    assert (f"hookkit bench: error: {flag} {tmp_path / path}: expected a path under a folder, but {tmp_path}/file is "
+            "a file") in capsys.readouterr().err
+
+
+def test_bench_quality_refuses_an_out_variable_under_a_file_before_the_sweep(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import quality
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep started before the refusal")
+
+    monkeypatch.setattr(quality, "run_quality", refuse)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("OUT", str(tmp_path / "file"))
+    assert cli.main(["bench", "--quality", "--quick", "--no-plot"]) == 2
+    assert capsys.readouterr().err == (
+        f"hookkit bench --quality: error: OUT (the default of --out: $OUT/quality) {tmp_path}/file/quality: expected "
+        f"a path under a folder, but {tmp_path}/file is a file, so the folder {tmp_path}/file/quality cannot be "
+        "created. Pass a path under a folder.\n")
+
+
+@pytest.mark.parametrize("timeout", ["-5", "0", "nan"])
+def test_bench_refuses_a_timeout_that_is_not_a_positive_number(timeout: str, no_load: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--device", "cpu", "--timeout", timeout]) == 2
+    assert capsys.readouterr().err == (f"hookkit bench: error: --timeout: expected a number of seconds > 0, got "
+                                       f"{float(timeout):g}.\n")
+
+
+def test_bench_one_creates_its_out_dir_before_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "new" / "rows"
+    existed: list[bool] = []
+
+    def measure(config: object, opts: object, runs: int, warmup: int, folder: Path) -> dict[str, object]:
+        existed.append(folder.is_dir())
+        return {}
+
+    monkeypatch.setattr(bench, "measure", measure)
+    assert cli.main(["bench-one", "--config", "eager", "--model", "flux", "--out-dir", str(out_dir)]) == 0
+    assert existed == [True]
+
+
+def test_lora_scale_that_is_not_a_number_is_named_as_the_scale(tmp_path: Path, no_load: None,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    lora = tmp_path / "lora.safetensors"
+    lora.write_bytes(b"")
+    code, _, stderr = generate(capsys, "flux", "--lora", f"{lora}:abc")
+    assert code == 2
+    assert stderr == (f"hookkit generate: error: --lora {lora}:abc: expected PATH or PATH:SCALE with SCALE a finite "
+                      f"number, got scale 'abc'. Pass e.g. --lora {lora}:0.8, or --lora {lora} for scale 1.0.\n")
+
+
+def test_help_works_whatever_hookkit_bench_timeout_holds(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_TIMEOUT", "abc")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--help"])
+    assert exit_.value.code == 0
+    assert "(default: $HOOKKIT_BENCH_TIMEOUT or 1800)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("value", ["abc", "-5"])
+def test_bench_names_hookkit_bench_timeout_when_it_is_no_positive_number(value: str, monkeypatch: pytest.MonkeyPatch,
+                                                                         no_load: None,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_TIMEOUT", value)
+    assert cli.main(["bench", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hookkit bench: error: HOOKKIT_BENCH_TIMEOUT={value!r}: expected a number of seconds > 0")
+
+
+def test_import_hookkit_ignores_an_unknown_hookkit_log_with_a_warning_naming_it() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import hookkit; print('imported')"], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "HOOKKIT_LOG": "loud"})
+    assert proc.returncode == 0 and proc.stdout == "imported\n"
+    assert ("UserWarning: HOOKKIT_LOG='loud': expected one of TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR, CRITICAL "
+            "(any case), or unset; ignored, hookkit's log stays off. Set e.g. HOOKKIT_LOG=INFO, or unset it.") in proc.stderr
+
+
+def test_parallel_names_a_torchrun_variable_that_is_not_an_int(monkeypatch: pytest.MonkeyPatch, no_load: None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "first")):
+        monkeypatch.setenv(name, value)
+    code, _, stderr = generate(capsys, "flux", "--parallel", "ulysses=2")
+    assert code == 2
+    assert stderr == ("hookkit generate: error: --parallel: expected the environment variable LOCAL_RANK to be an int "
+                      ">= 0 (torchrun sets it), got 'first'. Run under torchrun, or fix LOCAL_RANK.\n")

@@ -1,13 +1,15 @@
 """Logging: loguru, silent by default.
 
 hookkit logs when it attaches and detaches hooks, never per forward call. Turn it on with
-`hookkit.set_verbosity("INFO")` or the environment variable `HOOKKIT_LOG=INFO` (read at import).
+`hookkit.set_verbosity("INFO")` or the environment variable `HOOKKIT_LOG=INFO` (read at import;
+another value is ignored with a warning).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from loguru import logger
 
@@ -55,5 +57,18 @@ def _take_over_default_handler() -> None:
     _default_id = logger.add(sys.stderr, level="DEBUG", filter=lambda record: not record["name"].startswith("hookkit"))
 
 
-if os.environ.get("HOOKKIT_LOG"):
-    set_verbosity(os.environ["HOOKKIT_LOG"])
+def verbosity_from_environment() -> None:
+    """Apply `HOOKKIT_LOG` (unset or empty: silent). A value `set_verbosity` does not take is ignored with a
+    warning naming the variable and what it takes, rather than raised: it is read at `import hookkit`, and a typo
+    in a logging switch should not make every program that imports hookkit fail."""
+    value = os.environ.get("HOOKKIT_LOG", "").strip()
+    if not value:
+        return
+    if value.upper() not in _LEVELS:
+        warnings.warn(f"HOOKKIT_LOG={value!r}: expected one of {', '.join(_LEVELS)} (any case), or unset; ignored, "
+                      "hookkit's log stays off. Set e.g. HOOKKIT_LOG=INFO, or unset it.", UserWarning, stacklevel=2)
+        return
+    set_verbosity(value)
+
+
+verbosity_from_environment()

@@ -32,7 +32,7 @@ import torch
 
 import hookkit
 from hookkit.core.quiet import quiet_imports
-from hookkit.tools import zoo
+from hookkit.tools import local, zoo
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
 
@@ -167,6 +167,88 @@ def check_model(opts: ModelOptions) -> None:
         raise SpecError(f"--batch: expected an int >= 1, got {opts.batch}.")
     if opts.num_steps() < 1:
         raise SpecError(f"--steps: expected an int >= 1, got {opts.num_steps()}.")
+    for flag, value in (("--height", opts.height), ("--width", opts.width)):
+        if value is not None and value < 1:  # 0 would silently mean the default size, -32 a torch traceback
+            raise SpecError(f"{flag}: expected an int >= 1, got {value}.")
+
+
+#: The most latent tokens a sample (the sequence each attention call runs over) may have, per device type.
+#: Attention's time grows with the square of the token count. On a GPU, 2**17 is above the longest sequence the
+#: supported families are made for (HunyuanVideo at 1280x720, 129 frames: 118,800 tokens). On the CPU, 2**15 still
+#: holds Wan 2.1's default 480x832 at 81 frames (32,760 tokens), while the tiny Flux at 1024x1024 (65,536 tokens)
+#: takes about two minutes a step on one thread, and at 4096x4096 (1,048,576) hours.
+MAX_LATENT_TOKENS: dict[str, int] = {"cpu": 2**15, "cuda": 2**17}
+
+
+def skeleton_pipeline(opts: ModelOptions) -> Any | None:
+    """The pipeline `opts` names with what sets its geometry (transformer, VAE) but no weights to speak of: the
+    tiny pipeline itself, the full-size transformer and VAE on the meta device, or a local folder's built from its
+    config files (`local.skeleton_pipeline`; None when that cannot be done, and the size is checked after the
+    load). What `check_size` reads before anything is loaded."""
+    with torch.random.fork_rng(devices=[]), quiet_imports():  # the tiny builders seed torch's global generator
+        if opts.model_path is not None:
+            return local.skeleton_pipeline(Path(opts.model_path))
+        pipe = zoo.tiny_pipeline(opts.name)
+        if opts.full:
+            with torch.device("meta"):  # the scheduler stays the tiny pipeline's: it cannot be built on meta
+                parts = {"transformer": zoo.full_transformer(opts.name), "vae": _full_vae(opts.name)}
+            pipe = type(pipe)(**{**pipe.components, **parts})
+        return pipe
+
+
+def default_size(pipe: Any, opts: ModelOptions) -> tuple[int | None, int | None, int]:
+    """Height, width and frame count a call makes when `--height`/`--width` are not given (None: unknown)."""
+    if opts.model_path is None and not opts.full:
+        kw = zoo.call_kwargs(opts.name, steps=1)
+        return kw["height"], kw["width"], kw.get("num_frames", 1)
+    import inspect
+
+    parameters = inspect.signature(type(pipe).__call__).parameters
+    config = pipe.transformer.config
+
+    def default(name: str, sample: str) -> int | None:
+        value = getattr(parameters.get(name), "default", None)
+        if isinstance(value, int):
+            return value
+        for attribute in ("vae_scale_factor", "vae_scale_factor_spatial"):  # Flux: 128 * 8; CogVideoX: 60 * 8
+            factor, size = getattr(pipe, attribute, None), getattr(pipe, "default_sample_size", None) or config.get(sample)
+            if isinstance(factor, int) and isinstance(size, int):
+                return size * factor
+        return None
+
+    frames = getattr(parameters.get("num_frames"), "default", None)
+    if not isinstance(frames, int):
+        frames = config.get("sample_frames") or 1
+    return default("height", "sample_height"), default("width", "sample_width"), frames
+
+
+def check_size(opts: ModelOptions, device: torch.device) -> None:
+    """Refuse `--height`/`--width` before anything is loaded: a size the pipeline would silently round
+    (`local.check_size`), or one whose latents are more tokens a sample than `MAX_LATENT_TOKENS` allows on
+    `device`. Nothing to check when neither is given: the model's own default size."""
+    if opts.height is None and opts.width is None:
+        return
+    pipe = skeleton_pipeline(opts)
+    if pipe is None:
+        return
+    local.check_size(pipe, opts.height, opts.width)
+    default_height, default_width, frames = default_size(pipe, opts)
+    height, width = opts.height or default_height, opts.width or default_width
+    if height is None or width is None:
+        return
+    tokens = local.latent_tokens(pipe, height, width, frames)
+    bound = MAX_LATENT_TOKENS.get(device.type, MAX_LATENT_TOKENS["cuda"])
+    if tokens is not None and tokens > bound:
+        asked = " ".join(f"{flag} {value}" for flag, value in (("--height", opts.height), ("--width", opts.width))
+                         if value is not None)
+        size = f"{height}x{width}" + (f", {frames} frames" if frames > 1 else "")
+        where = "the CPU" if device.type == "cpu" else f"a {device.type} device"
+        other = f" ({MAX_LATENT_TOKENS['cuda']:,} on a GPU)" if device.type == "cpu" else ""
+        raise SpecError(
+            f"{asked}: {type(pipe).__name__} would attend over {tokens:,} latent tokens a sample ({size}), above the "
+            f"{bound:,} hookkit allows on {where}{other}: attention's time and memory grow with the square of the "
+            "token count, and the longest sequence the supported families are made for is 118,800 tokens "
+            "(HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width.")
 
 
 @contextlib.contextmanager
@@ -1146,8 +1228,32 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(to_json(data, indent=2) + "\n")
 
 
+#: the environment variable that sets `hookkit bench --timeout`'s default, and the default without it
+TIMEOUT_VARIABLE = "HOOKKIT_BENCH_TIMEOUT"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def check_timeout(seconds: float, where: str) -> float:
+    """`seconds` when it is a finite number > 0, else a SpecError naming `where` (the flag or the variable)."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise SpecError(f"{where}: expected a number of seconds > 0, got {seconds:g}.")
+    return seconds
+
+
 def default_timeout() -> float:
-    return float(os.environ.get("HOOKKIT_BENCH_TIMEOUT", "1800"))
+    """Seconds a row of `hookkit bench` may take when `--timeout` is not given: `$HOOKKIT_BENCH_TIMEOUT`, else
+    `DEFAULT_TIMEOUT_S`. Read when a matrix runs, not when the parser is built: whatever the variable holds,
+    `--help` and the other commands work."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise SpecError(f"{TIMEOUT_VARIABLE}={text!r}: expected a number of seconds > 0 (the default of "
+                        f"--timeout), got {text!r}. Set e.g. {TIMEOUT_VARIABLE}=3600, or unset it for "
+                        f"{DEFAULT_TIMEOUT_S:g}.") from None
+    return check_timeout(seconds, f"{TIMEOUT_VARIABLE}={text!r}")
 
 
 __all__ = [

@@ -40,6 +40,17 @@ EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
 # --- shared --------------------------------------------------------------------------------------------
 
 
+def _created_folder(folder: Path, flag: str) -> Path:
+    """`folder`, created now (with its parents) rather than after the work whose results go in it."""
+    local.check_folder(folder, flag, str(folder))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{flag} {folder}: expected a folder hookkit can create, got {type(exc).__name__}: "
+                        f"{exc.strerror or exc}. Pass another folder.") from None
+    return folder
+
+
 def _quiet_third_party() -> None:
     """Silence import-time chatter of torchao/diffusers/transformers (missing optional kernels, deprecations)
     so that the CLI's own output stays readable; `-v` keeps it."""
@@ -104,8 +115,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not classes:
         raise SpecError(f"--classes: expected comma-separated class names, got {args.classes!r}. "
                         f"Give e.g. --classes 'red circle,green square'.")
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":  # the grid's labels go into a PNG text chunk
+        raise SpecError(f"--out {out}: expected a .png file name, got suffix {out.suffix or 'none'!r}. "
+                        f"Pass e.g. --out {out.with_suffix('.png')}.")
+    local.check_output_file(out, "--out")
     # One thread by default: a tiny model gains nothing from more, and timings stay stable on a busy machine.
-    return demo.run_demo(classes, args.steps, args.seed, Path(args.out), args.threads, args.model)
+    return demo.run_demo(classes, args.steps, args.seed, out, args.threads, args.model)
 
 
 # --- generate --------------------------------------------------------------------------------------------
@@ -298,6 +314,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
                                                     f"--quantize {spec.quantize.scheme}")
                                    .replace("scheme='", "--quantize '")) from None
     local.check_call_options(options, device, args.cuda_graphs)
+    bench.check_size(opts, device)
     if opts.model_path is None:
         if options.negative_prompt is not None:
             raise SpecError("--negative-prompt: needs text encoders, only with --model-path (a local pipeline with "
@@ -333,8 +350,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device = bench.resolve_device(opts.device)
     dtype = bench.resolve_dtype(opts.dtype, device)
     latent = opts.full
-    if args.out is not None and not latent:
-        _check_image_suffix(Path(args.out))
+    if args.out is not None:
+        if not latent:
+            _check_image_suffix(Path(args.out))
+        local.check_output_file(Path(args.out), "--out")
     precheck_generate(args, opts, spec, options, device, dtype)
     steps = opts.num_steps()
     compiling = args.compile or args.cuda_graphs
@@ -474,6 +493,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "--device cpu to run it on the CPU anyway.")
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
+    timeout = bench.default_timeout() if args.timeout is None else bench.check_timeout(args.timeout, "--timeout")
+    bench.check_size(opts, device)
+    if args.json:
+        local.check_output_file(Path(args.json), "--json")
+    if args.out_dir:
+        local.check_folder(Path(args.out_dir), "--out-dir", args.out_dir)
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
     configs, notes = bench.select_configs(names, device)
     if args.parallel is not None:  # under torchrun: every rank measures in-process, rank 0 reports
@@ -486,7 +511,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not distributed.is_main():
             return 0 if rows[0]["status"] == "ok" else 1
     else:
-        rows = bench.run_matrix(configs, opts, args.runs, args.warmup, args.timeout,
+        rows = bench.run_matrix(configs, opts, args.runs, args.warmup, timeout,
                                 Path(args.out_dir) if args.out_dir else None, log=_progress_line, cold=args.cold)
     data = bench.report(rows, notes, opts, args.runs, args.warmup, args.argv)
     _print_report(data, args.json)
@@ -498,7 +523,9 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
     opts = _model_options(args, args.model)
     if args.config not in bench.CONFIGS:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)}.")
-    row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, Path(args.out_dir))
+    bench.check_size(opts, bench.resolve_device(opts.device))
+    out_dir = _created_folder(Path(args.out_dir), "--out-dir")
+    row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, out_dir)
     text = bench.to_json(row)
     if args.result:
         Path(args.result).write_text(text)
@@ -631,7 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (compilation, CUDA graph capture)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--out-dir", default=None, help="keep each configuration's output (.pt) and row (.json) here")
-    p.add_argument("--timeout", type=float, default=bench.default_timeout(), help="seconds per configuration")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds per configuration (default: ${bench.TIMEOUT_VARIABLE} or {bench.DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--cold", action="store_true",
                    help="fresh, empty inductor and Triton cache folders for every row: first-call and "
                         "time-to-first-image include all compilation and autotuning")

@@ -62,6 +62,11 @@ def init_distributed(device: str | None) -> str:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise UnsupportedError("--parallel: expected to run under torchrun (RANK and WORLD_SIZE set), got neither. "
                                "Run `torchrun --nproc_per_node 2 -m hookkit ... --parallel ulysses=2`.")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # torchrun sets them; a hand-set one may be anything
+        value = os.environ.get(name)
+        if value is not None and not value.strip().isdigit():
+            raise SpecError(f"--parallel: expected the environment variable {name} to be an int >= 0 (torchrun "
+                            f"sets it), got {value!r}. Run under torchrun, or fix {name}.")
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     use_cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
     if use_cuda:

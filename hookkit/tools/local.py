@@ -1,4 +1,5 @@
-"""Checks and call options of `hookkit generate` for a local pipeline folder, run before any weight is read.
+"""Checks and call options of `hookkit generate` for a local pipeline folder, run before any weight is read,
+and the output-path checks the commands run before they load or time anything.
 
 A FLUX.1-dev folder is tens of GB: what can be known from `model_index.json`, the components' `config.json`
 and the safetensors headers (a few KB each) is checked first, so a wrong MODEL, a folder without text encoders
@@ -8,7 +9,10 @@ not after the load.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
+import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,6 +121,35 @@ def check_fits(folder: Path, dtype: torch.dtype, device: torch.device, available
                                f"{device} has {available / 1e9:.1f} GB available. {fix}")
 
 
+def check_folder(folder: Path, flag: str, value: str) -> None:
+    """Refuse a folder that cannot be created or written, before anything is loaded: found after the run, it
+    loses the run's output in a traceback. The nearest existing ancestor must be a writable folder.
+
+    Args:
+        folder: the folder an output goes into (created later, by whoever writes the output).
+        flag: the flag or variable that named it, for the message.
+        value: what the user gave (the file's path when `folder` is its parent).
+    """
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        blocked = "" if existing == Path(os.path.abspath(folder)) else f", so the folder {folder} cannot be created"
+        raise SpecError(f"{flag} {value}: expected a path under a folder, but {existing} is a file{blocked}. "
+                        "Pass a path under a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SpecError(f"{flag} {value}: expected a path whose folders can be written, but {existing} is not "
+                        "writable for this user. Pass a path under a writable folder.")
+
+
+def check_output_file(out: Path, flag: str) -> None:
+    """Refuse an output file path that cannot be written (a folder, or under a file or an unwritable folder)."""
+    if out.is_dir():
+        raise SpecError(f"{flag} {out}: expected a file name, got an existing folder. Pass a file in it, e.g. "
+                        f"{out / 'image.png'}.")
+    check_folder(out.parent, flag, str(out))
+
+
 @attrs.frozen(kw_only=True)
 class Lora:
     """One `--lora PATH[:SCALE]`.
@@ -131,12 +164,20 @@ class Lora:
 
     @staticmethod
     def parse(text: str) -> Lora:
+        """`PATH` or `PATH:SCALE`. A tail after the last colon that is no number belongs to the path (`d/b:c`),
+        unless the part before it exists and the whole does not: then it was meant as the scale, and is refused
+        as one rather than reported as a missing file."""
         path, sep, tail = text.rpartition(":")
         if sep and path:
             try:
-                return Lora(path=path, scale=float(tail))
+                scale = float(tail)
             except ValueError:
-                pass  # a colon inside the path, no scale
+                scale = None
+            if scale is not None and math.isfinite(scale):
+                return Lora(path=path, scale=scale)
+            if Path(path).exists() and not Path(text).exists():
+                raise SpecError(f"--lora {text}: expected PATH or PATH:SCALE with SCALE a finite number, got scale "
+                                f"{tail!r}. Pass e.g. --lora {path}:0.8, or --lora {path} for scale 1.0.")
         return Lora(path=text)
 
 
@@ -208,7 +249,9 @@ def check_call_options(options: CallOptions, device: torch.device, cuda_graphs: 
         raise SpecError(f"--num-images: expected an int >= 1, got {options.num_images}.")
     for lora in options.loras:
         if not Path(lora.path).exists():
-            raise SpecError(f"--lora {lora.path}: no such file or folder. Give a local LoRA (.safetensors or a "
+            head, sep, tail = lora.path.rpartition(":")
+            scale = f", and {tail!r} after its last ':' is no scale (not a number)" if sep and head else ""
+            raise SpecError(f"--lora {lora.path}: no such file or folder{scale}. Give a local LoRA (.safetensors or a "
                             "folder), optionally with :SCALE.")
     if options.cpu_offload is not None:
         if device.type != "cuda":
@@ -240,6 +283,50 @@ def size_multiple(pipe: Any) -> int | None:
     if name.startswith(("Flux", "QwenImage")):
         return vae * 2
     return vae * int(patch or 1)
+
+
+def latent_tokens(pipe: Any, height: int, width: int, frames: int = 1) -> int | None:
+    """Tokens a sample's latents make at `height` x `width` (and `frames` for a video pipeline): what each
+    attention call of the transformer runs over, text aside. None when the pipeline's geometry is unknown.
+
+    Spatially one token per `size_multiple` pixels a side; in time the VAE keeps `(frames - 1) // t + 1` latent
+    frames (Wan, CogVideoX) and the transformer patches `patch_size_t` of them (Wan's `patch_size[0]`).
+    """
+    multiple = size_multiple(pipe)
+    if multiple is None:
+        return None
+    tokens = (height // multiple) * (width // multiple)
+    temporal = getattr(pipe, "vae_scale_factor_temporal", None)
+    if isinstance(temporal, int) and frames > 1:
+        config = pipe.transformer.config
+        patch = config.get("patch_size", 1)
+        patch_t = config.get("patch_size_t") or (patch[0] if isinstance(patch, (tuple, list)) else 1)
+        tokens *= -(-((frames - 1) // temporal + 1) // patch_t)
+    return tokens
+
+
+def skeleton_pipeline(folder: Path) -> Any | None:
+    """The folder's pipeline with its transformer and VAE built from their config.json on the meta device and
+    every other component None: its geometry (scale factors, patch sizes, default size) without reading a weight.
+    None when the folder's layout does not allow it (no diffusers class of that name, a component without a
+    config.json, a pipeline whose constructor needs more): its size is then checked after the load."""
+    import diffusers
+
+    index = read_index(folder)
+    try:
+        cls = getattr(diffusers, index["_class_name"])
+        parts = {}
+        for key in ("transformer", "vae"):
+            name = _component(index, key)
+            config = json.loads((folder / key / "config.json").read_text())
+            with torch.device("meta"):
+                parts[key] = getattr(diffusers, name or "").from_config(config)
+        required = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        others = {p.name: None for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.name not in ("self", *parts) and p.kind in required and p.default is inspect.Parameter.empty}
+        return cls(**others, **parts)
+    except (AttributeError, KeyError, OSError, TypeError, ValueError):
+        return None
 
 
 def check_size(pipe: Any, height: int | None, width: int | None) -> None:

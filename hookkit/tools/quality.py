@@ -38,6 +38,7 @@ import torch
 import hookkit
 from hookkit.diagnostics.plot import pyplot
 from hookkit.tools.bench import DTYPES, environment, psnr_from_mse, resolve_device, timed
+from hookkit.tools.local import check_folder
 from hookkit.errors import HookkitError, SpecError
 from hookkit.core.summary import table
 
@@ -649,9 +650,10 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
         dtype = DTYPES[args.dtype]
         if not args.no_plot:  # say so before the sweep, not after it
             pyplot("hookkit bench --quality (quality.png)", ", or add --no-plot")
+        out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"
+        check_folder(out, "--out" if args.out else "OUT (the default of --out: $OUT/quality)", str(out))
         report = run_quality(configs, classes=classes, seeds=seeds, steps=args.steps, device=device, dtype=dtype,
                              cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier)
-        out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"
         print()
         print(report.markdown())
         paths = report.write(out, plot=False)
