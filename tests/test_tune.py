@@ -133,3 +133,32 @@ def test_the_tuned_spec_reaches_its_speedup_and_beats_fewer_steps_on_held_out_se
                    for i in range(2) for j in range(3)]
     assert speedup >= 2.0
     assert sum(psnrs) / len(psnrs) > sum(fewer_psnrs) / len(fewer_psnrs) + 1.0
+
+
+def test_cli_tune_writes_a_spec_that_generate_and_bench_run(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import cli
+
+    spec_path = tmp_path / "spec.json"
+    assert cli.main(["tune", "--speedup", "2", "--seeds", "10", "--steps", "6", "--json", str(spec_path)]) == 0
+    assert "chosen: schedule 2x F0" in capsys.readouterr().out
+    spec = hookkit.Spec.from_dict(__import__("json").loads(spec_path.read_text()))
+    assert (spec.cache.rule, spec.cache.speedup, spec.cache.calibration.steps) == ("schedule", 2.0, 6)
+    assert cli.main(["generate", "flux", "--spec", str(spec_path), "--steps", "6", "--out", str(tmp_path / "x.png")]) == 0
+
+
+def test_cli_generate_refuses_a_spec_file_beside_spec_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import cli
+
+    path = tmp_path / "spec.json"
+    path.write_text(__import__("json").dumps(hookkit.Spec(memo=True).to_dict()))
+    assert cli.main(["generate", "flux", "--spec", str(path), "--cache", "--out", str(tmp_path / "x.png")]) == 2
+    assert "--spec " + str(path) + ": the file gives the whole Spec, got --cache beside it" in capsys.readouterr().err
+
+
+def test_cli_bench_refuses_a_spec_file_that_is_no_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import cli
+
+    path = tmp_path / "spec.json"
+    path.write_text("{not json")
+    assert cli.main(["bench", "--spec", str(path)]) == 2
+    assert f"--spec {path}: expected a JSON file of a hookkit Spec" in capsys.readouterr().err

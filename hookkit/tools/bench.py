@@ -798,6 +798,32 @@ def _configs() -> dict[str, BenchConfig]:
 
 CONFIGS: dict[str, BenchConfig] = _configs()
 
+#: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
+SPEC_PREFIX = "spec:"
+
+
+def read_spec(path: str | Path, flag: str = "--spec") -> Any:
+    """The `hookkit.Spec` of a JSON file written from `Spec.to_dict()` (`hookkit tune --json`); SpecError naming the
+    flag when the file is missing or is not a Spec."""
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{flag} {source}: expected a JSON file of a hookkit Spec (hookkit tune --json writes one), "
+                        f"got {type(exc).__name__}: {exc}.") from None
+    return hookkit.Spec.from_dict(data)
+
+
+def config_named(name: str) -> BenchConfig:
+    """A shipped row, or "spec:PATH": the Spec in that JSON file (read now, so a bad file fails before any run)."""
+    if name.startswith(SPEC_PREFIX):
+        path = name[len(SPEC_PREFIX):]
+        spec = read_spec(path, "--configs spec:")
+        fields = frozenset(f for f in ("cache", "quantize", "compile", "parallel") if getattr(spec, f) is not None)
+        return BenchConfig(name=name, kind="hookkit", setup=_hookkit(lambda: read_spec(path)), fields=fields,
+                           description=f"the Spec in {path}")
+    return CONFIGS[name]
+
 
 def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[list[BenchConfig], list[str]]:
     """The rows to run, "eager" always first (it is the reference), and notes on the rows left out.
@@ -808,7 +834,7 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
     have = available_fields()
     notes: list[str] = []
     if names:
-        unknown = [n for n in names if n not in CONFIGS]
+        unknown = [n for n in names if n not in CONFIGS and not n.startswith(SPEC_PREFIX)]
         if unknown:
             import difflib
 
@@ -816,7 +842,7 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; {hint}known: {list(CONFIGS)} "
                             "(`hookkit bench --list` says what each does and whether it runs here).")
-        chosen = [CONFIGS[n] for n in dict.fromkeys(names)]
+        chosen = [config_named(n) for n in dict.fromkeys(names)]
     else:
         chosen = []
         for cfg in CONFIGS.values():

@@ -135,8 +135,19 @@ CACHE_FLAG_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: generate's flags that build a Spec: refused beside --spec, which gives the whole Spec
+SPEC_FLAGS = ("cache", "compile", "cuda_graphs", "quantize", "sync_free", "memo")
+
+
 def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
-    """The `Spec` the generate flags ask for (validated by the specs themselves)."""
+    """The `Spec` the generate flags ask for (validated by the specs themselves), or the one in `--spec`'s file."""
+    if getattr(args, "spec", None) is not None:
+        given = [f for f in SPEC_FLAGS if getattr(args, f)] + [
+            d for d, default in CACHE_FLAG_DEFAULTS.items() if getattr(args, d) != default]
+        if given:
+            raise SpecError(f"--spec {args.spec}: the file gives the whole Spec, got --{given[0].replace('_', '-')} "
+                            "beside it. Drop one of them (or edit the JSON).")
+        return bench.read_spec(args.spec)
     if not args.cache:
         for dest, default in CACHE_FLAG_DEFAULTS.items():
             value = getattr(args, dest)
@@ -356,6 +367,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         local.check_output_file(Path(args.out), "--out")
     precheck_generate(args, opts, spec, options, device, dtype)
     steps = opts.num_steps()
+    cache = spec.cache
+    if cache is not None and cache.rule == "schedule" and cache.calibration is not None \
+            and cache.calibration.steps != steps:  # before loading: the plan needs a calibration at the call's steps
+        raise SpecError(f"--spec {args.spec}: its schedule rule was calibrated at {cache.calibration.steps} steps, the "
+                        f"call has {steps}. Pass --steps {cache.calibration.steps}, or tune again with --steps {steps}.")
     compiling = args.compile or args.cuda_graphs
     warmup = args.warmup if args.warmup is not None else (1 if compiling else 0)
     if warmup < 0:
@@ -500,6 +516,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.out_dir:
         local.check_folder(Path(args.out_dir), "--out-dir", args.out_dir)
     names = [n.strip() for n in args.configs.split(",") if n.strip()] if args.configs else None
+    if args.spec is not None:
+        bench.read_spec(args.spec)  # a bad file fails now, not in a child process
+        names = [*(names or ["eager"]), f"{bench.SPEC_PREFIX}{args.spec}"]
     configs, notes = bench.select_configs(names, device)
     if args.parallel is not None:  # under torchrun: every rank measures in-process, rank 0 reports
         cp = distributed.parse_parallel(args.parallel)
@@ -521,11 +540,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_bench_one(args: argparse.Namespace) -> int:
     """One row of `hookkit bench`, in this process; writes the row as JSON to --result."""
     opts = _model_options(args, args.model)
-    if args.config not in bench.CONFIGS:
-        raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)}.")
+    if args.config not in bench.CONFIGS and not args.config.startswith(bench.SPEC_PREFIX):
+        raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)} or "
+                        f"{bench.SPEC_PREFIX}PATH.")
     bench.check_size(opts, bench.resolve_device(opts.device))
     out_dir = _created_folder(Path(args.out_dir), "--out-dir")
-    row = bench.measure(bench.CONFIGS[args.config], opts, args.runs, args.warmup, out_dir)
+    row = bench.measure(bench.config_named(args.config), opts, args.runs, args.warmup, out_dir)
     text = bench.to_json(row)
     if args.result:
         Path(args.result).write_text(text)
@@ -571,6 +591,43 @@ def _model_for_derive(target: str) -> torch.nn.Module:
         raise AdapterError(f"adapter derive: expected {cls.__name__} to build from its default config, got "
                            f"{type(exc).__name__}: {exc}. Pass the model's folder (with its config.json) instead."
                            ) from None
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """`hookkit tune`: `hookkit.tune` on the shipped trained model (default) or a local pipeline folder, the chosen Spec
+    written as JSON for `generate --spec` / `bench --spec`."""
+    from hookkit.tools import trained
+    from hookkit.tools import tune as tuning
+
+    if args.speedup is None and args.min_psnr is None:
+        raise SpecError("hookkit tune: expected --speedup S (e.g. 2) or --min-psnr DB, got neither.")
+    out = Path(args.json)
+    local.check_output_file(out, "--json")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise SpecError(f"--seeds: expected comma-separated ints (e.g. 10,11), got {args.seeds!r}.")
+    if args.steps < 2:
+        raise SpecError(f"--steps: expected an int >= 2, got {args.steps}.")
+    if args.model_path is None:
+        pipe = trained.load_pipeline(model=args.trained)
+        classes = list(range(trained.NUM_CLASSES))
+        calls = [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.trained) for s in seeds]
+    else:
+        folder = Path(args.model_path)
+        opts = bench.ModelOptions(name=local.model_of(local.read_index(folder), folder), model_path=args.model_path,
+                                  steps=args.steps,
+                                  prompt=args.prompt or bench.ModelOptions.prompt_default())
+        pipe = bench.load_pipeline(opts)
+        calls = [bench.call_kwargs(pipe, attrs.evolve(opts, seed=s), "pt") for s in seeds]
+    result = tuning.search(pipe, calls, speedup=args.speedup, min_psnr=args.min_psnr, progress=True)
+    print(result.table())
+    out.write_text(json.dumps(result.spec.to_dict(), indent=1) + "\n")
+    print(f"chosen: {result.chosen.name} ({result.chosen.speedup:.2f}x, mean PSNR {result.chosen.psnr_mean:.2f} dB on "
+          f"these calls); Spec written to {out} (hookkit generate --spec {out}, hookkit bench --spec {out})")
+    return 0
 
 
 def cmd_adapter_derive(args: argparse.Namespace) -> int:
@@ -628,6 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cached steps in a row (default -1: no limit)")
     p.add_argument("--cache-taylorseer", type=int, default=CACHE_FLAG_DEFAULTS["cache_taylorseer"], choices=[0, 1, 2],
                    help="TaylorSeer order of cached residuals (default: DBCache's, 0 with a mask)")
+    p.add_argument("--spec", default=None, metavar="JSON",
+                   help="the whole Spec from a JSON file (Spec.to_dict(); `hookkit tune --json` writes one) instead of "
+                        "the flags above")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")
     p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")
@@ -653,7 +713,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="a matrix of configurations, one process each, as a markdown table")
     p.add_argument("--model", default="flux", choices=models, help="model family (default flux)")
     p.add_argument("--configs", default=None,
-                   help=f"comma-separated rows (default: all that run here): {', '.join(bench.CONFIGS)}")
+                   help=f"comma-separated rows (default: all that run here): {', '.join(bench.CONFIGS)}; "
+                        f"{bench.SPEC_PREFIX}PATH runs the Spec in a JSON file (`hookkit tune --json`)")
+    p.add_argument("--spec", default=None, metavar="JSON",
+                   help=f"add a row for the Spec in this JSON file (same as {bench.SPEC_PREFIX}JSON in --configs)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per configuration (median)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (compilation, CUDA graph capture)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
@@ -683,6 +746,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result", default=None)
     _add_model_args(p)
     p.set_defaults(func=cmd_bench_one)
+
+    p = sub.add_parser("tune", help="the caching Spec with the best PSNR at a speed-up (or the fastest above a PSNR), "
+                                    "measured on your model and seeds; written as JSON")
+    p.add_argument("--speedup", type=float, default=None, help="speed-up in executed block work to reach (e.g. 2)")
+    p.add_argument("--min-psnr", type=float, default=None, help="PSNR (dB) every calibration image must keep")
+    p.add_argument("--json", required=True, metavar="PATH", help="where to write the chosen Spec (Spec.to_dict())")
+    p.add_argument("--trained", default="tiny", help="the shipped trained model to tune on: tiny (default) or deep")
+    p.add_argument("--model-path", default=None, help="a local diffusers pipeline folder instead (no downloads)")
+    p.add_argument("--prompt", default=None, help="with --model-path: the calibration prompt")
+    p.add_argument("--seeds", default="10,11", help="calibration seeds (default 10,11; a trained model draws every "
+                                                    "class per seed); judge the Spec on other seeds")
+    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28): a tuned Spec is per step count")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("adapter", help="adapters: `adapter derive MODEL` prints the one hookkit derives, as TOML")
     adapter_sub = p.add_subparsers(dest="adapter_command", required=True, metavar="ACTION")
