@@ -206,6 +206,17 @@ def scenario_ulysses() -> dict[str, Any]:
     for order in ("hookkit_first", "cp_first"):
         res[f"static_{order}"] = cached_run(static, order)
 
+    # the calibrated rules plan the call before it starts: the same steps on every rank as in one process, no
+    # collective. Magnitude: ratios 1, retention 2, K 1 -> (1, 1, 0, 1); schedule: 3 of 4 steps from a gram matrix
+    calibration = hookkit.CacheCalibration(steps=4, ratios=[1.0] * 4,
+                                           gram=[[1.0, 0.5, 0.2, 0.1], [0.5, 1.0, 0.5, 0.2], [0.2, 0.5, 1.0, 0.9],
+                                                 [0.1, 0.2, 0.9, 1.0]])
+    for rule, cache in (("magnitude", hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=0.5,
+                                                       warmup_steps=2, max_continuous_cached_steps=1)),
+                        ("schedule", hookkit.DBCache(rule="schedule", calibration=calibration, speedup=1.3))):
+        res[f"{rule}_single"] = cached_run(hookkit.Spec(cache=cache), "", parallel=False)
+        res[f"{rule}_hookkit_first"] = cached_run(hookkit.Spec(cache=cache), "hookkit_first")
+
     # dynamic threshold halfway between the two ranks' local step-1 diffs: per-rank decisions would disagree
     local = local_diff_at_step_1()
     locals_ = [None] * dist.get_world_size()

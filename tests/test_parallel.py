@@ -214,6 +214,17 @@ def test_static_mask_under_cp_caches_the_mask_steps_without_collectives(ulysses:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("rule", ["magnitude", "schedule"])
+def test_calibrated_rules_under_cp_cache_the_one_process_steps_without_collectives(ulysses: list[dict[str, Any]],
+                                                                                   rule: str) -> None:
+    expected = {"magnitude": [2], "schedule": [3]}[rule]  # schedule: step 3 is nearly step 2 (gram 0.9)
+    for r in ulysses:
+        assert r[f"{rule}_hookkit_first"]["cached"] == r[f"{rule}_single"]["cached"] == expected
+        assert r[f"{rule}_hookkit_first"]["collectives"] == 0
+    assert ulysses[0][f"{rule}_hookkit_first"]["digest"] == ulysses[1][f"{rule}_hookkit_first"]["digest"]
+
+
+@pytest.mark.slow
 def test_threshold_straddles_the_ranks_local_diffs(ulysses: list[dict[str, Any]]) -> None:
     """The premise of the dynamic test: decided per rank, rank 0 and rank 1 would disagree at step 1."""
     low, high = sorted(ulysses[0]["local_diffs_step1"])
