@@ -662,3 +662,10 @@ def test_video_to_video_sizes_the_mask_for_the_steps_that_run() -> None:
     assert handle.state.num_steps == 10
     assert handle.summary().features["cache"].data["mask"] == list(mask)
     assert steps(handle) == ([i for i, m in enumerate(mask) if m], [i for i, m in enumerate(mask) if not m])
+
+
+def test_a_huge_warmup_costs_nothing_and_computes_every_step() -> None:
+    model, handle = stub(hookkit.DBCache(warmup_steps=10**12))
+    drive(model, handle, [1.0, 1.0, 1.0])  # a set of the warm-up's steps would take terabytes
+    data = handle.summary().features["cache"].data
+    assert (data["warmup_steps"], data["branches"][0]["cached"]) == ([0, 1, 2], [])
