@@ -211,6 +211,7 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
     ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS},
      ("refused", SpecError, "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer')")),
     ("flux", {"cache": STATIC, "compile": GRAPHS}, "allowed"),
+    ("flux", {"cache": attrs.evolve(STATIC, taylorseer_order=2), "compile": GRAPHS}, "allowed"),  # decided before the call
     ("flux", {"cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0), "compile": GRAPHS}, "allowed"),  # split graphs
     ("flux", {"memo": True, "compile": WHOLE},
      ("inactive", "memo", "Compile(regional=False) compiles the prologue itself")),

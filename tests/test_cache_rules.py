@@ -265,3 +265,24 @@ def test_magnitude_with_diffusers_ratios_matches_diffusers_magcache() -> None:
     assert _steps(handle)[0][1] == [t for t, m in enumerate(rule_mask(handle.spec.cache, steps, 1)) if m == 0]
     assert _steps(handle)[0][1]  # some step was skipped
     assert torch.equal(image, reference)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager_bitwise(order: int) -> None:
+    from tests.test_compile import _cache_stats, _graph_cached_pipeline, run
+
+    spec = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=order,
+                           calibration=CacheCalibration(steps=8, gram=random_gram(8, seed=3)))
+    from hookkit.core import compat
+
+    compat.check(hookkit.Spec(cache=spec, compile=hookkit.Compile(cuda_graphs="transformer")),
+                 hookkit.get_adapter("flux"))  # allowed: decided before the call
+    eager_pipe = zoo.tiny_pipeline("flux")
+    eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=spec))
+    reference = run(eager_pipe, steps=8)
+    pipe, handle, backend = _graph_cached_pipeline("flux", spec)
+    for _ in range(2):  # the second call is served by replays only
+        assert torch.equal(run(pipe, steps=8), reference)
+        assert _cache_stats(handle) == _cache_stats(eager)
+    assert backend.captures == 2
+    assert len(_cache_stats(handle)[1][0][1]) == 3  # 3 of 8 steps cached

@@ -43,6 +43,13 @@ def _taylorseer_cache(spec: Spec) -> bool:
     return spec.cache is not None and bool(spec.cache.taylorseer_order)
 
 
+def _dynamic_cache(spec: Spec) -> bool:
+    """DBCache decides at the call (the threshold rule without a static mask): split graphs."""
+    cache = spec.cache
+    return (cache is not None and cache.rule == "threshold" and cache.threshold > 0
+            and not (cache.steps_mask is not None and cache.mask_policy == "static"))
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         features=("compile", "cache"), outcome="refused",
@@ -53,14 +60,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         features=("compile", "cache"), outcome="refused",
-        # a static mask runs as one graph per decision, a threshold as graphs split at the decision; TaylorSeer's
-        # extrapolation depends on the step distance, which a replayed graph cannot change
-        applies=lambda s, a: _whole_graphs(s) and _taylorseer_cache(s),
+        # decisions known before the call (a static mask, the magnitude and schedule rules) run as one graph per
+        # decision and TaylorSeer's extrapolation is written into the residual slots before a cached replay; a
+        # threshold runs as graphs split at the decision, where nothing can run between the two graphs
+        applies=lambda s, a: _whole_graphs(s) and _taylorseer_cache(s) and _dynamic_cache(s),
         message=lambda s, a: (
-            "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer') (TaylorSeer's "
-            "extrapolation depends on the step distance, which a replayed graph cannot change), got "
-            f"{s.cache.taylorseer_order}. Use DBCache(taylorseer_order=0), or Compile(mode='reduce-overhead') "
-            "(CUDA graphs per block) for TaylorSeer."),
+            "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer') and a threshold decided at "
+            "each call (split graphs: the extrapolation would have to run between the two graphs of a call), got "
+            f"{s.cache.taylorseer_order}. Use DBCache(taylorseer_order=0), decisions known before the call (a static "
+            "mask, rule='magnitude' or 'schedule'), or Compile(mode='reduce-overhead') (CUDA graphs per block)."),
     ),
     Rule(
         # e.g. Qwen-Image's prologue runs torch.as_tensor(python_int, device=cuda): a pageable host copy that

@@ -192,16 +192,18 @@ class _Branch:
     def predict(self, stream: int, step: int, base: torch.Tensor) -> torch.Tensor:
         """`base` + the middle residual at `step`: the stored one, or its Taylor extrapolation y + d1 k + d2 k^2 / 2
         (k: steps since the last computed one). `calibration.predict_weights` is the same sum, for planning."""
-        y = self.residual[stream]
-        d1 = self.d1[stream]
-        if d1 is None:
-            return base + y
+        if self.d1[stream] is None:
+            return base + self.residual[stream]
+        return self.extrapolate(stream, step).add_(base)
+
+    def extrapolate(self, stream: int, step: int) -> torch.Tensor:
+        """The Taylor extrapolation of the middle residual at `step` (needs a first difference), a new tensor."""
         dt = step - self.times[-1]
-        out = torch.add(y, d1, alpha=dt)
+        out = torch.add(self.residual[stream], self.d1[stream], alpha=dt)
         d2 = self.d2[stream]
         if d2 is not None:
             out.add_(d2, alpha=dt * dt / 2)
-        return out.add_(base)
+        return out
 
     def record(self, step: int, cached: bool) -> None:
         if cached:
@@ -282,6 +284,8 @@ class _CallState:
         self.between: list[torch.Tensor | None] = [None, None]
         self.block_calls = 0
         self.transformer_calls = 0
+        #: under graphs with TaylorSeer: the bridge's copies of each branch's computed residuals (`GraphBridge`)
+        self.graph_taylor: dict[int, _Branch] = {}
 
     def decide(self, step: int, branch_index: int, fn_residual: torch.Tensor | None,
                middle: tuple[torch.Tensor, Any] | None = None) -> bool:
@@ -585,13 +589,18 @@ class DBCacheMiddleHook(ModelHook):
             residuals = tuple(r if r is None or between[s] is None else r.sub_(between[s])  # type: ignore[assignment]
                               for s, r in enumerate(residuals))
             cs.track_between, cs.prev_out, cs.between = False, (None, None), [None, None]
-        if self.shared.graph is not None:
+        order = self.shared.layout.spec.taylorseer_order
+        if self.shared.graph is not None:  # the slots a replay writes; TaylorSeer's state is the bridge's (eager)
             residuals = self.shared.graph.persist(cs.branch_index, residuals)
-        cs.branch.store(cs.step, residuals, self.shared.layout.spec.taylorseer_order)
+            order = 0
+        cs.branch.store(cs.step, residuals, order)
         cs.middle_in = (None, None)
 
     def _apply(self, cs: _CallState, output: Any) -> Any:
         branch, step = cs.branch, cs.step
+        graph = self.shared.graph
+        if graph is not None and graph.forced is None:  # an eager call under graphs: extrapolate into the slots first
+            graph.prepare_cached(cs.branch_index, step)
         hidden, encoder = self.io.unpack(output)
         hidden = branch.predict(0, step, hidden)
         if encoder is not None and branch.residual[1] is not None:
@@ -617,6 +626,11 @@ class GraphBridge:
     def __init__(self, shared: _Shared) -> None:
         self.shared = shared
         self.forced: bool | None = None
+        #: TaylorSeer under graphs: each branch's computed residuals and their differences are kept eagerly outside
+        #: the graphs (copies of the slots after each computed call, per call: `_CallState.graph_taylor`); before a
+        #: cached call their extrapolation is written into the slots the cached-step graph reads (`prepare_cached`),
+        #: so a replay adds what eager mode's `_Branch.predict` adds
+        self.order = shared.layout.spec.taylorseer_order
         self.slots: dict[tuple[Any, ...], torch.Tensor] = {}
         self.last: dict[int, list[torch.Tensor | None]] = {}
         #: dynamic decisions (a threshold): the call is split at the decision (`SplitGraphHook` in
@@ -693,7 +707,30 @@ class GraphBridge:
         state = self.shared.handle.state
         cs = self.shared.call_state()
         cached = cs.rules(state.step, cs.branch_at(state.branch), None)
-        return state.branch, cached and cs.graph_shapes.get(state.branch) == shapes
+        cached = cached and cs.graph_shapes.get(state.branch) == shapes
+        if cached:
+            self.prepare_cached(state.branch, state.step)
+        return state.branch, cached
+
+    def prepare_cached(self, index: int, step: int) -> None:
+        """TaylorSeer under graphs, before a cached call of branch `index`: write the extrapolation of its residuals at
+        `step` into the slots the cached-step graph reads (eager ops on the current stream: no host read)."""
+        taylor = self.shared.call_state().graph_taylor.get(index)
+        slots = self.last.get(index)
+        if taylor is None or slots is None:
+            return
+        for stream, slot in enumerate(slots):
+            if slot is not None and taylor.d1[stream] is not None and taylor.residual[stream] is not None \
+                    and taylor.residual[stream].shape == slot.shape:
+                slot.copy_(taylor.extrapolate(stream, step))
+
+    def _keep_taylor(self, index: int, step: int) -> None:
+        """After a computed call of branch `index`: its slots hold the new residuals; keep copies and differences."""
+        if not self.order:
+            return
+        slots = self.last.get(index, [None, None])
+        taylor = self.shared.call_state().graph_taylor.setdefault(index, _Branch())
+        taylor.store(step, tuple(s.clone() if s is not None else None for s in slots), self.order)
 
     @contextlib.contextmanager
     def forcing(self, decision: tuple[int, bool]) -> Iterator[None]:
@@ -753,6 +790,7 @@ class GraphBridge:
         if cached:
             return
         cs.graph_shapes[index] = shapes
+        self._keep_taylor(index, state.step)
         residual = branch.fn_ref
         if self.dynamic and residual is not None:
             key = (index, tuple(residual.shape), residual.dtype, residual.device)
@@ -772,6 +810,7 @@ class GraphBridge:
         if not cached:
             branch.residual = list(self.last.get(index, [None, None]))
             cs.graph_shapes[index] = shapes
+            self._keep_taylor(index, state.step)
         layout = self.shared.layout
         cs.block_calls += layout.always_run if cached else layout.num_blocks
         cs.transformer_calls += 1
