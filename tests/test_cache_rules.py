@@ -286,3 +286,22 @@ def test_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager_b
         assert _cache_stats(handle) == _cache_stats(eager)
     assert backend.captures == 2
     assert len(_cache_stats(handle)[1][0][1]) == 3  # 3 of 8 steps cached
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager() -> None:
+    from tests.test_compile import _cache_stats, _cuda_pipeline, _cuda_run
+
+    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2,
+                            calibration=CacheCalibration(steps=8, gram=random_gram(8, seed=3)))
+    pipe = _cuda_pipeline()
+    eager = hookkit.enable(pipe, hookkit.Spec(cache=cache))
+    reference = _cuda_run(pipe, steps=8)
+    stats = _cache_stats(eager)
+    eager.remove()
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache, compile=hookkit.Compile(cuda_graphs="transformer",
+                                                                                      backend="eager")))
+    for _ in range(2):  # the second call is served by replays only
+        torch.testing.assert_close(_cuda_run(pipe, steps=8), reference, rtol=1e-4, atol=1e-4)
+        assert _cache_stats(handle) == stats

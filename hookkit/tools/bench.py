@@ -615,10 +615,13 @@ def _cache_dit_fp8_compile_2x(ctx: RunContext) -> None:
 
 
 def _cache_2x(steps: int = 28) -> Any:
-    """DBCache on the tuned 2x rule's steps (`tuned_2x_mask`), every block skipped on a cached step (fn_blocks 0),
-    TaylorSeer off: whole-transformer graphs refuse TaylorSeer (compat), so this row times the rule's decisions."""
-    return hookkit.DBCache(fn_blocks=0, warmup_steps=0, steps_mask=tuned_2x_mask(steps), mask_policy="static",
-                           taylorseer_order=0)
+    """The rule `hookkit.tune(..., speedup=2)` returns on the trained tiny Flux: "schedule" at 2x with TaylorSeer 2,
+    planned from the shipped calibration (`tuned_2x_mask`'s steps; under transformer graphs the extrapolation is
+    written into the residual slots before each cached replay)."""
+    from hookkit.tools import trained
+
+    return hookkit.DBCache(rule="schedule", calibration=trained.calibration("tiny", steps), speedup=2.0,
+                           taylorseer_order=2)
 
 
 def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
@@ -764,8 +767,8 @@ def _configs() -> dict[str, BenchConfig]:
                                                                                        include_modulation=True),
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
-                    description="the tuned 2x rule's steps (14 of 28, no block on a cached step) + fp8 incl. "
-                                "modulation + transformer graphs"),
+                    description="the tuned 2x rule (schedule, TaylorSeer 2: 14 of 28 steps, no block on a cached "
+                                "step) + fp8 incl. modulation + transformer graphs"),
         BenchConfig(name="cache-dit+fp8+compile+2x", kind="peer", setup=_cache_dit_fp8_compile_2x,
                     needs_module="cache_dit", needs_cuda=True,
                     description="cache-dit DBCache F1B0 on the tuned 2x rule's 14 of 28 steps + its fp8 per-row + "
