@@ -355,6 +355,17 @@ def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
         hookkit.register_adapter(tmp_path)
 
 
+def test_a_deeply_nested_array_is_an_adapter_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text('name = "deep"\ntransformer = ' + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(AdapterError) as info:
+        hookkit.AdapterSpec.from_toml(path)
+    assert str(info.value) == (
+        f"adapter file '{path}': expected values nested at most a few levels (lists of strings, [[tables]], inline "
+        "tables), got arrays or tables nested too deeply to read (Python's recursion limit). Flatten the nested "
+        "value; the files in adapters/ show the shape of every key.")
+
+
 def test_a_missing_required_key_says_how_to_add_it() -> None:
     with pytest.raises(AdapterError) as info:
         hookkit.AdapterSpec.from_dict({"name": "x", "blocks": [{"attr": "b", "class": "B"}]})

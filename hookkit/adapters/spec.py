@@ -506,6 +506,7 @@ class AdapterSpec:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> AdapterSpec:
+        """Load and validate one adapter file; anything wrong with the file is an `AdapterError` naming it."""
         path = Path(path)
         try:
             data = tomllib.loads(path.read_text())
@@ -516,7 +517,19 @@ class AdapterSpec:
         except OSError as exc:  # a directory, no permission, ...
             raise AdapterError(f"adapter file {str(path)!r} cannot be read ({exc.strerror}); pass the path of a "
                                ".toml file.") from None
-        return cls.from_dict(data, source=str(path))
+        except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+            raise _too_deep(path) from None
+        try:
+            return cls.from_dict(data, source=str(path))
+        except RecursionError:  # a nested value that parsed but is too deep to validate or print
+            raise _too_deep(path) from None
+
+
+def _too_deep(path: Path) -> AdapterError:
+    return AdapterError(
+        f"adapter file {str(path)!r}: expected values nested at most a few levels (lists of strings, [[tables]], "
+        "inline tables), got arrays or tables nested too deeply to read (Python's recursion limit). Flatten the "
+        "nested value; the files in adapters/ show the shape of every key.")
 
 
 def _table(where: str, field: str, raw: Any, known: set[str]) -> dict[str, Any]:
