@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,23 @@ def test_a_dotted_path_names_the_class_itself_not_a_same_named_one() -> None:
         assert adapter.match_level(impostor) == 0
     assert _flux_named("dotted", "elsewhere.FluxTransformer2DModel").match_level(transformer) == 0
     assert hookkit.get_adapter("flux").match_level(transformer) == 1
+
+
+def test_matching_an_adapter_never_imports_a_module_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.adapters.derive import adapter_toml
+
+    (tmp_path / "adapter_named_module.py").write_text("RAN = True  # code an adapter file could run if imported\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    classes = ["adapter_named_module.FluxTransformer2DModel",
+               "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"]
+    path = tmp_path / "named.toml"
+    path.write_text(adapter_toml(_flux_named("named", *classes)))
+    adapter = hookkit.register_adapter(path)
+    try:
+        assert hookkit.resolve_adapter(zoo.tiny_transformer("flux")) is adapter  # the real class, by its dotted path
+    finally:
+        hookkit.unregister_adapter("named")
+    assert "adapter_named_module" not in sys.modules
 
 
 def test_an_adapter_registered_by_dotted_path_wins_over_the_shipped_bare_name() -> None:
