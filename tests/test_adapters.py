@@ -580,6 +580,55 @@ def test_cli_adapter_derive_prints_the_toml_of_a_class(capsys: pytest.CaptureFix
     assert "names no class" in capsys.readouterr().err
 
 
+def _folder_naming_a_shipped_package(tmp_path: Path) -> Path:
+    """A model folder whose config.json names a package shipped next to it (its parent on sys.path)."""
+    import json
+
+    (tmp_path / "shipped_next_to_config").mkdir()
+    (tmp_path / "shipped_next_to_config" / "__init__.py").write_text(
+        "import torch\n\nclass Model(torch.nn.Module):  # importing this module is running its code\n    pass\n")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"_class_name": "shipped_next_to_config.Model"}))
+    return folder
+
+
+def test_cli_adapter_derive_imports_no_class_outside_diffusers_without_trust_remote_code(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.tools.cli import main
+
+    folder = _folder_naming_a_shipped_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["adapter", "derive", str(folder)]) == 2
+    assert "shipped_next_to_config" not in sys.modules
+    assert capsys.readouterr().err == (
+        f"hookkit adapter: error: adapter derive: expected a class diffusers ships as the _class_name of "
+        f"'{folder / 'config.json'}', got 'shipped_next_to_config.Model': reading it would import the module "
+        "'shipped_next_to_config' and run its code; nothing was imported. If you trust that code, pass "
+        "--trust-remote-code (in Python: transformer_class(..., trust_remote_code=True)).\n")
+
+
+def test_a_diffusers_class_is_resolved_by_its_name_on_diffusers() -> None:
+    from hookkit.adapters.derive import transformer_class
+
+    path = "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"
+    assert transformer_class(path) is transformer_class("FluxTransformer2DModel") is FluxTransformer2DModel
+    with pytest.raises(AdapterError, match=r"got 'diffusers.models.FluxTransformer2DModelX', which names no class"):
+        transformer_class("diffusers.models.FluxTransformer2DModelX")
+
+
+def test_trust_remote_code_imports_the_class_a_model_folder_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.adapters.derive import transformer_class
+
+    _folder_naming_a_shipped_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cls = transformer_class("shipped_next_to_config.Model", trust_remote_code=True)
+    finally:
+        imported = sys.modules.pop("shipped_next_to_config", None)
+    assert cls is imported.Model
+
+
 # --- confirmed at the first call ---------------------------------------------------------------------------
 
 
