@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,5 +50,18 @@ class Quantize:
 
     @filter_fn.validator
     def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:
-        if value is not None and not callable(value):
+        """A callable that cannot take `(module, fqn)` is refused here, not with torchao's TypeError at enable."""
+        if value is None:
+            return
+        if not callable(value):
             raise field_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
+        try:
+            signature = inspect.signature(value)
+        except (ValueError, TypeError):  # no signature to read (some builtins): torchao's call will say
+            return
+        try:
+            signature.bind(None, "")  # binds the arguments only: nothing is called
+        except TypeError:
+            raise field_error("Quantize", "filter_fn", value, "a callable taking (module, fqn) and returning a bool",
+                              f"It takes {signature}. Pass a function of the module and its path, e.g. "
+                              "hookkit.techniques.quantize.filters.by_name('*.attn.*').") from None
