@@ -25,8 +25,10 @@ class Quantize:
             compute capability 8.9+), "fp8_weight_only", "int8_dynamic", "int8_weight_only" (any device),
             "nvfp4", "mxfp8" (10.0+).
         region: "repeated_blocks" (default): only Linears inside the adapter's repeated block classes; "all".
-        exclude: fnmatch patterns on module paths never to quantize, on top of the adapter's `quant_exclude`.
-        include: patterns quantized even when `region`, `exclude` or `min_features` would skip them.
+        exclude: fnmatch patterns on module paths never to quantize, on top of the adapter's `quant_exclude`. Each
+            must match a Linear layer: one that matches none (a typo) is refused at enable, naming the closest paths.
+        include: patterns quantized even when `region`, `exclude` or `min_features` would skip them (each must match
+            a Linear layer, as for `exclude`).
         min_features: skip Linears with `min(in_features, out_features)` below this (default 0).
         filter_fn: `(module, fqn) -> bool` replacing the selection rules, as torchao's `filter_fn`; it must be
             deterministic (the plan and the attach ask it separately). Default None.

@@ -6,7 +6,8 @@ overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "exc
 adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and
 `Quantize.exclude`, "too small"); the scheme's requirements, which nothing
 overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
-on the module path with PEFT's trailing `.base_layer` removed.
+on the module path with PEFT's trailing `.base_layer` removed; a `Quantize.exclude` or `include` pattern that matches
+no Linear layer is refused (`SpecError` with the closest paths) before anything is quantized.
 
 Quantization happens once, at attach; `build_plan` lists one attachment per chosen layer without touching it.
 Before torchao is called, every chosen layer's device is checked against the scheme (`UnsupportedError`);
@@ -22,6 +23,7 @@ off (each dynamic activation quantization is its own kernel in eager mode): see 
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -35,7 +37,7 @@ from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.plan import Attachment, PlanContext, module_at
 from hookkit.core.removal import Removal
 from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
-from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
+from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError, field_error
 from hookkit.techniques.quantize.filters import Predicate
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
 
@@ -288,12 +290,46 @@ def _is_plain(weight: torch.Tensor) -> bool:
     return type(weight) in (torch.nn.Parameter, torch.Tensor)
 
 
+def _as_pattern(path: str) -> str:
+    """`single_transformer_blocks.3.proj_out` -> `single_transformer_blocks.*.proj_out`: a path as a pattern."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def _check_patterns(transformer: torch.nn.Module, spec: Quantize) -> None:
+    """Refuse an `exclude` or `include` pattern that matches no Linear layer: a typo there would quietly quantize the
+    layers meant to stay in full precision (or leave out those meant in), so it is an error before anything changes."""
+    names = [pattern_path(path) for path, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
+    for field, patterns in (("exclude", spec.exclude), ("include", spec.include)):
+        for pattern in patterns:
+            if _first_match_any(names, pattern):
+                continue
+            shapes = sorted(set(map(_as_pattern, names)))
+            candidates = shapes
+            if pattern.startswith("*."):  # compare like with like: "*.norm1.linaer" with the paths' last two parts
+                tail = pattern.count(".")
+                candidates = sorted({"*." + ".".join(shape.split(".")[-tail:]) for shape in shapes
+                                     if shape.count(".") >= tail})
+            close = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.6)
+            hint = (f"the closest: {', '.join(map(repr, close))}" if close else
+                    f"they look like {shapes[0]!r}" if shapes else "it has none")
+            raise field_error(
+                "Quantize", field, pattern,
+                f"fnmatch patterns that each match the module path of a Linear layer of {type(transformer).__name__}",
+                f"It matches none of its {len(names)} Linear layers ({hint}). Fix or remove the pattern; nothing was "
+                "quantized.")
+
+
+def _first_match_any(names: list[str], pattern: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+
+
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
     """Decide for every Linear of `transformer` whether `spec` quantizes it, and why not. Reads only."""
     if not isinstance(spec, Quantize):
         raise SpecError(f"select_layers.spec: expected a hookkit.Quantize, got {type(spec).__name__} {spec!r}. "
                         "Pass one, e.g. select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
+    _check_patterns(transformer, spec)
     info = SCHEMES[spec.scheme]
     classes, prefixes = adapter.repeated_block_classes(), adapter.repeated_block_paths(transformer)
     region_on = spec.region == "repeated_blocks"
