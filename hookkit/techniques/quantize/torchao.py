@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -487,13 +488,19 @@ class QuantizedGuard(Removal):
       A load pre-hook on the transformer and on every module above a quantized layer checks the keys first;
       a state dict without such keys (a LoRA adapter's) loads as stock;
     - `save_pretrained` of the transformer or of the pipeline (it would write torchao tensors without a
-      quantization config, or fail midway and leave a half-written folder): patched on the instances.
+      quantization config, or fail midway and leave a half-written folder): patched on the instances;
+    - `fuse_lora` of the transformer, or of the pipeline with the transformer among its components, while a LoRA
+      layer wraps a quantized Linear (peft cannot add a LoRA into torchao's tensors: the merge fails after diffusers
+      has scaled every LoRA layer by `lora_scale`, and that scale stays): patched on the instances.
     """
 
     def __init__(self, transformer: torch.nn.Module, paths: list[str], pipeline: Any | None = None) -> None:
         self._removals: list[Any] = []
         self.count = len(paths)
         self._class = type(transformer).__name__
+        self._transformer = transformer
+        #: the quantized Linears by identity: PEFT wraps one in a LoRA layer as its `base_layer` (before or after enable)
+        self._quantized = {id(module_at(transformer, path)): path for path in paths}
         try:
             keys_under: dict[str, list[str]] = {}
             for path in paths:
@@ -510,6 +517,10 @@ class QuantizedGuard(Removal):
             for owner in (transformer, pipeline):
                 if owner is not None and callable(getattr(owner, "save_pretrained", None)):
                     self._removals.append(MethodPatch(owner, "save_pretrained", self._refuse_save(type(owner).__name__)))
+            if callable(getattr(transformer, "fuse_lora", None)):
+                self._removals.append(MethodPatch(transformer, "fuse_lora", self._check_fuse(None)))
+            if pipeline is not None and callable(getattr(pipeline, "fuse_lora", None)):
+                self._removals.append(MethodPatch(pipeline, "fuse_lora", self._check_fuse(pipeline)))
         except BaseException:
             self._undo()
             raise
@@ -540,9 +551,51 @@ class QuantizedGuard(Removal):
             return save_pretrained
         return make
 
+    def _lora_over_quantized(self) -> list[str]:
+        """Paths of the LoRA layers (PEFT's, with a `base_layer`) whose base layer hookkit quantized."""
+        return [path for path, m in self._transformer.named_modules()
+                if id(getattr(m, "base_layer", None)) in self._quantized]
+
+    def _check_fuse(self, pipeline: Any | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """`fuse_lora` of the transformer (`pipeline` None), or of the pipeline: refused before diffusers scales
+        anything when it would merge a LoRA into a quantized weight; otherwise the original runs."""
+        owner = type(pipeline if pipeline is not None else self._transformer).__name__
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def fuse_lora(*args: Any, **kwargs: Any) -> Any:
+                if pipeline is None or self._fuses_transformer(pipeline, original, args, kwargs):
+                    lora = self._lora_over_quantized()
+                    if lora:
+                        raise HookError(
+                            f"{owner}.fuse_lora: expected LoRA layers over full-precision weights, got {len(lora)} "
+                            f"LoRA layers over Linear layers hookkit quantized in place (torchao), e.g. {lora[0]!r}. "
+                            "peft cannot merge a LoRA into torchao's tensors: it would fail midway, after diffusers "
+                            "scaled every LoRA layer by lora_scale, and leave them scaled; nothing was scaled or fused. "
+                            "Call hookkit.disable(...) first (with Quantize(keep_original='cpu')), fuse, then enable "
+                            "again; or keep the LoRA unfused and weigh it with pipe.set_adapters(name, scale).")
+                return original(*args, **kwargs)
+            return fuse_lora
+        return make
+
+    def _fuses_transformer(self, pipeline: Any, original: Callable[..., Any], args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> bool:
+        """Whether the pipeline's `fuse_lora(components=...)` names the transformer. A call diffusers refuses itself
+        (no components, a wrong argument) is left to diffusers' own error."""
+        try:
+            bound = inspect.signature(original).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return False
+        bound.apply_defaults()
+        components = bound.arguments.get("components")
+        if not isinstance(components, (list, tuple)):
+            return False
+        return any(isinstance(c, str) and getattr(pipeline, c, None) is self._transformer for c in components)
+
     def _undo(self) -> None:
         while self._removals:
             self._removals.pop().remove()
+        self._transformer = None
+        self._quantized = {}
 
 
 def _refusal(scheme: str, count: int, what: str) -> str:
