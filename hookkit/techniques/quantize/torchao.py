@@ -3,11 +3,10 @@
 `select_layers` decides for every `nn.Linear`, with one reason per skipped layer, in this order: facts
 nothing overrides ("already quantized", "LoRA adapter"); the selection rules, which `Quantize.include`
 overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "excluded by name" from the
-adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and
-`Quantize.exclude`, "too small"); the scheme's requirements, which nothing
-overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
-on the module path with PEFT's trailing `.base_layer` removed; a `Quantize.exclude` or `include` pattern that matches
-no Linear layer is refused (`SpecError` with the closest paths) before anything is quantized.
+adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and `Quantize.exclude`,
+"too small"); the scheme's requirements, which nothing overrides because torchao would silently skip the layer
+(divisibility, weight dtype). Patterns are fnmatch'ed on the module path with PEFT's trailing `.base_layer` removed;
+a `Quantize.exclude` or `include` pattern that matches no Linear is refused (`SpecError`, with the closest paths).
 
 Quantization happens once, at attach; `build_plan` lists one attachment per chosen layer without touching it.
 Before torchao is called, every chosen layer's device is checked against the scheme (`UnsupportedError`);
