@@ -493,7 +493,8 @@ def transformer_class(name: str, *, trust_remote_code: bool = False, source: str
 
     module_name, _, cls_name = name.rpartition(".")
     cls: Any = None
-    if not module_name or module_name == "diffusers" or module_name.startswith("diffusers."):
+    in_diffusers = not module_name or module_name == "diffusers" or module_name.startswith("diffusers.")
+    if in_diffusers:
         for namespace in (diffusers, diffusers.models):
             try:
                 cls = getattr(namespace, cls_name, None)
@@ -501,8 +502,7 @@ def transformer_class(name: str, *, trust_remote_code: bool = False, source: str
                 cls = None
             if cls is not None:
                 break
-        if cls is not None and module_name not in ("", "diffusers", "diffusers.models") and \
-                getattr(cls, "__module__", None) != module_name:
+        if module_name not in ("", "diffusers", "diffusers.models") and getattr(cls, "__module__", None) != module_name:
             cls = None  # a same-named class elsewhere in diffusers is not the one the path names
     elif not trust_remote_code:
         as_source = f" as {source}" if source else ""
@@ -510,7 +510,7 @@ def transformer_class(name: str, *, trust_remote_code: bool = False, source: str
             f"adapter derive: expected a class diffusers ships{as_source}, got {name!r}: reading it would import the "
             f"module {module_name!r} and run its code; nothing was imported. If you trust that code, pass "
             "--trust-remote-code (in Python: transformer_class(..., trust_remote_code=True)).")
-    else:
+    if cls is None and module_name and trust_remote_code:  # trusted: any module, diffusers' unexported ones too
         try:
             cls = getattr(importlib.import_module(module_name), cls_name)
         except (ImportError, AttributeError):
