@@ -301,7 +301,7 @@ def _check_patterns(transformer: torch.nn.Module, spec: Quantize) -> None:
     names = [pattern_path(path) for path, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
     for field, patterns in (("exclude", spec.exclude), ("include", spec.include)):
         for pattern in patterns:
-            if _first_match_any(names, pattern):
+            if any(fnmatch.fnmatchcase(name, pattern) for name in names):
                 continue
             shapes = sorted(set(map(_as_pattern, names)))
             candidates = shapes
@@ -317,10 +317,6 @@ def _check_patterns(transformer: torch.nn.Module, spec: Quantize) -> None:
                 f"fnmatch patterns that each match the module path of a Linear layer of {type(transformer).__name__}",
                 f"It matches none of its {len(names)} Linear layers ({hint}). Fix or remove the pattern; nothing was "
                 "quantized.")
-
-
-def _first_match_any(names: list[str], pattern: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
 
 
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
