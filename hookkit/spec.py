@@ -61,8 +61,15 @@ class Spec:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Spec:
-        """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them."""
+    def from_dict(cls, data: dict[str, Any], *, trust_code: bool = False) -> Spec:
+        """Build a Spec from a plain dict; unknown keys raise `SpecError` naming them.
+
+        Args:
+            data: feature name -> settings, as `to_dict()` writes them.
+            trust_code: resolve a callable field written as 'module:qualname' (`Quantize.filter_fn`) outside hookkit:
+                that imports the module, running its code, so a dict from a file or a request must not do it
+                unasked (as diffusers' `trust_remote_code`). Default False: such a name is a `SpecError`.
+        """
         if not isinstance(data, dict):
             raise field_error("Spec", "<dict>", data, "a dict of feature name -> settings")
         if any(not isinstance(key, str) for key in data):
@@ -76,7 +83,7 @@ class Spec:
                                   f"Remove or rename the key.{closest(key, names)}")
             feature = _spec_class(key)
             if feature is not None and isinstance(value, dict):
-                value = _build(feature, value)
+                value = _build(feature, value, trust_code)
             kwargs[key] = value
         return cls(**kwargs)
 
@@ -87,7 +94,7 @@ def _spec_class(field: str) -> type | None:
     return next((t for t in typing.get_args(hint) or (hint,) if attrs.has(t)), None)
 
 
-def _build(cls: type, data: dict[str, Any]) -> Any:
+def _build(cls: type, data: dict[str, Any], trust_code: bool = False) -> Any:
     names = {f.name for f in attrs.fields(cls)}
     if any(not isinstance(key, str) for key in data):
         raise field_error(cls.__name__, "<dict>", next(k for k in data if not isinstance(k, str)), "string keys (field names)")
@@ -99,6 +106,6 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
         if field.default is attrs.NOTHING and field.name not in data:
             raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "
                             f"{data!r}. Add the key {field.name!r}.")
-    data = {k: resolve_callable(cls.__name__, k, v) if k == "filter_fn" and isinstance(v, str) else v
+    data = {k: resolve_callable(cls.__name__, k, v, trust_code) if k == "filter_fn" and isinstance(v, str) else v
             for k, v in data.items()}
     return cls(**data)

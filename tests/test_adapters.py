@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,23 @@ def test_a_dotted_path_names_the_class_itself_not_a_same_named_one() -> None:
     assert hookkit.get_adapter("flux").match_level(transformer) == 1
 
 
+def test_matching_an_adapter_never_imports_a_module_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.adapters.derive import adapter_toml
+
+    (tmp_path / "adapter_named_module.py").write_text("RAN = True  # code an adapter file could run if imported\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    classes = ["adapter_named_module.FluxTransformer2DModel",
+               "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"]
+    path = tmp_path / "named.toml"
+    path.write_text(adapter_toml(_flux_named("named", *classes)))
+    adapter = hookkit.register_adapter(path)
+    try:
+        assert hookkit.resolve_adapter(zoo.tiny_transformer("flux")) is adapter  # the real class, by its dotted path
+    finally:
+        hookkit.unregister_adapter("named")
+    assert "adapter_named_module" not in sys.modules
+
+
 def test_an_adapter_registered_by_dotted_path_wins_over_the_shipped_bare_name() -> None:
     adapter = hookkit.register_adapter(_flux_named("my-flux", "diffusers.FluxTransformer2DModel"))
     try:
@@ -353,6 +371,17 @@ def test_a_blocks_table_with_both_class_and_classes_is_rejected(tmp_path: Path) 
 def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
     with pytest.raises(AdapterError, match=rf"^adapter file '{tmp_path}' cannot be read \(Is a directory\); pass the path"):
         hookkit.register_adapter(tmp_path)
+
+
+def test_a_deeply_nested_array_is_an_adapter_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text('name = "deep"\ntransformer = ' + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(AdapterError) as info:
+        hookkit.AdapterSpec.from_toml(path)
+    assert str(info.value) == (
+        f"adapter file '{path}': expected values nested at most a few levels (lists of strings, [[tables]], inline "
+        "tables), got arrays or tables nested too deeply to read (Python's recursion limit). Flatten the nested "
+        "value; the files in adapters/ show the shape of every key.")
 
 
 def test_a_missing_required_key_says_how_to_add_it() -> None:
@@ -549,6 +578,55 @@ def test_cli_adapter_derive_prints_the_toml_of_a_class(capsys: pytest.CaptureFix
     assert [(b.attr, b.hidden_arg) for b in adapter.blocks] == [("layers", "x")]
     assert main(["adapter", "derive", "NoSuchTransformer"]) == 2
     assert "names no class" in capsys.readouterr().err
+
+
+def _folder_naming_a_shipped_package(tmp_path: Path) -> Path:
+    """A model folder whose config.json names a package shipped next to it (its parent on sys.path)."""
+    import json
+
+    (tmp_path / "shipped_next_to_config").mkdir()
+    (tmp_path / "shipped_next_to_config" / "__init__.py").write_text(
+        "import torch\n\nclass Model(torch.nn.Module):  # importing this module is running its code\n    pass\n")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"_class_name": "shipped_next_to_config.Model"}))
+    return folder
+
+
+def test_cli_adapter_derive_imports_no_class_outside_diffusers_without_trust_remote_code(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.tools.cli import main
+
+    folder = _folder_naming_a_shipped_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["adapter", "derive", str(folder)]) == 2
+    assert "shipped_next_to_config" not in sys.modules
+    assert capsys.readouterr().err == (
+        f"hookkit adapter: error: adapter derive: expected a class diffusers ships as the _class_name of "
+        f"'{folder / 'config.json'}', got 'shipped_next_to_config.Model': reading it would import the module "
+        "'shipped_next_to_config' and run its code; nothing was imported. If you trust that code, pass "
+        "--trust-remote-code (in Python: transformer_class(..., trust_remote_code=True)).\n")
+
+
+def test_a_diffusers_class_is_resolved_by_its_name_on_diffusers() -> None:
+    from hookkit.adapters.derive import transformer_class
+
+    path = "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"
+    assert transformer_class(path) is transformer_class("FluxTransformer2DModel") is FluxTransformer2DModel
+    with pytest.raises(AdapterError, match=r"got 'diffusers.models.FluxTransformer2DModelX', which names no class"):
+        transformer_class("diffusers.models.FluxTransformer2DModelX")
+
+
+def test_trust_remote_code_imports_the_class_a_model_folder_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.adapters.derive import transformer_class
+
+    _folder_naming_a_shipped_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cls = transformer_class("shipped_next_to_config.Model", trust_remote_code=True)
+    finally:
+        imported = sys.modules.pop("shipped_next_to_config", None)
+    assert cls is imported.Model
 
 
 # --- confirmed at the first call ---------------------------------------------------------------------------

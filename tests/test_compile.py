@@ -138,6 +138,22 @@ def test_the_first_call_builds_three_graphs_and_later_calls_none() -> None:
     assert counters["stats"]["unique_graphs"] == 3  # no step or call recompiles
 
 
+@pytest.mark.slow  # one inductor compile of three block graphs on the CPU (about a minute on two cores)
+def test_enabling_the_same_inductor_compile_ten_times_compiles_the_blocks_once() -> None:
+    """A server toggling hookkit: every enable of one configuration reuses its graph passes, hence an equal inductor
+    backend, so dynamo keeps the blocks it compiled; new passes at each enable recompiled every block until torch's
+    recompile limit failed the 8th enable (and every later compile of the class)."""
+    pipe = zoo.tiny_pipeline("flux")
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for _ in range(10):
+        with hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(regional=True))):
+            run(pipe, steps=1)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [3] * 10
+
+
 def test_whole_transformer_compile_wraps_the_transformer_inside_the_clock() -> None:
     pipe = zoo.tiny_pipeline("flux")
     reference = run(pipe)

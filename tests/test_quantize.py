@@ -261,6 +261,25 @@ def test_modulation_linears_stay_in_bf16_by_default_and_say_how_to_quantize_them
     assert (decision.reason, decision.detail) == (EXCLUDED, MODULATION_DETAIL)
 
 
+@pytest.mark.parametrize(("field", "pattern", "closest"), [
+    ("exclude", "single_transformer_blocks.*.proj_outt",
+     "'single_transformer_blocks.*.proj_out', 'single_transformer_blocks.*.proj_mlp', "
+     "'single_transformer_blocks.*.attn.to_v'"),
+    ("include", "*.norm1.linaer", "'*.norm1.linear', '*.norm.linear', '*.norm1_context.linear'"),
+])
+def test_a_pattern_that_matches_no_linear_is_refused_at_enable_with_the_closest_paths(
+        field: str, pattern: str, closest: str) -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    spec = hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu", **{field: [pattern]})
+    with pytest.raises(SpecError) as info:
+        hookkit.enable(pipe, hookkit.Spec(quantize=spec))
+    assert str(info.value) == (
+        f"Quantize.{field}: expected fnmatch patterns that each match the module path of a Linear layer of "
+        f"FluxTransformer2DModel, got {pattern!r}. It matches none of its 56 Linear layers (the closest: {closest}). "
+        "Fix or remove the pattern; nothing was quantized.")
+    assert all(type(m.weight) is torch.nn.Parameter for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear))
+
+
 def test_include_modulation_adds_exactly_the_adapters_modulation_linears() -> None:
     report = select_layers(bf16_tiny("flux"), hookkit.Quantize(scheme="fp8_row", include_modulation=True))
     assert {d.path for d in report.chosen} == EXPECTED_FP8_ROW["flux"] | FLUX_MODULATION

@@ -754,6 +754,26 @@ def test_save_pretrained_while_quantized_is_refused_and_writes_nothing(tmp_path)
     assert (tmp_path / "after" / "config.json").exists()
 
 
+def test_fuse_lora_while_quantized_is_refused_before_any_lora_layer_is_scaled() -> None:
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+    from peft.tuners.lora import LoraLayer
+
+    pipe = zoo.tiny_pipeline("flux")
+    pipe.transformer.to(torch.bfloat16)
+    pipe.transformer.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q"], init_lora_weights=False))
+    handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu")))
+    for owner, target in (("FluxPipeline", pipe), ("FluxTransformer2DModel", pipe.transformer)):
+        with pytest.raises(HookError, match=rf"^{owner}.fuse_lora: expected LoRA layers over full-precision weights, "
+                                            r"got 5 LoRA layers over Linear layers hookkit quantized in place \(torchao\), "
+                                            r"e.g. 'transformer_blocks.0.attn.to_q'. peft cannot merge"):
+            target.fuse_lora(lora_scale=0.7)
+    lora = [m for m in pipe.transformer.modules() if isinstance(m, LoraLayer)]
+    assert [m.scaling for m in lora] == [{"default": 1.0}] * 5 and not any(m.merged for m in lora)
+    handle.remove()
+    assert "fuse_lora" not in pipe.__dict__ and "fuse_lora" not in pipe.transformer.__dict__
+
+
 # --- 1. on a GPU: each model change under CUDA graphs gives a fresh enable's output, or a hookkit error ---------
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -63,7 +63,7 @@ def test_to_dict_is_json_with_a_numpy_mask_and_a_filter_fn() -> None:
     data = json.loads(json.dumps(spec.to_dict()))
     assert data["cache"]["steps_mask"] == [1, 0, 1]
     assert data["quantize"]["filter_fn"] == "test_specs:_keep_attention"
-    assert hookkit.Spec.from_dict(data).quantize.filter_fn is _keep_attention
+    assert hookkit.Spec.from_dict(data, trust_code=True).quantize.filter_fn is _keep_attention
     lam = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=lambda m, fqn: True)).to_dict()
     assert json.dumps(lam) and lam["quantize"]["filter_fn"].startswith("<<function ")
     with pytest.raises(SpecError, match=r"^Quantize.filter_fn: expected a callable or a 'module:qualname' string"):
@@ -74,6 +74,37 @@ def test_to_dict_is_json_with_a_numpy_mask_and_a_filter_fn() -> None:
 
 def _keep_attention(module, fqn: str) -> bool:
     return ".attn." in fqn
+
+
+def test_a_filter_fn_named_outside_hookkit_is_imported_only_with_trust_code(tmp_path, monkeypatch) -> None:
+    import sys
+
+    (tmp_path / "filter_named_by_a_dict.py").write_text("def keep(module, fqn):  # importing runs this file\n    return True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = {"quantize": {"scheme": "int8_weight_only", "filter_fn": "filter_named_by_a_dict:keep"}}
+    with pytest.raises(SpecError) as info:
+        hookkit.Spec.from_dict(data)
+    assert str(info.value) == (
+        "Quantize.filter_fn: expected a 'module:qualname' inside hookkit, or trust_code=True, got "
+        "'filter_named_by_a_dict:keep'. Resolving it would import 'filter_named_by_a_dict' and run its code; nothing "
+        "was imported. If you trust where the dict came from, pass Spec.from_dict(data, trust_code=True), or pass the "
+        "callable itself (Quantize(filter_fn=my_function)).")
+    assert "filter_named_by_a_dict" not in sys.modules
+    try:
+        assert hookkit.Spec.from_dict(data, trust_code=True).quantize.filter_fn.__module__ == "filter_named_by_a_dict"
+    finally:
+        sys.modules.pop("filter_named_by_a_dict", None)
+
+
+def test_a_filter_fn_that_cannot_take_module_and_fqn_is_refused_when_the_spec_is_built() -> None:
+    import os
+
+    with pytest.raises(SpecError) as info:
+        hookkit.Spec.from_dict({"quantize": {"scheme": "int8_weight_only", "filter_fn": "os:getcwd"}}, trust_code=True)
+    assert str(info.value) == (
+        f"Quantize.filter_fn: expected a callable taking (module, fqn) and returning a bool, got {os.getcwd!r}. It "
+        "takes (). Pass a function of the module and its path, e.g. "
+        "hookkit.techniques.quantize.filters.by_name('*.attn.*').")
 
 
 @pytest.mark.parametrize("num_steps", [0, -3, 2.0, "4", True])

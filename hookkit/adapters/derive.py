@@ -475,6 +475,52 @@ def derive_adapter(transformer: torch.nn.Module) -> AdapterSpec:
     return derive(transformer).adapter
 
 
+def transformer_class(name: str, *, trust_remote_code: bool = False, source: str = "") -> type:
+    """The class `name` names, for `hookkit adapter derive`: a bare name or a dotted path of a class diffusers ships is
+    looked up by its name on `diffusers` (or `diffusers.models`), which loads only diffusers' own modules. Any other
+    dotted path is imported only with `trust_remote_code=True`: importing a module runs its code, and a model folder's
+    `config.json` naming a package shipped next to it is no reason to run that package.
+
+    Args:
+        name: "FluxTransformer2DModel", "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel" or
+            "pkg.module.Class".
+        trust_remote_code: import a dotted path outside diffusers (CLI: `--trust-remote-code`). Default False.
+        source: where `name` came from, for the error ("the _class_name of model/config.json"); default the argument.
+    """
+    import importlib
+
+    import diffusers
+
+    module_name, _, cls_name = name.rpartition(".")
+    cls: Any = None
+    in_diffusers = not module_name or module_name == "diffusers" or module_name.startswith("diffusers.")
+    if in_diffusers:
+        for namespace in (diffusers, diffusers.models):
+            try:
+                cls = getattr(namespace, cls_name, None)
+            except Exception:  # noqa: BLE001 - diffusers' lazy module failing to load its own submodule
+                cls = None
+            if cls is not None:
+                break
+        if module_name not in ("", "diffusers", "diffusers.models") and getattr(cls, "__module__", None) != module_name:
+            cls = None  # a same-named class elsewhere in diffusers is not the one the path names
+    elif not trust_remote_code:
+        as_source = f" as {source}" if source else ""
+        raise AdapterError(
+            f"adapter derive: expected a class diffusers ships{as_source}, got {name!r}: reading it would import the "
+            f"module {module_name!r} and run its code; nothing was imported. If you trust that code, pass "
+            "--trust-remote-code (in Python: transformer_class(..., trust_remote_code=True)).")
+    if cls is None and module_name and trust_remote_code:  # trusted: any module, diffusers' unexported ones too
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError):
+            cls = None
+    if cls is None:
+        raise AdapterError(f"adapter derive: expected a diffusers transformer class name (e.g. ZImageTransformer2DModel), "
+                           f"a dotted path pkg.module.Class or a model folder, got {name!r}, which names no class.")
+    return cls
+
+
 def adapter_toml(adapter: AdapterSpec) -> str:
     """`adapter` as a TOML file `register_adapter` reads back to an equal adapter (notes become comments)."""
 

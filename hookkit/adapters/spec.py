@@ -9,7 +9,6 @@ class diffusers ships without `_cp_plan`) how context parallelism splits and gat
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 import tomllib
@@ -58,19 +57,20 @@ def _once(where: str, field: str, keys: list[str], expected: str) -> None:
 
 
 def _names_class(entry: str, cls: type) -> bool:
-    """True when the dotted path `entry` ("pkg.module.Class") resolves to `cls` itself (not a same-named class)."""
-    module_name, _, name = entry.rpartition(".")
-    if name != cls.__name__:
-        return False
-    if module_name == cls.__module__ and name == cls.__qualname__:
+    """True when the dotted path `entry` ("pkg.module.Class") names `cls` itself (not a same-named class): the class's
+    own module and qualified name, or a re-export from a package its module is in ("diffusers.FluxTransformer2DModel"),
+    read from that package, already imported with the class. Compared as strings otherwise: nothing an adapter names is
+    ever imported, so a shared adapter file cannot run code by naming a module."""
+    if entry == f"{cls.__module__}.{cls.__qualname__}":
         return True
-    module = sys.modules.get(module_name)
-    if module is None:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:  # an unimportable path names no class of this process
-            return False
-    return getattr(module, name, None) is cls
+    package_name, _, name = entry.rpartition(".")
+    if name != cls.__name__ or not cls.__module__.startswith(package_name + "."):
+        return False
+    package = sys.modules.get(package_name)
+    try:
+        return package is not None and getattr(package, name, None) is cls
+    except Exception:  # a lazy package failing to load its own submodule names no class of this process
+        return False
 
 
 @attrs.frozen(kw_only=True)
@@ -283,7 +283,8 @@ class AdapterSpec:
 
     Args:
         name: the adapter's name (unique among registered adapters).
-        transformer: the exact class name(s) (or dotted paths) of the transformer it describes.
+        transformer: the exact class name(s) (or dotted paths) of the transformer it describes; a dotted path is
+            compared with the class's own module and name (or a re-export from its package), never imported.
         blocks: the block lists DBCache may cache, in execution order; together they form one chain (each block's
             hidden input is the previous block's hidden output; checked at the first call).
         repeated_blocks: block classes compiled as regions (and quantized with `region="repeated_blocks"`).
@@ -403,7 +404,7 @@ class AdapterSpec:
         """2: a dotted path names `type(transformer)` itself; 1: its bare class name is listed; 0: no match.
 
         A dotted path ("pkg.module.Class", re-exports such as "diffusers.FluxTransformer2DModel" included)
-        is more specific than a bare name, so it wins when two adapters claim one class name.
+        is more specific than a bare name, so it wins when two adapters claim one class name. Matching imports nothing.
         """
         cls = type(transformer)
         if any(_names_class(entry, cls) for entry in self.transformer if "." in entry):
@@ -506,6 +507,7 @@ class AdapterSpec:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> AdapterSpec:
+        """Load and validate one adapter file; anything wrong with the file is an `AdapterError` naming it."""
         path = Path(path)
         try:
             data = tomllib.loads(path.read_text())
@@ -516,7 +518,19 @@ class AdapterSpec:
         except OSError as exc:  # a directory, no permission, ...
             raise AdapterError(f"adapter file {str(path)!r} cannot be read ({exc.strerror}); pass the path of a "
                                ".toml file.") from None
-        return cls.from_dict(data, source=str(path))
+        except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+            raise _too_deep(path) from None
+        try:
+            return cls.from_dict(data, source=str(path))
+        except RecursionError:  # a nested value that parsed but is too deep to validate or print
+            raise _too_deep(path) from None
+
+
+def _too_deep(path: Path) -> AdapterError:
+    return AdapterError(
+        f"adapter file {str(path)!r}: expected values nested at most a few levels (lists of strings, [[tables]], "
+        "inline tables), got arrays or tables nested too deeply to read (Python's recursion limit). Flatten the "
+        "nested value; the files in adapters/ show the shape of every key.")
 
 
 def _table(where: str, field: str, raw: Any, known: set[str]) -> dict[str, Any]:

@@ -146,18 +146,26 @@ def callable_name(fn: Any) -> str:
     return f"<{fn!r}>"
 
 
-def resolve_callable(owner_name: str, field: str, text: str) -> Any:
-    """The callable `callable_name` wrote as 'module:qualname'; SpecError when the text names none."""
+def resolve_callable(owner_name: str, field: str, text: str, trust_code: bool = False) -> Any:
+    """The callable `callable_name` wrote as 'module:qualname'; SpecError when the text names none.
+
+    Importing a module runs its code, so a name outside hookkit is resolved only with `trust_code` (the caller's
+    say-so that the text comes from someone whose code it would run anyway, as diffusers' `trust_remote_code`)."""
     module_name, _, qualname = text.partition(":")
     fix = (f"Pass the callable itself ({owner_name}({field}=my_function)); to_dict() writes a callable as "
            "'module:qualname', readable back only for module-level functions.")
     if not module_name or not qualname or text.startswith("<"):
         raise field_error(owner_name, field, text, "a callable or a 'module:qualname' string", fix)
+    if not trust_code and module_name != "hookkit" and not module_name.startswith("hookkit."):
+        raise field_error(owner_name, field, text, "a 'module:qualname' inside hookkit, or trust_code=True",
+                          f"Resolving it would import {module_name!r} and run its code; nothing was imported. If you "
+                          "trust where the dict came from, pass Spec.from_dict(data, trust_code=True), or pass the "
+                          f"callable itself ({owner_name}({field}=my_function)).")
     try:
         value: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             value = getattr(value, part)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
         raise field_error(owner_name, field, text, f"an importable 'module:qualname' ({type(exc).__name__}: {exc})",
                          fix) from None
     if not callable(value):

@@ -553,33 +553,27 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_for_derive(target: str) -> torch.nn.Module:
+def _model_for_derive(target: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """A transformer to read: a diffusers class name, a dotted path "pkg.module.Class", or a folder with config.json
-    (diffusers layout, `transformer/` subfolder or the model folder itself). Built on the meta device: no weights."""
-    import importlib
-
-    import diffusers
-
+    (diffusers layout, `transformer/` subfolder or the model folder itself). Built on the meta device: no weights.
+    A class outside diffusers is imported only with `trust_remote_code` (`adapters.derive.transformer_class`)."""
+    from hookkit.adapters.derive import transformer_class
     from hookkit.errors import AdapterError
 
     folder = Path(target)
     config: dict[str, Any] | None = None
+    source = ""
     if folder.exists():
         for candidate in (folder / "transformer" / "config.json", folder / "config.json"):
             if candidate.is_file():
                 config = json.loads(candidate.read_text())
+                source = f"the _class_name of {str(candidate)!r}"
                 break
         if config is None or "_class_name" not in config:
             raise AdapterError(f"adapter derive: expected a folder with a diffusers config.json naming its _class_name "
                                f"(the model folder or a pipeline folder with transformer/), got {target!r}.")
         target = config["_class_name"]
-    module_name, _, name = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name) if module_name else getattr(diffusers, name)
-    except (ImportError, AttributeError):
-        raise AdapterError(f"adapter derive: expected a diffusers transformer class name (e.g. ZImageTransformer2DModel), "
-                           f"a dotted path pkg.module.Class or a model folder, got {target!r}, which names no class."
-                           ) from None
+    cls = transformer_class(target, trust_remote_code=trust_remote_code, source=source)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise AdapterError(f"adapter derive: expected an nn.Module class, got {target!r} ({type(cls).__name__}).")
     try:
@@ -634,7 +628,7 @@ def cmd_adapter_derive(args: argparse.Namespace) -> int:
     """Print the adapter hookkit derives from the model's code, as TOML that `register_adapter` reads back."""
     from hookkit.adapters.derive import adapter_toml, derive_adapter
 
-    model = _model_for_derive(args.model)
+    model = _model_for_derive(args.model, trust_remote_code=args.trust_remote_code)
     print(adapter_toml(derive_adapter(model)), end="")
     return 0
 
@@ -765,6 +759,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = adapter_sub.add_parser("derive", help="derive an adapter from the model's code and print it as TOML")
     d.add_argument("model", metavar="MODEL_CLASS_OR_PATH",
                    help="a diffusers class name, a dotted path pkg.module.Class, or a model folder with config.json")
+    d.add_argument("--trust-remote-code", action="store_true",
+                   help="import a class outside diffusers (a dotted path, or a config.json's _class_name): runs its code")
     d.set_defaults(func=cmd_adapter_derive)
     return parser
 

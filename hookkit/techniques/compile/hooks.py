@@ -775,11 +775,11 @@ class _CompileFeature(BaseFeature):
         if attachment.name == INNER:
             quantized = ctx.spec.quantize is not None
             if quantized and spec.fuse_fp8_rows != "off" and spec.backend == "inductor" and state.fp8_rows is None:
-                state.fp8_rows = new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")
+                state.take("fp8_rows", shared_pass(new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")))
             if spec.fuse_norm_rope and spec.backend == "inductor" and state.norm_rope is None:
-                state.norm_rope = new_norm_rope_pass()
+                state.take("norm_rope", shared_pass(new_norm_rope_pass()))
             if spec.real_rope and spec.backend == "inductor" and state.real_rope is None:
-                state.real_rope = new_real_rope_pass(then=state.norm_rope)
+                state.take("real_rope", shared_pass(new_real_rope_pass(then=state.norm_rope)))
             return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows,
                                                         real_rope=state.real_rope, norm_rope=state.norm_rope))
         if attachment.name == CLONE:
@@ -811,26 +811,26 @@ class _CompileFeature(BaseFeature):
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
         state: CompileState = ctx.kept() or CompileState()
         if state.fp8_rows is not None:
-            data["fp8_rows_fused"] = state.fp8_rows.rewritten
-            data["fp8_rows_per_graph"] = list(state.fp8_rows.per_graph)
+            data["fp8_rows_per_graph"] = state.per_graph("fp8_rows")
+            data["fp8_rows_fused"] = sum(data["fp8_rows_per_graph"])
             data["fp8_rows_arithmetic"] = "fast" if state.fp8_rows.fast else "exact"
             rows.append(["fp8 row quantizations fused (one pass)",
-                         f"{data['fp8_rows_arithmetic']}: {state.fp8_rows.rewritten} rewritten by this handle's "
+                         f"{data['fp8_rows_arithmetic']}: {data['fp8_rows_fused']} rewritten by this handle's "
                          "compiles (a region served from inductor's FX graph cache was rewritten when cached)"])
-            data["fp8_rows_shared"] = state.fp8_rows.shared
+            data["fp8_rows_shared"] = sum(state.per_graph("fp8_rows", "shared_per_graph"))
             if state.fp8_rows.share:
                 rows.append(["fp8 row quantizations shared (same input)",
-                             f"{state.fp8_rows.shared} dropped for an identical one by this handle's compiles"])
+                             f"{data['fp8_rows_shared']} dropped for an identical one by this handle's compiles"])
         if state.norm_rope is not None:
-            data["norm_ropes_fused"] = state.norm_rope.rewritten
-            data["norm_ropes_per_graph"] = list(state.norm_rope.per_graph)
+            data["norm_ropes_per_graph"] = state.per_graph("norm_rope")
+            data["norm_ropes_fused"] = sum(data["norm_ropes_per_graph"])
             rows.append(["query/key RMSNorm + RoPE in one pass",
-                         f"{state.norm_rope.rewritten} rewritten by this handle's compiles"])
+                         f"{data['norm_ropes_fused']} rewritten by this handle's compiles"])
         if state.real_rope is not None:
-            data["complex_muls_as_real"] = state.real_rope.rewritten
-            data["complex_muls_per_graph"] = list(state.real_rope.per_graph)
+            data["complex_muls_per_graph"] = state.per_graph("real_rope")
+            data["complex_muls_as_real"] = sum(data["complex_muls_per_graph"])
             rows.append(["complex products as real arithmetic (RoPE)",
-                         f"{state.real_rope.rewritten} rewritten by this handle's compiles"])
+                         f"{data['complex_muls_as_real']} rewritten by this handle's compiles"])
         runner = state.runner
         if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
@@ -863,12 +863,47 @@ class _CompileFeature(BaseFeature):
 
 @attrs.define
 class CompileState:
-    """What one handle's compilation keeps: the whole-transformer graph runner, the graph passes its compiles share."""
+    """What one handle's compilation keeps: the whole-transformer graph runner, the graph passes its compiles share
+    (`shared_pass`: the same objects for every enable of one configuration) and where their per-graph counts stood
+    when this handle took them, so that its summary counts its own compiles only."""
 
     runner: GraphRunner | SplitGraphHook | None = None
     fp8_rows: Any | None = None
     real_rope: Any | None = None
     norm_rope: Any | None = None
+    #: each pass's number of counted graphs when this handle took it, by the field's name
+    first_graph: dict[str, int] = attrs.field(factory=dict)
+
+    def take(self, name: str, graph_pass: Any) -> None:
+        """Keep `graph_pass` as field `name`, counting its graphs from now on."""
+        setattr(self, name, graph_pass)
+        self.first_graph[name] = len(graph_pass.per_graph)
+
+    def per_graph(self, name: str, counts: str = "per_graph") -> list[int]:
+        """The pass's per-graph `counts` (a list it appends one entry to per graph) since this handle took it."""
+        return list(getattr(getattr(self, name), counts)[self.first_graph[name]:])
+
+
+#: The graph passes of every compile configuration so far, by `_pass_key`, reused by each later enable of it. Dynamo
+#: keeps a compiled block for a backend equal to the one that compiled it, and inductor's backends are equal when their
+#: options are, pass objects compared by identity: with new passes at each enable, every enable recompiled every block
+#: until torch's recompile limit (8 per code object) failed the 8th enable, and every later compile of the class.
+_SHARED_PASSES: dict[Hashable, Any] = {}
+
+
+def _pass_key(graph_pass: Any) -> Hashable:
+    """What makes two of hookkit's passes rewrite alike: their class, settings and the pass chained after them (one
+    that is not hookkit's by identity: the kept pass holds it, so its id cannot pass to another object)."""
+    from hookkit.techniques.compile.graph_pass import CountingPass
+
+    then = graph_pass.then
+    return type(graph_pass), graph_pass.settings(), _pass_key(then) if isinstance(then, CountingPass) else id(then)
+
+
+def shared_pass(graph_pass: Any) -> Any:
+    """`graph_pass`, or the pass an earlier enable made with the same key (then `graph_pass` is dropped): one set of
+    pass objects, hence one backend, per compile configuration, so that enabling again reuses the compiled blocks."""
+    return _SHARED_PASSES.setdefault(_pass_key(graph_pass), graph_pass)
 
 
 def new_fp8_rows_pass(fast: bool = False) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,10 @@ class Quantize:
             compute capability 8.9+), "fp8_weight_only", "int8_dynamic", "int8_weight_only" (any device),
             "nvfp4", "mxfp8" (10.0+).
         region: "repeated_blocks" (default): only Linears inside the adapter's repeated block classes; "all".
-        exclude: fnmatch patterns on module paths never to quantize, on top of the adapter's `quant_exclude`.
-        include: patterns quantized even when `region`, `exclude` or `min_features` would skip them.
+        exclude: fnmatch patterns on module paths never to quantize, on top of the adapter's `quant_exclude`. Each
+            must match a Linear layer: one that matches none (a typo) is refused at enable, naming the closest paths.
+        include: patterns quantized even when `region`, `exclude` or `min_features` would skip them (each must match
+            a Linear layer, as for `exclude`).
         min_features: skip Linears with `min(in_features, out_features)` below this (default 0).
         filter_fn: `(module, fqn) -> bool` replacing the selection rules, as torchao's `filter_fn`; it must be
             deterministic (the plan and the attach ask it separately). Default None.
@@ -49,5 +52,18 @@ class Quantize:
 
     @filter_fn.validator
     def _check_filter(self, attr: attrs.Attribute, value: Any) -> None:
-        if value is not None and not callable(value):
+        """A callable that cannot take `(module, fqn)` is refused here, not with torchao's TypeError at enable."""
+        if value is None:
+            return
+        if not callable(value):
             raise field_error("Quantize", "filter_fn", value, "a callable (module, fqn) -> bool or None")
+        try:
+            signature = inspect.signature(value)
+        except (ValueError, TypeError):  # no signature to read (some builtins): torchao's call will say
+            return
+        try:
+            signature.bind(None, "")  # binds the arguments only: nothing is called
+        except TypeError:
+            raise field_error("Quantize", "filter_fn", value, "a callable taking (module, fqn) and returning a bool",
+                              f"It takes {signature}. Pass a function of the module and its path, e.g. "
+                              "hookkit.techniques.quantize.filters.by_name('*.attn.*').") from None

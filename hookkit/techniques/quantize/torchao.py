@@ -3,10 +3,10 @@
 `select_layers` decides for every `nn.Linear`, with one reason per skipped layer, in this order: facts
 nothing overrides ("already quantized", "LoRA adapter"); the selection rules, which `Quantize.include`
 overrides and `Quantize.filter_fn` replaces ("outside the repeated blocks", "excluded by name" from the
-adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and
-`Quantize.exclude`, "too small"); the scheme's requirements, which nothing
-overrides because torchao would silently skip the layer (divisibility, weight dtype). Patterns are fnmatch'ed
-on the module path with PEFT's trailing `.base_layer` removed.
+adapter's `quant_exclude`, its `quant_modulation` unless `Quantize.include_modulation`, and `Quantize.exclude`,
+"too small"); the scheme's requirements, which nothing overrides because torchao would silently skip the layer
+(divisibility, weight dtype). Patterns are fnmatch'ed on the module path with PEFT's trailing `.base_layer` removed;
+a `Quantize.exclude` or `include` pattern that matches no Linear is refused (`SpecError`, with the closest paths).
 
 Quantization happens once, at attach; `build_plan` lists one attachment per chosen layer without touching it.
 Before torchao is called, every chosen layer's device is checked against the scheme (`UnsupportedError`);
@@ -22,7 +22,9 @@ off (each dynamic activation quantization is its own kernel in eager mode): see 
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,7 +37,7 @@ from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.plan import Attachment, PlanContext, module_at
 from hookkit.core.removal import Removal
 from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
-from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
+from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError, field_error
 from hookkit.techniques.quantize.filters import Predicate
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES, Quantize
 
@@ -288,12 +290,42 @@ def _is_plain(weight: torch.Tensor) -> bool:
     return type(weight) in (torch.nn.Parameter, torch.Tensor)
 
 
+def _as_pattern(path: str) -> str:
+    """`single_transformer_blocks.3.proj_out` -> `single_transformer_blocks.*.proj_out`: a path as a pattern."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def _check_patterns(transformer: torch.nn.Module, spec: Quantize) -> None:
+    """Refuse an `exclude` or `include` pattern that matches no Linear layer: a typo there would quietly quantize the
+    layers meant to stay in full precision (or leave out those meant in), so it is an error before anything changes."""
+    names = [pattern_path(path) for path, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
+    for field, patterns in (("exclude", spec.exclude), ("include", spec.include)):
+        for pattern in patterns:
+            if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                continue
+            shapes = sorted(set(map(_as_pattern, names)))
+            candidates = shapes
+            if pattern.startswith("*."):  # compare like with like: "*.norm1.linaer" with the paths' last two parts
+                tail = pattern.count(".")
+                candidates = sorted({"*." + ".".join(shape.split(".")[-tail:]) for shape in shapes
+                                     if shape.count(".") >= tail})
+            close = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.6)
+            hint = (f"the closest: {', '.join(map(repr, close))}" if close else
+                    f"they look like {shapes[0]!r}" if shapes else "it has none")
+            raise field_error(
+                "Quantize", field, pattern,
+                f"fnmatch patterns that each match the module path of a Linear layer of {type(transformer).__name__}",
+                f"It matches none of its {len(names)} Linear layers ({hint}). Fix or remove the pattern; nothing was "
+                "quantized.")
+
+
 def select_layers(transformer: torch.nn.Module, spec: Quantize, adapter: AdapterSpec | None = None) -> QuantizeReport:
     """Decide for every Linear of `transformer` whether `spec` quantizes it, and why not. Reads only."""
     if not isinstance(spec, Quantize):
         raise SpecError(f"select_layers.spec: expected a hookkit.Quantize, got {type(spec).__name__} {spec!r}. "
                         "Pass one, e.g. select_layers(transformer, hookkit.Quantize(scheme='int8_weight_only')).")
     adapter = adapter if adapter is not None else resolve_adapter(transformer)
+    _check_patterns(transformer, spec)
     info = SCHEMES[spec.scheme]
     classes, prefixes = adapter.repeated_block_classes(), adapter.repeated_block_paths(transformer)
     region_on = spec.region == "repeated_blocks"
@@ -451,13 +483,19 @@ class QuantizedGuard(Removal):
       A load pre-hook on the transformer and on every module above a quantized layer checks the keys first;
       a state dict without such keys (a LoRA adapter's) loads as stock;
     - `save_pretrained` of the transformer or of the pipeline (it would write torchao tensors without a
-      quantization config, or fail midway and leave a half-written folder): patched on the instances.
+      quantization config, or fail midway and leave a half-written folder): patched on the instances;
+    - `fuse_lora` of the transformer, or of the pipeline with the transformer among its components, while a LoRA
+      layer wraps a quantized Linear (peft cannot add a LoRA into torchao's tensors: the merge fails after diffusers
+      has scaled every LoRA layer by `lora_scale`, and that scale stays): patched on the instances.
     """
 
     def __init__(self, transformer: torch.nn.Module, paths: list[str], pipeline: Any | None = None) -> None:
         self._removals: list[Any] = []
         self.count = len(paths)
         self._class = type(transformer).__name__
+        self._transformer = transformer
+        #: the quantized Linears by identity: PEFT wraps one in a LoRA layer as its `base_layer` (before or after enable)
+        self._quantized = {id(module_at(transformer, path)): path for path in paths}
         try:
             keys_under: dict[str, list[str]] = {}
             for path in paths:
@@ -474,6 +512,10 @@ class QuantizedGuard(Removal):
             for owner in (transformer, pipeline):
                 if owner is not None and callable(getattr(owner, "save_pretrained", None)):
                     self._removals.append(MethodPatch(owner, "save_pretrained", self._refuse_save(type(owner).__name__)))
+            if callable(getattr(transformer, "fuse_lora", None)):
+                self._removals.append(MethodPatch(transformer, "fuse_lora", self._check_fuse(None)))
+            if pipeline is not None and callable(getattr(pipeline, "fuse_lora", None)):
+                self._removals.append(MethodPatch(pipeline, "fuse_lora", self._check_fuse(pipeline)))
         except BaseException:
             self._undo()
             raise
@@ -504,9 +546,51 @@ class QuantizedGuard(Removal):
             return save_pretrained
         return make
 
+    def _lora_over_quantized(self) -> list[str]:
+        """Paths of the LoRA layers (PEFT's, with a `base_layer`) whose base layer hookkit quantized."""
+        return [path for path, m in self._transformer.named_modules()
+                if id(getattr(m, "base_layer", None)) in self._quantized]
+
+    def _check_fuse(self, pipeline: Any | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """`fuse_lora` of the transformer (`pipeline` None), or of the pipeline: refused before diffusers scales
+        anything when it would merge a LoRA into a quantized weight; otherwise the original runs."""
+        owner = type(pipeline if pipeline is not None else self._transformer).__name__
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def fuse_lora(*args: Any, **kwargs: Any) -> Any:
+                if pipeline is None or self._fuses_transformer(pipeline, original, args, kwargs):
+                    lora = self._lora_over_quantized()
+                    if lora:
+                        raise HookError(
+                            f"{owner}.fuse_lora: expected LoRA layers over full-precision weights, got {len(lora)} "
+                            f"LoRA layers over Linear layers hookkit quantized in place (torchao), e.g. {lora[0]!r}. "
+                            "peft cannot merge a LoRA into torchao's tensors: it would fail midway, after diffusers "
+                            "scaled every LoRA layer by lora_scale, and leave them scaled; nothing was scaled or fused. "
+                            "Call hookkit.disable(...) first (with Quantize(keep_original='cpu')), fuse, then enable "
+                            "again; or keep the LoRA unfused and weigh it with pipe.set_adapters(name, scale).")
+                return original(*args, **kwargs)
+            return fuse_lora
+        return make
+
+    def _fuses_transformer(self, pipeline: Any, original: Callable[..., Any], args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> bool:
+        """Whether the pipeline's `fuse_lora(components=...)` names the transformer. A call diffusers refuses itself
+        (no components, a wrong argument) is left to diffusers' own error."""
+        try:
+            bound = inspect.signature(original).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return False
+        bound.apply_defaults()
+        components = bound.arguments.get("components")
+        if not isinstance(components, (list, tuple)):
+            return False
+        return any(isinstance(c, str) and getattr(pipeline, c, None) is self._transformer for c in components)
+
     def _undo(self) -> None:
         while self._removals:
             self._removals.pop().remove()
+        self._transformer = None
+        self._quantized = {}
 
 
 def _refusal(scheme: str, count: int, what: str) -> str:
