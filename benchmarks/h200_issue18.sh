@@ -82,7 +82,7 @@ sys.exit(0 if a and b and a["step_ms"] <= 0.98 * b["step_ms"] else 1)' "$W/res/s
         row flux-1024 flux 1024 "$AUTOTUNE" 0
       else log "autotune row skipped: not >= 2 % faster per step in the step profile (or not profiled)"; fi ;;
     gpu-tests)
-      timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE ${GPU_TESTS:-tests/} > "$W/res/gpu_tests_all.log" 2>&1
+      timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE --durations=30 -o faulthandler_timeout=150 ${GPU_TESTS:-tests/} > "$W/res/gpu_tests_all.log" 2>&1
       log "gpu tests rc $? $(tail -1 "$W/res/gpu_tests_all.log")" ;;
     controlnet)
       OUT="$W/res/controlnet" timeout "${T_CN:-240}" python3 benchmarks/pipelines.py --parts controlnet \
