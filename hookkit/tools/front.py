@@ -80,9 +80,14 @@ EVALUATION_SEEDS: tuple[int, ...] = (100, 101)
 #: seeds of MagCache's calibration runs (with classes 0-9), in the tuning range
 CALIBRATION_SEEDS: tuple[int, ...] = (0,)
 TARGETS: tuple[float, ...] = (1.5, 2.0, 3.0)
+#: the PNG's PSNR axis ends here: rows that cache almost nothing sit near `PSNR_CAP_DB` and would squash the rest
+Y_CUT_DB = 65.0
 #: thresholds of the threshold-driven block caches (hookkit, FirstBlockCache, cache-dit)
 FRONT_THRESHOLDS: tuple[float, ...] = (0.04, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.4, 0.6)
-MAGCACHE_THRESHOLDS: tuple[float, ...] = (0.02, 0.04, 0.06, 0.12, 0.24, 0.5)
+#: MagCache: (threshold, most skipped steps in a row); past 0.24 its default limit of 3 decides alone, so the
+#: sweep's top end lifts it
+MAGCACHE_SWEEP: tuple[tuple[float, int], ...] = ((0.02, 3), (0.04, 3), (0.06, 3), (0.12, 3), (0.24, 3), (0.24, 6),
+                                                 (0.5, 6))
 TAYLORSEER_INTERVALS: tuple[int, ...] = (2, 3, 4, 5, 6, 8)
 ATTENTION_SKIP_RANGES: tuple[int, ...] = (2, 3, 4, 6)
 #: step counts of the "fewer steps" family; other schedules take the same shares of their steps
@@ -152,23 +157,27 @@ def _printed_ratios(text: str) -> list[list[float]]:
     return found
 
 
-def magcache_config(threshold: float, steps: int, calibration: MagCacheCalibration | None = None) -> QualityConfig:
-    """diffusers' MagCache at `threshold` (other settings at diffusers' defaults: at most 3 skipped steps in a row,
-    the first 20% of steps kept), with diffusers' shipped FLUX.1 ratios (`FLUX_MAG_RATIOS`, interpolated to
-    `steps`) or, with `calibration`, ratios calibrated on the model itself."""
+def magcache_config(threshold: float, steps: int, calibration: MagCacheCalibration | None = None,
+                    max_skip_steps: int = 3) -> QualityConfig:
+    """diffusers' MagCache at `threshold`, at most `max_skip_steps` skipped steps in a row (diffusers' default 3;
+    the first 20% of steps kept, as diffusers defaults), with diffusers' shipped FLUX.1 ratios (`FLUX_MAG_RATIOS`,
+    interpolated to `steps`) or, with `calibration`, ratios calibrated on the model itself."""
 
     def make(pipe: Any) -> Any:
         from diffusers.hooks import MagCacheConfig
         from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
         ratios = FLUX_MAG_RATIOS if calibration is None else torch.tensor(calibration.ratios(pipe))
-        return MagCacheConfig(threshold=threshold, num_inference_steps=steps, mag_ratios=ratios)
+        return MagCacheConfig(threshold=threshold, num_inference_steps=steps, mag_ratios=ratios,
+                              max_skip_steps=max_skip_steps)
 
     which = "FLUX ratios" if calibration is None else "calibrated"
+    skips = "" if max_skip_steps == 3 else f"-K{max_skip_steps}"
     return QualityConfig(
-        name=f"magcache-{'flux' if calibration is None else 'calibrated'}-R{threshold:g}",
+        name=f"magcache-{'flux' if calibration is None else 'calibrated'}-R{threshold:g}{skips}",
         family=f"diffusers MagCache ({which})", setup=diffusers_cache_setup(make), requires="diffusers.hooks.mag_cache",
-        x=threshold, description=f"diffusers MagCache, {which}, threshold {threshold:g}"
+        x=threshold if not skips else f"{threshold:g} K{max_skip_steps}",
+        description=f"diffusers MagCache, {which}, threshold {threshold:g}, at most {max_skip_steps} skips in a row"
         + ("" if calibration is None else f" (calibrated on {len(calibration.samples)} samples)"),
     )
 
@@ -226,8 +235,15 @@ def pab_config(skip_range: int) -> QualityConfig:
 
 def seacache_config() -> QualityConfig:
     """diffusers' SeaCache: listed so that the front names every installed peer, skipped on FluxPipeline."""
+
+    def make(pipe: Any) -> Any:
+        from diffusers.hooks import SeaCacheConfig
+
+        return SeaCacheConfig()
+
     return QualityConfig(
-        name="seacache", family="diffusers SeaCache", requires="diffusers.hooks.sea_cache",
+        name="seacache", family="diffusers SeaCache", setup=diffusers_cache_setup(make),
+        requires="diffusers.hooks.sea_cache",
         unsupported=("FluxPipeline enters cache_context without the step index, sigma and step count SeaCache needs, "
                      "and SeaCache has no image adapter for Flux: it runs fail-open (computes every step)"),
         description="diffusers SeaCache",
@@ -294,8 +310,8 @@ def front_configs(steps: int, source: TrainedModel, calibration: Sequence[tuple[
         *hookkit_configs(),
         *fewer_steps_configs(steps),
         *[fbcache_config(t) for t in FRONT_THRESHOLDS],
-        *[magcache_config(t, steps) for t in MAGCACHE_THRESHOLDS],
-        *[magcache_config(t, steps, calibrated) for t in MAGCACHE_THRESHOLDS],
+        *[magcache_config(t, steps, max_skip_steps=k) for t, k in MAGCACHE_SWEEP],
+        *[magcache_config(t, steps, calibrated, max_skip_steps=k) for t, k in MAGCACHE_SWEEP],
         *[taylorseer_config(n) for n in TAYLORSEER_INTERVALS],
         *[taylorseer_config(n, lite=True) for n in TAYLORSEER_INTERVALS],
         *[fastercache_config(n) for n in ATTENTION_SKIP_RANGES],
@@ -411,6 +427,13 @@ class FrontReport:
         for target in self.targets:
             ax.axvline(target, color="grey", linewidth=0.6, linestyle=":")
         ax.set_xscale("log", base=2)
+        ticks = [t for t in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8) if t <= max(ax.get_xlim()[1], 1)]
+        ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+        ax.minorticks_off()
+        top = min(ax.get_ylim()[1], Y_CUT_DB)
+        ax.set_ylim(top=top)
+        ax.text(0.01, 0.99, f"axis cut at {top:g} dB (rows near 1x reach {PSNR_CAP_DB:g} dB)", transform=ax.transAxes,
+                fontsize=7, va="top", color="grey")
         ax.set_xlabel("speed-up in executed transformer-block FLOPs (uncached / method)")
         ax.set_ylabel(f"mean PSNR vs uncached {self.quality.meta['steps']} steps (dB)")
         ax.grid(True, alpha=0.3)
@@ -512,7 +535,7 @@ def front_main(argv: Sequence[str] | None = None) -> int:
     """`python -m hookkit.tools.quality --front ...`: run the fronts, print the table, write front.md/.json/.png and
     quality.md. Exit code 0, or 2 with hookkit's message when something is missing or misnamed."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")
+    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
     try:
         from diffusers.utils import logging as diffusers_logging
 
