@@ -7,6 +7,7 @@ trained model and is skipped, with the reason, until its weights are in hookkit/
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import hookkit
-from hookkit.tools import bench, quality, trained, zoo
+from hookkit.tools import bench, front, quality, trained, zoo
 from hookkit.errors import SpecError
 from hookkit.tools.quality import BlockCounter, QualityConfig
 
@@ -258,3 +259,168 @@ def test_quality_main_says_matplotlib_is_missing_before_the_sweep(monkeypatch: p
     assert ("hookkit bench --quality: error: hookkit bench --quality (quality.png) needs matplotlib, which is not "
             "installed. Install it with `pip install hookkit[plot]` (or `pip install matplotlib`), or add --no-plot."
             in capsys.readouterr().err)
+
+
+# --- work in executed block FLOPs ---------------------------------------------------------------------------
+
+
+class _ToyBlock(torch.nn.Module):
+    """attn: 4 -> 8 -> 4 (2 * 3 * 4 * 8 + 2 * 3 * 8 * 4 = 384 FLOPs for 3 rows); proj: 4 -> 4 (96 FLOPs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(self.attn(x))
+
+
+class _ToyTransformer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_ToyBlock(), _ToyBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_measure_block_flops_gives_each_child_its_flops_per_call() -> None:
+    toy, x = _ToyTransformer(), torch.randn(3, 4)
+    flops = quality.measure_block_flops(toy, lambda: (toy(x), toy(x)), blocks=toy.blocks)  # two calls: per call
+    assert flops == quality.BlockFlops(children=((384, 96), (384, 96)), own=(0, 0))
+    assert flops.per_call == 960
+
+
+def test_block_counter_credits_exactly_the_children_that_ran() -> None:
+    """Call 1 runs everything (960); call 2 reuses block 1's attention as PAB does, by a replaced forward (480 + 96);
+    call 3 also skips block 0 whole, as a block cache does (96)."""
+    toy, x = _ToyTransformer(), torch.randn(3, 4)
+    flops = quality.BlockFlops(children=((384, 96), (384, 96)), own=(0, 0))
+    counter = BlockCounter(toy, flops=flops, blocks=toy.blocks)
+    with torch.no_grad():
+        toy(x)
+        cached = toy.blocks[1].attn(x)
+        toy.blocks[1].attn.forward = lambda h: cached
+        toy(x)
+        toy.blocks[0].forward = lambda h: h
+        toy(x)
+    assert (counter.calls, counter.executed_flops, counter.block_calls, counter.partial_calls) == (3, 1632, 5, 2)
+
+
+# --- peers ----------------------------------------------------------------------------------------------------
+
+PEERS = [quality.fbcache_config(0.1), front.magcache_config(0.06, steps=4), front.taylorseer_config(2),
+         front.taylorseer_config(2, lite=True), front.fastercache_config(2), front.pab_config(2),
+         quality.cache_dit_config(0.1, warmup_steps=1)]
+
+
+@pytest.mark.parametrize("config", PEERS, ids=[c.name for c in PEERS])
+def test_a_peer_configs_undo_leaves_the_pipeline_bitwise_stock(config: QualityConfig) -> None:
+    if config.unavailable():
+        pytest.skip(config.unavailable())
+    pipe = zoo.tiny_pipeline("flux")
+    stock = pipe(**zoo.call_kwargs("flux", steps=4)).images  # a stock call adds diffusers' `_diffusers_hook` itself
+    keys = {name: sorted(m.__dict__) for name, m in pipe.transformer.named_modules()}
+    undo = config.setup(pipe)
+    pipe(**zoo.call_kwargs("flux", steps=4))
+    undo()
+    assert {name: sorted(m.__dict__) for name, m in pipe.transformer.named_modules()} == keys
+    assert torch.equal(pipe(**zoo.call_kwargs("flux", steps=4)).images, stock)
+
+
+def test_seacache_is_listed_and_skipped_with_its_reason() -> None:
+    assert front.seacache_config().unavailable().startswith("FluxPipeline enters cache_context without the step index")
+
+
+# --- the front ------------------------------------------------------------------------------------------------
+
+
+def _point(name: str, speedup: float | None, psnr: float | None, status: str = "ok",
+           psnr_min: float | None = None) -> quality.QualityRow:
+    return quality.QualityRow(name=name, family="f", kind="peer", description="", x=None, status=status,
+                              flops_speedup=speedup, psnr_mean_db=psnr, psnr_min_db=psnr_min)
+
+
+def test_pareto_front_keeps_the_rows_nothing_beats_on_speed_and_psnr() -> None:
+    rows = [_point("a", 1.2, 40.0), _point("b", 1.5, 38.0), _point("c", 1.5, 36.0),   # c: b is as fast, better
+            _point("d", 2.0, 38.0),                                                   # d beats b: faster, as good
+            _point("e", 3.0, 25.0), _point("f", 2.5, 24.0),                           # f: e is faster and better
+            _point("g", 4.0, 20.0, status="failed"), _point("h", None, 50.0),         # not run / no FLOP count
+            _point("i", 3.0, 25.0)]                                                   # equal to e: e came first
+    assert [r.name for r in front.pareto_front(rows)] == ["a", "d", "e"]
+
+
+def test_best_at_a_target_is_the_best_psnr_at_that_speedup_or_more() -> None:
+    frontier = front.pareto_front([_point("a", 1.2, 40.0), _point("d", 2.0, 38.0), _point("e", 3.0, 25.0)])
+    assert [None if (r := front.best_at(frontier, t)) is None else r.name for t in (1.5, 2.0, 3.0, 3.5)] == \
+        ["d", "d", "e", None]
+
+
+def test_front_table_gives_each_family_its_best_psnr_and_worst_sample_per_target() -> None:
+    rows = (quality.QualityRow(name="reference", family="reference", kind="reference", description="", x=None,
+                               status="ok"),
+            _point("a", 1.6, 40.0, psnr_min=31.0), _point("b", 2.2, 30.0, psnr_min=22.5))
+    meta = dict(model_name="tiny", steps=28, classes=["x"], seeds=[100], device="cpu", dtype="float32")
+    table = front.FrontReport(quality=quality.QualityReport(rows=rows, meta=meta)).table_rows()
+    assert table == {"f": {
+        "max_speedup": 2.2,
+        "1.5": dict(name="a", x=None, flops_speedup=1.6, psnr_mean_db=40.0, psnr_min_db=31.0),
+        "2": dict(name="b", x=None, flops_speedup=2.2, psnr_mean_db=30.0, psnr_min_db=22.5),
+        "3": None}}
+
+
+def test_fewer_steps_rows_for_the_28_and_14_step_schedules() -> None:
+    assert [c.steps for c in front.fewer_steps_configs(28)] == [21, 18, 14, 11, 9]
+    assert [c.steps for c in front.fewer_steps_configs(14)] == [10, 7, 5]
+
+
+def test_extra_specs_come_from_a_json_file_of_spec_dicts(tmp_path: Path) -> None:
+    spec = hookkit.Spec(cache=hookkit.DBCache(threshold=0.3, taylorseer_order=0))
+    path = tmp_path / "specs.json"
+    path.write_text(json.dumps([{"name": "new-rule", "family": "hookkit new", "x": 0.3, "spec": spec.to_dict()}]))
+    (config,) = front.load_specs(path)
+    assert (config.name, config.family, config.x, config.spec) == ("new-rule", "hookkit new", 0.3, spec)
+
+
+def test_extra_specs_refuse_an_unknown_key(tmp_path: Path) -> None:
+    path = tmp_path / "specs.json"
+    path.write_text(json.dumps([{"name": "r", "spec": {}, "colour": "red"}]))
+    with pytest.raises(SpecError, match=r"\[0\]: unknown key 'colour'"):
+        front.load_specs(path)
+
+
+def test_evaluation_seeds_must_be_held_out_from_the_tuning_seeds() -> None:
+    with pytest.raises(SpecError, match=r"expected evaluation seeds >= 100 .* got \[3\]"):
+        front.run_front(seeds=[3, 100], configs=[])
+    with pytest.raises(SpecError, match=r"disjoint from the evaluation seeds, got \[100\]"):
+        front.run_front(seeds=[100], calibration_seeds=[100], configs=[])
+
+
+def test_a_model_other_than_tiny_needs_a_load_pipeline_that_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    monkeypatch.setattr(trained, "load_pipeline", lambda device="cpu", dtype=torch.float32, path=None: None)
+    with pytest.raises(UnsupportedError, match="load_pipeline takes no model= argument yet"):
+        quality.TrainedModel(name="deep").pipeline()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_front_end_to_end_on_the_shipped_model(tmp_path: Path) -> None:
+    """2 classes x 1 held-out seed, 8 steps: hookkit, diffusers' FirstBlockCache and 6 steps instead of 8."""
+    configs = [quality.hookkit_config(hookkit.DBCache(threshold=0.3)), quality.fbcache_config(0.3),
+               *front.fewer_steps_configs(8, counts=[6])]
+    report = front.run_front(steps=8, classes=[0, 5], seeds=[100], configs=configs, log=None)
+    ref, cached, fbc, fewer = report.quality.rows
+    per_call = report.quality.meta["block_flops_per_call"]
+    assert ref.block_flops == 2 * 8 * per_call and ref.flops_speedup == 1.0
+    assert (fewer.steps, fewer.block_flops, fewer.flops_speedup) == (6, 2 * 6 * per_call, 8 / 6)
+    assert fewer.psnr_mean_db < 100 and cached.status == fbc.status == "ok"
+    assert set(report.table_rows()) == {"hookkit F1B0 TaylorSeer-1", "diffusers FirstBlockCache", "fewer steps"}
+    paths = report.write(tmp_path, plot=importlib.util.find_spec("matplotlib") is not None)
+    data = json.loads(paths["json"].read_text())
+    assert [r["name"] for r in data["rows"]] == ["reference", "hookkit-F1B0-TS1-R0.3", "fbcache-R0.3", "steps-6"]
+    assert data["fronts"]["fewer steps"] == ["steps-6"]

@@ -1,29 +1,32 @@
 """Quality harness: caching methods judged on the real denoising trajectories of a trained model.
 
-For each class and seed, the shipped trained model (`hookkit.tools.trained`, a stock FluxPipeline) runs once
-uncached (the reference) and once per configuration; every configuration is reported against the
-reference:
+For each class and seed, a shipped trained model (`hookkit.tools.trained`, a stock FluxPipeline) runs once
+uncached (the reference) and once per configuration; every configuration is reported against the reference:
 
-- block calls that actually ran (forward pre-hooks on each block's submodules count a block once per
-  transformer call in which any of its submodules ran: a skipped block runs none), and the speed-up
-  in block calls and in wall time;
+- the work that ran, counted alike for every method: forward pre-hooks on the descendants of each block's
+  children see which children computed in each transformer call (a skipped block runs none, a reused
+  attention no projection), credited with each child's FLOPs measured once on the reference; speed-up in
+  executed block FLOPs, in block calls and in wall time;
 - PSNR and SSIM of the final images (in [0, 1]) against the reference images of the same class and seed;
 - the fraction of samples the shipped classifier still recognises as the class asked for.
 
-A configuration is a hookkit `Spec` or a `setup(pipe) -> undo` callable for a peer method (diffusers'
-FirstBlockCache; cache-dit's DBCache, skipped with the reason when `cache_dit` does not import). Every
-configuration gets a freshly loaded pipeline, so no method can leave anything behind for the next one.
+A configuration is a hookkit `Spec`, a peer's `setup(pipe) -> undo` (skipped with the reason when its package
+does not import), or the uncached pipeline at fewer steps; each gets a freshly loaded pipeline.
 
     report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
     report.write("out/quality")          # quality.md, quality.json, quality.png
 
-or `python -m hookkit.tools.quality --out out/quality` (the function behind `hookkit bench --quality`).
+or `python -m hookkit.tools.quality --out out/quality` (behind `hookkit bench --quality`; `--front` hands over
+to `hookkit.tools.front`, the Pareto fronts against every peer).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -44,14 +47,20 @@ from hookkit.core.summary import table
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
+    "PSNR_CAP_DB",
     "BlockCounter",
+    "BlockFlops",
     "QualityConfig",
     "QualityReport",
     "QualityRow",
+    "TrainedModel",
     "cache_dit_config",
     "default_configs",
+    "diffusers_cache_setup",
     "fbcache_config",
     "hookkit_config",
+    "leave_stock",
+    "measure_block_flops",
     "quality_main",
     "run_quality",
     "ssim",
@@ -108,38 +117,148 @@ def mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 # --- counting the blocks that ran ---------------------------------------------------------------------------
 
 
+def _witnesses(child: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose call proves that `child` computed: its descendants (a method that skips `child` replaces
+    its forward, so `child.__call__` still happens but none of its submodules run), or `child` itself if it has none."""
+    return [m for m in child.modules() if m is not child] or [child]
+
+
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
+                **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _flop_counter() -> Any:
+    """`FlopCounterMode` that also counts the CPU's fused attention (torch has no formula for it, so attention
+    would count 0 FLOPs on the CPU and methods that skip attention would be credited nothing)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mapping: dict[Any, Any] = {}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
+        packet = getattr(torch.ops.aten, name, None)  # FlopCounterMode looks formulas up by overload packet
+        if packet is not None:
+            mapping[packet] = _sdpa_flops
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+@attrs.frozen(kw_only=True)
+class BlockFlops:
+    """FLOPs of one transformer call's blocks: `children[b][c]` for block b's c-th direct child, `own[b]` for
+    what block b computes outside its children. Measured once per geometry (`measure_block_flops`)."""
+
+    children: tuple[tuple[int, ...], ...]
+    own: tuple[int, ...]
+
+    @property
+    def per_call(self) -> int:
+        """Every block's FLOPs in one uncached transformer call."""
+        return sum(map(sum, self.children)) + sum(self.own)
+
+
+def _blocks_of(transformer: torch.nn.Module) -> list[torch.nn.Module]:
+    from hookkit.adapters import resolve_adapter
+    from hookkit.core.plan import flat_blocks
+
+    return [block for _, _, block in flat_blocks(resolve_adapter(transformer), transformer)]
+
+
+def measure_block_flops(transformer: torch.nn.Module, run: Callable[[], Any],
+                        blocks: Sequence[torch.nn.Module] | None = None) -> BlockFlops:
+    """FLOPs of each block child in one transformer call, as torch's `FlopCounterMode` counts them (matrix
+    products, convolutions and attention; elementwise ops count 0), measured while `run()` calls the uncached
+    `transformer` (any number of calls of one geometry: the sum is divided by the number of calls).
+
+    Blocks are the adapter's block lists unless `blocks` are given. A pre- and a post-hook on each child read
+    the counter's running total, so each child gets exactly the FLOPs of the ops run inside it.
+    """
+    blocks = list(blocks) if blocks is not None else _blocks_of(transformer)
+    children = [list(block.children()) or [block] for block in blocks]
+    child_totals = [[0] * len(c) for c in children]
+    block_totals = [0] * len(blocks)
+    calls = [0]
+    counter = _flop_counter()
+    handles: list[Any] = []
+
+    def add_to(cell: list[int], index: int) -> tuple[Callable[..., None], Callable[..., None]]:
+        start = [0]
+
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            start[0] = counter.get_total_flops()
+
+        def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+            cell[index] += counter.get_total_flops() - start[0]
+
+        return pre, post
+
+    def count_call(module: torch.nn.Module, args: Any) -> None:
+        calls[0] += 1
+
+    handles.append(transformer.register_forward_pre_hook(count_call))
+    for b, block in enumerate(blocks):
+        pre, post = add_to(block_totals, b)
+        handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
+        for c, child in enumerate(children[b] if children[b] != [block] else ()):
+            pre, post = add_to(child_totals[b], c)
+            handles += [child.register_forward_pre_hook(pre), child.register_forward_hook(post)]
+    try:
+        with torch.no_grad(), counter:
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if calls[0] == 0:
+        raise SpecError("measure_block_flops.run: expected it to call the transformer at least once, got no call.")
+    n = calls[0]
+    for b, block in enumerate(blocks):
+        if children[b] == [block]:  # a block without children is its own only child
+            child_totals[b][0] = block_totals[b]
+    child_flops = tuple(tuple(round(t / n) for t in totals) for totals in child_totals)
+    own = tuple(round(block_totals[b] / n) - sum(child_flops[b]) for b in range(len(blocks)))
+    return BlockFlops(children=child_flops, own=own)
+
+
 class BlockCounter:
-    """Counts, per transformer call, the blocks that actually ran.
+    """Counts, per transformer call, the blocks and the block children that actually ran, and the FLOPs they did.
 
     A caching method that skips a block still lets the block's `__call__` happen (hookkit and diffusers
     return its inputs from a replaced forward), so a hook on the block itself would count skipped blocks too.
-    A block's *submodules* run only when the block computes: a forward pre-hook on each direct child marks
-    the block as run in the current transformer call. Blocks are the adapter's block lists (hookkit.adapters).
+    A block's *submodules* run only when the block computes: a forward pre-hook on each descendant of a direct
+    child marks that child (and so its block) as run in the current transformer call. A method that skips only
+    attention (PAB, FasterCache, TaylorSeer) replaces the attention module's forward: its submodules do not run,
+    the block's other children do. With `flops` (`measure_block_flops`), `executed_flops` credits each child
+    that ran with its measured FLOPs, and a block that ran at all with its own: every method is counted alike.
+    Blocks are the adapter's block lists (hookkit.adapters) unless `blocks` are given.
+
     With `per_block=False` (a compiled transformer: the children's hooks would run inside the compiled regions,
     where each block's own hook is a recompile and the set they fill is traced, not filled) only transformer calls
-    are counted; `block_calls` and `partial_calls` are then None and come from elsewhere (`_run`).
+    are counted; `block_calls`, `partial_calls` and `executed_flops` are then None and come from elsewhere (`_run`).
     """
 
-    def __init__(self, transformer: torch.nn.Module, per_block: bool = True) -> None:
-        from hookkit.adapters import resolve_adapter
-        from hookkit.core.plan import flat_blocks
-
-        self.blocks = [block for _, _, block in flat_blocks(resolve_adapter(transformer), transformer)]
+    def __init__(self, transformer: torch.nn.Module, per_block: bool = True, flops: BlockFlops | None = None,
+                 blocks: Sequence[torch.nn.Module] | None = None) -> None:
+        self.blocks = list(blocks) if blocks is not None else _blocks_of(transformer)
+        self.children = [list(block.children()) or [block] for block in self.blocks]
+        if flops is not None and [len(c) for c in flops.children] != [len(c) for c in self.children]:
+            raise SpecError(f"BlockCounter.flops: expected FLOPs for {[len(c) for c in self.children]} children per "
+                            f"block, got {[len(c) for c in flops.children]}; measure them on this transformer.")
+        self.flops = flops
         self.calls = 0
-        self._ran: set[tuple[int, int]] = set()
+        self._ran: set[tuple[int, int, int]] = set()  # (transformer call, block, child)
         self.per_block = per_block
         self._handles = [transformer.register_forward_pre_hook(self._on_call)]
-        for index, block in enumerate(self.blocks if per_block else ()):
-            children = list(block.children()) or [block]
-            for child in children:
-                self._handles.append(child.register_forward_pre_hook(self._marker(index)))
+        for b, children in enumerate(self.children if per_block else ()):
+            for c, child in enumerate(children):
+                for witness in _witnesses(child) if children != [self.blocks[b]] else [child]:
+                    self._handles.append(witness.register_forward_pre_hook(self._marker(b, c)))
 
     def _on_call(self, module: torch.nn.Module, args: Any) -> None:
         self.calls += 1
 
-    def _marker(self, index: int) -> Callable[[torch.nn.Module, Any], None]:
+    def _marker(self, block: int, child: int) -> Callable[[torch.nn.Module, Any], None]:
         def mark(module: torch.nn.Module, args: Any) -> None:
-            self._ran.add((self.calls, index))
+            self._ran.add((self.calls, block, child))
 
         return mark
 
@@ -149,18 +268,29 @@ class BlockCounter:
 
     @property
     def block_calls(self) -> int | None:
-        """Blocks run, summed over transformer calls (None when not counted per block)."""
-        return len(self._ran) if self.per_block else None
+        """Blocks that ran (any of their children), summed over transformer calls (None when not counted per block)."""
+        return len({(call, b) for call, b, _ in self._ran}) if self.per_block else None
 
     @property
     def partial_calls(self) -> int | None:
-        """Transformer calls in which some block did not run (cached steps; None when not counted per block)."""
+        """Transformer calls in which some block child did not run: cached steps, and steps whose attention was
+        reused (None when not counted per block)."""
         if not self.per_block:
             return None
+        total = sum(map(len, self.children))
         per_call: dict[int, int] = {}
-        for call, _ in self._ran:
+        for call, _, _ in self._ran:
             per_call[call] = per_call.get(call, 0) + 1
-        return sum(1 for call in range(1, self.calls + 1) if per_call.get(call, 0) < self.num_blocks)
+        return sum(1 for call in range(1, self.calls + 1) if per_call.get(call, 0) < total)
+
+    @property
+    def executed_flops(self) -> int | None:
+        """FLOPs of the block children that ran, plus each run block's own, summed over transformer calls (None
+        without `flops` or when not counted per block)."""
+        if self.flops is None or not self.per_block:
+            return None
+        children = sum(self.flops.children[b][c] for _, b, c in self._ran)
+        return children + sum(self.flops.own[b] for _, b in {(call, b) for call, b, _ in self._ran})
 
     def reset(self) -> None:
         self.calls = 0
@@ -177,10 +307,13 @@ class BlockCounter:
 
 @attrs.frozen(kw_only=True)
 class QualityConfig:
-    """One row of the harness: a hookkit `spec`, or a peer method's `setup`, or neither (the reference).
+    """One row of the harness: a hookkit `spec`, or a peer method's `setup`, or neither (the reference, or the
+    uncached pipeline at fewer `steps`).
 
     `family` is the curve it belongs to in the plot; `x` its position along that curve's sweep (a threshold
-    or a mask name); `requires` a module that must import, else the row is skipped with that reason.
+    or a mask name); `requires` a module that must import, else the row is skipped with that reason;
+    `unsupported` a reason the row cannot run on this pipeline at all (it is skipped with it); `steps` the
+    denoising steps of this row when not the run's (the row is still compared with the run's reference).
     """
 
     name: str
@@ -190,6 +323,13 @@ class QualityConfig:
     requires: str | None = None
     x: float | str | None = None
     description: str = ""
+    steps: int | None = attrs.field(default=None)
+    unsupported: str | None = None
+
+    @steps.validator
+    def _check_steps(self, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecError(f"QualityConfig.steps: expected an int >= 1 or None (the run's steps), got {value!r}.")
 
     @spec.validator
     def _check_spec(self, attribute: attrs.Attribute, value: Any) -> None:
@@ -205,12 +345,20 @@ class QualityConfig:
 
     @property
     def kind(self) -> str:
-        return "hookkit" if self.spec is not None else "peer" if self.setup is not None else "reference"
+        if self.spec is not None:
+            return "hookkit"
+        if self.setup is not None:
+            return "peer"
+        return "steps" if self.steps is not None else "reference"
 
     def unavailable(self) -> str | None:
         """Why this row cannot run here, or None."""
-        if self.requires is not None and importlib.util.find_spec(self.requires) is None:
-            return f"`import {self.requires}` fails (not installed)"
+        if self.unsupported is not None:
+            return self.unsupported
+        if self.requires is not None:
+            reason = _import_fails(self.requires)
+            if reason is not None:
+                return reason
         if self.spec is not None:
             from hookkit.tools.bench import available_fields
 
@@ -222,6 +370,22 @@ class QualityConfig:
 
 
 REFERENCE = QualityConfig(name="reference", family="reference", description="uncached FluxPipeline")
+
+
+@functools.lru_cache(maxsize=None)
+def _import_fails(module: str) -> str | None:
+    """Why `import module` fails here, or None (imported once; a package that is installed but breaks on import,
+    as a peer built for another diffusers can, is a reason too)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            return f"`import {module}` fails (not installed)"
+        return f"`import {module}` fails (ModuleNotFoundError: {exc})"
+    except Exception as exc:  # a broken install is a reason to skip, not a crash
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"`import {module}` fails ({type(exc).__name__}: {first})"[:300]
+    return None
 
 
 def _cache_tag(cache: hookkit.DBCache) -> str:
@@ -259,24 +423,71 @@ def hookkit_config(cache: hookkit.DBCache, family: str | None = None, name: str 
     )
 
 
+def leave_stock(module: torch.nn.Module) -> Callable[[], None]:
+    """Snapshot the `__dict__` keys of `module` and its submodules; the returned callable deletes every key added
+    since. A peer's own undo leaves attributes behind (diffusers' `disable_cache`: `_diffusers_hook`,
+    `_cache_config` and a bound `forward` on each hooked module; cache-dit's: `forward`, `_is_patched`); after
+    both, the transformer is the stock one again, key for key."""
+    before = [(m, frozenset(m.__dict__)) for m in module.modules()]
+
+    def restore() -> None:
+        for m, keys in before:
+            for key in [k for k in m.__dict__ if k not in keys]:
+                del m.__dict__[key]
+
+    return restore
+
+
+def diffusers_cache_setup(make_config: Callable[[Any], Any]) -> Setup:
+    """`setup(pipe)` for a diffusers cache: `pipe.transformer.enable_cache(make_config(pipe))`, undone with
+    `disable_cache()` and `leave_stock`. `make_config` gets the pipeline (PAB and FasterCache read its
+    `current_timestep`)."""
+
+    def setup(pipe: Any) -> Callable[[], None]:
+        restore = leave_stock(pipe.transformer)
+        pipe.transformer.enable_cache(make_config(pipe))
+
+        def undo() -> None:
+            pipe.transformer.disable_cache()
+            restore()
+
+        return undo
+
+    return setup
+
+
 def fbcache_config(threshold: float) -> QualityConfig:
     """diffusers' FirstBlockCache (`transformer.enable_cache(FirstBlockCacheConfig(threshold))`, undone with
     `disable_cache()`): the first block decides, every other block is cached; no warm-up, no limits."""
 
-    def setup(pipe: Any) -> Callable[[], None]:
+    def make(pipe: Any) -> Any:
         from diffusers.hooks import FirstBlockCacheConfig
 
-        pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
-        return pipe.transformer.disable_cache
+        return FirstBlockCacheConfig(threshold=threshold)
 
-    return QualityConfig(name=f"fbcache-R{threshold:g}", family="diffusers FirstBlockCache", setup=setup,
+    return QualityConfig(name=f"fbcache-R{threshold:g}", family="diffusers FirstBlockCache",
+                         setup=diffusers_cache_setup(make), requires="diffusers.hooks.first_block_cache",
                          x=threshold, description=f"diffusers FirstBlockCache, threshold {threshold:g}")
 
 
 def cache_dit_config(threshold: float, fn_blocks: int = 1, bn_blocks: int = 0, warmup_steps: int = 8,
-                     taylorseer_order: int = 0) -> QualityConfig:
+                     taylorseer_order: int = 0, steps_mask: str | None = None, steps: int | None = None,
+                     mask_policy: str = "static") -> QualityConfig:
     """cache-dit's DBCache (`cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(...))`, undone with
-    `cache_dit.disable_cache(pipe)`); skipped where cache-dit is not installed."""
+    `cache_dit.disable_cache(pipe)` and `leave_stock`); skipped where cache-dit does not import.
+
+    Args:
+        threshold: `residual_diff_threshold` (with a static mask it decides nothing).
+        fn_blocks, bn_blocks: `Fn_compute_blocks`, `Bn_compute_blocks`.
+        warmup_steps: `max_warmup_steps` (cache-dit's default 8; cut to a mask's leading 1s by cache-dit).
+        taylorseer_order: > 0 adds `TaylorSeerCalibratorConfig(taylorseer_order=...)`.
+        steps_mask: one of cache-dit's named policies ("slow", "medium", "fast", "ultra"), made by
+            `cache_dit.steps_mask(total_steps=steps, mask_policy=...)`; needs `steps`.
+        mask_policy: `steps_computation_policy`, "static" (the mask alone decides) or "dynamic".
+    """
+    if steps_mask is not None and steps is None:
+        raise SpecError(f"cache_dit_config.steps: expected the number of denoising steps with steps_mask={steps_mask!r}, "
+                        "got None (cache-dit's masks are made for a step count).")
 
     def setup(pipe: Any) -> Callable[[], None]:
         import cache_dit  # type: ignore[import-not-found]
@@ -284,16 +495,34 @@ def cache_dit_config(threshold: float, fn_blocks: int = 1, bn_blocks: int = 0, w
         kwargs: dict[str, Any] = {}
         if taylorseer_order:
             kwargs["calibrator_config"] = cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=taylorseer_order)
+        mask: dict[str, Any] = {}
+        if steps_mask is not None:
+            mask = dict(steps_computation_mask=cache_dit.steps_mask(total_steps=steps, mask_policy=steps_mask),
+                        steps_computation_policy=mask_policy)
+        restore = leave_stock(pipe.transformer)
         cache_dit.enable_cache(pipe, cache_config=cache_dit.DBCacheConfig(
             Fn_compute_blocks=fn_blocks, Bn_compute_blocks=bn_blocks, residual_diff_threshold=threshold,
-            max_warmup_steps=warmup_steps, max_continuous_cached_steps=-1,
+            max_warmup_steps=warmup_steps, max_continuous_cached_steps=-1, **mask,
         ), **kwargs)
-        return lambda: cache_dit.disable_cache(pipe)
+
+        def undo() -> None:
+            cache_dit.disable_cache(pipe)
+            restore()
+
+        return undo
 
     ts = f"-TS{taylorseer_order}" if taylorseer_order else ""
+    family = f"cache-dit F{fn_blocks}B{bn_blocks}" + (f" TaylorSeer-{taylorseer_order}" if taylorseer_order else "")
+    if steps_mask is not None:
+        tail = f"-mask-{steps_mask}-{mask_policy}" + (f"-R{threshold:g}" if mask_policy == "dynamic" else "")
+        return QualityConfig(
+            name=f"cache-dit-F{fn_blocks}B{bn_blocks}{ts}{tail}", family=f"{family} {mask_policy} mask", setup=setup,
+            requires="cache_dit", x=steps_mask,
+            description=f"cache-dit DBCache F{fn_blocks}B{bn_blocks}{ts}, {mask_policy} steps mask {steps_mask!r} "
+                        f"(cache_dit.steps_mask at {steps} steps)",
+        )
     return QualityConfig(
-        name=f"cache-dit-F{fn_blocks}B{bn_blocks}{ts}-R{threshold:g}",
-        family=f"cache-dit F{fn_blocks}B{bn_blocks}" + (f" TaylorSeer-{taylorseer_order}" if taylorseer_order else ""),
+        name=f"cache-dit-F{fn_blocks}B{bn_blocks}{ts}-R{threshold:g}", family=family,
         setup=setup, requires="cache_dit", x=threshold,
         description=f"cache-dit DBCache F{fn_blocks}B{bn_blocks}{ts}, threshold {threshold:g}, warmup {warmup_steps}",
     )
@@ -319,6 +548,10 @@ def default_configs(thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[Qu
 # --- running --------------------------------------------------------------------------------------------------
 
 
+#: a bitwise-equal sample counts as this many dB in mean PSNRs (its PSNR is infinite; an MSE of 1e-10 is 100 dB)
+PSNR_CAP_DB = 100.0
+
+
 @attrs.frozen(kw_only=True)
 class QualityRow:
     """One configuration's results against the reference (`status` "ok", "skipped" or "failed")."""
@@ -331,17 +564,25 @@ class QualityRow:
     status: str
     note: str = ""
     samples: int = 0
+    #: denoising steps this row ran (the reference's, or fewer)
+    steps: int | None = None
     transformer_calls: int | None = None
-    #: transformer calls in which some block did not run
+    #: transformer calls in which some block child did not run
     cached_calls: int | None = None
     block_calls: int | None = None
     block_speedup: float | None = None
     #: block calls as hookkit's own summary reports them (hookkit rows), to cross-check the counter
     reported_block_calls: int | None = None
+    #: FLOPs of the block children that ran (`BlockCounter.executed_flops`), summed over all samples
+    block_flops: int | None = None
+    #: the reference's executed block FLOPs / this row's: the work saved, counted alike for every method
+    flops_speedup: float | None = None
     wall_s: float | None = None
     wall_speedup: float | None = None
     #: PSNR (dB) of the mean squared error over all samples; None when every sample is bitwise equal
     psnr_db: float | None = None
+    #: mean over samples of each sample's PSNR (dB), a bitwise-equal sample counted as `PSNR_CAP_DB`
+    psnr_mean_db: float | None = None
     #: the worst sample's PSNR (dB); None when every sample is bitwise equal
     psnr_min_db: float | None = None
     ssim: float | None = None
@@ -363,45 +604,87 @@ def _hookkit_block_calls(handle: Any) -> int | None:
     return None
 
 
-def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, device: torch.device,
-         dtype: torch.dtype, cfg_scale: float, weights: str | Path | None, warmup: int) -> dict[str, Any]:
-    """Run every sample (batch 1) under `config` on a freshly loaded pipeline."""
-    from hookkit.tools import trained
+@attrs.frozen(kw_only=True)
+class TrainedModel:
+    """Where the harness gets its pipeline and its calls: `hookkit.tools.trained`'s model `name` (or the weights
+    file `weights`). The one place that passes `model=` to `hookkit.tools.trained`."""
 
-    pipe = trained.load_pipeline(device=device, dtype=dtype, path=weights)
+    name: str = "tiny"
+    weights: str | Path | None = None
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+    cfg_scale: float = 1.0
+
+    def check(self) -> None:
+        """Refuse a model this `hookkit.tools.trained` cannot load, before anything runs."""
+        from hookkit.errors import UnsupportedError
+        from hookkit.tools import trained
+
+        if self.name != "tiny" and "model" not in inspect.signature(trained.load_pipeline).parameters:
+            raise UnsupportedError(
+                f"--model: expected 'tiny', got {self.name!r}: this hookkit.tools.trained.load_pipeline takes no "
+                "model= argument yet (only the tiny model ships). Use --model tiny, or --weights FILE.")
+        models = getattr(trained, "MODELS", {"tiny": None})
+        if self.name not in models:
+            raise SpecError(f"--model: expected one of {sorted(models)}, got {self.name!r}.")
+
+    def _model_kwargs(self, fn: Callable[..., Any]) -> dict[str, Any]:
+        return {"model": self.name} if "model" in inspect.signature(fn).parameters else {}
+
+    def pipeline(self) -> Any:
+        """A freshly loaded stock FluxPipeline."""
+        from hookkit.tools import trained
+
+        self.check()
+        return trained.load_pipeline(device=self.device, dtype=self.dtype, path=self.weights,
+                                     **self._model_kwargs(trained.load_pipeline))
+
+    def call_kwargs(self, label: int, seed: int, steps: int) -> dict[str, Any]:
+        """The keyword arguments of one pipeline call: class `label` from `seed`, `steps` denoising steps."""
+        from hookkit.tools import trained
+
+        return trained.call_kwargs([label], [seed], steps=steps, cfg_scale=self.cfg_scale, device=self.device,
+                                   dtype=self.dtype, path=self.weights, **self._model_kwargs(trained.call_kwargs))
+
+
+def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, source: TrainedModel, warmup: int,
+         flops: BlockFlops | None = None) -> dict[str, Any]:
+    """Run every sample (batch 1) under `config` on a freshly loaded pipeline; with `flops`, count the block
+    FLOPs that ran. Without (the reference), measure them first, on this stock pipeline (one 1-step call)."""
+    pipe = source.pipeline()
+    steps = config.steps or steps
+    if flops is None:
+        flops = measure_block_flops(pipe.transformer, lambda: pipe(**source.call_kwargs(*samples[0], steps=1)))
     handle = None
     undo: Callable[[], None] | None = None
     compiled = config.spec is not None and config.spec.compile is not None
-    counter = BlockCounter(pipe.transformer, per_block=not compiled)
+    counter = BlockCounter(pipe.transformer, per_block=not compiled, flops=flops)
     try:
         if config.spec is not None:
             handle = hookkit.enable(pipe, config.spec)
         elif config.setup is not None:
             undo = config.setup(pipe)
 
-        def kwargs_for(label: int, seed: int) -> dict[str, Any]:
-            return trained.call_kwargs([label], [seed], steps=steps, cfg_scale=cfg_scale, device=device,
-                                       dtype=dtype, path=weights)
-
         for _ in range(warmup):  # untimed: lazy initialisation, allocator, kernels
-            pipe(**kwargs_for(*samples[0]))
+            pipe(**source.call_kwargs(*samples[0], steps=steps))
         counter.reset()
         images, seconds, reported = [], 0.0, 0
         for label, seed in samples:
-            kwargs = kwargs_for(label, seed)  # built outside the timed call, as `hookkit bench` does
-            dt, out = timed(lambda: pipe(**kwargs).images, device)
+            kwargs = source.call_kwargs(label, seed, steps=steps)  # built outside the timed call, as `hookkit bench` does
+            dt, out = timed(lambda: pipe(**kwargs).images, source.device)
             seconds += dt
             images.append(out.float().cpu())
             if handle is not None:
                 value = _hookkit_block_calls(handle)
                 reported = reported + value if value is not None and reported is not None else None
-        block_calls, partial = counter.block_calls, counter.partial_calls
+        block_calls, partial, executed = counter.block_calls, counter.partial_calls, counter.executed_flops
         if not counter.per_block:  # compiled: hookkit's cache counts the blocks it ran; without one, every block runs
             cache = config.spec.cache is not None
             block_calls = reported if cache else counter.calls * counter.num_blocks
             partial = None if cache else 0
-        return dict(images=torch.cat(images), seconds=seconds, block_calls=block_calls,
-                    transformer_calls=counter.calls, cached_calls=partial,
+            executed = None if cache else counter.calls * flops.per_call  # which blocks a cached call ran is unknown
+        return dict(images=torch.cat(images), seconds=seconds, block_calls=block_calls, block_flops=executed,
+                    transformer_calls=counter.calls, cached_calls=partial, steps=steps, flops=flops,
                     reported_block_calls=reported if handle is not None else None)
     finally:
         counter.remove()
@@ -415,11 +698,13 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
                 seeds: Iterable[int] = (0, 1, 2, 3), steps: int = 28, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, cfg_scale: float = 1.0, weights: str | Path | None = None,
                 classifier_weights: str | Path | None = None, warmup: int = 1,
-                log: Callable[[str], None] | None = print) -> QualityReport:
+                log: Callable[[str], None] | None = print, model: str = "tiny") -> QualityReport:
     """Run the reference and every configuration over classes x seeds; compare each with the reference.
 
     `classes` default to all of `hookkit.tools.trained.CLASSES`; each (class, seed) is one pipeline call of batch 1.
-    A configuration that cannot run here is a "skipped" row, one that raises a "failed" row, with the reason.
+    `model` is `hookkit.tools.trained`'s model ("tiny"; "deep" where it ships). A configuration that cannot run
+    here is a "skipped" row, one that raises a "failed" row, with the reason. The reference run first measures
+    each block child's FLOPs (`measure_block_flops`); every row's work is then counted in those FLOPs.
     """
     from hookkit.tools import trained
 
@@ -432,6 +717,8 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
         raise SpecError(f"run_quality.steps: expected an int >= 1, got {steps!r}.")
     samples = [(label, seed) for label in labels for seed in seed_list]
     dev = torch.device(device)
+    source = TrainedModel(name=model, weights=weights, device=dev, dtype=dtype, cfg_scale=cfg_scale)
+    source.check()
     classifier = trained.load_classifier(path=classifier_weights)
     configs = list(configs)
     names = [c.name for c in configs]
@@ -442,8 +729,8 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
         with torch.no_grad():
             return classifier(images).argmax(-1).tolist()
 
-    log(f"quality: reference, {len(samples)} samples x {steps} steps on {dev}")
-    ref = _run(REFERENCE, samples, steps, dev, dtype, cfg_scale, weights, warmup)
+    log(f"quality: reference ({model}), {len(samples)} samples x {steps} steps on {dev}")
+    ref = _run(REFERENCE, samples, steps, source, warmup)
     ref_pred = recognised(ref["images"])
     rows = [_row(REFERENCE, ref, ref, labels=[l for l, _ in samples], predicted=ref_pred)]
     for i, config in enumerate(configs, 1):
@@ -453,7 +740,7 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
             log(f"[{i}/{len(configs)}] {config.name}: skipped ({reason})")
             continue
         try:
-            result = _run(config, samples, steps, dev, dtype, cfg_scale, weights, warmup)
+            result = _run(config, samples, steps, source, warmup, flops=ref["flops"])
         except Exception as exc:  # a failing method is a result, not a crash
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             rows.append(_empty(config, "failed", f"{type(exc).__name__}: {first}"[:300]))
@@ -461,12 +748,16 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
             continue
         rows.append(_row(config, result, ref, labels=[l for l, _ in samples], predicted=recognised(result["images"])))
         r = rows[-1]
-        log(f"[{i}/{len(configs)}] {config.name}: {r.block_speedup:.2f}x fewer block calls, "
+        flops = "" if r.flops_speedup is None else f"{r.flops_speedup:.2f}x fewer block FLOPs, "
+        log(f"[{i}/{len(configs)}] {config.name}: {flops}{r.block_speedup:.2f}x fewer block calls, "
             f"PSNR {_db(r.psnr_db)}, SSIM {r.ssim:.4f}, recognised {r.recognised:.0%}")
+    flops = ref["flops"]
     meta = dict(
-        model=str(weights or trained.MODEL_FILE), classes=[trained.CLASSES[l] for l in labels], seeds=seed_list,
-        steps=steps, cfg_scale=cfg_scale, device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
-        environment=environment(dev),
+        model=str(weights or getattr(trained, "model_file", lambda m: trained.MODEL_FILE)(model)), model_name=model,
+        classes=[trained.CLASSES[l] for l in labels], seeds=seed_list, steps=steps, cfg_scale=cfg_scale,
+        device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
+        block_flops_per_call=flops.per_call, block_child_flops=[list(c) for c in flops.children],
+        block_own_flops=list(flops.own), environment=environment(dev),
     )
     return QualityReport(rows=tuple(rows), meta=meta)
 
@@ -474,6 +765,10 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
 def _empty(config: QualityConfig, status: str, note: str) -> QualityRow:
     return QualityRow(name=config.name, family=config.family, kind=config.kind, description=config.description,
                       x=config.x, status=status, note=note)
+
+
+def _ratio(a: int | None, b: int | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], labels: list[int],
@@ -485,13 +780,17 @@ def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], lab
     identical = bool(torch.equal(images, ref_images))
     hits = [p == l for p, l in zip(predicted, labels)]
     per_psnr = [psnr_from_mse(e) for e in errors]
+    capped = [min(p, PSNR_CAP_DB) for p in per_psnr]
     return QualityRow(
         name=config.name, family=config.family, kind=config.kind, description=config.description, x=config.x,
-        status="ok", samples=len(labels), transformer_calls=result["transformer_calls"],
+        status="ok", samples=len(labels), steps=result["steps"], transformer_calls=result["transformer_calls"],
         cached_calls=result["cached_calls"], block_calls=result["block_calls"],
-        block_speedup=ref["block_calls"] / result["block_calls"], reported_block_calls=result["reported_block_calls"],
+        block_speedup=_ratio(ref["block_calls"], result["block_calls"]),
+        reported_block_calls=result["reported_block_calls"], block_flops=result["block_flops"],
+        flops_speedup=_ratio(ref["block_flops"], result["block_flops"]),
         wall_s=result["seconds"], wall_speedup=ref["seconds"] / result["seconds"],
-        psnr_db=None if pooled == 0 else psnr_from_mse(pooled), psnr_min_db=None if pooled == 0 else min(per_psnr),
+        psnr_db=None if pooled == 0 else psnr_from_mse(pooled), psnr_mean_db=sum(capped) / len(capped),
+        psnr_min_db=None if pooled == 0 else min(per_psnr),
         ssim=sum(ssims) / len(ssims), ssim_min=min(ssims), recognised=sum(hits) / len(hits), identical=identical,
         per_sample=dict(label=labels, predicted=predicted,
                         psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),
@@ -526,22 +825,24 @@ class QualityReport:
         out = []
         for r in self.rows:
             if r.status != "ok":
-                out.append([r.name, r.family, *["—"] * 8, f"{r.status}: {r.note}"])
+                out.append([r.name, r.family, *["—"] * 9, f"{r.status}: {r.note}"])
                 continue
             is_ref = r.kind == "reference"
             psnr_cell = "reference" if is_ref else ("inf (bitwise equal)" if r.psnr_db is None else f"{r.psnr_db:.2f}")
             out.append([
-                r.name, r.family, r.block_calls, f"{r.block_speedup:.2f}x", f"{r.wall_speedup:.2f}x",
+                r.name, r.family, r.block_calls, f"{r.block_speedup:.2f}x",
+                "—" if r.flops_speedup is None else f"{r.flops_speedup:.2f}x", f"{r.wall_speedup:.2f}x",
                 f"{'—' if r.cached_calls is None else r.cached_calls}/{r.transformer_calls}", psnr_cell,
                 "—" if is_ref or r.psnr_min_db is None else f"{r.psnr_min_db:.2f}",
                 "—" if is_ref else f"{r.ssim:.4f}", f"{r.recognised:.0%}", r.description,
             ])
         m = self.meta
-        head = (f"Quality vs speed on hookkit's trained tiny Flux ({len(m['classes'])} classes x {len(m['seeds'])} "
+        head = (f"Quality vs speed on hookkit's trained {m.get('model_name', 'tiny')} Flux ({len(m['classes'])} classes x {len(m['seeds'])} "
                 f"seeds, {m['steps']} steps, batch 1, {m['device']} {m['dtype']}"
                 + (f", true CFG {m['cfg_scale']:g}" if m["cfg_scale"] > 1 else "") + "). PSNR of the pooled MSE over "
-                "all samples; min = worst sample; cached calls = transformer calls that skipped blocks.\n\n")
-        return head + table(["config", "method", "block calls", "speed-up (blocks)", "speed-up (wall)",
+                "all samples; min = worst sample; cached calls = transformer calls that skipped block work; speed-up "
+                "(FLOPs) = executed block FLOPs of the reference / of the row.\n\n")
+        return head + table(["config", "method", "block calls", "speed-up (blocks)", "speed-up (FLOPs)", "speed-up (wall)",
                              "cached calls", "PSNR (dB)", "min PSNR", "SSIM", "recognised", "notes"], out)
 
     def plot(self, path: str | Path) -> Path:
@@ -574,7 +875,7 @@ class QualityReport:
             ax.grid(True, alpha=0.3)
         ax_psnr.legend(fontsize=7, loc="lower left")
         m = self.meta
-        fig.suptitle(f"Caching on hookkit's trained tiny Flux: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
+        fig.suptitle(f"Caching on hookkit's trained {m.get('model_name', 'tiny')} Flux: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
                      f"{m['steps']} steps (labels: threshold or mask)", fontsize=10)
         fig.tight_layout()
         out = Path(path)
@@ -610,6 +911,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", default=None, help="comma-separated class indices or names (default: all 10)")
     p.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per class (default 4)")
     p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--model", default="tiny", help="hookkit.tools.trained's model: tiny (default) or deep")
     p.add_argument("--cfg", type=float, default=1.0, help="true CFG scale against the null class (default 1: off)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -626,7 +928,12 @@ def _parser() -> argparse.ArgumentParser:
 def quality_main(argv: Sequence[str] | None = None) -> int:
     """`hookkit bench --quality ...`: run the sweep, print the table, write quality.md/.json/.png. Exit code 0,
     or 2 with hookkit's message (not a traceback) when something is missing or misnamed."""
-    args = _parser().parse_args(list(argv) if argv is not None else None)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    if "--front" in argv:  # the Pareto-front comparison has its own options (`--front --help`)
+        from hookkit.tools.front import front_main
+
+        return front_main([a for a in argv if a != "--front"])
+    args = _parser().parse_args(argv)
     configs = default_configs()
     if args.list:
         print(table(["config", "method", "notes"], [[c.name, c.family, c.description] for c in configs]))
@@ -653,7 +960,8 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "quality"
         check_folder(out, "--out" if args.out else "OUT (the default of --out: $OUT/quality)", str(out))
         report = run_quality(configs, classes=classes, seeds=seeds, steps=args.steps, device=device, dtype=dtype,
-                             cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier)
+                             cfg_scale=args.cfg, weights=args.weights, classifier_weights=args.classifier,
+                             model=args.model)
         print()
         print(report.markdown())
         paths = report.write(out, plot=False)
