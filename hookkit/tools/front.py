@@ -262,6 +262,39 @@ def hookkit_configs(thresholds: Sequence[float] = FRONT_THRESHOLDS) -> list[Qual
     return out
 
 
+#: speed-ups the "schedule" rule is planned for in the front (executed block work)
+SCHEDULE_SPEEDUPS: tuple[float, ...] = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
+#: (threshold, K) of the "magnitude" rule in the front: MagCache's own sweep
+MAGNITUDE_SWEEP: tuple[tuple[float, int], ...] = ((0.03, 3), (0.06, 3), (0.12, 3), (0.24, 3), (0.5, 3), (0.5, 6))
+
+
+def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
+    """hookkit's calibrated rules on the trained model's shipped calibration (`trained.calibration`, made on seeds
+    50-59, disjoint from the evaluation seeds): "schedule" at `SCHEDULE_SPEEDUPS` with TaylorSeer 0, 1, 2, and
+    "magnitude" (MagCache's rule on hookkit's own ratios) with TaylorSeer 0 and 1. None without a shipped calibration
+    at `steps`."""
+    from hookkit.tools import trained
+
+    try:
+        calibration = trained.calibration(model, steps)
+    except SpecError:
+        return []
+    out = []
+    for order in (0, 1, 2):
+        for s in SCHEDULE_SPEEDUPS:
+            if s < steps:
+                cache = hookkit.DBCache(rule="schedule", calibration=calibration, speedup=s, taylorseer_order=order)
+                out.append(hookkit_config(cache, family=f"hookkit schedule TaylorSeer-{order}",
+                                          name=f"hookkit-schedule-{s:g}x-TS{order}", x=s))
+    for order in (0, 1):
+        for t, k in MAGNITUDE_SWEEP:
+            cache = hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=t,
+                                    max_continuous_cached_steps=k, taylorseer_order=order)
+            out.append(hookkit_config(cache, family=f"hookkit magnitude TaylorSeer-{order}",
+                                      name=f"hookkit-magnitude-{t:g}-K{k}-TS{order}", x=t))
+    return out
+
+
 def cache_dit_configs(steps: int, thresholds: Sequence[float] = FRONT_THRESHOLDS) -> list[QualityConfig]:
     """cache-dit's DBCache F1B0 with and without its TaylorSeer calibrator (order 1) over `thresholds`, and its
     four static step masks for `steps`; warm-up as hookkit's default at `steps` (cache-dit's 8 at 28)."""
@@ -308,6 +341,7 @@ def front_configs(steps: int, source: TrainedModel, calibration: Sequence[tuple[
     calibrated = MagCacheCalibration(source, calibration, steps)
     return [
         *hookkit_configs(),
+        *hookkit_rule_configs(source.name, steps),
         *fewer_steps_configs(steps),
         *[fbcache_config(t) for t in FRONT_THRESHOLDS],
         *[magcache_config(t, steps, max_skip_steps=k) for t, k in MAGCACHE_SWEEP],
