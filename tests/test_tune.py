@@ -162,3 +162,14 @@ def test_cli_bench_refuses_a_spec_file_that_is_no_json(tmp_path: Any, capsys: py
     path.write_text("{not json")
     assert cli.main(["bench", "--spec", str(path)]) == 2
     assert f"--spec {path}: expected a JSON file of a hookkit Spec" in capsys.readouterr().err
+
+
+def test_cli_calibrate_writes_a_calibration_the_rules_load(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools import cli
+
+    path = tmp_path / "cal.json"
+    assert cli.main(["calibrate", "--seeds", "10", "--steps", "4", "--json", str(path)]) == 0
+    calibration = hookkit.CacheCalibration.load(path)
+    assert (calibration.model, calibration.steps, calibration.calls) == ("FluxTransformer2DModel", 4, 1)
+    assert f"written to {path}" in capsys.readouterr().out
+    hookkit.DBCache(rule="schedule", calibration=calibration, speedup=2.0)  # a rule takes it as it is

@@ -587,15 +587,11 @@ def _model_for_derive(target: str, trust_remote_code: bool = False) -> torch.nn.
                            ) from None
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    """`hookkit tune`: `hookkit.tune` on the shipped trained model (default) or a local pipeline folder, the chosen Spec
-    written as JSON for `generate --spec` / `bench --spec`."""
+def _calibration_inputs(args: argparse.Namespace, out: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """`tune`'s and `calibrate`'s pipeline and calls: the shipped trained model drawing every class per seed, or a
+    local pipeline folder with `--prompt`; the output path is checked first."""
     from hookkit.tools import trained
-    from hookkit.tools import tune as tuning
 
-    if args.speedup is None and args.min_psnr is None:
-        raise SpecError("hookkit tune: expected --speedup S (e.g. 2) or --min-psnr DB, got neither.")
-    out = Path(args.json)
     local.check_output_file(out, "--json")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -608,19 +604,43 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.model_path is None:
         pipe = trained.load_pipeline(model=args.trained)
         classes = list(range(trained.NUM_CLASSES))
-        calls = [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.trained) for s in seeds]
-    else:
-        folder = Path(args.model_path)
-        opts = bench.ModelOptions(name=local.model_of(local.read_index(folder), folder), model_path=args.model_path,
-                                  steps=args.steps,
-                                  prompt=args.prompt or bench.ModelOptions.prompt_default())
-        pipe = bench.load_pipeline(opts)
-        calls = [bench.call_kwargs(pipe, attrs.evolve(opts, seed=s), "pt") for s in seeds]
+        return pipe, [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.trained)
+                      for s in seeds]
+    folder = Path(args.model_path)
+    opts = bench.ModelOptions(name=local.model_of(local.read_index(folder), folder), model_path=args.model_path,
+                              steps=args.steps, prompt=args.prompt or bench.ModelOptions.prompt_default())
+    pipe = bench.load_pipeline(opts)
+    return pipe, [bench.call_kwargs(pipe, attrs.evolve(opts, seed=s), "pt") for s in seeds]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """`hookkit tune`: `hookkit.tune` on the shipped trained model (default) or a local pipeline folder, the chosen Spec
+    written as JSON for `generate --spec` / `bench --spec`."""
+    from hookkit.tools import tune as tuning
+
+    if args.speedup is None and args.min_psnr is None:
+        raise SpecError("hookkit tune: expected --speedup S (e.g. 2) or --min-psnr DB, got neither.")
+    out = Path(args.json)
+    pipe, calls = _calibration_inputs(args, out)
     result = tuning.search(pipe, calls, speedup=args.speedup, min_psnr=args.min_psnr, progress=True)
     print(result.table())
     out.write_text(json.dumps(result.spec.to_dict(), indent=1) + "\n")
     print(f"chosen: {result.chosen.name} ({result.chosen.speedup:.2f}x, mean PSNR {result.chosen.psnr_mean:.2f} dB on "
           f"these calls); Spec written to {out} (hookkit generate --spec {out}, hookkit bench --spec {out})")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """`hookkit calibrate`: one uncached run, the `CacheCalibration` (magnitude ratios, gram matrix) written as JSON."""
+    from hookkit.tools import tune as tuning
+
+    out = Path(args.json)
+    pipe, calls = _calibration_inputs(args, out)
+    calibration = tuning.calibrate(pipe, calls, progress=True)
+    calibration.save(out)
+    print(f"calibrated {calibration.model} at {calibration.steps} steps on {calibration.calls} call(s); ratios "
+          f"{', '.join(f'{r:.3f}' for r in calibration.ratios or ())}; written to {out} "
+          "(hookkit.DBCache(rule='magnitude' or 'schedule', calibration=hookkit.CacheCalibration.load(path)))")
     return 0
 
 
@@ -741,18 +761,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.set_defaults(func=cmd_bench_one)
 
+    def calibration_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--trained", default="tiny", help="the shipped trained model: tiny (default) or deep")
+        p.add_argument("--model-path", default=None, help="a local diffusers pipeline folder instead (no downloads)")
+        p.add_argument("--prompt", default=None, help="with --model-path: the calibration prompt")
+        p.add_argument("--seeds", default="10,11", help="calibration seeds (default 10,11; a trained model draws every "
+                                                        "class per seed); judge a tuned Spec on other seeds")
+        p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28): calibrations and tuned "
+                                                             "Specs are per step count")
+
     p = sub.add_parser("tune", help="the caching Spec with the best PSNR at a speed-up (or the fastest above a PSNR), "
                                     "measured on your model and seeds; written as JSON")
     p.add_argument("--speedup", type=float, default=None, help="speed-up in executed block work to reach (e.g. 2)")
     p.add_argument("--min-psnr", type=float, default=None, help="PSNR (dB) every calibration image must keep")
     p.add_argument("--json", required=True, metavar="PATH", help="where to write the chosen Spec (Spec.to_dict())")
-    p.add_argument("--trained", default="tiny", help="the shipped trained model to tune on: tiny (default) or deep")
-    p.add_argument("--model-path", default=None, help="a local diffusers pipeline folder instead (no downloads)")
-    p.add_argument("--prompt", default=None, help="with --model-path: the calibration prompt")
-    p.add_argument("--seeds", default="10,11", help="calibration seeds (default 10,11; a trained model draws every "
-                                                    "class per seed); judge the Spec on other seeds")
-    p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28): a tuned Spec is per step count")
+    calibration_args(p)
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("calibrate", help="one uncached run: the per-step statistics DBCache's 'magnitude' and "
+                                         "'schedule' rules read, written as JSON")
+    p.add_argument("--json", required=True, metavar="PATH", help="where to write the CacheCalibration")
+    calibration_args(p)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("adapter", help="adapters: `adapter derive MODEL` prints the one hookkit derives, as TOML")
     adapter_sub = p.add_subparsers(dest="adapter_command", required=True, metavar="ACTION")
