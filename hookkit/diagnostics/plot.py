@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from hookkit.errors import UnsupportedError
 
@@ -21,3 +23,15 @@ def pyplot(user: str, alternative: str = "") -> ModuleType:
             f"(or `pip install matplotlib`){alternative}."
         ) from None
     return plt
+
+
+def save_png(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out `fig`, write it as a PNG at `path` (its folder made), close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=dpi)
+    plt.close(fig)
+    return out

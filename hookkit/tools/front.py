@@ -36,7 +36,7 @@ import torch
 
 import hookkit
 from hookkit.core.summary import table
-from hookkit.diagnostics.plot import pyplot
+from hookkit.diagnostics.plot import pyplot, save_png
 from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.tools.bench import DTYPES, resolve_device
 from hookkit.tools.quality import (
@@ -475,12 +475,7 @@ class FrontReport:
         m = self.quality.meta
         ax.set_title(f"Pareto fronts on the trained {m['model_name']} Flux, {m['steps']} steps, "
                      f"{len(m['classes'])} classes x seeds {m['seeds']}", fontsize=10)
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, format="png", dpi=110)
-        plt.close(fig)
-        return out
+        return save_png(fig, path)
 
     def write(self, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
         """front.md, front.json (every row), quality.md (every row's table) and front-MODEL-STEPS.png."""

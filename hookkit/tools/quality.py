@@ -39,7 +39,7 @@ import attrs
 import torch
 
 import hookkit
-from hookkit.diagnostics.plot import pyplot
+from hookkit.diagnostics.plot import pyplot, save_png
 from hookkit.tools.bench import DTYPES, environment, psnr_from_mse, resolve_device, timed
 from hookkit.tools.local import check_folder
 from hookkit.errors import HookkitError, SpecError
@@ -877,12 +877,7 @@ class QualityReport:
         m = self.meta
         fig.suptitle(f"Caching on hookkit's trained {m.get('model_name', 'tiny')} Flux: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
                      f"{m['steps']} steps (labels: threshold or mask)", fontsize=10)
-        fig.tight_layout()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, format="png", dpi=110)
-        plt.close(fig)
-        return out
+        return save_png(fig, path)
 
     def write(self, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
         """quality.md, quality.json and (with `plot`) quality.png in `out_dir`; returns their paths."""
