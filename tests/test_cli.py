@@ -643,6 +643,18 @@ def test_generate_refuses_an_out_path_it_cannot_write_before_loading(out: str, m
     assert stderr == f"hookkit generate: error: {message.format(tmp=tmp_path)}\n"
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir() or not os.access("/proc", os.W_OK),
+                    reason="needs Linux's /proc writable by its permission bits (root), where mkdir fails anyway")
+def test_generate_refuses_an_out_folder_that_cannot_be_made_although_its_permissions_allow(
+        no_load: None, capsys: pytest.CaptureFixture[str]) -> None:
+    # /proc passes os.access for root, yet nothing can be made in it: only trying tells
+    code, _, stderr = generate(capsys, "flux", "--out", "/proc/hookkit-out/x.png")
+    assert code == 2
+    assert stderr == ("hookkit generate: error: --out /proc/hookkit-out/x.png: expected a path whose folder can be "
+                      "created and written, but writing in /proc/hookkit-out failed (FileNotFoundError: No such file "
+                      "or directory). Pass a path under a writable folder.\n")
+
+
 def test_demo_refuses_an_out_path_under_a_file_before_loading(tmp_path: Path, no_load: None,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("")

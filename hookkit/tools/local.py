@@ -14,6 +14,7 @@ import json
 import math
 import os
 import struct
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ def check_fits(folder: Path, dtype: torch.dtype, device: torch.device, available
 
 def check_folder(folder: Path, flag: str, value: str) -> None:
     """Refuse a folder that cannot be created or written, before anything is loaded: found after the run, it
-    loses the run's output in a traceback. The nearest existing ancestor must be a writable folder.
+    loses the run's output in a traceback. The nearest existing ancestor must be a writable folder; the folder is
+    created now and a probe file written and removed in it.
 
     Args:
         folder: the folder an output goes into (created later, by whoever writes the output).
@@ -140,6 +142,16 @@ def check_folder(folder: Path, flag: str, value: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SpecError(f"{flag} {value}: expected a path whose folders can be written, but {existing} is not "
                         "writable for this user. Pass a path under a writable folder.")
+    # permission bits do not tell everything (root passes os.access everywhere; /proc, read-only mounts and full
+    # disks refuse anyway): make the folder now and write a probe file in it
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hookkit-probe-"):
+            pass
+    except OSError as exc:
+        raise SpecError(f"{flag} {value}: expected a path whose folder can be created and written, but writing in "
+                        f"{folder} failed ({type(exc).__name__}: {exc.strerror or exc}). Pass a path under a "
+                        "writable folder.") from None
 
 
 def check_output_file(out: Path, flag: str) -> None:
