@@ -31,14 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speedups", default="1.5,2,3")
     p.add_argument("--seeds", default="10")
     p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the trained model runs (float32)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    pipe = trained.load_pipeline(model=args.model)
+    pipe = trained.load_pipeline(device=args.device, model=args.model)
     classes = list(range(trained.NUM_CLASSES))
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for target in (float(s) for s in args.speedups.split(",")):
-        calls = [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.model) for s in seeds]
+        calls = [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.model,
+                                    device=args.device) for s in seeds]
         result = search(pipe, calls, speedup=target)
         print(result.table(), flush=True)
         rows.append({"name": f"hookkit-tune-{target:g}x", "family": "hookkit tune", "x": target,

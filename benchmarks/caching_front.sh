@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Speed-quality fronts of every caching rule on the shipped trained models, on one GPU lease (nvidia-h200).
+#
+# For each MODEL:STEPS of $FRONTS, in parallel (one process each, float32 on the GPU):
+#   1. benchmarks/tune_trained.py: hookkit.tune at 1.5x, 2x and 3x on every class at seed 10 (a seed that neither
+#      the shipped calibrations, 50-59, nor the evaluation, 100 and up, use);
+#   2. python -m hookkit.tools.quality --front with those tuned Specs as extra rows: hookkit's rules, fewer steps and
+#      every installed peer (diffusers' hooks, cache-dit) on classes 0-9 x seeds 100, 101.
+# One background queue (setsid), so that it outlives a 10-minute device command; a later call collects.
+#
+#   call 1:  bash benchmarks/caching_front.sh start && sleep 560; bash benchmarks/caching_front.sh status
+#   call 2:  bash benchmarks/caching_front.sh collect 400    # waits up to 400 s, then writes $OUT/fronts.tgz
+#
+# `start` snapshots the working tree to $W/repo and installs the wheels of $WHL (default .whl: carry it; diffusers,
+# importlib_metadata, zipp, torchao, loguru, cache-dit) into /tmp/site when diffusers or cache_dit do not import.
+set -u
+W=${W:-/tmp/hkfront}
+FRONTS=${FRONTS:-"tiny:28 deep:28 tiny:14 deep:14"}
+SPEEDUPS=${SPEEDUPS:-1.5,2,3}
+DEVICE=${DEVICE:-cuda}
+FRONT_ARGS=${FRONT_ARGS:-}   # more options of the front, e.g. "--classes 0 --seeds 100 --only tune" for a dry run
+
+install() {
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c "import diffusers, cache_dit, loguru, torchao" 2>/dev/null && return 0
+  local whl=${WHL:-.whl}
+  [ -d "$whl" ] || { echo "no $whl folder and diffusers/cache_dit/loguru/torchao do not all import" >&2; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"/*.whl
+}
+
+one() {  # MODEL STEPS: tune, then the front with the tuned Specs
+  local model=$1 steps=$2 res="$W/res/front-$1-$2"
+  mkdir -p "$res"
+  cd "$W/repo" || return 1
+  echo "$(date +%T) tune $model $steps" >> "$W/queue.log"
+  python3 benchmarks/tune_trained.py --device "$DEVICE" --model "$model" --steps "$steps" --speedups "$SPEEDUPS" \
+    --out "$res/tuned.json" > "$res/tune.log" 2>&1 || echo "$(date +%T) tune $model $steps failed" >> "$W/queue.log"
+  local specs=()
+  [ -f "$res/tuned.json" ] && specs=(--specs "$res/tuned.json")
+  echo "$(date +%T) front $model $steps" >> "$W/queue.log"
+  python3 -m hookkit.tools.quality --front --device "$DEVICE" --model "$model" --steps "$steps" "${specs[@]}" \
+    $FRONT_ARGS --out "$res" > "$res/front.log" 2>&1
+  echo "$(date +%T) done $model $steps rc=$?" >> "$W/queue.log"
+}
+
+case "${1:-}" in
+  start)
+    rm -rf "$W" && mkdir -p "$W/res" "$W/repo" && tar -c --exclude=./.venv --exclude=./.whl . | tar -x -C "$W/repo" || exit 1
+    install || exit 1
+    export PYTHONUNBUFFERED=1 CACHE_DIT_LOG_LEVEL=error
+    for mf in $FRONTS; do
+      setsid bash -c "$(declare -f one); W='$W' SPEEDUPS='$SPEEDUPS' DEVICE='$DEVICE' FRONT_ARGS='$FRONT_ARGS' PYTHONPATH='$PYTHONPATH' one ${mf%%:*} ${mf#*:}" \
+        > /dev/null 2>&1 < /dev/null &
+    done
+    echo "started: $FRONTS"
+    ;;
+  status)
+    cat "$W/queue.log" 2>/dev/null
+    for f in "$W"/res/*/front.log; do [ -f "$f" ] && echo "$f: $(grep -c '^\[' "$f") rows, last: $(tail -c 200 "$f" | tail -1)"; done
+    ;;
+  collect)
+    wait_s=${2:-0}
+    for _ in $(seq "$wait_s"); do
+      [ "$(grep -c ' done ' "$W/queue.log" 2>/dev/null)" -ge "$(echo $FRONTS | wc -w)" ] && break
+      sleep 1
+    done
+    bash "$0" status
+    out=${OUT:-out}; mkdir -p "$out"
+    tar -czf "$out/fronts.tgz" -C "$W/res" . && cp "$W/queue.log" "$out/" 2>/dev/null
+    for d in "$W"/res/front-*; do [ -f "$d/front.md" ] && cp "$d/front.md" "$out/$(basename "$d").md"; done
+    ls -la "$out"
+    ;;
+  *)
+    echo "usage: bash benchmarks/caching_front.sh start | status | collect [WAIT_S]" >&2; exit 2
+    ;;
+esac
