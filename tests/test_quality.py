@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
@@ -424,3 +425,31 @@ def test_front_end_to_end_on_the_shipped_model(tmp_path: Path) -> None:
     data = json.loads(paths["json"].read_text())
     assert [r["name"] for r in data["rows"]] == ["reference", "hookkit-F1B0-TS1-R0.3", "fbcache-R0.3", "steps-6"]
     assert data["fronts"]["fewer steps"] == ["steps-6"]
+
+
+def test_rows_whose_decisions_read_no_image_run_in_one_batch_and_threshold_rows_alone() -> None:
+    cal = hookkit.CacheCalibration(steps=4, gram=tuple(tuple(1.0 if i == j else 0.0 for j in range(4)) for i in range(4)))
+    batched = [front.fewer_steps_configs(28, [14])[0], front.taylorseer_config(3, lite=True),
+               quality.hookkit_config(hookkit.DBCache(steps_mask="fast", mask_policy="static")),
+               quality.hookkit_config(hookkit.DBCache(rule="schedule", calibration=cal, speedup=2.0)),
+               quality.cache_dit_config(0.08, steps_mask="fast", steps=28)]
+    alone = [quality.hookkit_config(hookkit.DBCache(threshold=0.12)), quality.fbcache_config(0.12),
+             quality.cache_dit_config(0.12), quality.cache_dit_config(0.08, steps_mask="fast", steps=28,
+                                                                      mask_policy="dynamic")]
+    assert [c.one_batch for c in batched] == [True] * 5
+    assert [c.one_batch for c in alone] == [False] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_a_row_run_in_one_batch_gives_each_sample_the_psnr_and_work_of_batch_one() -> None:
+    configs = [front.taylorseer_config(3, lite=True), *front.fewer_steps_configs(8, counts=[6])]
+    batched = quality.run_quality(configs, classes=[0, 5], seeds=[100], steps=8, log=None)
+    alone = quality.run_quality([attrs.evolve(configs[0], batched=False)],
+                                classes=[0, 5], seeds=[100], steps=8, log=None)
+    lite, fewer = batched.rows[1:]
+    lite_alone = alone.rows[1]
+    assert (lite.batched, fewer.batched, lite_alone.batched) == (True, True, False)
+    assert (lite.block_flops, lite.transformer_calls) == (lite_alone.block_flops, lite_alone.transformer_calls)
+    assert lite.per_sample["psnr_db"] == pytest.approx(lite_alone.per_sample["psnr_db"], abs=0.01)
+    assert fewer.block_flops == 2 * 6 * batched.meta["block_flops_per_call"]

@@ -176,6 +176,7 @@ def magcache_config(threshold: float, steps: int, calibration: MagCacheCalibrati
     return QualityConfig(
         name=f"magcache-{'flux' if calibration is None else 'calibrated'}-R{threshold:g}{skips}",
         family=f"diffusers MagCache ({which})", setup=diffusers_cache_setup(make), requires="diffusers.hooks.mag_cache",
+        batched=True,
         x=threshold if not skips else f"{threshold:g} K{max_skip_steps}",
         description=f"diffusers MagCache, {which}, threshold {threshold:g}, at most {max_skip_steps} skips in a row"
         + ("" if calibration is None else f" (calibrated on {len(calibration.samples)} samples)"),
@@ -196,7 +197,7 @@ def taylorseer_config(cache_interval: int, lite: bool = False) -> QualityConfig:
     mode = " lite" if lite else ""
     return QualityConfig(
         name=f"taylorseer{'-lite' if lite else ''}-N{cache_interval}", family=f"diffusers TaylorSeerCache{mode}",
-        setup=diffusers_cache_setup(make), requires="diffusers.hooks.taylorseer_cache", x=cache_interval,
+        setup=diffusers_cache_setup(make), requires="diffusers.hooks.taylorseer_cache", x=cache_interval, batched=True,
         description=f"diffusers TaylorSeerCache{mode}, cache_interval {cache_interval}",
     )
 
@@ -215,6 +216,7 @@ def fastercache_config(skip_range: int) -> QualityConfig:
 
     return QualityConfig(name=f"fastercache-N{skip_range}", family="diffusers FasterCache",
                          setup=diffusers_cache_setup(make), requires="diffusers.hooks.faster_cache", x=skip_range,
+                         batched=True,
                          description=f"diffusers FasterCache, attention every {skip_range} steps in t < 681")
 
 
@@ -230,7 +232,8 @@ def pab_config(skip_range: int) -> QualityConfig:
 
     return QualityConfig(name=f"pab-N{skip_range}", family="diffusers PyramidAttentionBroadcast",
                          setup=diffusers_cache_setup(make), requires="diffusers.hooks.pyramid_attention_broadcast",
-                         x=skip_range, description=f"diffusers PAB, attention every {skip_range} steps in 100 < t < 800")
+                         x=skip_range, batched=True,
+                         description=f"diffusers PAB, attention every {skip_range} steps in 100 < t < 800")
 
 
 def seacache_config() -> QualityConfig:

@@ -313,7 +313,9 @@ class QualityConfig:
     `family` is the curve it belongs to in the plot; `x` its position along that curve's sweep (a threshold
     or a mask name); `requires` a module that must import, else the row is skipped with that reason;
     `unsupported` a reason the row cannot run on this pipeline at all (it is skipped with it); `steps` the
-    denoising steps of this row when not the run's (the row is still compared with the run's reference).
+    denoising steps of this row when not the run's (the row is still compared with the run's reference);
+    `batched` says a peer's decisions are fixed before the call (a step interval, calibrated ratios, a static mask),
+    so every sample may run in one batch (`one_batch`; hookkit specs and fewer steps are judged from their spec).
     """
 
     name: str
@@ -325,6 +327,7 @@ class QualityConfig:
     description: str = ""
     steps: int | None = attrs.field(default=None)
     unsupported: str | None = None
+    batched: bool = False
 
     @steps.validator
     def _check_steps(self, attribute: attrs.Attribute, value: Any) -> None:
@@ -350,6 +353,18 @@ class QualityConfig:
         if self.setup is not None:
             return "peer"
         return "steps" if self.steps is not None else "reference"
+
+    @property
+    def one_batch(self) -> bool:
+        """Whether every sample runs in one pipeline call: only where no decision reads the images, so that a batch
+        decides as each sample alone would (a threshold rule decides once for the whole batch, so it runs batch 1).
+        The images then equal batch-1 runs up to float rounding, and the row is compared with a batched reference;
+        on a GPU this is the difference between minutes and seconds a row (launches, not arithmetic, bound the
+        trained models there)."""
+        if self.spec is not None:
+            cache = self.spec.cache
+            return cache is None or cache.rule != "threshold" or cache.mask_policy == "static"
+        return self.batched or self.setup is None
 
     def unavailable(self) -> str | None:
         """Why this row cannot run here, or None."""
@@ -517,7 +532,7 @@ def cache_dit_config(threshold: float, fn_blocks: int = 1, bn_blocks: int = 0, w
         tail = f"-mask-{steps_mask}-{mask_policy}" + (f"-R{threshold:g}" if mask_policy == "dynamic" else "")
         return QualityConfig(
             name=f"cache-dit-F{fn_blocks}B{bn_blocks}{ts}{tail}", family=f"{family} {mask_policy} mask", setup=setup,
-            requires="cache_dit", x=steps_mask,
+            requires="cache_dit", x=steps_mask, batched=mask_policy == "static",
             description=f"cache-dit DBCache F{fn_blocks}B{bn_blocks}{ts}, {mask_policy} steps mask {steps_mask!r} "
                         f"(cache_dit.steps_mask at {steps} steps)",
         )
@@ -590,6 +605,8 @@ class QualityRow:
     #: fraction of samples the classifier recognises as the class asked for
     recognised: float | None = None
     identical: bool = False
+    #: all samples ran in one call against a reference run the same way (`QualityConfig.one_batch`)
+    batched: bool = False
     per_sample: dict[str, list[Any]] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -641,16 +658,23 @@ class TrainedModel:
 
     def call_kwargs(self, label: int, seed: int, steps: int) -> dict[str, Any]:
         """The keyword arguments of one pipeline call: class `label` from `seed`, `steps` denoising steps."""
+        return self.batch_kwargs([(label, seed)], steps)
+
+    def batch_kwargs(self, samples: Sequence[tuple[int, int]], steps: int) -> dict[str, Any]:
+        """One pipeline call generating every (class, seed) of `samples`; each sample draws its own noise, so an
+        image does not depend on the batch it is made in (`trained.call_kwargs`)."""
         from hookkit.tools import trained
 
-        return trained.call_kwargs([label], [seed], steps=steps, cfg_scale=self.cfg_scale, device=self.device,
-                                   dtype=self.dtype, path=self.weights, **self._model_kwargs(trained.call_kwargs))
+        return trained.call_kwargs([l for l, _ in samples], [s for _, s in samples], steps=steps,
+                                   cfg_scale=self.cfg_scale, device=self.device, dtype=self.dtype, path=self.weights,
+                                   **self._model_kwargs(trained.call_kwargs))
 
 
 def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, source: TrainedModel, warmup: int,
-         flops: BlockFlops | None = None) -> dict[str, Any]:
-    """Run every sample (batch 1) under `config` on a freshly loaded pipeline; with `flops`, count the block
-    FLOPs that ran. Without (the reference), measure them first, on this stock pipeline (one 1-step call)."""
+         flops: BlockFlops | None = None, one_batch: bool = False) -> dict[str, Any]:
+    """Run every sample under `config` on a freshly loaded pipeline, each in its own call (batch 1) or, with
+    `one_batch`, all in one; with `flops`, count the block FLOPs that ran. Without (the reference), measure them
+    first, on this stock pipeline (one 1-step call)."""
     pipe = source.pipeline()
     steps = config.steps or steps
     if flops is None:
@@ -669,8 +693,8 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, sour
             pipe(**source.call_kwargs(*samples[0], steps=steps))
         counter.reset()
         images, seconds, reported = [], 0.0, 0
-        for label, seed in samples:
-            kwargs = source.call_kwargs(label, seed, steps=steps)  # built outside the timed call, as `hookkit bench` does
+        for batch in ([samples] if one_batch else [[sample] for sample in samples]):
+            kwargs = source.batch_kwargs(batch, steps=steps)  # built outside the timed call, as `hookkit bench` does
             dt, out = timed(lambda: pipe(**kwargs).images, source.device)
             seconds += dt
             images.append(out.float().cpu())
@@ -683,8 +707,13 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, sour
             block_calls = reported if cache else counter.calls * counter.num_blocks
             partial = None if cache else 0
             executed = None if cache else counter.calls * flops.per_call  # which blocks a cached call ran is unknown
+        calls = counter.calls
+        if one_batch:  # each call did every sample's work: count it per sample, as batch-1 rows are counted
+            n = len(samples)
+            block_calls, executed, calls = _times(block_calls, n), _times(executed, n), calls * n
+            partial, reported = _times(partial, n), _times(reported, n)
         return dict(images=torch.cat(images), seconds=seconds, block_calls=block_calls, block_flops=executed,
-                    transformer_calls=counter.calls, cached_calls=partial, steps=steps, flops=flops,
+                    transformer_calls=calls, cached_calls=partial, steps=steps, flops=flops,
                     reported_block_calls=reported if handle is not None else None)
     finally:
         counter.remove()
@@ -692,6 +721,10 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, sour
             handle.remove()
         if undo is not None:
             undo()
+
+
+def _times(value: int | None, n: int) -> int | None:
+    return None if value is None else value * n
 
 
 def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] | None = None,
@@ -733,20 +766,25 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
     ref = _run(REFERENCE, samples, steps, source, warmup)
     ref_pred = recognised(ref["images"])
     rows = [_row(REFERENCE, ref, ref, labels=[l for l, _ in samples], predicted=ref_pred)]
+    batched_ref: dict[str, Any] | None = None  # the reference for rows run in one batch, made when one needs it
     for i, config in enumerate(configs, 1):
         reason = config.unavailable()
         if reason is not None:
             rows.append(_empty(config, "skipped", reason))
             log(f"[{i}/{len(configs)}] {config.name}: skipped ({reason})")
             continue
+        one_batch = config.one_batch and len(samples) > 1
         try:
-            result = _run(config, samples, steps, source, warmup, flops=ref["flops"])
+            if one_batch and batched_ref is None:
+                batched_ref = _run(REFERENCE, samples, steps, source, warmup, flops=ref["flops"], one_batch=True)
+            result = _run(config, samples, steps, source, warmup, flops=ref["flops"], one_batch=one_batch)
         except Exception as exc:  # a failing method is a result, not a crash
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             rows.append(_empty(config, "failed", f"{type(exc).__name__}: {first}"[:300]))
             log(f"[{i}/{len(configs)}] {config.name}: failed ({rows[-1].note})")
             continue
-        rows.append(_row(config, result, ref, labels=[l for l, _ in samples], predicted=recognised(result["images"])))
+        rows.append(_row(config, result, batched_ref if one_batch else ref, labels=[l for l, _ in samples],
+                         predicted=recognised(result["images"]), one_batch=one_batch))
         r = rows[-1]
         flops = "" if r.flops_speedup is None else f"{r.flops_speedup:.2f}x fewer block FLOPs, "
         log(f"[{i}/{len(configs)}] {config.name}: {flops}{r.block_speedup:.2f}x fewer block calls, "
@@ -772,7 +810,7 @@ def _ratio(a: int | None, b: int | None) -> float | None:
 
 
 def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], labels: list[int],
-         predicted: list[int]) -> QualityRow:
+         predicted: list[int], one_batch: bool = False) -> QualityRow:
     images, ref_images = result["images"], ref["images"]
     errors = mse(images, ref_images).tolist()
     ssims = ssim(images, ref_images).tolist()
@@ -792,7 +830,7 @@ def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], lab
         psnr_db=None if pooled == 0 else psnr_from_mse(pooled), psnr_mean_db=sum(capped) / len(capped),
         psnr_min_db=None if pooled == 0 else min(per_psnr),
         ssim=sum(ssims) / len(ssims), ssim_min=min(ssims), recognised=sum(hits) / len(hits), identical=identical,
-        per_sample=dict(label=labels, predicted=predicted,
+        batched=one_batch, per_sample=dict(label=labels, predicted=predicted,
                         psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),
     )
 
