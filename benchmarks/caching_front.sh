@@ -8,8 +8,8 @@
 #      every installed peer (diffusers' hooks, cache-dit) on classes 0-9 x seeds 100, 101.
 # One background queue (setsid), so that it outlives a 10-minute device command; a later call collects.
 #
-#   call 1:  bash benchmarks/caching_front.sh start && sleep 560; bash benchmarks/caching_front.sh status
-#   call 2:  bash benchmarks/caching_front.sh collect 400    # waits up to 400 s, then writes $OUT/fronts.tgz
+#   one call:  bash benchmarks/caching_front.sh start && bash benchmarks/caching_front.sh collect 540
+#              (waits up to 540 s, merges each front's finished groups, writes $OUT/front-MODEL-STEPS.md and fronts.tgz)
 #
 # `start` snapshots the working tree to $W/repo and installs the wheels of $WHL (default .whl: carry it; diffusers,
 # importlib_metadata, zipp, torchao, loguru, cache-dit) into /tmp/site when diffusers or cache_dit do not import.
@@ -28,19 +28,35 @@ install() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"/*.whl
 }
 
-one() {  # MODEL STEPS: tune, then the front with the tuned Specs
+#: the front's families split among processes (--only / --skip), so the rows that run batch 1 (threshold rules, which
+#: decide per image) spread over cores; `collect` merges each MODEL:STEPS back into one front
+FRONT_GROUPS=(
+  "--only 'hookkit F1B0 TaylorSeer-1'"
+  "--only 'hookkit F1B0' --skip TaylorSeer"
+  "--only FirstBlockCache"
+  "--only 'cache-dit F1B0 TaylorSeer'"
+  "--only cache-dit --skip TaylorSeer"
+  "--skip 'hookkit F1B0,FirstBlockCache,cache-dit'"
+)
+
+one() {  # MODEL STEPS: tune, then the front's groups in parallel with the tuned Specs
   local model=$1 steps=$2 res="$W/res/front-$1-$2"
   mkdir -p "$res"
   cd "$W/repo" || return 1
   echo "$(date +%T) tune $model $steps" >> "$W/queue.log"
   python3 benchmarks/tune_trained.py --device "$DEVICE" --model "$model" --steps "$steps" --speedups "$SPEEDUPS" \
     --out "$res/tuned.json" > "$res/tune.log" 2>&1 || echo "$(date +%T) tune $model $steps failed" >> "$W/queue.log"
-  local specs=()
-  [ -f "$res/tuned.json" ] && specs=(--specs "$res/tuned.json")
+  local specs=""
+  [ -f "$res/tuned.json" ] && specs="--specs $res/tuned.json"
   echo "$(date +%T) front $model $steps" >> "$W/queue.log"
-  python3 -m hookkit.tools.quality --front --device "$DEVICE" --model "$model" --steps "$steps" "${specs[@]}" \
-    $FRONT_ARGS --out "$res" > "$res/front.log" 2>&1
-  echo "$(date +%T) done $model $steps rc=$?" >> "$W/queue.log"
+  local i=0
+  for group in "${FRONT_GROUPS[@]}"; do
+    i=$((i + 1))
+    eval python3 -m hookkit.tools.quality --front --device "$DEVICE" --model "$model" --steps "$steps" $specs \
+      $group $FRONT_ARGS --no-plot --out "$res/g$i" > "$res/g$i.log" 2>&1 &
+  done
+  wait
+  echo "$(date +%T) done $model $steps" >> "$W/queue.log"
 }
 
 case "${1:-}" in
@@ -49,14 +65,14 @@ case "${1:-}" in
     install || exit 1
     export PYTHONUNBUFFERED=1 CACHE_DIT_LOG_LEVEL=error
     for mf in $FRONTS; do
-      setsid bash -c "$(declare -f one); W='$W' SPEEDUPS='$SPEEDUPS' DEVICE='$DEVICE' FRONT_ARGS='$FRONT_ARGS' PYTHONPATH='$PYTHONPATH' one ${mf%%:*} ${mf#*:}" \
+      setsid bash -c "$(declare -p FRONT_GROUPS); $(declare -f one); W='$W' SPEEDUPS='$SPEEDUPS' DEVICE='$DEVICE' FRONT_ARGS='$FRONT_ARGS' PYTHONPATH='$PYTHONPATH' one ${mf%%:*} ${mf#*:}" \
         > /dev/null 2>&1 < /dev/null &
     done
     echo "started: $FRONTS"
     ;;
   status)
     cat "$W/queue.log" 2>/dev/null
-    for f in "$W"/res/*/front.log; do [ -f "$f" ] && echo "$f: $(grep -c '^\[' "$f") rows, last: $(tail -c 200 "$f" | tail -1)"; done
+    for f in "$W"/res/*/g*.log; do [ -f "$f" ] && echo "$f: $(grep -c '^\[' "$f") rows, last: $(tail -c 160 "$f" | tail -1)"; done
     ;;
   collect)
     wait_s=${2:-0}
@@ -66,8 +82,12 @@ case "${1:-}" in
     done
     bash "$0" status
     out=${OUT:-out}; mkdir -p "$out"
+    for d in "$W"/res/front-*; do  # merge the groups that finished into one front per MODEL:STEPS
+      parts=$(ls -d "$d"/g*/front.json 2>/dev/null)
+      [ -n "$parts" ] && (cd "$W/repo" && python3 -m hookkit.tools.quality --front --merge $parts --out "$d/front" \
+        > "$d/merge.log" 2>&1) && cp "$d/front/front.md" "$out/$(basename "$d").md"
+    done
     tar -czf "$out/fronts.tgz" -C "$W/res" . && cp "$W/queue.log" "$out/" 2>/dev/null
-    for d in "$W"/res/front-*; do [ -f "$d/front.md" ] && cp "$d/front.md" "$out/$(basename "$d").md"; done
     ls -la "$out"
     ;;
   *)

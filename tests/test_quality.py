@@ -453,3 +453,42 @@ def test_a_row_run_in_one_batch_gives_each_sample_the_psnr_and_work_of_batch_one
     assert (lite.block_flops, lite.transformer_calls) == (lite_alone.block_flops, lite_alone.transformer_calls)
     assert lite.per_sample["psnr_db"] == pytest.approx(lite_alone.per_sample["psnr_db"], abs=0.01)
     assert fewer.block_flops == 2 * 6 * batched.meta["block_flops_per_call"]
+
+
+def _front_file(path: Path, family: str, names: list[str], seeds: list[int] = [100]) -> Path:
+    ref = quality.QualityRow(name="reference", family="reference", kind="reference", description="", x=None,
+                             status="ok")
+    rows = (ref, *[attrs.evolve(_point(n, 2.0, 40.0, psnr_min=35.0), family=family) for n in names])
+    meta = dict(model_name="tiny", steps=28, classes=["x"], seeds=seeds, device="cpu", dtype="float32")
+    path.mkdir()
+    report = front.FrontReport(quality=quality.QualityReport(rows=rows, meta=meta))
+    (path / "front.json").write_text(json.dumps(report.to_dict()))
+    return path
+
+
+def test_fronts_split_by_family_merge_into_one_report(tmp_path: Path) -> None:
+    a = _front_file(tmp_path / "a", "fewer steps", ["steps-14"])
+    b = _front_file(tmp_path / "b", "diffusers MagCache", ["magcache-R0.24", "magcache-R0.5"])
+    merged = front.merge_fronts([a, b / "front.json"])
+    assert [r.name for r in merged.quality.rows] == ["reference", "steps-14", "magcache-R0.24", "magcache-R0.5"]
+    assert list(merged.table_rows()) == ["fewer steps", "diffusers MagCache"]
+
+
+def test_merging_fronts_of_other_seeds_or_one_family_twice_is_refused(tmp_path: Path) -> None:
+    a = _front_file(tmp_path / "a", "fewer steps", ["steps-14"])
+    b = _front_file(tmp_path / "b", "fewer steps", ["steps-11"])
+    c = _front_file(tmp_path / "c", "diffusers MagCache", ["magcache-R0.24"], seeds=[101])
+    with pytest.raises(SpecError, match="family 'fewer steps' is in .*a/front.json and .*b/front.json"):
+        front.merge_fronts([a, b])
+    with pytest.raises(SpecError, match=r"c/front.json ran with other seeds \(\[101\]\) than the first \(\[100\]\)"):
+        front.merge_fronts([a, c])
+
+
+def test_front_main_merges_split_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    a = _front_file(tmp_path / "a", "fewer steps", ["steps-14"])
+    b = _front_file(tmp_path / "b", "diffusers MagCache", ["magcache-R0.24"])
+    merged = front.merge_fronts([a, b])
+    monkeypatch.setattr(front.FrontReport, "write", lambda self, out, plot=True: {"json": Path(out) / "front.json"})
+    assert front.front_main(["--merge", str(a), str(b), "--out", str(tmp_path / "m"), "--no-plot"]) == 0
+    assert capsys.readouterr().out.startswith(merged.markdown())

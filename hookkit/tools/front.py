@@ -67,6 +67,7 @@ __all__ = [
     "front_main",
     "load_specs",
     "magcache_config",
+    "merge_fronts",
     "pab_config",
     "pareto_front",
     "run_front",
@@ -528,6 +529,41 @@ def run_front(model: str = "tiny", steps: int = 28, classes: Iterable[int | str]
     return FrontReport(quality=attrs.evolve(report, meta=dict(report.meta, calibration_seeds=calibration_list)))
 
 
+def merge_fronts(paths: Sequence[str | Path]) -> FrontReport:
+    """One report from the `front.json` files of runs that split one front's families among processes (each run
+    with its own `--only` / `--skip`): the same model, steps, classes, seeds and device, each family from one run.
+    The reference row is the first run's (every run makes the same one)."""
+    if not paths:
+        raise SpecError("merge_fronts.paths: expected at least one front.json (or its folder), got none.")
+    keys = ("model_name", "steps", "classes", "seeds", "device", "dtype")
+    meta: dict[str, Any] | None = None
+    rows: list[QualityRow] = []
+    seen: dict[str, str] = {}
+    for item in paths:
+        path = Path(item) / "front.json" if Path(item).is_dir() else Path(item)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"merge_fronts: expected a readable front.json, got {str(path)!r} ({exc}).") from None
+        these = [QualityRow(**r) for r in data["rows"]]
+        if meta is None:
+            meta = {k: v for k, v in data["meta"].items() if k != "targets"}
+            rows.append(these[0])
+        else:
+            differ = [k for k in keys if data["meta"].get(k) != meta.get(k)]
+            if differ:
+                raise SpecError(f"merge_fronts: {path} ran with other {differ[0]} ({data['meta'].get(differ[0])!r}) "
+                                f"than the first ({meta.get(differ[0])!r}); merge runs of one front only.")
+        for row in these[1:]:
+            if row.family in seen and seen[row.family] != str(path):
+                raise SpecError(f"merge_fronts: family {row.family!r} is in {seen[row.family]} and {path}; split "
+                                "runs by family (--only / --skip) so that each family comes from one run.")
+            seen[row.family] = str(path)
+            rows.append(row)
+    assert meta is not None
+    return FrontReport(quality=QualityReport(rows=tuple(rows), meta=meta))
+
+
 # --- command line -------------------------------------------------------------------------------------------------
 
 
@@ -553,6 +589,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seeds MagCache calibrates on, disjoint from --seeds (default: 0)")
     p.add_argument("--specs", default=None, help="JSON file of extra hookkit Specs (hookkit.tools.front.load_specs)")
     p.add_argument("--only", default=None, help="comma-separated substrings: run only families containing one")
+    p.add_argument("--skip", default=None, help="comma-separated substrings: skip families containing one")
+    p.add_argument("--merge", nargs="+", default=None, metavar="FRONT_JSON",
+                   help="merge the front.json files (or folders) of runs that split the families, write, and exit")
     p.add_argument("--list", action="store_true", help="list the configurations and exit")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -568,6 +607,18 @@ def front_main(argv: Sequence[str] | None = None) -> int:
     quality.md. Exit code 0, or 2 with hookkit's message when something is missing or misnamed."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    if args.merge:
+        try:
+            report = merge_fronts(args.merge)
+            m = report.quality.meta
+            out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / f"front-{m['model_name']}-{m['steps']}"
+            print(report.markdown())
+            paths = report.write(out, plot=not args.no_plot)
+        except HookkitError as exc:
+            print(f"hookkit bench --quality --front: error: {exc}", file=sys.stderr)
+            return 2
+        print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
     try:
         from diffusers.utils import logging as diffusers_logging
 
@@ -587,6 +638,9 @@ def front_main(argv: Sequence[str] | None = None) -> int:
         if args.only:
             wanted = [w.strip() for w in args.only.split(",") if w.strip()]
             configs = [c for c in configs if any(w in c.family for w in wanted)]
+        if args.skip:
+            unwanted = [w.strip() for w in args.skip.split(",") if w.strip()]
+            configs = [c for c in configs if not any(w in c.family for w in unwanted)]
         if args.list:
             print(table(["config", "family", "notes"], [[c.name, c.family, c.description] for c in configs]))
             return 0
