@@ -810,9 +810,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             hookkit.set_verbosity("INFO")
         else:
             _quiet_third_party()
+        rest = [a for a in argv[lead + 1:] if a != "--quality"]
+        if "--front" in rest:  # the Pareto-front comparison has its own options (`--quality --front --help`)
+            from hookkit.tools.front import front_main
+
+            return front_main([a for a in rest if a != "--front"])
         from hookkit.tools.quality import quality_main
 
-        return quality_main([a for a in argv[lead + 1:] if a != "--quality"])
+        return quality_main(rest)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verbose:
