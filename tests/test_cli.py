@@ -395,7 +395,7 @@ def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> N
         bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")
 
 
-# --- generate for a local pipeline folder (issue 19): checks before the load, flags that reach the call ---------
+# --- generate for a local pipeline folder: checks before the load, flags that reach the call ---------
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 19): defaults that cache on short schedules, a demo that shows a
+"""The first hour of a new user: defaults that cache on short schedules, a demo that shows a
 picture, quiet imports, messages that say what to do."""
 
 from __future__ import annotations

@@ -207,7 +207,8 @@ def optimization_tag(spec: hookkit.Spec) -> str:
 
 
 def _feature_lines(summary: Any) -> list[str]:
-    """Seed-002-style lines from `handle.summary()`: cached steps, quantized layers, other features."""
+    """One short line per feature from `handle.summary()` (cached steps, quantized layers, other features): what a
+    user checks after a run, without the full table."""
     lines = []
     for name, feature in summary.features.items():
         data = feature.data
