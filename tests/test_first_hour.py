@@ -138,6 +138,14 @@ def test_import_hookkit_and_building_its_pipelines_print_nothing_on_stderr() -> 
     assert proc.stderr == ""
 
 
+def test_hookkits_own_first_import_of_torchao_prints_nothing_on_stderr() -> None:
+    code = ("from hookkit.techniques.quantize.torchao import make_config; "
+            "make_config('int8_weight_only'); make_config('mxfp8')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+
+
 def test_import_hookkit_does_not_import_torchao_or_diffusers_models() -> None:
     code = "import sys, hookkit; print(sorted(m for m in ('torchao', 'diffusers.models') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
