@@ -33,6 +33,7 @@ import torch
 import hookkit
 from hookkit.core.quiet import quiet_imports
 from hookkit.tools import local, zoo
+from hookkit.core.validate import closest
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
 
@@ -150,14 +151,16 @@ class ModelOptions:
         return argv
 
 
-def check_model(opts: ModelOptions) -> None:
-    """Fail early, with the list of what exists, for a model that cannot be built here."""
+def check_model(opts: ModelOptions, flag: str = "MODEL") -> None:
+    """Fail early, with the list of what exists, for a model that cannot be built here. `flag` is how the command
+    names the model (`generate`'s positional MODEL, `bench`'s --model), so that the message names what was typed."""
     adapters = hookkit.list_adapters()
     if opts.name not in adapters:
-        raise SpecError(f"MODEL: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}.")
+        raise SpecError(f"{flag}: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}."
+                        f"{closest(opts.name, adapters)}")
     if opts.model_path is None and opts.name not in tiny_models():
         raise UnsupportedError(
-            f"MODEL {opts.name!r}: no {'full-size' if opts.full else 'tiny'} pipeline for {opts.name} yet (random-weight "
+            f"{flag} {opts.name!r}: no {'full-size' if opts.full else 'tiny'} pipeline for {opts.name} yet (random-weight "
             f"pipelines, tiny and --full, exist for "
             f"{list(tiny_models())}). Pass --model-path with a local {opts.name} checkpoint folder instead."
         )
