@@ -5,13 +5,17 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test clean
+.PHONY: demo test test-fast clean
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m hookkit demo
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the suite without the tests marked slow (wheel builds, subprocesses, the trained model end to end): while you work
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

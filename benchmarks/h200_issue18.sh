@@ -26,7 +26,7 @@
 # split (benchmarks/pipeline_split.py for each "model:config" of SPLIT; T_SPLIT), wan22 and resolutions (issue 15's benchmarks/pipelines.py parts; RES_STEPS, default 8), fp8-rows (Compile(fuse_fp8_rows):
 # GPU tests, kernels alone, the step per value), quality-compiled (quality_fp8.py's compiled rows); row lists per piece: P1024, P512, P256, PQWEN; profile variants: VARIANTS.
 # Every row is its own `hookkit bench-one` process (no eager reference row: these are side-by-side timings;
-# quality comes from the trained tiny model). $OUT gets at most 6 files: issue18.md, issue18.json,
+# quality comes from the trained tiny model). $OUT gets at most 6 files: peer_goals.md, peer_goals.json,
 # step_profile.json, quality.json, queue.log and res.tgz (every row JSON and stderr log).
 set -u
 W=${W:-/tmp/hk18}
@@ -148,7 +148,7 @@ queue() {
   echo done > "$W/res/queue.done"
 }
 
-report() { python3 benchmarks/issue18_report.py "$W/res" --out "$W/res" > /dev/null 2> "$W/res/report.err"; }  # FAST.. from env
+report() { python3 benchmarks/peer_goals_report.py "$W/res" --out "$W/res" > /dev/null 2> "$W/res/report.err"; }  # FAST.. from env
 
 ensure_packages() {
   python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
@@ -178,7 +178,7 @@ collect)
   [ -f "$W/res/queue.done" ] || echo "queue still running: collecting what has finished" | tee -a "$W/res/queue.log"
   report
   out=${OUT:-out}; mkdir -p "$out"
-  cp "$W/res/issue18.md" "$W/res/issue18.json" "$W/res/queue.log" "$out/" 2>/dev/null
+  cp "$W/res/peer_goals.md" "$W/res/peer_goals.json" "$W/res/queue.log" "$out/" 2>/dev/null
   cp "$W/res/step_profile.json" "$W/res/step_profile.md" "$W/res/gpu_tests_fp8_rows.log" "$out/" 2>/dev/null
   cp "$W/res/qwen_profile/step_profile.json" "$out/qwen_step_profile.json" 2>/dev/null
   cp "$W/res/qwen_profile/real_rope.json" "$out/real_rope.json" 2>/dev/null
@@ -188,7 +188,7 @@ collect)
   cp "$W/res/quality_fp8/quality.json" "$out/quality.json" 2>/dev/null
   cp "$W/res/norm_rope/norm_rope.json" "$out/norm_rope.json" 2>/dev/null
   tar czf "$out/res.tgz" -C "$W/res" --exclude='*.pt' .
-  cat "$W/res/issue18.md"
+  cat "$W/res/peer_goals.md"
   ;;
 quick)  # CPU: every piece with tiny models; CPU-runnable stand-ins for the CUDA rows (the peer's row stays
         # and is "skipped: needs a CUDA device"), so that the report's ok-row path runs too
@@ -196,7 +196,7 @@ quick)  # CPU: every piece with tiny models; CPU-runnable stand-ins for the CUDA
   FAST=hookkit-cache-fast DYN=hookkit-cache MOD=hookkit
   export PYTHONPATH="$PWD" QUICK=1 W RUNS="--runs 2 --warmup 1" PIECES FAST MOD DYN PEER
   queue
-  report && cat "$W/res/issue18.md"
+  report && cat "$W/res/peer_goals.md"
   ;;
 *) echo "usage: $0 start | status | collect [WAIT_S] | quick" >&2; exit 2 ;;
 esac

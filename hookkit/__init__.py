@@ -27,7 +27,7 @@ from hookkit.spec import Spec
 from hookkit.techniques.cache.calibration import CacheCalibration
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
-from hookkit.techniques.parallel import ContextParallel
+from hookkit.techniques.parallel.spec import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 

@@ -15,7 +15,8 @@ from hookkit.core.feature import FeatureTable
 from hookkit.core.handle import Handle, enable_with, plan_for
 from hookkit.core.plan import Plan
 from hookkit.spec import Spec
-from hookkit.techniques import memo, parallel, sync_free
+from hookkit.techniques import memo, sync_free
+from hookkit.techniques.parallel import hooks as parallel
 from hookkit.techniques.cache import hooks as cache
 from hookkit.techniques.compile import hooks as compile_
 from hookkit.techniques.quantize import torchao as quantize

@@ -16,7 +16,7 @@ from hookkit.core.validate import boolean, callable_name, closest, instance_of, 
 from hookkit.errors import SpecError, field_error
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
-from hookkit.techniques.parallel import ContextParallel
+from hookkit.techniques.parallel.spec import ContextParallel
 from hookkit.techniques.quantize.spec import Quantize
 
 @strict_init

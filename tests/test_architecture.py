@@ -46,16 +46,12 @@ def test_import_hookkit_loads_no_tooling() -> None:
 # --- the import graph -----------------------------------------------------------------------------------
 
 
-def imports_of(source: str, module: str) -> list[tuple[str, bool]]:
-    """`(imported hookkit module, only under TYPE_CHECKING)` for every import in `source`, nested ones included."""
-    tree = ast.parse(source)
-    typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only.update(id(n) for child in node.body for n in ast.walk(child))
+def imports_of(source: str, module: str) -> list[str]:
+    """Every hookkit name `source` imports, nested, function-local and `TYPE_CHECKING` imports included: a type
+    hint names a dependency as much as a runtime import does. `from a import b` gives `a.b`."""
     package = module.rsplit(".", 1)[0]
     out = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -66,7 +62,7 @@ def imports_of(source: str, module: str) -> list[tuple[str, bool]]:
             names = [f"{base}.{alias.name}" for alias in node.names] if base.startswith("hookkit") else [base]
         else:
             continue
-        out += [(name, id(node) in typing_only) for name in names if name.startswith("hookkit")]
+        out += [name for name in names if name == "hookkit" or name.startswith("hookkit.")]
     return out
 
 
@@ -76,26 +72,34 @@ def technique_of(module: str) -> str | None:
     return None if found == "__init__" else found  # the package's own __init__ is no technique
 
 
+def is_spec_module(module: str) -> bool:
+    """`hookkit.spec` and each technique's spec module: the data layer that `hookkit.Spec` composes."""
+    return module == "hookkit.spec" or (technique_of(module) is not None and module.endswith(".spec"))
+
+
+#: what a spec module may import: validators, errors, other spec modules and the cache's calibration data
+SPEC_IMPORTS = ("hookkit.core.validate", "hookkit.errors", "hookkit.techniques.cache.calibration")
+
+
 def violations(module: str, source: str) -> list[str]:
     """The layering rules broken by `module`: techniques import no other technique, no `core.handle`, no
-    composition layer and no tooling; the core imports no technique, no composition layer and no tooling.
-    `hookkit.spec` (which composes every technique's spec) is imported by either for type hints only."""
+    composition layer and no tooling; the core imports no technique, no composition layer and no tooling. Neither
+    imports `hookkit.spec`, not even for type hints: it composes every technique's spec. A spec module imports no
+    hooks: only validators, errors and other specs."""
     out = []
     own = technique_of(module)
-    for name, typing_only in imports_of(source, module):
+    for name in imports_of(source, module):
         other = technique_of(name)
         if own is not None:
             if other is not None and other != own:
                 out.append(f"{module} imports technique {name}")
-            if name.startswith(("hookkit.core.handle", "hookkit.features", "hookkit.tools")):
+            if name.startswith(("hookkit.core.handle", "hookkit.features", "hookkit.tools", "hookkit.spec")):
                 out.append(f"{module} imports {name}")
-            if name.startswith("hookkit.spec") and not typing_only:  # the composition of every technique's spec
-                out.append(f"{module} imports {name} outside TYPE_CHECKING")
         if module.startswith("hookkit.core."):
-            if other is not None or name.startswith(("hookkit.features", "hookkit.tools")):
+            if other is not None or name.startswith(("hookkit.features", "hookkit.tools", "hookkit.spec")):
                 out.append(f"{module} imports {name}")
-            if name.startswith("hookkit.spec") and not typing_only:
-                out.append(f"{module} imports {name} outside TYPE_CHECKING")
+        if is_spec_module(module) and not (name.startswith(SPEC_IMPORTS) or is_spec_module(name.rpartition(".")[0])):
+            out.append(f"{module} imports {name} (a spec imports only validators, errors and other specs)")
     return out
 
 
@@ -119,17 +123,85 @@ def test_no_technique_imports_another_and_the_core_imports_none() -> None:
      ["hookkit.techniques.compile.hooks imports technique hookkit.techniques.cache.hooks.graph_bridge"]),
     ("hookkit.techniques.sync_free", "def f():\n    from hookkit.core.handle import SchedulerListener",
      ["hookkit.techniques.sync_free imports hookkit.core.handle.SchedulerListener"]),
-    ("hookkit.core.plan", "from hookkit.spec import Spec", ["hookkit.core.plan imports hookkit.spec.Spec outside TYPE_CHECKING"]),
-    ("hookkit.core.plan", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hookkit.spec import Spec", []),
-    ("hookkit.techniques.memo", "from hookkit.spec import Spec",
-     ["hookkit.techniques.memo imports hookkit.spec.Spec outside TYPE_CHECKING"]),
+    ("hookkit.core.plan", "from hookkit.spec import Spec", ["hookkit.core.plan imports hookkit.spec.Spec"]),
+    ("hookkit.core.plan", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hookkit.spec import Spec",
+     ["hookkit.core.plan imports hookkit.spec.Spec"]),
+    ("hookkit.techniques.memo", "from hookkit.spec import Spec", ["hookkit.techniques.memo imports hookkit.spec.Spec"]),
     ("hookkit.core.handle", "import hookkit.techniques.memo", ["hookkit.core.handle imports hookkit.techniques.memo"]),
     ("hookkit.techniques.cache.hooks", "from .spec import DBCache", []),
     ("hookkit.techniques.cache.hooks", "from ..memo import MemoMode",
      ["hookkit.techniques.cache.hooks imports technique hookkit.techniques.memo.MemoMode"]),
+    ("hookkit.spec", "from hookkit.techniques.parallel.spec import ContextParallel", []),
+    ("hookkit.spec", "from hookkit.techniques.parallel.hooks import ContextParallel",
+     ["hookkit.spec imports hookkit.techniques.parallel.hooks.ContextParallel (a spec imports only validators, "
+      "errors and other specs)"]),
+    ("hookkit.techniques.parallel.spec", "from hookkit.core.feature import BaseFeature",
+     ["hookkit.techniques.parallel.spec imports hookkit.core.feature.BaseFeature (a spec imports only validators, "
+      "errors and other specs)"]),
 ])
 def test_the_import_graph_check_catches_each_kind_of_violation(module: str, source: str, expected: list[str]) -> None:
     assert violations(module, source) == expected
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the hookkit modules it imports (`imports_of`: every import, type-only and function-local ones
+    too). `from a import b` counts `a.b` when that is a module, else `a`. Importing `a.b` also runs `a/__init__`;
+    that edge is left out, else every module would import `hookkit/__init__` (the public API, which by design
+    imports most of the package)."""
+    names = {m.removesuffix(".__init__"): m for m in modules}
+
+    def resolve(name: str) -> str:
+        while name not in names:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {module.removesuffix(".__init__"): {resolve(name) for name in imports_of(source, module)}
+            - {module.removesuffix(".__init__")} for module, source in modules.items()}
+
+
+def first_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """The first import cycle found, visiting modules in sorted order (`[a, b, ..., a]`), or [] when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return []
+        path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if cycle := visit(imported):
+                return cycle
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if cycle := visit(module):
+            return cycle
+    return []
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    cycle = first_cycle(import_graph(package_modules()))
+    assert cycle == [], "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("modules, expected", [
+    ({"hookkit.a": "import hookkit.b", "hookkit.b": "from hookkit import c", "hookkit.c": ""}, []),
+    ({"hookkit.a": "from hookkit.b import f", "hookkit.b": "def g():\n    from hookkit.a import h"},
+     ["hookkit.a", "hookkit.b", "hookkit.a"]),
+    ({"hookkit.a": "from hookkit.b import f",
+      "hookkit.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hookkit.c import T",
+      "hookkit.c": "from . import a"},
+     ["hookkit.a", "hookkit.b", "hookkit.c", "hookkit.a"]),
+    ({"hookkit.__init__": "from hookkit.x.y import f", "hookkit.x.__init__": "", "hookkit.x.y": "import hookkit"},
+     ["hookkit", "hookkit.x.y", "hookkit"]),
+])
+def test_the_cycle_check_counts_function_local_and_type_only_imports(modules: dict[str, str],
+                                                                     expected: list[str]) -> None:
+    assert first_cycle(import_graph(modules)) == expected
 
 
 # --- the feature table ----------------------------------------------------------------------------------
@@ -359,6 +431,6 @@ def test_module_docstrings_are_at_most_20_lines_and_carry_no_session_history() -
         doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
         if len(doc.strip("\n").splitlines()) > 20:
             long.append(path.name)
-        if re.search(r"seed 0\d\d|\d+\.\d+ s\b", doc):
+        if re.search(r"seed[ -]0\d\d|\bsession \d+|\brun \d+\b|\bissue \d+|\d+\.\d+ s\b", doc, re.IGNORECASE):
             history.append(path.name)
     assert (long, history) == ([], [])

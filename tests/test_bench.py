@@ -365,7 +365,7 @@ def test_a_failed_rows_note_with_a_pipe_keeps_the_table_columns() -> None:
     assert "failed: RuntimeError: a / b" in line
 
 
-# --- issue 18: the strongest peer's row, cold starts ------------------------------------------------------
+# --- the strongest peer's row, cold starts --------------------------------------------------------------
 
 
 class _FakeCacheDit:

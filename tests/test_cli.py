@@ -309,6 +309,46 @@ def test_unknown_choice_is_an_argparse_error_with_exit_2(capsys: pytest.CaptureF
     assert "argument --quantize: invalid choice: 'int3'" in capsys.readouterr().err
 
 
+
+def test_generate_suggests_the_closest_model_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["generate", "fluxx"]) == 2
+    assert capsys.readouterr().err.endswith("got 'fluxx'. Did you mean 'flux'?\n")
+
+
+def test_bench_names_its_model_flag_not_generates_positional(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--model", "sd3", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith("hookkit bench: error: --model 'sd3': no tiny pipeline for sd3 yet")
+
+
+def test_generate_help_says_which_models_run_without_model_path(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "a model family that runs as is, with random weights (cogvideox, flux, qwenimage, wan); another shipped " \
+           "adapter name (chroma, cogview4," in help_text
+    assert "zimage) with --model-path" in help_text
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_a_tiny_model_on_the_cpu_uses_one_thread_unless_threads_says_otherwise(command: str) -> None:
+    threads = torch.get_num_threads()
+    model = ["flux"] if command == "generate" else ["--model", "flux"]
+    try:
+        default = cli.build_parser().parse_args([command, *model, "--device", "cpu"])
+        chosen = cli.build_parser().parse_args([command, *model, "--device", "cpu", "--threads", "2"])
+        assert (cli._model_options(default, "flux").threads, cli._model_options(chosen, "flux").threads) == (1, 2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_adapter_derive_says_when_a_shipped_adapter_exists_for_the_class(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["adapter", "derive", "FluxTransformer2DModel"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ("hookkit adapter derive: a shipped adapter exists for FluxTransformer2DModel: 'flux' "
+                   "(hookkit.get_adapter('flux'); enable uses it). The derived adapter follows.\n")
+    assert "[[blocks]]" in out
+
+
 # --- the pieces ------------------------------------------------------------------------------------------
 
 
@@ -395,7 +435,7 @@ def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> N
         bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")
 
 
-# --- generate for a local pipeline folder (issue 19): checks before the load, flags that reach the call ---------
+# --- generate for a local pipeline folder: checks before the load, flags that reach the call ---------
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 19): defaults that cache on short schedules, a demo that shows a
+"""The first hour of a new user: defaults that cache on short schedules, a demo that shows a
 picture, quiet imports, messages that say what to do."""
 
 from __future__ import annotations
@@ -133,6 +133,14 @@ def test_demo_refuses_an_unknown_class_before_loading_the_model(capsys: pytest.C
 def test_import_hookkit_and_building_its_pipelines_print_nothing_on_stderr() -> None:
     code = ("import hookkit; from hookkit.tools import zoo, trained; zoo.tiny_pipeline('flux'); "
             "zoo.tiny_pipeline('qwenimage'); trained.load_pipeline()")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+
+
+def test_hookkits_own_first_import_of_torchao_prints_nothing_on_stderr() -> None:
+    code = ("from hookkit.techniques.quantize.torchao import make_config; "
+            "make_config('int8_weight_only'); make_config('mxfp8')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""

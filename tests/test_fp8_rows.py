@@ -360,7 +360,7 @@ def test_fuse_fp8_rows_fast_is_reported(fp8_on_cpu: None, monkeypatch: pytest.Mo
 
 
 def test_the_default_fused_arithmetic_is_fast(fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # "fast" is the default: 7.5 ms off an fp8 Flux step at 1024² on an H200, quality level (BENCHMARKS.md, run 15)
+    # "fast" is the default: 7.5 ms off an fp8 Flux step at 1024² on an H200, quality level (BENCHMARKS.md)
     pipe, handle = quantized_compiled_pipeline(None, monkeypatch)
     try:
         assert handle.summary().features["compile"].data["fp8_rows_arithmetic"] == "fast"
@@ -569,7 +569,7 @@ def test_gpu_a_compiled_fp8_flux_fuses_and_matches_the_unfused_compile() -> None
 def assert_close_to_the_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """The kernel sums mean and variance in another order than eager CUDA's layer_norm, which moves a normalized value
     to the neighbouring bf16 now and then, and the row's scale only where that value is the row's largest (on the CPU
-    an fp32 difference of 1e-7 moves 0.02 % of Flux-sized rows). Run 20 measured a fifth of the rows moved (at most
+    an fp32 difference of 1e-7 moves 0.02 % of Flux-sized rows). On an H200 a fifth of the rows moved (at most
     1.36 %): one missing intermediate rounding reproduces that on the CPU (19.5 %, 1.36 %); the kernel rounds in
     integer arithmetic since, and this bound is what it should meet (not yet run on a GPU)."""
     data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)

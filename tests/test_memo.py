@@ -45,7 +45,7 @@ def test_one_call_site_gets_its_tensor_back_at_the_next_pass() -> None:
 
 
 def test_two_call_sites_with_equal_values_never_share_a_tensor() -> None:
-    """The issue's case: two equal torch.tensor calls in one prologue, one changed in place."""
+    """Two equal torch.tensor calls in one prologue, one changed in place: the other keeps its value."""
     table = MemoTable()
 
     def prologue() -> tuple[torch.Tensor, torch.Tensor]:

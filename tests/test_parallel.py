@@ -112,7 +112,7 @@ def test_parallel_refused_for_a_model_without_cp_plan_or_adapter_plan() -> None:
 def test_a_class_without_cp_plan_uses_its_adapter_plan() -> None:
     from diffusers_configs import build
 
-    from hookkit.techniques.parallel import resolve_cp_plan
+    from hookkit.techniques.parallel.hooks import resolve_cp_plan
 
     transformer = build("SkyReelsV2Transformer")
     adapter = hookkit.get_adapter("skyreelsv2")
@@ -126,7 +126,7 @@ def test_a_class_without_cp_plan_uses_its_adapter_plan() -> None:
 def test_the_class_plan_wins_over_an_adapter_plan_unless_the_adapter_overrides_it() -> None:
     import attrs
 
-    from hookkit.techniques.parallel import resolve_cp_plan
+    from hookkit.techniques.parallel.hooks import resolve_cp_plan
 
     wan = zoo.tiny_transformer("wan")
     planned = attrs.evolve(hookkit.get_adapter("wan"), cp_plan=hookkit.get_adapter("skyreelsv2").cp_plan)

@@ -186,7 +186,7 @@ def test_block_counter_without_per_block_hooks_counts_transformer_calls_only() -
 
 
 def test_harness_counts_compiled_rows_without_hooks_inside_the_compiled_blocks(untrained_files: tuple[Path, Path]) -> None:
-    """Counting hooks inside compiled blocks made dynamo recompile per block until its limit (H200 run 13): a
+    """Counting hooks inside compiled blocks makes dynamo recompile per block until its limit: a
     compiled row counts transformer calls, and its blocks from hookkit's cache (or all of them without one)."""
     model, classifier = untrained_files
     compiled = hookkit.Compile(backend="eager")

@@ -1,6 +1,6 @@
-"""No silent wrong output (issue 14): what hookkit watches, and what it refuses up front.
+"""No silent wrong output: what hookkit watches, and what it refuses up front.
 
-Each test is one scenario of the issue: a user changes the model under captured CUDA graphs, calls one handle
+Each test is one scenario: a user changes the model under captured CUDA graphs, calls one handle
 from two threads, misspells a field... and gets either the right output or a hookkit error, never a wrong
 result or a stranger's traceback. The CUDA-graph logic runs on the CPU with a stand-in capture backend; the
 same scenarios on a tiny CUDA Flux are the `gpu` tests at the end.
@@ -51,7 +51,7 @@ class CountingMode(torch.overrides.TorchFunctionMode):
 
 def test_the_watch_and_the_graph_key_read_past_an_active_torch_function_mode() -> None:
     # Qwen-Image's graph-served call: 8.6-12.3 ms of host with every watched address and version dispatched through
-    # memo's mode, 3.2-3.6 ms without (CPU, benchmarks/graph_host_cost.py; BENCHMARKS.md session 8)
+    # memo's mode, 3.2-3.6 ms without (CPU, benchmarks/graph_host_cost.py)
     from hookkit.techniques.compile.hooks import signature
 
     transformer, inputs = zoo.tiny_transformer("flux"), torch.zeros(2, 3)
@@ -630,7 +630,7 @@ class _TwoIndexBlock(torch.nn.Module):
 
 
 class TwoIndexTransformer(torch.nn.Module):
-    """A prologue that builds two equal tensors from Python data and changes one in place (the issue's case)."""
+    """A prologue that builds two equal tensors from Python data and changes one in place: memo must keep them apart."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Dynamic DBCache under whole-transformer CUDA graphs: each call split at the decision (issue 18 item 4).
+"""Dynamic DBCache under whole-transformer CUDA graphs: each call split at the decision.
 
 CUDA capture is GPU-only, so the logic is tested on the CPU with `RecordingBackend`, a stand-in that keeps
 what matters about CUDA graphs: a captured segment is the list of aten ops it ran, and a replay re-runs those

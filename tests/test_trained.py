@@ -205,7 +205,7 @@ def test_shipped_classifier_recognises_procedural_images() -> None:
 
 @shipped
 def test_shipped_model_draws_the_class_it_is_asked_for() -> None:
-    """The issue's bar: the classifier agrees with the requested class on >= 90% of 20 seeded samples
+    """The shipped model's bar: the classifier agrees with the requested class on >= 90% of 20 seeded samples
     (seeds 0 and 1 of every class) at 28 steps, on the CPU."""
     pipe = trained.load_pipeline()
     classifier = trained.load_classifier()

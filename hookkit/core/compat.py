@@ -17,7 +17,7 @@ from hookkit.errors import HookkitError, SpecError
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.spec import Spec
+    from hookkit.core.plan import AnySpec
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -29,21 +29,21 @@ class Rule:
     #: the features it is about: (the one it refuses or turns off, the other)
     features: tuple[str, str]
     outcome: str = attrs.field(validator=attrs.validators.in_(("refused", "inactive")))
-    applies: Callable[[Spec, AdapterSpec], bool]
+    applies: Callable[[AnySpec, AdapterSpec], bool]
     #: the error or reason, read from the spec and adapter it applies to
-    message: Callable[[Spec, AdapterSpec], str]
+    message: Callable[[AnySpec, AdapterSpec], str]
     error: type[HookkitError] = SpecError
 
 
-def _whole_graphs(spec: Spec) -> bool:
+def _whole_graphs(spec: AnySpec) -> bool:
     return spec.compile is not None and spec.compile.cuda_graphs == "transformer"
 
 
-def _taylorseer_cache(spec: Spec) -> bool:
+def _taylorseer_cache(spec: AnySpec) -> bool:
     return spec.cache is not None and bool(spec.cache.taylorseer_order)
 
 
-def _dynamic_cache(spec: Spec) -> bool:
+def _dynamic_cache(spec: AnySpec) -> bool:
     """DBCache decides at the call (the threshold rule without a static mask): split graphs."""
     cache = spec.cache
     return (cache is not None and cache.rule == "threshold" and cache.threshold > 0
@@ -88,14 +88,14 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def check(spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> None:
+def check(spec: AnySpec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> None:
     """Raise the error of the first refusing rule that applies to `spec` on `adapter`."""
     for rule in rules:
         if rule.outcome == "refused" and rule.applies(spec, adapter):
             raise rule.error(rule.message(spec, adapter))
 
 
-def inactive_reason(feature: str, spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> str | None:
+def inactive_reason(feature: str, spec: AnySpec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> str | None:
     """Why another feature in `spec` turns `feature` off, or None."""
     for rule in rules:
         if rule.outcome == "inactive" and rule.features[0] == feature and rule.applies(spec, adapter):
@@ -103,6 +103,6 @@ def inactive_reason(feature: str, spec: Spec, adapter: AdapterSpec, rules: tuple
     return None
 
 
-def outcome(spec: Spec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> list[tuple[Rule, Any]]:
+def outcome(spec: AnySpec, adapter: AdapterSpec, rules: tuple[Rule, ...] = RULES) -> list[tuple[Rule, Any]]:
     """Every rule that applies to `spec` on `adapter`, with its message: what the table says about it."""
     return [(r, r.message(spec, adapter)) for r in rules if r.applies(spec, adapter)]

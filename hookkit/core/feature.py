@@ -27,11 +27,9 @@ if TYPE_CHECKING:
     import torch
 
     from hookkit.adapters import AdapterSpec
-    from hookkit.core.handle import Handle
-    from hookkit.core.plan import Attachment, Plan, PlanContext
+    from hookkit.core.plan import AnySpec, Attachment, Plan, PlanContext
     from hookkit.core.state import CallState
     from hookkit.core.summary import FeatureSummary
-    from hookkit.spec import Spec
 
 T = TypeVar("T")
 
@@ -166,6 +164,32 @@ class _ListenerRemoval(Removal):
             self._listeners.remove(self._listener)
 
 
+class HandleView(Protocol):
+    """What an `AttachContext` reads of its `hookkit.core.handle.Handle`. A protocol rather than the class: the
+    handle imports this contract, so the contract names only what it uses and never imports the handle."""
+
+    @property
+    def transformer(self) -> torch.nn.Module: ...
+    @property
+    def pipeline(self) -> Any | None: ...
+    @property
+    def spec(self) -> AnySpec: ...
+    @property
+    def adapter(self) -> AdapterSpec: ...
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def state(self) -> CallState: ...
+    @property
+    def in_generation(self) -> bool: ...
+    #: the handle owning the scheduler patches (itself, or the pipeline's first transformer's)
+    primary: HandleView
+    scheduler_listeners: list[SchedulerListener]
+    first_call_listeners: list[Callable[[Any], None]]
+    _slots: dict[str, Any]
+    _services: dict[type, list[Any]]
+
+
 class AttachContext:
     """What one feature may use while attached: a narrow, typed view of its handle.
 
@@ -174,7 +198,7 @@ class AttachContext:
     services that features provide to one another through a core protocol (see `hookkit.core.graphs`).
     """
 
-    def __init__(self, handle: Handle, feature: str) -> None:
+    def __init__(self, handle: HandleView, feature: str) -> None:
         self._handle = handle
         self.feature = feature
 
@@ -188,7 +212,7 @@ class AttachContext:
         return self._handle.pipeline
 
     @property
-    def spec(self) -> Spec:
+    def spec(self) -> AnySpec:
         return self._handle.spec
 
     @property

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
@@ -34,8 +34,6 @@ from hookkit.core.plan import flat_blocks
 from hookkit.core.registry import Args, HookRegistry, Kwargs, ModelHook
 from hookkit.errors import AdapterError
 
-if TYPE_CHECKING:
-    from hookkit.core.handle import Handle
 
 BLOCK_HOOK = "hookkit.check"
 
@@ -292,11 +290,13 @@ class FirstCallCheck:
         )
 
 
-def install(handle: Handle) -> FirstCallCheck:
-    """The check of a handle: the listeners features added (`AttachContext.add_first_call_listener`) hear its report."""
+def install(adapter: AdapterSpec, transformer: torch.nn.Module,
+            listeners: list[Callable[[FirstCallReport], None]]) -> FirstCallCheck:
+    """The check of one handle: `listeners` (the handle's, which features add through
+    `AttachContext.add_first_call_listener`, also after this call) hear its report."""
 
     def on_report(report: FirstCallReport) -> None:
-        for listener in tuple(handle.first_call_listeners):
+        for listener in tuple(listeners):
             listener(report)
 
-    return FirstCallCheck(handle.adapter, handle.transformer, on_report)
+    return FirstCallCheck(adapter, transformer, on_report)

@@ -29,7 +29,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
@@ -40,7 +40,7 @@ from hookkit.core import compat
 from hookkit.core.feature import AttachContext, Feature, FeatureTable, requested
 from hookkit.core.listeners import SchedulerListener
 from hookkit.core.methods import MethodPatch
-from hookkit.core.plan import Attachment, Plan, PlanContext, add_hook, module_at
+from hookkit.core.plan import AnySpec, Attachment, Plan, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core import firstcall
@@ -49,9 +49,6 @@ from hookkit.core.state import CallState, Clock
 from hookkit.core.validate import is_int
 from hookkit.core.summary import FeatureSummary, HookRow, Summary
 from hookkit.errors import AdapterError, EnableError, HookError, HookkitError, SpecError, UnsupportedError
-
-if TYPE_CHECKING:
-    from hookkit.spec import Spec
 
 __all__ = ["CLOCK_HOOK", "Handle", "SchedulerListener", "disable", "enable_with", "handle_of", "plan_for"]
 
@@ -206,7 +203,8 @@ class _CoreFeature:
                 # the check observes every block eagerly; a whole-transformer compile would trace its observers
                 # into the graph, so there the adapter goes unconfirmed (regional compile keeps hooks outside).
                 # Whole-transformer CUDA graphs run the checked call eagerly: the check tells them when (EagerCalls)
-                check = handle.first_call = firstcall.install(handle)
+                check = handle.first_call = firstcall.install(handle.adapter, handle.transformer,
+                                                                handle.first_call_listeners)
                 ctx.provide(EagerCalls, lambda: check)
             return add_hook(handle.transformer, CLOCK_HOOK, _ClockHook(handle), position=0)
         scheduler = handle.pipeline.scheduler
@@ -390,7 +388,7 @@ class Handle:
         return self.plan.adapter
 
     @property
-    def spec(self) -> Spec:
+    def spec(self) -> AnySpec:
         return self.plan.spec
 
     @property
@@ -663,7 +661,7 @@ class Handle:
                 if isinstance(child, torch.nn.ModuleList) and len(child) > 0 and name not in listed}
 
 
-def plan_for(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Plan:
+def plan_for(target: Any, spec: AnySpec, adapter: AdapterSpec | None, features: FeatureTable) -> Plan:
     """The plan `enable_with(target, spec, adapter, features)` would attach, as data. Attaches nothing."""
     pipeline, transformer = _split_target(target)
     return _plan(pipeline, transformer, spec, adapter, features)
@@ -682,7 +680,7 @@ def _check_not_compiled(transformer: torch.nn.Module) -> None:
         )
 
 
-def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapter: AdapterSpec | None,
+def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: AnySpec, adapter: AdapterSpec | None,
           features: FeatureTable, scheduler_owner: bool = True) -> Plan:
     _check_not_compiled(transformer)
     if not isinstance(spec, features.spec_type):
@@ -710,7 +708,7 @@ def _plan(pipeline: Any | None, transformer: torch.nn.Module, spec: Spec, adapte
                 has_pipeline=pipeline is not None, attachments=tuple(attachments))
 
 
-def enable_with(target: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
+def enable_with(target: Any, spec: AnySpec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
     """Attach `features` as `spec` says to a pipeline or a bare transformer. All or nothing; twice raises."""
     pipeline, transformer = _split_target(target)
     if pipeline is not None and _pipeline_frame(pipeline, sys._getframe(1)) is not None:
@@ -740,7 +738,7 @@ def enable_with(target: Any, spec: Spec, adapter: AdapterSpec | None, features: 
     return _enable_pipeline(pipeline, spec, adapter, features)
 
 
-def _enable_pipeline(pipeline: Any, spec: Spec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
+def _enable_pipeline(pipeline: Any, spec: AnySpec, adapter: AdapterSpec | None, features: FeatureTable) -> Handle:
     """Every transformer of `pipeline` planned first (nothing attached while any plan can still fail), then
     attached in order; a failure detaches what the earlier ones attached."""
     components = transformer_components(pipeline)

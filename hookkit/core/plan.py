@@ -18,9 +18,12 @@ from hookkit.errors import HookError
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.spec import Spec
 
-__all__ = ["Attachment", "HookRemoval", "Plan", "PlanContext", "Removable", "add_hook", "flat_blocks", "module_at"]
+#: a `hookkit.Spec`. The core types it as `Any` rather than importing it: `hookkit.Spec` composes every technique's
+#: spec, and the core imports no technique, not even for type hints (`tests/test_architecture.py`).
+AnySpec = Any
+
+__all__ = ["AnySpec", "Attachment", "HookRemoval", "Plan", "PlanContext", "Removable", "add_hook", "flat_blocks", "module_at"]
 
 
 @attrs.frozen(kw_only=True)
@@ -40,7 +43,7 @@ class Attachment:
 @attrs.frozen(kw_only=True)
 class Plan:
     adapter: AdapterSpec
-    spec: Spec
+    spec: AnySpec
     transformer_class: str
     has_pipeline: bool
     attachments: tuple[Attachment, ...]
@@ -54,7 +57,7 @@ class Plan:
 class PlanContext:
     """What a feature may look at while planning (read only)."""
 
-    spec: Spec
+    spec: AnySpec
     adapter: AdapterSpec
     transformer: torch.nn.Module
     pipeline: Any | None

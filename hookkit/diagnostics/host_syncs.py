@@ -57,7 +57,7 @@ class SyncLocation:
 
     @property
     def where(self) -> str:
-        """`file.py:line`, as in seed 003's table."""
+        """`file.py:line`: short enough for a table column, enough to open the line."""
         return f"{os.path.basename(self.file)}:{self.line}"
 
 
@@ -96,7 +96,7 @@ class SyncReport:
         return sorted(((n, loc) for loc, n in counts.items()), key=lambda item: (-item[0], item[1].where))
 
     def table(self) -> str:
-        """Seed 003's "count | where" table (with the function and the source line)."""
+        """A "count | where" table (with the function and the source line): the syncs worth removing first on top."""
         rows = [[n, loc.where, loc.function, _clip(loc.code)] for n, loc in self.per_location()]
         return table(["count", "where", "function", "code"], rows)
 

@@ -44,7 +44,6 @@ from hookkit.errors import AdapterError, HookError
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
-    from hookkit.spec import Spec
 
 NAME = "memo"
 PROLOGUE_HOOK = "hookkit.memo.prologue"

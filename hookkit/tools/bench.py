@@ -33,6 +33,7 @@ import torch
 import hookkit
 from hookkit.core.quiet import quiet_imports
 from hookkit.tools import local, zoo
+from hookkit.core.validate import closest
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
 
@@ -82,7 +83,7 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 def device_description(device: torch.device) -> str:
-    """What the seed-002 summary calls Device: `NVIDIA H200 x 1` or `CPU (2 threads)`."""
+    """The device column of a timing: `NVIDIA H200 x 1` or `CPU (2 threads)` (the thread count moves CPU timings)."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} x {torch.cuda.device_count()}"
     threads = torch.get_num_threads()
@@ -150,14 +151,16 @@ class ModelOptions:
         return argv
 
 
-def check_model(opts: ModelOptions) -> None:
-    """Fail early, with the list of what exists, for a model that cannot be built here."""
+def check_model(opts: ModelOptions, flag: str = "MODEL") -> None:
+    """Fail early, with the list of what exists, for a model that cannot be built here. `flag` is how the command
+    names the model (`generate`'s positional MODEL, `bench`'s --model), so that the message names what was typed."""
     adapters = hookkit.list_adapters()
     if opts.name not in adapters:
-        raise SpecError(f"MODEL: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}.")
+        raise SpecError(f"{flag}: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}."
+                        f"{closest(opts.name, adapters)}")
     if opts.model_path is None and opts.name not in tiny_models():
         raise UnsupportedError(
-            f"MODEL {opts.name!r}: no {'full-size' if opts.full else 'tiny'} pipeline for {opts.name} yet (random-weight "
+            f"{flag} {opts.name!r}: no {'full-size' if opts.full else 'tiny'} pipeline for {opts.name} yet (random-weight "
             f"pipelines, tiny and --full, exist for "
             f"{list(tiny_models())}). Pass --model-path with a local {opts.name} checkpoint folder instead."
         )
@@ -600,7 +603,7 @@ def _cache_dit_compile(ctx: RunContext) -> None:
 
 
 def _cache_dit_fp8_compile(ctx: RunContext) -> None:
-    """The strongest peer configuration (issue 18): cache-dit DBCache on the "fast" mask with cache-dit's own
+    """The strongest peer configuration, the one hookkit's fastest rows are measured against: cache-dit DBCache on the "fast" mask with cache-dit's own
     fp8 (`QuantizeConfig(quant_type="float8_per_row")`: torchao dynamic per-row on every Linear of the
     repeated blocks, the AdaLN modulation Linears included), then stock regional compilation."""
     _cache_dit(ctx, quant_type="float8_per_row")
@@ -652,7 +655,8 @@ def _cache_fast() -> Any:
 
 
 def _cache_dynamic() -> Any:
-    """DBCache as seed 002 runs it: F1B0, 8 warm-up steps, at most 3 cached in a row, threshold 0.12."""
+    """DBCache with a dynamic decision at cache-dit's common settings (F1B0, 8 warm-up steps, at most 3 cached in a
+    row, threshold 0.12), for comparing with cache-dit at equal settings."""
     return hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12, warmup_steps=8, max_continuous_cached_steps=3,
                            taylorseer_order=0)
 

@@ -70,6 +70,10 @@ def _model_options(args: argparse.Namespace, name: str) -> ModelOptions:
     if args.prompt is not None and args.model_path is None:
         raise SpecError(f"--prompt {args.prompt!r}: only with --model-path (a local pipeline with text encoders); "
                         "tiny and --full models get random prompt embeddings. Drop --prompt or add --model-path.")
+    if args.threads is None and args.model_path is None and not args.full and bench.resolve_device(args.device).type == "cpu":
+        # a tiny model on the CPU: as `demo`, one thread (more only add launch and sync overhead to such small
+        # layers, and steal cores from whatever else runs); --threads N overrides
+        args.threads = 1
     if args.threads is not None:  # last: an error above leaves the process's thread count alone
         if args.threads < 1:
             raise SpecError(f"--threads: expected an int >= 1, got {args.threads}.")
@@ -91,7 +95,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the full-size architecture (random weights) instead of the tiny one; skips decoding")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when visible)")
     p.add_argument("--dtype", default=None, choices=sorted(bench.DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: 1 for a tiny model on the CPU, as `demo`; "
+                        "torch's choice otherwise)")
     p.add_argument("--prompt", default=None,
                    help=f"text prompt, only with --model-path (default {ModelOptions.prompt_default()!r}; a folder "
                         "without text encoders, tiny and --full models get random embeddings)")
@@ -207,7 +212,8 @@ def optimization_tag(spec: hookkit.Spec) -> str:
 
 
 def _feature_lines(summary: Any) -> list[str]:
-    """Seed-002-style lines from `handle.summary()`: cached steps, quantized layers, other features."""
+    """One short line per feature from `handle.summary()` (cached steps, quantized layers, other features): what a
+    user checks after a run, without the full table."""
     lines = []
     for name, feature in summary.features.items():
         data = feature.data
@@ -500,7 +506,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(table(["config", "kind", "what", "runs here"], rows))
         return 0
     opts = _model_options(args, args.model)
-    bench.check_model(opts)
+    bench.check_model(opts, "--model")
     if opts.full and device.type != "cuda" and opts.device is None:
         # refused here, in a second, not once per row in a child process each (nor after sizing the model)
         raise UnsupportedError(
@@ -649,8 +655,22 @@ def cmd_adapter_derive(args: argparse.Namespace) -> int:
     from hookkit.adapters.derive import adapter_toml, derive_adapter
 
     model = _model_for_derive(args.model, trust_remote_code=args.trust_remote_code)
+    shipped = _shipped_adapter_name(model)
+    if shipped is not None:  # the derivation is then a starting point for comparison, not something to register
+        print(f"hookkit adapter derive: a shipped adapter exists for {type(model).__name__}: {shipped!r} "
+              f"(hookkit.get_adapter({shipped!r}); enable uses it). The derived adapter follows.", file=sys.stderr)
     print(adapter_toml(derive_adapter(model)), end="")
     return 0
+
+
+def _shipped_adapter_name(model: torch.nn.Module) -> str | None:
+    """The name of the registered adapter matching `model`'s exact class, or None."""
+    from hookkit.errors import AdapterError
+
+    try:
+        return hookkit.resolve_adapter(model).name
+    except AdapterError:
+        return None
 
 
 # --- parser ----------------------------------------------------------------------------------------------
@@ -678,8 +698,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = sorted(hookkit.list_adapters())
     p = sub.add_parser("generate", help="one generation with the chosen optimizations, saved to a file")
     p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help=f"a shipped adapter name ({', '.join(models)}) or a local pipeline folder (then the name is read "
-                        "from its model_index.json; same as --model-path)")
+                   help=f"a model family that runs as is, with random weights ({', '.join(bench.tiny_models())}); another "
+                        f"shipped adapter name ({', '.join(m for m in models if m not in bench.tiny_models())}) with "
+                        "--model-path; or a local pipeline folder (then the name is read from its model_index.json; same "
+                        "as --model-path)")
     p.add_argument("--compile", action="store_true", help="regional torch.compile of the repeated blocks")
     p.add_argument("--compile-mode", default=None, choices=[m for m in COMPILE_MODES if m], help="torch.compile mode")
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
@@ -810,9 +832,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             hookkit.set_verbosity("INFO")
         else:
             _quiet_third_party()
+        rest = [a for a in argv[lead + 1:] if a != "--quality"]
+        if "--front" in rest:  # the Pareto-front comparison has its own options (`--quality --front --help`)
+            from hookkit.tools.front import front_main
+
+            return front_main([a for a in rest if a != "--front"])
         from hookkit.tools.quality import quality_main
 
-        return quality_main([a for a in argv[lead + 1:] if a != "--quality"])
+        return quality_main(rest)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verbose:

@@ -25,7 +25,7 @@ import torch
 
 from hookkit.core.parallel import gather_objects
 from hookkit.errors import HookError, SpecError, UnsupportedError
-from hookkit.techniques.parallel import ContextParallel
+from hookkit.techniques.parallel.spec import ContextParallel
 
 _KEYS = {"ulysses": int, "ring": int, "ulysses_anything": bool, "ring_anything": bool, "attention_backend": str}
 

@@ -16,8 +16,8 @@ does not import), or the uncached pipeline at fewer steps; each gets a freshly l
     report = quality.run_quality(quality.default_configs(), classes=range(10), seeds=range(4))
     report.write("out/quality")          # quality.md, quality.json, quality.png
 
-or `python -m hookkit.tools.quality --out out/quality` (behind `hookkit bench --quality`; `--front` hands over
-to `hookkit.tools.front`, the Pareto fronts against every peer).
+or `python -m hookkit.tools.quality --out out/quality` (behind `hookkit bench --quality`; `hookkit bench --quality
+--front` runs `hookkit.tools.front` instead, the Pareto fronts against every peer, which builds on this module).
 """
 
 from __future__ import annotations
@@ -962,10 +962,6 @@ def quality_main(argv: Sequence[str] | None = None) -> int:
     """`hookkit bench --quality ...`: run the sweep, print the table, write quality.md/.json/.png. Exit code 0,
     or 2 with hookkit's message (not a traceback) when something is missing or misnamed."""
     argv = list(argv) if argv is not None else sys.argv[1:]
-    if "--front" in argv:  # the Pareto-front comparison has its own options (`--front --help`)
-        from hookkit.tools.front import front_main
-
-        return front_main([a for a in argv if a != "--front"])
     args = _parser().parse_args(argv)
     configs = default_configs()
     if args.list:

@@ -25,7 +25,10 @@ from typing import Any
 import attrs
 import torch
 
-import hookkit
+from hookkit.core.handle import Handle, handle_of
+from hookkit.features import enable
+from hookkit.spec import Spec
+from hookkit.techniques.cache.spec import DBCache
 from hookkit.core.summary import table
 from hookkit.errors import SpecError
 from hookkit.techniques.cache.calibration import CacheCalibration
@@ -114,7 +117,7 @@ class _Recorder:
     """Plain torch hooks on the first and last block of each transformer: the hidden stream's residual across
     every block, per (step, branch) of the handle's clock. Removed with their torch handles."""
 
-    def __init__(self, handle: hookkit.Handle) -> None:
+    def __init__(self, handle: Handle) -> None:
         self.handle = handle
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}
         self._inputs: dict[int, torch.Tensor] = {}
@@ -130,12 +133,12 @@ class _Recorder:
             self._hooks.append(first.register_forward_pre_hook(self._pre(member, first_io), with_kwargs=True))
             self._hooks.append(last.register_forward_hook(self._post(member, last_io), with_kwargs=True))
 
-    def _pre(self, member: hookkit.Handle, io: _BlockIO) -> Callable[..., None]:
+    def _pre(self, member: Handle, io: _BlockIO) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self._inputs[id(member)] = io.hidden(args, kwargs)
         return hook
 
-    def _post(self, member: hookkit.Handle, io: _BlockIO) -> Callable[..., None]:
+    def _post(self, member: Handle, io: _BlockIO) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             hidden_in = self._inputs.pop(id(member), None)
             hidden_out, _ = io.unpack(output)
@@ -191,10 +194,10 @@ def _sigma_weights(pipe: Any, steps: int) -> list[float] | None:
 def _calibrate(replay: _Replay, progress: bool) -> tuple[CacheCalibration, list[torch.Tensor]]:
     """Run every call uncached once: its images (the reference) and the calibration."""
     pipe = replay.pipe
-    if hookkit.handle_of(pipe) is not None:
+    if handle_of(pipe) is not None:
         raise SpecError("hookkit.calibrate/tune: expected a pipeline without hookkit enabled (the calibration is of the "
                         "uncached model), got one with a handle. Call hookkit.disable(pipe) first.")
-    handle = hookkit.enable(pipe, hookkit.Spec())  # the clock only: steps and branches
+    handle = enable(pipe, Spec())  # the clock only: steps and branches
     recorder = _Recorder(handle)
     images: list[torch.Tensor] = []
     grams: list[list[list[float]]] = []
@@ -247,7 +250,7 @@ class TuneRow:
     """One candidate as measured on the calls: its cache spec, speed-up in executed block work, PSNR mean and min."""
 
     name: str
-    cache: hookkit.DBCache
+    cache: DBCache
     speedup: float
     psnr_mean: float
     psnr_min: float
@@ -263,8 +266,8 @@ class TuneResult:
     target: str
 
     @property
-    def spec(self) -> hookkit.Spec:
-        return hookkit.Spec(cache=self.chosen.cache)
+    def spec(self) -> Spec:
+        return Spec(cache=self.chosen.cache)
 
     def table(self) -> str:
         ordered = sorted(self.rows, key=lambda r: (-r.speedup, -r.psnr_mean))
@@ -277,7 +280,7 @@ def _db(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.2f}"
 
 
-def _name(cache: hookkit.DBCache) -> str:
+def _name(cache: DBCache) -> str:
     ts = f" TS{cache.taylorseer_order}" if cache.taylorseer_order else ""
     if cache.rule == "schedule":
         return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts}"
@@ -290,35 +293,35 @@ def _name(cache: hookkit.DBCache) -> str:
     return f"threshold {cache.threshold:g} F{cache.fn_blocks}{ts}"
 
 
-def candidates(calibration: CacheCalibration, speedup: float | None = None) -> list[hookkit.DBCache]:
+def candidates(calibration: CacheCalibration, speedup: float | None = None) -> list[DBCache]:
     """The caching specs `tune` tries, deterministic: the planned schedule (orders 0-2) at the target speed-up (or at
     a ladder of speed-ups for a quality target), MagCache's rule on the calibrated ratios, the threshold rule and
     the named static masks, each with TaylorSeer orders that measured useful."""
-    out: list[hookkit.DBCache] = []
+    out: list[DBCache] = []
     n = calibration.steps
     ladder = [speedup] if speedup is not None else [1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0]
     for s in ladder:
         if s >= n:
             continue
         for order in (0, 1, 2):
-            out.append(hookkit.DBCache(rule="schedule", calibration=calibration, speedup=float(s),
-                                       taylorseer_order=order))
+            out.append(DBCache(rule="schedule", calibration=calibration, speedup=float(s),
+                               taylorseer_order=order))
     if calibration.ratios is not None:
         for threshold in (0.06, 0.12, 0.24, 0.5):
             for k in (2, 3):
                 for order in (0, 1):
-                    out.append(hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=threshold,
-                                               max_continuous_cached_steps=k, taylorseer_order=order))
+                    out.append(DBCache(rule="magnitude", calibration=calibration, threshold=threshold,
+                                       max_continuous_cached_steps=k, taylorseer_order=order))
     for threshold in (0.08, 0.16, 0.24):
         for order in (0, 1):
-            out.append(hookkit.DBCache(threshold=threshold, taylorseer_order=order))
+            out.append(DBCache(threshold=threshold, taylorseer_order=order))
     for mask in ("slow", "medium", "fast", "ultra"):
         for order in (1, 2):
-            out.append(hookkit.DBCache(steps_mask=mask, mask_policy="static", taylorseer_order=order))
+            out.append(DBCache(steps_mask=mask, mask_policy="static", taylorseer_order=order))
     return out
 
 
-def _speedup(handle: hookkit.Handle) -> tuple[int, int]:
+def _speedup(handle: Handle) -> tuple[int, int]:
     """(uncached block calls, block calls run) of the handle's last generation, over its transformers."""
     total = run = 0
     summary = handle.summary()
@@ -330,8 +333,8 @@ def _speedup(handle: hookkit.Handle) -> tuple[int, int]:
     return total, run
 
 
-def _measure(replay: _Replay, cache: hookkit.DBCache, reference: list[torch.Tensor]) -> tuple[float, list[float]]:
-    handle = hookkit.enable(replay.pipe, hookkit.Spec(cache=cache))
+def _measure(replay: _Replay, cache: DBCache, reference: list[torch.Tensor]) -> tuple[float, list[float]]:
+    handle = enable(replay.pipe, Spec(cache=cache))
     total = run = 0
     psnrs: list[float] = []
     try:
@@ -346,7 +349,7 @@ def _measure(replay: _Replay, cache: hookkit.DBCache, reference: list[torch.Tens
 
 
 def search(pipe: Any, calls: Sequence[dict[str, Any]], *, speedup: float | None = None,
-           min_psnr: float | None = None, specs: Iterable[hookkit.DBCache] | None = None,
+           min_psnr: float | None = None, specs: Iterable[DBCache] | None = None,
            progress: bool = False) -> TuneResult:
     """`tune`, returning every candidate it measured (`TuneResult.rows`, `.table()`) besides the chosen one.
 
@@ -374,7 +377,7 @@ def search(pipe: Any, calls: Sequence[dict[str, Any]], *, speedup: float | None 
     rows: list[TuneRow] = []
     try:
         for item in tried:
-            cache = item(calibration) if callable(item) and not isinstance(item, hookkit.DBCache) else item
+            cache = item(calibration) if callable(item) and not isinstance(item, DBCache) else item
             try:
                 achieved, psnrs = _measure(replay, cache, reference)
             except SpecError:
@@ -404,7 +407,7 @@ def search(pipe: Any, calls: Sequence[dict[str, Any]], *, speedup: float | None 
 
 
 def tune(pipe: Any, calls: Sequence[dict[str, Any]], *, speedup: float | None = None,
-         min_psnr: float | None = None, progress: bool = True) -> hookkit.Spec:
+         min_psnr: float | None = None, progress: bool = True) -> Spec:
     """The caching Spec for this model and these calls: the best mean PSNR at >= `speedup`, or the fastest whose
     every image stays >= `min_psnr` dB (both: the best mean PSNR among those meeting both).
 

@@ -6,8 +6,8 @@ but as two passes over the row (a reduction for the amax, then a pointwise kerne
 divides and casts, or one kernel looping twice), well below the GPU's memory bandwidth. Where X is a GELU output
 or a concatenation with one (Flux's single blocks quantize `cat(attention, gelu(mlp))`, 15,360 values per row;
 every feed-forward quantizes `gelu(h)`), a kernel that holds the row in registers reads the inputs once, applies
-the GELU, takes the amax and writes the fp8 row and its scale (BENCHMARKS.md, session 6: the kernel times and the
-step profile with and without it).
+the GELU, takes the amax and writes the fp8 row and its scale (BENCHMARKS.md has the kernel times and the step
+profile with and without it).
 
 `FusedFp8Rows` is an inductor post-grad graph pass (passed in the `options` of hookkit's own `torch.compile`
 calls, never set process-wide) that finds exactly torchao's per-row quantization of such an X and replaces it
@@ -123,8 +123,8 @@ def fp8_quantize_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tens
     """`layer_norm(h) * a + b` (AdaLN modulation: a = 1 + scale, b = shift, one row per batch element) quantized per
     row to e4m3 with torchao's scale: (data, scale). The CUDA kernel holds the row in registers and reads h once; its
     mean and variance are summed in another order than eager's (only `fast` graphs are rewritten to it) and it rounds
-    to bf16 where eager does (GPU tests since run 21: row scales as eager torchao's on more than 99 % of rows; run 22's
-    Flux-sized input: every scale equal, 0.006 % of the codes one step apart). The CPU runs the eager arithmetic."""
+    to bf16 where eager does (GPU tests: row scales as eager torchao's on more than 99 % of rows; on a Flux-sized
+    input every scale equal, 0.006 % of the codes one step apart). The CPU runs the eager arithmetic."""
     _check_layer_norm(h, a, b)
     if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
         from hookkit.techniques.compile import fp8_rows_triton
@@ -241,7 +241,7 @@ def attention_output(x: Any) -> bool:
     """Whether X is a view of an attention kernel's output: the input of Flux's double-block and Qwen-Image's `to_out`
     and `to_add_out` (the joint attention's output, heads merged, split into its image and text tokens). The attention
     writes it anyway, and inductor's quantization reads it twice (a reduction, then the scaled cast: 32 µs per
-    Qwen-Image image stream at 1024² on an H200, run 22), where the one-pass kernel reads it once."""
+    Qwen-Image image stream at 1024² on an H200), where the one-pass kernel reads it once."""
     node = x
     while True:
         if _is(node, operator.getitem) and isinstance(node.args[0], torch.fx.Node) and node.args[0].target in _SPLITS:

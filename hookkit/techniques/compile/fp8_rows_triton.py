@@ -148,10 +148,10 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
 
 # fp32 -> the nearest bf16 (ties to even), returned as fp32, where eager rounds between its operations. On a GPU (`PTX`)
 # one `cvt.rn.bf16.f32` instruction as inline PTX, which no compiler pass folds away (a `.to(bf16).to(fp32)` round trip
-# measured as if one rounding were missing, run 19: a fifth of the row scales moved; BENCHMARKS.md). Triton's CPU
+# measured as if one rounding were missing: a fifth of the row scales moved; BENCHMARKS.md). Triton's CPU
 # interpreter runs no PTX: there the same rounding in integer arithmetic, which it runs exactly (on a GPU, where integer
-# operations run at half the float rate, the AdaLN kernel took 31 µs per Flux-sized call with it in run 21's step and
-# 23 µs with PTX in run 22's: different runs, not a side-by-side measurement).
+# operations run at half the float rate, the AdaLN kernel took 31 µs per Flux-sized call with it and 23 µs with PTX,
+# in two different measurements, not side by side).
 @triton.jit
 def _round_bf16(x, PTX: tl.constexpr):
     if PTX:

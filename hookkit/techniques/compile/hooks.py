@@ -294,7 +294,7 @@ class ModelWatch:
         if self._state is None or module is not self._module:
             return "first call" if self._state is None else "another module"
         # its thousands of metadata reads (addresses, versions) bypass torch-function handling: under an active mode
-        # (memo's, around the whole call) each read would be dispatched through it (BENCHMARKS.md, session 8)
+        # (memo's, around the whole call) each read would be dispatched through it (several ms per call: BENCHMARKS.md)
         with torch._C.DisableTorchFunction():
             if self._read() == self._state:
                 return None
@@ -917,9 +917,9 @@ def new_fp8_rows_pass(fast: bool = False) -> Any:
                         then=inductor_config.post_grad_custom_post_pass)
 
 
-#: On by default since session 9: with `fuse_fp8_rows="fast"`, Linears that quantize the same input share one
+#: On by default: with `fuse_fp8_rows="fast"`, Linears that quantize the same input share one
 #: quantization and AdaLN inputs (`layer_norm(h) * (1 + scale) + shift`) are quantized in one pass by hookkit's kernel
-#: (rounding to bf16 where eager rounds: its GPU tests pass since run 21, and the trained tiny Flux compiled with it
+#: (rounding to bf16 where eager rounds: its GPU tests pass, and the trained tiny Flux compiled with it
 #: keeps 43.1 dB against bf16, BENCHMARKS.md). A module switch, not a `Compile` field: benchmarks turn it off
 #: (`step_profile.py`'s `+noadaln`) to measure it against inductor's own quantization.
 ADALN_ROWS = True

@@ -4,7 +4,7 @@ Flux, Qwen-Image and many other DiTs normalize every head of the query and the k
 with a weight), then rotate each pair of its elements (rotary embedding), some concatenating the text and the image
 streams in between. Inductor fuses this into kernels of its own, but slow ones: at Flux-dev 1024² on an H200 they took
 4.5 ms of a step in the single blocks (119 µs per block for about 25 µs of memory traffic) and about 2.5 ms in the
-double blocks, 9.3 ms of a Qwen-Image step (BENCHMARKS.md, run 19's profile): the reduction over the head and the
+double blocks, 9.3 ms of a Qwen-Image step (BENCHMARKS.md, a step profile): the reduction over the head and the
 access to each element's rotary partner split it into several passes over the tensor.
 
 `FusedNormRope` is an inductor post-grad graph pass (in the `options` of hookkit's own `torch.compile` calls, chained
@@ -42,7 +42,7 @@ DEVICES: tuple[str, ...] = ("cuda",)
 #: the widest head the kernel holds (a power of two; Flux, Qwen-Image: 128)
 MAX_HEAD_DIM = 256
 #: the most values of a token (heads rounded up to a power of two, times the head) that the pass gives the kernel for
-#: a norm over all heads: on an H200 (BENCHMARKS.md, run 26) Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
+#: a norm over all heads: on an H200 (BENCHMARKS.md) Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
 #: inductor's 7.5, Wan 2.1 14B's 64 x 128 (40 heads) took 1.9x inductor's time (one program holds a whole token)
 MAX_ACROSS_WIDTH = 2048
 

@@ -31,7 +31,7 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, tokens
     pair = tl.arange(0, D // 2)[None, :]
     source = x_ptr + batch * stride_xb + seq * stride_xs + head * D
     # one contiguous load of each head, split in registers (two strided loads of the even and odd elements were 11x
-    # slower on an H200: BENCHMARKS.md, run 24)
+    # slower on an H200: BENCHMARKS.md)
     x = tl.load(source + tl.arange(0, D)[None, :], mask=live, other=0.0).to(tl.float32)
     even, odd = tl.split(tl.reshape(x, (HEADS, D // 2, 2)))
     # eager: mean(x.float() ** 2) (each square rounded), + eps, rsqrt; the kernel sums the squares in another order

@@ -39,7 +39,7 @@ class Compile:
             outputs (Flux's double-block and Qwen-Image's `to_out` / `to_add_out`), and with "fast" the AdaLN inputs
             `layer_norm(h) * (1 + scale) + shift` (Linears of one input then share one quantization). "fast"
             (default) computes tanh from exp and divides approximately, as inductor's own kernels do: an fp8 Flux-dev
-            step at 1024² 7.5 ms shorter on an H200 from the GELU sites alone (BENCHMARKS.md, run 15), fp8 codes
+            step at 1024² 7.5 ms shorter on an H200 from the GELU sites alone (BENCHMARKS.md), fp8 codes
             within one step of eager torchao's. "exact" follows eager torchao's arithmetic (libdevice tanh, correctly
             rounded division) on the GELU and attention sites and leaves AdaLN inputs to inductor: the compiled Linear
             is bitwise eager torchao's, for reproducing eager outputs. "off" leaves all of torchao's quantization to
@@ -54,7 +54,7 @@ class Compile:
             code) in one pass by hookkit's kernel, writing the attention's input directly (default True): inductor's
             own kernels pass over the query and key several times (the kernels between the QKV projections and the
             attention took 6.4 ms of an fp8 Flux-dev 1024² step on an H200, 3.1 ms with hookkit's; Qwen-Image's 7.3
-            against 4.3 ms: BENCHMARKS.md, run 22; Wan 2.1 1.3B's 7.5 against 7.0 ms, run 26). The kernel rounds where
+            against 4.3 ms; Wan 2.1 1.3B's 7.5 against 7.0 ms: BENCHMARKS.md). The kernel rounds where
             eager rounds (bitwise in Triton's CPU interpreter; on the GPU the sum of squares in another order moves a
             few values in a million by one bf16 step). False leaves them to inductor.
     """

@@ -35,6 +35,7 @@ from loguru import logger
 from hookkit.adapters import AdapterSpec, resolve_adapter
 from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.plan import Attachment, PlanContext, module_at
+from hookkit.core.quiet import quiet_imports
 from hookkit.core.removal import Removal
 from hookkit.core.summary import FeatureSummary, path_template, render_indices, table
 from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError, field_error
@@ -112,18 +113,22 @@ _GPUS = {(8, 9): "Ada, Hopper or Blackwell, e.g. L4, L40S, H100, H200, B200",
 
 
 def make_config(scheme: str) -> Any:
-    """The torchao config of `scheme`, never allowed to change global inductor settings."""
+    """The torchao config of `scheme`, never allowed to change global inductor settings.
+
+    hookkit's first import of torchao is here: inside `quiet_imports`, so that its import-time chatter (kernels a CPU
+    build cannot load, torch's pytree deprecations) is not printed on the user's behalf."""
     if scheme not in SCHEMES:
         raise SpecError(f"Quantize.scheme: expected one of {QUANT_SCHEMES}, got {scheme!r}.")
     try:
-        from torchao.quantization import (
-            Float8DynamicActivationFloat8WeightConfig,
-            Float8WeightOnlyConfig,
-            Int8DynamicActivationInt8WeightConfig,
-            Int8WeightOnlyConfig,
-            PerRow,
-            PerTensor,
-        )
+        with quiet_imports():
+            from torchao.quantization import (
+                Float8DynamicActivationFloat8WeightConfig,
+                Float8WeightOnlyConfig,
+                Int8DynamicActivationInt8WeightConfig,
+                Int8WeightOnlyConfig,
+                PerRow,
+                PerTensor,
+            )
     except ImportError as exc:
         raise UnsupportedError(f"Quantize(scheme={scheme!r}) needs torchao: pip install 'torchao>=0.17' ({exc}).") from None
     if scheme == "fp8_row":
@@ -139,10 +144,11 @@ def make_config(scheme: str) -> Any:
         return Int8WeightOnlyConfig(version=2, set_inductor_config=False)
     # The MX configs have no set_inductor_config field: their handlers leave inductor alone.
     try:
-        from torchao.prototype.mx_formats import (
-            MXDynamicActivationMXWeightConfig,
-            NVFP4DynamicActivationNVFP4WeightConfig,
-        )
+        with quiet_imports():
+            from torchao.prototype.mx_formats import (
+                MXDynamicActivationMXWeightConfig,
+                NVFP4DynamicActivationNVFP4WeightConfig,
+            )
     except ImportError as exc:
         raise UnsupportedError(
             f"Quantize.scheme={scheme!r}: expected a torchao with the prototype MX formats "

@@ -1,4 +1,4 @@
-"""benchmarks/issue18_report.py's goal verdicts: what a lease's numbers say about issue 18's goals."""
+"""benchmarks/peer_goals_report.py's goal verdicts: what a lease's numbers say about each goal against the peer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture
 def report(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
-    return benchmark_script("issue18_report")
+    return benchmark_script("peer_goals_report")
 
 
 def doc(report: ModuleType, **rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""One markdown table and one JSON document from the pieces of `benchmarks/h200_issue18.sh` (issue 18).
+"""The peer goals on one lease: one markdown table and one JSON document from the pieces of
+`benchmarks/h200_issue18.sh`.
 
 Reads the `hookkit bench-one` rows (`<res>/<group>/<config>.json`), `step_profile.json`, `quality_fp8/quality.json`
 and `held_memory.json` under `<res>`, whatever of them exists (a piece the lease did not reach is listed as
-such), and checks the issue's goals against the numbers:
+such), and checks each goal (Flux-dev and Qwen-Image latency and memory beside the strongest peer, cache-dit, in
+the same run; the uncached fp8 step) against the numbers:
 
-    python benchmarks/issue18_report.py /tmp/hk18/res --out "$OUT"     # writes issue18.md, issue18.json
+    python benchmarks/peer_goals_report.py /tmp/hk18/res --out "$OUT"     # writes peer_goals.md, peer_goals.json
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _ok(rows: list[dict[str, Any]], config: str) -> dict[str, Any] | None:
 
 
 def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(goal, measured, verdict) for every goal of the issue that the numbers can answer."""
+    """(goal, measured, verdict) for every goal that the numbers can answer."""
     out: list[tuple[str, str, str]] = []
 
     def verdict(ok: bool | None) -> str:
@@ -156,8 +158,8 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def markdown(doc: dict[str, Any]) -> str:
     quick = os.environ.get("QUICK") == "1"
-    title = "# issue 18: CPU plumbing check (`quick`: tiny models, CPU stand-in rows; the numbers mean nothing)" \
-        if quick else "# issue 18 on one lease"
+    title = "# peer goals: CPU plumbing check (`quick`: tiny models, CPU stand-in rows; the numbers mean nothing)" \
+        if quick else "# peer goals on one lease"
     lines = [title, "", "| group | config | status | median (s) | spread (%) | peak (GB) | "
              "first call (s) | to first image (s) | cached | note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, group in doc["groups"].items():
@@ -195,7 +197,7 @@ def markdown(doc: dict[str, Any]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("res", help="the queue's result folder")
-    p.add_argument("--out", default=None, help="where issue18.md and issue18.json go (default: RES)")
+    p.add_argument("--out", default=None, help="where peer_goals.md and peer_goals.json go (default: RES)")
     args = p.parse_args()
     res = Path(args.res)
     doc = collect(res)
@@ -203,8 +205,8 @@ def main() -> int:
     out = Path(args.out) if args.out else res
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(doc)
-    (out / "issue18.md").write_text(text + "\n")
-    (out / "issue18.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / "peer_goals.md").write_text(text + "\n")
+    (out / "peer_goals.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(text)
     return 0
 

@@ -22,9 +22,8 @@ mesh's subgroups alone). Under torchrun, one process per GPU, same seed and inpu
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
 from loguru import logger
 
@@ -33,8 +32,8 @@ from hookkit.core.parallel import context_parallel_config, parallel_info
 from hookkit.core.plan import Attachment
 from hookkit.core.removal import Removal
 from hookkit.core.summary import FeatureSummary
-from hookkit.core.validate import boolean, int_field
 from hookkit.errors import EnableError, SpecError, UnsupportedError
+from hookkit.techniques.parallel.spec import ContextParallel
 
 if TYPE_CHECKING:
     from hookkit.adapters import AdapterSpec
@@ -54,72 +53,7 @@ GATHER_CHECK_HOOK = "hookkit.parallel.check_gather---{}"
 NO_LSE_BACKENDS = frozenset({"native"})
 _MISSING = object()
 
-__all__ = ["FEATURE", "ContextParallel"]
-
-
-def _check_str_or_none(inst: Any, attr: attrs.Attribute, value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise SpecError(f"ContextParallel.{attr.name}: expected a diffusers attention backend name (e.g. 'native', "
-                        f"'_native_cudnn', 'flash') or None, got {value!r}.")
-
-
-@attrs.frozen(kw_only=True)
-class ContextParallel:
-    """Sequence (context) parallelism over torch.distributed, run by diffusers' `enable_parallelism`.
-
-    Args:
-        ulysses: Ulysses degree: ranks that exchange heads for sequence with all-to-alls around attention. Must
-            divide the attention head count (unless `ulysses_anything`).
-        ring: ring degree: ranks that pass key/value shards around a ring (needs an attention backend whose op
-            returns the log-sum-exp: `_native_cudnn`, `flash`, `_native_flash`, `sage`, not `native`).
-            `ulysses * ring` ranks share one sequence; at least 2.
-        ulysses_anything: let Ulysses split sequence lengths and head counts it does not divide (uneven shards;
-            only with `ring=1`).
-        ring_anything: let ring attention split sequence lengths it does not divide (only with `ulysses=1`).
-        attention_backend: set on the transformer (`set_attention_backend`) before enabling; None keeps the one it
-            has (diffusers' default: `native`). Restored on removal.
-        convert_to_fp32: ring attention merges partial outputs and log-sum-exps in float32 (diffusers' default).
-    """
-
-    NAME: ClassVar[str] = "parallel"
-    ulysses: int = attrs.field(default=1, validator=int_field(1))
-    ring: int = attrs.field(default=1, validator=int_field(1))
-    ulysses_anything: bool = attrs.field(default=False, validator=boolean)
-    ring_anything: bool = attrs.field(default=False, validator=boolean)
-    attention_backend: str | None = attrs.field(default=None, validator=_check_str_or_none)
-    convert_to_fp32: bool = attrs.field(default=True, validator=boolean)
-
-    def __attrs_post_init__(self) -> None:
-        if self.ulysses * self.ring < 2:
-            raise SpecError(f"ContextParallel.ulysses * ContextParallel.ring: expected at least 2 ranks per sequence, "
-                            f"got ulysses={self.ulysses} * ring={self.ring} = {self.ulysses * self.ring}. Set ulysses=2 "
-                            "(or ring=2), or leave Spec.parallel unset for one process.")
-        if self.ulysses_anything and self.ring > 1:
-            raise SpecError(f"ContextParallel.ulysses_anything: expected ring=1 with it (diffusers' rule), got "
-                            f"ring={self.ring}. Use ring=1 or drop ulysses_anything.")
-        if self.ulysses_anything and self.ulysses < 2:
-            raise SpecError("ContextParallel.ulysses_anything: expected ulysses >= 2 with it, got ulysses=1. "
-                            "Raise ulysses or drop ulysses_anything.")
-        if self.ring_anything and (self.ulysses > 1 or self.ring < 2):
-            raise SpecError(f"ContextParallel.ring_anything: expected ring >= 2 and ulysses=1 with it, got "
-                            f"ring={self.ring}, ulysses={self.ulysses}. Fix the degrees or drop ring_anything.")
-
-    @property
-    def degree(self) -> int:
-        """Ranks that share one sequence."""
-        return self.ulysses * self.ring
-
-    @property
-    def anything(self) -> bool:
-        return self.ulysses_anything or self.ring_anything
-
-    def diffusers_config(self) -> Any:
-        """The `diffusers.ContextParallelConfig` this spec stands for (a new one each time: diffusers fills it in)."""
-        from diffusers import ContextParallelConfig
-
-        return ContextParallelConfig(ulysses_degree=self.ulysses, ring_degree=self.ring,
-                                     ulysses_anything=self.ulysses_anything, ring_anything=self.ring_anything,
-                                     convert_to_fp32=self.convert_to_fp32)
+__all__ = ["FEATURE"]
 
 
 # --- attention processors ----------------------------------------------------------------------------------------
