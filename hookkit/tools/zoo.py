@@ -11,10 +11,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 
 from hookkit.core.quiet import quiet_imports
-from hookkit.errors import AdapterError
+from hookkit.errors import AdapterError, SpecError
 
 # Transformer configs: tiny (CPU, seconds) and full (the published architectures' defaults).
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -37,11 +38,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                          text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
 }
 
+#: Wan 2.1 T2V 14B's `transformer/config.json` (Wan-AI/Wan2.1-T2V-14B-Diffusers), written out rather than left to
+#: diffusers' defaults (which are these values in 0.42.1): a changed default must not silently change the benchmark.
+WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+               text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+               qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024)
+#: Wan 2.1 T2V 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers): the 14B config at 12 heads, 30 layers, ffn_dim 8960.
+WAN_1_3B = {**WAN_14B, "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30}
+
 FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "flux": dict(guidance_embeds=True),  # Flux-dev
     "qwenimage": dict(),
     "cogvideox": dict(),  # CogVideoX-2b
-    "wan": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, text_dim=4096),  # Wan2.1 1.3B
+    "wan": WAN_1_3B,
     "sd3": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=192),  # SD3 Medium
     "hunyuanvideo": dict(),
 }
@@ -80,14 +89,73 @@ def tiny_transformer(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Mod
     return cls(**{**TINY_CONFIGS[name], **overrides}).eval()
 
 
+@attrs.frozen(kw_only=True)
+class FullArchitecture:
+    """One published checkpoint's architecture, for `--full --arch NAME`: the family's default full size
+    (`FULL_CONFIGS`) is one checkpoint, and a family's checkpoints differ in width (Wan 2.1 1.3B and 14B) or in
+    layout (Wan 2.2 A14B: two experts, `transformer` for the high-noise steps and `transformer_2` for the rest)."""
+
+    name: str
+    family: str  # the zoo family (and adapter name) whose pipeline carries it
+    source: str  # the Hugging Face repository whose transformer/config.json `transformer` copies
+    transformer: dict[str, Any]
+    experts: int = 1  # 2: `transformer_2` is a second transformer of the same config
+    pipeline: dict[str, Any] = attrs.field(factory=dict)  # pipeline config (Wan 2.2: boundary_ratio)
+    default_steps: int = 28  # the pipeline's own num_inference_steps default
+
+    def describe(self) -> str:
+        experts = f", {self.experts} experts" if self.experts > 1 else ""
+        return f"{self.name} ({self.source}{experts})"
+
+
+FULL_ARCHITECTURES: dict[str, FullArchitecture] = {arch.name: arch for arch in (
+    FullArchitecture(name="wan2.1-1.3b", family="wan", source="Wan-AI/Wan2.1-T2V-1.3B-Diffusers", transformer=WAN_1_3B,
+                     default_steps=50),
+    FullArchitecture(name="wan2.1-14b", family="wan", source="Wan-AI/Wan2.1-T2V-14B-Diffusers", transformer=WAN_14B,
+                     default_steps=50),
+    # both experts are Wan 2.1 14B's config; the high-noise expert runs while t >= boundary_ratio * 1000
+    FullArchitecture(name="wan2.2-a14b", family="wan", source="Wan-AI/Wan2.2-T2V-A14B-Diffusers", transformer=WAN_14B,
+                     experts=2, pipeline=dict(boundary_ratio=0.875), default_steps=50),
+)}
+
+#: the architecture `--full` builds for a family without `--arch`
+DEFAULT_ARCHITECTURE: dict[str, str] = {"wan": "wan2.1-1.3b"}
+
+
+def full_architecture(name: str, arch: str | None) -> FullArchitecture | None:
+    """The `--arch` architecture of family `name` (its default one without `--arch`; None for a family that has
+    only `FULL_CONFIGS`), or a SpecError naming the architectures that exist."""
+    if arch is None:
+        default = DEFAULT_ARCHITECTURE.get(name)
+        return FULL_ARCHITECTURES[default] if default else None
+    if arch not in FULL_ARCHITECTURES or FULL_ARCHITECTURES[arch].family != name:
+        known = [a.name for a in FULL_ARCHITECTURES.values() if a.family == name]
+        hint = f"for {name}: {known}" if known else f"none for {name}; all: {list(FULL_ARCHITECTURES)}"
+        raise SpecError(f"--arch: expected a full-size architecture of MODEL {name!r} ({hint}), got {arch!r}.")
+    return FULL_ARCHITECTURES[arch]
+
+
 @quiet_imports()
-def full_transformer(name: str, **overrides: Any) -> torch.nn.Module:
-    """The full-size architecture of family `name` with random weights (build it under a device context)."""
+def full_transformer(name: str, arch: str | None = None, **overrides: Any) -> torch.nn.Module:
+    """The full-size architecture of family `name` (`arch`: one of `FULL_ARCHITECTURES`) with random weights
+    (build it under a device context)."""
     _check(name)
     import diffusers
 
+    architecture = full_architecture(name, arch)
+    config = architecture.transformer if architecture is not None else FULL_CONFIGS[name]
     cls = getattr(diffusers, _TRANSFORMERS[name])
-    return cls(**{**FULL_CONFIGS[name], **overrides}).eval()
+    return cls(**{**config, **overrides}).eval()
+
+
+def full_transformers(name: str, arch: str | None = None) -> dict[str, torch.nn.Module]:
+    """The pipeline components of the full-size architecture: `transformer`, and `transformer_2` for a
+    two-expert one (each its own random weights: the experts of Wan 2.2 are two trained models)."""
+    architecture = full_architecture(name, arch)
+    parts = {"transformer": full_transformer(name, arch)}
+    if architecture is not None and architecture.experts == 2:
+        parts["transformer_2"] = full_transformer(name, arch)
+    return parts
 
 
 # --- pipelines ---------------------------------------------------------------------------------------------
