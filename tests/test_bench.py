@@ -291,6 +291,7 @@ def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
     ("qwenimage", {"true_cfg_scale": 4.0}, True),           # true CFG: conditional then unconditional call
     ("wan", {}, True),                                      # negative prompt, guidance 5.0, two calls
     ("wan", {"guidance_scale": 1.0}, False),                # guidance off: one call
+    ("hunyuanvideo15", {}, True),                           # the pipeline's guider: CFG 6.0, two calls
 ])
 def test_cache_dit_is_told_whether_cfg_runs_as_separate_calls(name: str, extra: dict, separate: bool) -> None:
     from hookkit.tools import zoo
@@ -519,14 +520,15 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     assert notes == []
 
 
-@pytest.mark.parametrize(("arch", "parameters"), [
-    ("wan2.1-1.3b", 1_418_996_800),
-    ("wan2.1-14b", 14_288_491_584),
-    ("wan2.2-a14b", 2 * 14_288_491_584),  # two experts of the 14B config
+@pytest.mark.parametrize(("name", "arch", "parameters"), [
+    ("wan", "wan2.1-1.3b", 1_418_996_800),
+    ("wan", "wan2.1-14b", 14_288_491_584),
+    ("wan", "wan2.2-a14b", 2 * 14_288_491_584),  # two experts of the 14B config
+    ("hunyuanvideo15", "hunyuanvideo1.5-480p", 8_326_608_160),
 ])
-def test_full_size_wan_architectures_build_on_the_meta_device_with_their_parameter_counts(arch: str,
-                                                                                          parameters: int) -> None:
-    assert bench.full_transformer_parameters("wan", arch) == parameters
+def test_full_size_video_architectures_build_on_the_meta_device_with_their_parameter_counts(
+        name: str, arch: str, parameters: int) -> None:
+    assert bench.full_transformer_parameters(name, arch) == parameters
 
 
 def test_the_full_size_wan_default_is_the_1_3b_architecture() -> None:
@@ -552,7 +554,7 @@ def test_full_size_wan_runs_its_pipelines_50_steps_by_default() -> None:
      "--arch wan2.1-14b: names a full-size architecture, only with --full. Add --full."),
     (bench.ModelOptions(name="flux", full=True, arch="wan2.1-14b"),
      "--arch: expected a full-size architecture of MODEL 'flux' (none for flux; all: ['wan2.1-1.3b', 'wan2.1-14b', "
-     "'wan2.2-a14b']), got 'wan2.1-14b'."),
+     "'wan2.2-a14b', 'hunyuanvideo1.5-480p']), got 'wan2.1-14b'."),
     (bench.ModelOptions(name="wan", full=True, arch="wan2.1-7b"),
      "--arch: expected a full-size architecture of MODEL 'wan' (for wan: ['wan2.1-1.3b', 'wan2.1-14b', "
      "'wan2.2-a14b']), got 'wan2.1-7b'."),
@@ -596,3 +598,19 @@ def test_the_magcache_row_runs_the_tiny_wan(tmp_path: Path) -> None:
                         warmup=0, out_dir=tmp_path)
     assert (row["status"], row["kind"]) == ("ok", "stock"), row["note"]
     assert torch.load(tmp_path / "magcache.pt").shape == (1, 5, 3, 16, 16)  # decoded: (batch, frames, rgb, h, w)
+
+
+def test_hunyuanvideo15_at_480x848_and_121_frames_is_31_latent_frames_of_30_by_53_tokens() -> None:
+    from hookkit.tools import local
+
+    pipe = bench.skeleton_pipeline(bench.ModelOptions(name="hunyuanvideo15", full=True))
+    assert local.latent_tokens(pipe, 480, 848, 121) == 31 * 30 * 53 == 49_290
+
+
+def test_the_tiny_hunyuanvideo15_runs_through_a_bench_row(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["hookkit-cache-fast"], bench.ModelOptions(name="hunyuanvideo15", steps=6),
+                        runs=1, warmup=0, out_dir=tmp_path)
+    assert row["status"] == "ok", row["note"]
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
+    cached = [i for i, m in enumerate(mask) if m == 0]
+    assert {name: b["cached"] for name, b in row["features"]["cache"]["branches"].items()} == {0: cached, 1: cached}

@@ -38,7 +38,9 @@ from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
 
 #: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
-FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512}
+FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512, "hunyuanvideo15": 1000}
+#: HunyuanVideo 1.5's second text encoder (ByT5, glyphs): its padded length
+FULL_TEXT_TOKENS_2 = {"hunyuanvideo15": 256}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -323,6 +325,8 @@ def _full_vae(name: str) -> torch.nn.Module:
         return diffusers.AutoencoderKLCogVideoX().eval()
     if name == "wan":
         return diffusers.AutoencoderKLWan().eval()
+    if name == "hunyuanvideo15":
+        return diffusers.AutoencoderKLHunyuanVideo15().eval()
     raise UnsupportedError(f"--full {name}: no full-size pipeline for {name} yet; available: {list(tiny_models())}.")
 
 
@@ -496,6 +500,9 @@ def _embedding_call_kwargs(pipe: Any, opts: ModelOptions, steps: int, output_typ
     elif opts.name == "wan":
         kw.update(prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g),
                   negative_prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g), guidance_scale=5.0)
+    elif opts.name == "hunyuanvideo15":  # CFG through the pipeline's guider (guidance 6)
+        kw.update(zoo.hunyuanvideo15_embeddings(b, tokens, cfg.text_embed_dim, FULL_TEXT_TOKENS_2[opts.name],
+                                                cfg.text_embed_2_dim, g))
     return kw
 
 
@@ -628,7 +635,9 @@ def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
         return False
     if kwargs.get("negative_prompt_embeds") is None and kwargs.get("negative_prompt") is None:
         return False
-    return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", 1.0))) > 1.0
+    guider = getattr(pipe, "guider", None)  # HunyuanVideo 1.5: CFG is the pipeline's guider, not a call argument
+    default = getattr(guider, "guidance_scale", 1.0) if guider is not None else 1.0
+    return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", default))) > 1.0
 
 
 def tuned_2x_mask(steps: int = 28) -> tuple[int, ...]:

@@ -36,6 +36,11 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "hunyuanvideo": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
                          num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
                          text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
+    # diffusers' test config (tests/diffusers_configs.py), in_channels 4 + 4 + 1: latents, condition latents, mask
+    "hunyuanvideo15": dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+                           num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+                           text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
+                           task_type="t2v"),
 }
 
 #: Wan 2.1 T2V 14B's `transformer/config.json` (Wan-AI/Wan2.1-T2V-14B-Diffusers), written out rather than left to
@@ -46,6 +51,14 @@ WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=
 #: Wan 2.1 T2V 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers): the 14B config at 12 heads, 30 layers, ffn_dim 8960.
 WAN_1_3B = {**WAN_14B, "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30}
 
+#: HunyuanVideo 1.5 480p text-to-video (hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v): diffusers'
+#: defaults in 0.42.1 except task_type (their default is "i2v"), written out for the same reason as WAN_14B.
+HUNYUANVIDEO15_480P_T2V = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
+                               num_layers=54, num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+                               qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152,
+                               rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v",
+                               use_meanflow=False)
+
 FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "flux": dict(guidance_embeds=True),  # Flux-dev
     "qwenimage": dict(),
@@ -53,6 +66,7 @@ FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "wan": WAN_1_3B,
     "sd3": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=192),  # SD3 Medium
     "hunyuanvideo": dict(),
+    "hunyuanvideo15": HUNYUANVIDEO15_480P_T2V,
 }
 
 #: the full-size layer structure at tiny widths (CPU): `full_pipeline(name, **NARROW_CONFIGS[name])` has the real
@@ -70,6 +84,7 @@ _TRANSFORMERS = {
     "wan": "WanTransformer3DModel",
     "sd3": "SD3Transformer2DModel",
     "hunyuanvideo": "HunyuanVideoTransformer3DModel",
+    "hunyuanvideo15": "HunyuanVideo15Transformer3DModel",
 }
 
 
@@ -116,10 +131,13 @@ FULL_ARCHITECTURES: dict[str, FullArchitecture] = {arch.name: arch for arch in (
     # both experts are Wan 2.1 14B's config; the high-noise expert runs while t >= boundary_ratio * 1000
     FullArchitecture(name="wan2.2-a14b", family="wan", source="Wan-AI/Wan2.2-T2V-A14B-Diffusers", transformer=WAN_14B,
                      experts=2, pipeline=dict(boundary_ratio=0.875), default_steps=50),
+    FullArchitecture(name="hunyuanvideo1.5-480p", family="hunyuanvideo15",
+                     source="hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
+                     transformer=HUNYUANVIDEO15_480P_T2V, default_steps=50),
 )}
 
 #: the architecture `--full` builds for a family without `--arch`
-DEFAULT_ARCHITECTURE: dict[str, str] = {"wan": "wan2.1-1.3b"}
+DEFAULT_ARCHITECTURE: dict[str, str] = {"wan": "wan2.1-1.3b", "hunyuanvideo15": "hunyuanvideo1.5-480p"}
 
 
 def full_architecture(name: str, arch: str | None) -> FullArchitecture | None:
@@ -219,14 +237,28 @@ def _wan(transformer: torch.nn.Module) -> Any:
     return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer)
 
 
+def _hunyuanvideo15(transformer: torch.nn.Module) -> Any:
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    latent_channels = (transformer.config.in_channels - 1) // 2  # latents + condition latents + 1 mask channel
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=latent_channels, block_out_channels=(8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=4, temporal_compression_ratio=4).eval()
+    # 480p's flow shift 5 and the published guidance 6 (the guider is the pipeline's CFG: two calls per step)
+    return HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), transformer=transformer,
+                                  guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
 _PIPELINES: dict[str, Callable[[torch.nn.Module], Any]] = {
-    "flux": _flux, "qwenimage": _qwenimage, "cogvideox": _cogvideox, "wan": _wan,
+    "flux": _flux, "qwenimage": _qwenimage, "cogvideox": _cogvideox, "wan": _wan, "hunyuanvideo15": _hunyuanvideo15,
 }
 
 
 @quiet_imports()
 def tiny_pipeline(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
-    """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan) on the CPU, no text encoders."""
+    """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan, hunyuanvideo15) on the CPU, no text
+    encoders."""
     if name not in _PIPELINES:
         raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
     pipe = _PIPELINES[name](tiny_transformer(name, seed=seed, **transformer_overrides))
@@ -256,11 +288,27 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
         kw.update(prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=9, guidance_scale=6.0)
+    elif name == "hunyuanvideo15":
+        kw.update(hunyuanvideo15_embeddings(batch, 8, cfg["text_embed_dim"], 4, cfg["text_embed_2_dim"], g),
+                  height=height or 16, width=width or 16, num_frames=5)
     else:  # wan
         kw.update(prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=5, guidance_scale=5.0)
     kw.update(extra)
+    return kw
+
+
+def hunyuanvideo15_embeddings(batch: int, tokens: int, dim: int, tokens_2: int, dim_2: int,
+                              g: torch.Generator) -> dict[str, torch.Tensor]:
+    """HunyuanVideo 1.5's four embeddings and masks (Qwen2.5-VL and ByT5, conditional and negative): the pipeline
+    runs CFG through its guider, which reads all of them. Masks all ones: every token attends (the padded length)."""
+    kw: dict[str, torch.Tensor] = {}
+    for prefix in ("", "negative_"):
+        kw[f"{prefix}prompt_embeds"] = torch.randn(batch, tokens, dim, generator=g)
+        kw[f"{prefix}prompt_embeds_mask"] = torch.ones(batch, tokens, dtype=torch.long)
+        kw[f"{prefix}prompt_embeds_2"] = torch.randn(batch, tokens_2, dim_2, generator=g)
+        kw[f"{prefix}prompt_embeds_mask_2"] = torch.ones(batch, tokens_2, dtype=torch.long)
     return kw
 
 
