@@ -268,7 +268,7 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
 @pytest.mark.parametrize(("argv", "message"), [
     (["flux", "--device", "cuda"], "--device cuda: no CUDA device is visible"),
     (["sd3"], "no tiny pipeline for sd3 yet (random-weight pipelines, tiny and --full, exist for ['cogvideox', "
-              "'flux', 'qwenimage', 'wan'])"),
+              "'flux', 'hunyuanvideo15', 'qwenimage', 'wan'])"),
     (["hunyuanvideo"], "no tiny pipeline for hunyuanvideo yet"),
     (["hunyuanvideo", "--full"], "no full-size pipeline for hunyuanvideo yet"),
     (["nosuchmodel"], "MODEL: expected a shipped adapter name"),
@@ -399,7 +399,7 @@ def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> N
     opts = bench.ModelOptions(name="sd3", model_path="/models/sd3-no-text-encoders")
     with pytest.raises(UnsupportedError, match=r"sd3: the pipeline in /models/sd3-no-text-encoders has no text "
                                                r"encoder, and hookkit makes random prompt embeddings only for "
-                                               r"\['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
+                                               r"\['cogvideox', 'flux', 'hunyuanvideo15', 'qwenimage', 'wan'\]"):
         bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")
 
 
