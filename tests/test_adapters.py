@@ -408,7 +408,7 @@ def test_tiny_sd3_and_hunyuanvideo_run_a_forward() -> None:
 
 
 def test_call_kwargs_of_a_model_without_a_tiny_pipeline_is_an_adapter_error() -> None:
-    with pytest.raises(AdapterError, match=r"^no built-in tiny pipeline 'mochi'; known: \['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
+    with pytest.raises(AdapterError, match=r"^no built-in tiny pipeline 'mochi'; known: \['cogvideox', 'flux', 'hunyuanvideo15', 'qwenimage', 'wan'\]"):
         zoo.call_kwargs("mochi")
 
 

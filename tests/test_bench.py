@@ -261,7 +261,8 @@ def test_json_is_strict_even_for_non_finite_statistics() -> None:
     assert json.loads(text) == {"psnr_db": None, "features": {"dbcache": {"diffs": [0.5, "inf", "nan"]}}}
 
 
-@pytest.mark.parametrize("extra", [{"full": True}, {"model_path": "/models/wan", "prompt": "a red fox in the snow"}])
+@pytest.mark.parametrize("extra", [{"full": True}, {"full": True, "arch": "wan2.2-a14b", "frames": 9},
+                                   {"model_path": "/models/wan", "prompt": "a red fox in the snow"}])
 def test_model_options_round_trip_through_the_bench_one_flags(extra: dict) -> None:
     opts = bench.ModelOptions(name="wan", device="cpu", dtype="bfloat16", steps=5, height=48, width=64,
                               batch=2, seed=3, threads=1, **extra)
@@ -290,6 +291,7 @@ def test_full_size_call_kwargs_follow_the_transformer_config() -> None:
     ("qwenimage", {"true_cfg_scale": 4.0}, True),           # true CFG: conditional then unconditional call
     ("wan", {}, True),                                      # negative prompt, guidance 5.0, two calls
     ("wan", {"guidance_scale": 1.0}, False),                # guidance off: one call
+    ("hunyuanvideo15", {}, True),                           # the pipeline's guider: CFG 6.0, two calls
 ])
 def test_cache_dit_is_told_whether_cfg_runs_as_separate_calls(name: str, extra: dict, separate: bool) -> None:
     from hookkit.tools import zoo
@@ -387,10 +389,6 @@ class _FakeCacheDit:
         return {"DBCacheConfig": kwargs}
 
     @staticmethod
-    def steps_mask(mask_policy: str, total_steps: int) -> list[int]:
-        return [mask_policy, total_steps]  # type: ignore[list-item]
-
-    @staticmethod
     def summary(pipe: object, logging: bool = False) -> list:
         return []
 
@@ -408,7 +406,8 @@ def test_cache_dit_fp8_row_passes_its_own_per_row_fp8_to_enable_cache_then_compi
     [(target, kwargs)] = fake.calls
     assert target is pipe
     assert kwargs["quantize_config"] == {"QuantizeConfig": {"quant_type": "float8_per_row"}}
-    assert kwargs["cache_config"]["DBCacheConfig"]["steps_computation_mask"] == ["fast", 28]
+    assert kwargs["cache_config"]["DBCacheConfig"]["steps_computation_mask"] == list(
+        hookkit.techniques.cache.spec.resolve_steps_mask("fast", 28))
     assert compiled == [{"fullgraph": True}]
 
 
@@ -509,3 +508,109 @@ def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> 
     mask = resolve_steps_mask("fast", 28)
     assert branch["cached"] == [i for i, m in enumerate(mask) if m == 0]
     assert sorted(branch["diffs"]) == branch["cached"]  # each decided by a measured diff, not by the mask
+
+
+# --- issue 31: the video rows, full-size Wan ---------------------------------------------------------------
+
+
+def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
+    configs, notes = bench.select_configs(["video"], torch.device("cuda"))  # only the type is read
+    assert [c.name for c in configs] == ["eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
+                                         "hookkit-fp8+cache-fast+cuda-graphs"]
+    assert notes == []
+
+
+@pytest.mark.parametrize(("name", "arch", "parameters"), [
+    ("wan", "wan2.1-1.3b", 1_418_996_800),
+    ("wan", "wan2.1-14b", 14_288_491_584),
+    ("wan", "wan2.2-a14b", 2 * 14_288_491_584),  # two experts of the 14B config
+    ("hunyuanvideo15", "hunyuanvideo1.5-480p", 8_326_608_160),
+])
+def test_full_size_video_architectures_build_on_the_meta_device_with_their_parameter_counts(
+        name: str, arch: str, parameters: int) -> None:
+    assert bench.full_transformer_parameters(name, arch) == parameters
+
+
+def test_the_full_size_wan_default_is_the_1_3b_architecture() -> None:
+    assert bench.full_transformer_parameters("wan") == bench.full_transformer_parameters("wan", "wan2.1-1.3b")
+
+
+def test_wan22_a14b_is_a_pipeline_of_two_experts_switching_at_the_boundary_ratio() -> None:
+    pipe = bench.skeleton_pipeline(bench.ModelOptions(name="wan", full=True, arch="wan2.2-a14b"))
+    assert pipe.config.boundary_ratio == 0.875
+    assert pipe.transformer_2 is not pipe.transformer
+    assert dict(pipe.transformer_2.config) == dict(pipe.transformer.config)
+    assert pipe.transformer.config.num_layers == 40 and pipe.transformer.device.type == "meta"
+
+
+def test_full_size_wan_runs_its_pipelines_50_steps_by_default() -> None:
+    assert bench.ModelOptions(name="wan", full=True, arch="wan2.1-14b").num_steps() == 50
+    assert bench.ModelOptions(name="wan", full=True, arch="wan2.1-14b", steps=6).num_steps() == 6
+    assert bench.ModelOptions(name="flux", full=True).num_steps() == 28
+
+
+@pytest.mark.parametrize(("opts", "message"), [
+    (bench.ModelOptions(name="wan", arch="wan2.1-14b"),
+     "--arch wan2.1-14b: names a full-size architecture, only with --full. Add --full."),
+    (bench.ModelOptions(name="flux", full=True, arch="wan2.1-14b"),
+     "--arch: expected a full-size architecture of MODEL 'flux' (none for flux; all: ['wan2.1-1.3b', 'wan2.1-14b', "
+     "'wan2.2-a14b', 'hunyuanvideo1.5-480p']), got 'wan2.1-14b'."),
+    (bench.ModelOptions(name="wan", full=True, arch="wan2.1-7b"),
+     "--arch: expected a full-size architecture of MODEL 'wan' (for wan: ['wan2.1-1.3b', 'wan2.1-14b', "
+     "'wan2.2-a14b']), got 'wan2.1-7b'."),
+])
+def test_an_architecture_of_another_family_or_without_full_is_refused(opts: bench.ModelOptions, message: str) -> None:
+    with pytest.raises(SpecError) as error:
+        bench.check_model(opts)
+    assert str(error.value) == message
+
+
+def test_the_peer_row_computes_hookkits_fast_mask_at_any_step_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache-dit's own "fast" mask at 6 steps computes 0, 1, 2, 5; hookkit's cached row computes 0, 3, 5."""
+    fake = _FakeCacheDit()
+    monkeypatch.setitem(sys.modules, "cache_dit", fake)
+    pipe = hookkit.tools.zoo.tiny_pipeline("wan")
+    monkeypatch.setattr(pipe.transformer, "compile_repeated_blocks", lambda **kw: None)
+    bench.CONFIGS["cache-dit+fp8+compile"].setup(bench.RunContext(pipe=pipe, opts=bench.ModelOptions(name="wan", steps=6)))
+    config = fake.calls[0][1]["cache_config"]["DBCacheConfig"]
+    assert config["steps_computation_mask"] == [1, 0, 0, 1, 0, 1]
+    assert config["enable_separate_cfg"] is True  # Wan's CFG: two transformer calls per step
+
+
+def _diffusers_hooks(transformer: torch.nn.Module) -> set[str]:
+    return {name for module in transformer.modules() if hasattr(module, "_diffusers_hook")
+            for name in module._diffusers_hook.hooks}
+
+
+@pytest.mark.parametrize(("config", "hooks"), [
+    ("fbcache", {"fbc_leader_block_hook", "fbc_block_hook"}),
+    ("magcache", {"mag_cache_leader_block_hook", "mag_cache_block_hook"}),
+])
+def test_a_stock_cache_row_sets_up_both_experts_of_wan22(config: str, hooks: set[str]) -> None:
+    pipe = hookkit.tools.zoo.tiny_variant("wan22")
+    bench.CONFIGS[config].setup(bench.RunContext(pipe=pipe, opts=bench.ModelOptions(name="wan", steps=4)))
+    assert _diffusers_hooks(pipe.transformer) == hooks
+    assert _diffusers_hooks(pipe.transformer_2) == hooks
+
+
+def test_the_magcache_row_runs_the_tiny_wan(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["magcache"], bench.ModelOptions(name="wan", steps=4, frames=5), runs=1,
+                        warmup=0, out_dir=tmp_path)
+    assert (row["status"], row["kind"]) == ("ok", "stock"), row["note"]
+    assert torch.load(tmp_path / "magcache.pt").shape == (1, 5, 3, 16, 16)  # decoded: (batch, frames, rgb, h, w)
+
+
+def test_hunyuanvideo15_at_480x848_and_121_frames_is_31_latent_frames_of_30_by_53_tokens() -> None:
+    from hookkit.tools import local
+
+    pipe = bench.skeleton_pipeline(bench.ModelOptions(name="hunyuanvideo15", full=True))
+    assert local.latent_tokens(pipe, 480, 848, 121) == 31 * 30 * 53 == 49_290
+
+
+def test_the_tiny_hunyuanvideo15_runs_through_a_bench_row(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["hookkit-cache-fast"], bench.ModelOptions(name="hunyuanvideo15", steps=6),
+                        runs=1, warmup=0, out_dir=tmp_path)
+    assert row["status"] == "ok", row["note"]
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
+    cached = [i for i, m in enumerate(mask) if m == 0]
+    assert {name: b["cached"] for name, b in row["features"]["cache"]["branches"].items()} == {0: cached, 1: cached}

@@ -215,6 +215,14 @@ def test_generate_video_with_png_out_writes_one_png_per_frame(tmp_path: Path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"w.frame{i:03d}.png" for i in range(len(frames))]
 
 
+def test_generate_frames_sets_the_length_of_the_video(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "w.gif"
+    code, stdout, _ = generate(capsys, "wan", "--frames", "9", "--steps", "2", "--out", str(out))
+    assert code == 0
+    assert Image.open(out).n_frames == 9
+    assert "- Input: 16x16, 9 frames, 2 steps, batch 1, seed 0" in stdout
+
+
 def test_generate_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "k.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--compile", "--out", str(out))
@@ -260,7 +268,7 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
 @pytest.mark.parametrize(("argv", "message"), [
     (["flux", "--device", "cuda"], "--device cuda: no CUDA device is visible"),
     (["sd3"], "no tiny pipeline for sd3 yet (random-weight pipelines, tiny and --full, exist for ['cogvideox', "
-              "'flux', 'qwenimage', 'wan'])"),
+              "'flux', 'hunyuanvideo15', 'qwenimage', 'wan'])"),
     (["hunyuanvideo"], "no tiny pipeline for hunyuanvideo yet"),
     (["hunyuanvideo", "--full"], "no full-size pipeline for hunyuanvideo yet"),
     (["nosuchmodel"], "MODEL: expected a shipped adapter name"),
@@ -431,7 +439,7 @@ def test_random_prompt_embeddings_exist_only_for_the_models_hookkit_knows() -> N
     opts = bench.ModelOptions(name="sd3", model_path="/models/sd3-no-text-encoders")
     with pytest.raises(UnsupportedError, match=r"sd3: the pipeline in /models/sd3-no-text-encoders has no text "
                                                r"encoder, and hookkit makes random prompt embeddings only for "
-                                               r"\['cogvideox', 'flux', 'qwenimage', 'wan'\]"):
+                                               r"\['cogvideox', 'flux', 'hunyuanvideo15', 'qwenimage', 'wan'\]"):
         bench._embedding_call_kwargs(object(), opts, steps=2, output_type="pil")
 
 
@@ -643,6 +651,44 @@ def test_the_latent_token_bound_admits_the_sizes_the_families_are_made_for() -> 
     with pytest.raises(SpecError, match=r"WanPipeline would attend over 75,600 latent tokens a sample \(720x1280, 81 "
                                         r"frames\), above the 32,768 hookkit allows on the CPU"):
         bench.check_size(bench.ModelOptions(name="wan", full=True, height=720, width=1280), cpu)
+
+
+def test_wan_at_480x832_and_81_frames_attends_over_32760_tokens_which_the_cpu_bound_admits() -> None:
+    from hookkit.tools import local
+
+    opts = bench.ModelOptions(name="wan", full=True, arch="wan2.1-14b", height=480, width=832, frames=81)
+    pipe = bench.skeleton_pipeline(opts)
+    assert local.latent_tokens(pipe, 480, 832, 81) == 21 * 30 * 52 == 32_760 <= bench.MAX_LATENT_TOKENS["cpu"]
+    bench.check_size(opts, torch.device("cpu"))
+    bench.check_size(opts, torch.device("cuda"))  # only the type is read: no GPU needed
+
+
+def test_more_frames_than_the_cpu_bound_admits_are_refused_naming_frames(no_load: None,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "--model", "wan", "--full", "--device", "cpu", "--frames", "85"])  # 22 latent frames
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "hookkit bench: error: --frames 85: WanPipeline would attend over 34,320 latent tokens a sample (480x832, 85 "
+        "frames), above the 32,768 hookkit allows on the CPU (131,072 on a GPU): attention's time and memory grow with "
+        "the square of the token count, and the longest sequence the supported families are made for is 118,800 "
+        "tokens (HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width or fewer --frames (all latent "
+        "frames attend together).\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["wan", "--frames", "80"], "--frames 80: WanPipeline's VAE compresses time 4x and takes 4k+1 frames (the first "
+                                "frame, then 4 per latent frame); got 80. Pass --frames 77 or 81."),
+    (["wan", "--full", "--device", "cpu", "--frames", "3"],
+     "--frames 3: WanPipeline's VAE compresses time 4x and takes 4k+1 frames (the first frame, then 4 per latent "
+     "frame); got 3. Pass --frames 1 or 5."),
+    (["wan", "--frames", "0"], "--frames: expected an int >= 1, got 0."),
+    (["flux", "--frames", "5"], "--frames 5: FluxPipeline makes images, not videos; drop --frames."),
+])
+def test_generate_refuses_a_frame_count_the_pipeline_cannot_make_before_loading(
+        argv: list[str], message: str, no_load: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = generate(capsys, *argv)
+    assert (code, stdout) == (2, "")
+    assert stderr == f"hookkit generate: error: {message}\n"
 
 
 @pytest.mark.parametrize(("name", "height", "width"), [("flux", 48, 32), ("wan", 32, 48)])

@@ -13,6 +13,7 @@ tensor as `.pt`; the parent compares outputs against the eager row (PSNR) and pr
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -38,7 +39,9 @@ from hookkit.errors import SpecError, UnsupportedError
 from hookkit.core.summary import table
 
 #: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
-FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512}
+FULL_TEXT_TOKENS = {"flux": 512, "qwenimage": 128, "cogvideox": 226, "wan": 512, "hunyuanvideo15": 1000}
+#: HunyuanVideo 1.5's second text encoder (ByT5, glyphs): its padded length
+FULL_TEXT_TOKENS_2 = {"hunyuanvideo15": 256}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -126,22 +129,32 @@ class ModelOptions:
     seed: int = 0
     threads: int | None = None
     prompt: str = "A cat holding a sign that says hello world"
+    #: video frames per call (None: the pipeline's default, 81 for Wan)
+    frames: int | None = None
+    #: with `full`: which published architecture of the family (`zoo.FULL_ARCHITECTURES`; None: its default)
+    arch: str | None = None
 
     @staticmethod
     def prompt_default() -> str:
         return attrs.fields(ModelOptions).prompt.default
 
     def num_steps(self) -> int:
-        """Default: 28 for full-size and local models (Flux-dev's default), 6 for tiny ones."""
+        """Default: 6 for tiny models; for full-size ones their pipeline's default (`FullArchitecture.default_steps`:
+        50 for Wan), else 28 (Flux-dev's default; also for local models)."""
         if self.steps is not None:
             return self.steps
+        if self.full and self.model_path is None:
+            architecture = zoo.full_architecture(self.name, self.arch) if self.name in zoo._TRANSFORMERS else None
+            if architecture is not None:
+                return architecture.default_steps
         return 28 if (self.full or self.model_path) else 6
 
     def to_argv(self) -> list[str]:
         """The command-line flags that rebuild these options (for `bench-one` child processes)."""
         argv = ["--model", self.name, "--batch", str(self.batch), "--seed", str(self.seed), "--steps", str(self.num_steps())]
         for flag, value in (("--model-path", self.model_path), ("--device", self.device), ("--dtype", self.dtype),
-                            ("--height", self.height), ("--width", self.width), ("--threads", self.threads)):
+                            ("--height", self.height), ("--width", self.width), ("--threads", self.threads),
+                            ("--frames", self.frames), ("--arch", self.arch)):
             if value is not None:
                 argv += [flag, str(value)]
         if self.full:
@@ -166,6 +179,10 @@ def check_model(opts: ModelOptions, flag: str = "MODEL") -> None:
         )
     if opts.full and opts.model_path is not None:
         raise SpecError("--full: builds a random-weight architecture and cannot be combined with --model-path; drop one.")
+    if opts.arch is not None:
+        if not opts.full:
+            raise SpecError(f"--arch {opts.arch}: names a full-size architecture, only with --full. Add --full.")
+        zoo.full_architecture(opts.name, opts.arch)
     if opts.batch < 1:
         raise SpecError(f"--batch: expected an int >= 1, got {opts.batch}.")
     if opts.num_steps() < 1:
@@ -180,6 +197,9 @@ def check_model(opts: ModelOptions, flag: str = "MODEL") -> None:
 #: supported families are made for (HunyuanVideo at 1280x720, 129 frames: 118,800 tokens). On the CPU, 2**15 still
 #: holds Wan 2.1's default 480x832 at 81 frames (32,760 tokens), while the tiny Flux at 1024x1024 (65,536 tokens)
 #: takes about two minutes a step on one thread, and at 4096x4096 (1,048,576) hours.
+#: A video's tokens are those of all its latent frames together (attention runs over the whole clip): Wan's VAE
+#: keeps (frames - 1) / 4 + 1 latent frames of (height / 16) x (width / 16) tokens each after patching, so
+#: 480x832 at 81 frames is 21 x 30 x 52 = 32,760 and 720x1280 at 81 frames 21 x 45 x 80 = 75,600 (GPU only).
 MAX_LATENT_TOKENS: dict[str, int] = {"cpu": 2**15, "cuda": 2**17}
 
 
@@ -194,9 +214,18 @@ def skeleton_pipeline(opts: ModelOptions) -> Any | None:
         pipe = zoo.tiny_pipeline(opts.name)
         if opts.full:
             with torch.device("meta"):  # the scheduler stays the tiny pipeline's: it cannot be built on meta
-                parts = {"transformer": zoo.full_transformer(opts.name), "vae": _full_vae(opts.name)}
-            pipe = type(pipe)(**{**pipe.components, **parts})
+                pipe = _full_pipeline(pipe, opts, _full_vae(opts.name))
         return pipe
+
+
+def _full_pipeline(tiny: Any, opts: ModelOptions, vae: torch.nn.Module) -> Any:
+    """`tiny`'s pipeline class and scheduler around the full-size transformer(s) of `opts` and `vae`: pipelines
+    derive their latent geometry from the VAE; a two-expert architecture adds `transformer_2` and its pipeline
+    config (Wan 2.2's `boundary_ratio`)."""
+    architecture = zoo.full_architecture(opts.name, opts.arch)
+    parts = zoo.full_transformers(opts.name, opts.arch)
+    return type(tiny)(**{**tiny.components, **parts, "vae": vae},
+                      **(architecture.pipeline if architecture is not None else {}))
 
 
 def default_size(pipe: Any, opts: ModelOptions) -> tuple[int | None, int | None, int]:
@@ -204,8 +233,6 @@ def default_size(pipe: Any, opts: ModelOptions) -> tuple[int | None, int | None,
     if opts.model_path is None and not opts.full:
         kw = zoo.call_kwargs(opts.name, steps=1)
         return kw["height"], kw["width"], kw.get("num_frames", 1)
-    import inspect
-
     parameters = inspect.signature(type(pipe).__call__).parameters
     config = pipe.transformer.config
 
@@ -225,25 +252,44 @@ def default_size(pipe: Any, opts: ModelOptions) -> tuple[int | None, int | None,
     return default("height", "sample_height"), default("width", "sample_width"), frames
 
 
+def check_frames(pipe: Any, frames: int) -> None:
+    """Refuse a `--frames` the pipeline would round or cannot make, naming the nearest counts it takes: a video VAE
+    that compresses time `t`x keeps the first frame and then one latent frame per `t` (Wan, CogVideoX, HunyuanVideo:
+    t = 4, so frames = 4k + 1); an image pipeline takes no frames at all."""
+    name = type(pipe).__name__
+    if "num_frames" not in inspect.signature(type(pipe).__call__).parameters:
+        raise SpecError(f"--frames {frames}: {name} makes images, not videos; drop --frames.")
+    if frames < 1:
+        raise SpecError(f"--frames: expected an int >= 1, got {frames}.")
+    t = getattr(pipe, "vae_scale_factor_temporal", None)
+    if isinstance(t, int) and t > 1 and (frames - 1) % t != 0:
+        below = (frames - 1) // t * t + 1
+        raise SpecError(f"--frames {frames}: {name}'s VAE compresses time {t}x and takes {t}k+1 frames (the first frame, "
+                        f"then {t} per latent frame); got {frames}. Pass --frames {below} or {below + t}.")
+
+
 def check_size(opts: ModelOptions, device: torch.device) -> None:
-    """Refuse `--height`/`--width` before anything is loaded: a size the pipeline would silently round
-    (`local.check_size`), or one whose latents are more tokens a sample than `MAX_LATENT_TOKENS` allows on
-    `device`. Nothing to check when neither is given: the model's own default size."""
-    if opts.height is None and opts.width is None:
+    """Refuse `--height`/`--width`/`--frames` before anything is loaded: a size or frame count the pipeline would
+    silently round (`local.check_size`, `check_frames`), or one whose latents are more tokens a sample than
+    `MAX_LATENT_TOKENS` allows on `device`. Nothing to check when none is given: the model's own default size."""
+    if opts.height is None and opts.width is None and opts.frames is None:
         return
     pipe = skeleton_pipeline(opts)
     if pipe is None:
         return
     local.check_size(pipe, opts.height, opts.width)
+    if opts.frames is not None:
+        check_frames(pipe, opts.frames)
     default_height, default_width, frames = default_size(pipe, opts)
+    frames = opts.frames or frames
     height, width = opts.height or default_height, opts.width or default_width
     if height is None or width is None:
         return
     tokens = local.latent_tokens(pipe, height, width, frames)
     bound = MAX_LATENT_TOKENS.get(device.type, MAX_LATENT_TOKENS["cuda"])
     if tokens is not None and tokens > bound:
-        asked = " ".join(f"{flag} {value}" for flag, value in (("--height", opts.height), ("--width", opts.width))
-                         if value is not None)
+        asked = " ".join(f"{flag} {value}" for flag, value in (("--height", opts.height), ("--width", opts.width),
+                                                               ("--frames", opts.frames)) if value is not None)
         size = f"{height}x{width}" + (f", {frames} frames" if frames > 1 else "")
         where = "the CPU" if device.type == "cpu" else f"a {device.type} device"
         other = f" ({MAX_LATENT_TOKENS['cuda']:,} on a GPU)" if device.type == "cpu" else ""
@@ -251,7 +297,8 @@ def check_size(opts: ModelOptions, device: torch.device) -> None:
             f"{asked}: {type(pipe).__name__} would attend over {tokens:,} latent tokens a sample ({size}), above the "
             f"{bound:,} hookkit allows on {where}{other}: attention's time and memory grow with the square of the "
             "token count, and the longest sequence the supported families are made for is 118,800 tokens "
-            "(HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width.")
+            "(HunyuanVideo at 1280x720, 129 frames). Pass a smaller --height/--width"
+            + (" or fewer --frames (all latent frames attend together)." if frames > 1 else "."))
 
 
 @contextlib.contextmanager
@@ -281,6 +328,8 @@ def _full_vae(name: str) -> torch.nn.Module:
         return diffusers.AutoencoderKLCogVideoX().eval()
     if name == "wan":
         return diffusers.AutoencoderKLWan().eval()
+    if name == "hunyuanvideo15":
+        return diffusers.AutoencoderKLHunyuanVideo15().eval()
     raise UnsupportedError(f"--full {name}: no full-size pipeline for {name} yet; available: {list(tiny_models())}.")
 
 
@@ -293,14 +342,11 @@ def load_pipeline(opts: ModelOptions) -> Any:
         pipe = _from_pretrained(opts, dtype)
     elif opts.full:
         check_cpu_full(opts, device)
-        check_fits(opts.name, device, dtype)
+        check_fits(opts.name, device, dtype, opts.arch)
+        tiny = zoo.tiny_pipeline(opts.name)  # its scheduler and pipeline class; the tiny transformer is dropped
         torch.manual_seed(opts.seed)
         with torch.device(device), _default_dtype(dtype):
-            vae = _full_vae(opts.name)
-            transformer = zoo.full_transformer(opts.name)
-        # zoo's pipeline with the full-size VAE: pipelines derive their latent geometry from the VAE.
-        tiny = zoo._PIPELINES[opts.name](transformer)
-        pipe = type(tiny)(**{**tiny.components, "vae": vae})
+            pipe = _full_pipeline(tiny, opts, _full_vae(opts.name))
     else:
         pipe = zoo.tiny_pipeline(opts.name, seed=opts.seed)
     # Only cast what needs it: diffusers warns on every dtype cast of a model built from config.
@@ -312,11 +358,17 @@ def load_pipeline(opts: ModelOptions) -> Any:
     return pipe
 
 
-def full_transformer_bytes(name: str, dtype: torch.dtype) -> int:
-    """Bytes of the full-size `name` transformer's weights in `dtype`, counted on the meta device (no memory)."""
+def full_transformer_parameters(name: str, arch: str | None = None) -> int:
+    """Parameters of the full-size `name` transformer(s) (`arch`: `zoo.FULL_ARCHITECTURES`; both experts of a
+    two-expert one), counted on the meta device (no memory)."""
     with torch.device("meta"):
-        transformer = zoo.full_transformer(name)
-    return sum(p.numel() for p in transformer.parameters()) * torch.empty((), dtype=dtype).element_size()
+        parts = zoo.full_transformers(name, arch)
+    return sum(p.numel() for part in parts.values() for p in part.parameters())
+
+
+def full_transformer_bytes(name: str, dtype: torch.dtype, arch: str | None = None) -> int:
+    """Bytes of the full-size `name` transformer's weights in `dtype` (both experts of a two-expert `arch`)."""
+    return full_transformer_parameters(name, arch) * torch.empty((), dtype=dtype).element_size()
 
 
 def _available_bytes(device: torch.device) -> int:
@@ -342,21 +394,21 @@ def check_cpu_full(opts: ModelOptions, device: torch.device) -> None:
     would otherwise start minutes per denoising step with no sign of why. `--device cpu` runs it anyway."""
     if device.type != "cpu" or opts.device is not None:
         return
-    params = full_transformer_bytes(opts.name, torch.float32) / 4
+    params = full_transformer_parameters(opts.name, opts.arch)
     raise UnsupportedError(
         f"--full {opts.name}: no CUDA device is visible, and the full-size {opts.name} transformer "
         f"({params / 1e9:.1f} B parameters) takes minutes per denoising step on the CPU. Run it on a CUDA GPU, drop "
         "--full for the tiny model, or pass --device cpu to run it on the CPU anyway.")
 
 
-def check_fits(name: str, device: torch.device, dtype: torch.dtype) -> None:
+def check_fits(name: str, device: torch.device, dtype: torch.dtype, arch: str | None = None) -> None:
     """Refuse a full-size model that cannot fit before building it: the alternative is the OOM killer minutes
     later (a 20B-parameter transformer in float32 is 80 GB)."""
     try:
         available = _available_bytes(device)
     except OSError:
         return
-    need = full_transformer_bytes(name, dtype)
+    need = full_transformer_bytes(name, dtype, arch)
     if need > available:
         dtype_name = str(dtype).removeprefix("torch.")
         raise UnsupportedError(
@@ -413,6 +465,8 @@ def call_kwargs(pipe: Any, opts: ModelOptions, output_type: str) -> dict[str, An
         kw["height"] = opts.height
     if opts.width is not None:
         kw["width"] = opts.width
+    if opts.frames is not None:
+        kw["num_frames"] = opts.frames
     for key, value in kw.items():
         if isinstance(value, torch.Tensor):
             kw[key] = value.to(device, dtype) if value.is_floating_point() else value.to(device)
@@ -449,6 +503,9 @@ def _embedding_call_kwargs(pipe: Any, opts: ModelOptions, steps: int, output_typ
     elif opts.name == "wan":
         kw.update(prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g),
                   negative_prompt_embeds=torch.randn(b, tokens, cfg.text_dim, generator=g), guidance_scale=5.0)
+    elif opts.name == "hunyuanvideo15":  # CFG through the pipeline's guider (guidance 6)
+        kw.update(zoo.hunyuanvideo15_embeddings(b, tokens, cfg.text_embed_dim, FULL_TEXT_TOKENS_2[opts.name],
+                                                cfg.text_embed_2_dim, g))
     return kw
 
 
@@ -521,16 +578,23 @@ def _eager(ctx: RunContext) -> None:
     """Stock diffusers, nothing changed."""
 
 
+def transformers_of(pipe: Any) -> list[torch.nn.Module]:
+    """The pipeline's transformers: `transformer`, and `transformer_2` where it has one (Wan 2.2 A14B's low-noise
+    expert). A stock row sets each up, as hookkit's rows do, so that both experts' steps are what is measured."""
+    second = getattr(pipe, "transformer_2", None)
+    return [pipe.transformer] + ([second] if second is not None else [])
+
+
 def _stock_regional_compile(mode: str | None) -> Callable[[RunContext], None]:
     def setup(ctx: RunContext) -> None:
-        transformer = ctx.pipe.transformer
-        if not getattr(transformer, "_repeated_blocks", None):
-            raise UnsupportedError(f"{type(transformer).__name__} has no _repeated_blocks: stock regional compile is "
-                                   "unavailable (hookkit-compile uses the adapter's repeated_blocks)")
-        kwargs: dict[str, Any] = {"fullgraph": True}
-        if mode is not None:
-            kwargs["mode"] = mode
-        transformer.compile_repeated_blocks(**kwargs)
+        for transformer in transformers_of(ctx.pipe):
+            if not getattr(transformer, "_repeated_blocks", None):
+                raise UnsupportedError(f"{type(transformer).__name__} has no _repeated_blocks: stock regional compile "
+                                       "is unavailable (hookkit-compile uses the adapter's repeated_blocks)")
+            kwargs: dict[str, Any] = {"fullgraph": True}
+            if mode is not None:
+                kwargs["mode"] = mode
+            transformer.compile_repeated_blocks(**kwargs)
     return setup
 
 
@@ -539,14 +603,29 @@ def _stock_full_compile(mode: str | None) -> Callable[[RunContext], None]:
         kwargs: dict[str, Any] = {"fullgraph": True}
         if mode is not None:
             kwargs["mode"] = mode
-        ctx.pipe.transformer.compile(**kwargs)
+        for transformer in transformers_of(ctx.pipe):
+            transformer.compile(**kwargs)
     return setup
 
 
 def _first_block_cache(ctx: RunContext) -> None:
     from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache
 
-    apply_first_block_cache(ctx.pipe.transformer, FirstBlockCacheConfig(threshold=0.12))
+    for transformer in transformers_of(ctx.pipe):
+        apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=0.12))
+
+
+def _mag_cache(ctx: RunContext) -> None:
+    """diffusers' MagCache with its defaults (threshold 0.06, at most 3 skipped steps in a row, the first 20 %
+    computed) and the only magnitude ratios diffusers ships, `FLUX_MAG_RATIOS`, interpolated to the step count.
+    Ratios are a trained checkpoint's statistic: random weights have none worth calibrating, so the row's skip
+    schedule is the one Flux-dev's ratios give (as the image rows' masks come from a trained model)."""
+    from diffusers.hooks import MagCacheConfig, apply_mag_cache
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    for transformer in transformers_of(ctx.pipe):
+        apply_mag_cache(transformer, MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS,
+                                                    num_inference_steps=ctx.opts.num_steps()))
 
 
 def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
@@ -559,7 +638,9 @@ def separate_cfg_calls(pipe: Any, kwargs: dict[str, Any]) -> bool:
         return False
     if kwargs.get("negative_prompt_embeds") is None and kwargs.get("negative_prompt") is None:
         return False
-    return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", 1.0))) > 1.0
+    guider = getattr(pipe, "guider", None)  # HunyuanVideo 1.5: CFG is the pipeline's guider, not a call argument
+    default = getattr(guider, "guidance_scale", 1.0) if guider is not None else 1.0
+    return float(kwargs.get("true_cfg_scale", kwargs.get("guidance_scale", default))) > 1.0
 
 
 def tuned_2x_mask(steps: int = 28) -> tuple[int, ...]:
@@ -577,8 +658,14 @@ def tuned_2x_mask(steps: int = 28) -> tuple[int, ...]:
 def _cache_dit(ctx: RunContext, quant_type: str | None = None, mask: Sequence[int] | None = None) -> None:
     """cache-dit DBCache F1B0 with the static "fast" step mask: the configuration DESIGN.md measured, told
     whether this call's CFG runs as separate transformer calls. `quant_type`: cache-dit's own torchao
-    quantization (`QuantizeConfig(quant_type=...)`, applied by `enable_cache` after the cache hooks)."""
+    quantization (`QuantizeConfig(quant_type=...)`, applied by `enable_cache` after the cache hooks).
+
+    The mask is hookkit's `resolve_steps_mask("fast", steps)`, the one hookkit's "cache-fast" rows compute: cache-dit's
+    own `steps_mask("fast", ...)` is the same at 28 steps but not at others (at 6 steps it computes steps 0, 1, 2, 5,
+    hookkit's 0, 3, 5), and rows compared on different steps would measure different work."""
     import cache_dit  # type: ignore[import-not-found]
+
+    from hookkit.techniques.cache.spec import resolve_steps_mask
 
     steps = ctx.opts.num_steps()
     separate = separate_cfg_calls(ctx.pipe, call_kwargs(ctx.pipe, ctx.opts, output_type_for(ctx.opts)))
@@ -588,8 +675,7 @@ def _cache_dit(ctx: RunContext, quant_type: str | None = None, mask: Sequence[in
     cache_dit.enable_cache(ctx.pipe, cache_config=cache_dit.DBCacheConfig(
         Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
         enable_separate_cfg=separate,
-        steps_computation_mask=(list(mask) if mask is not None
-                                else cache_dit.steps_mask(mask_policy="fast", total_steps=steps)),
+        steps_computation_mask=list(mask if mask is not None else resolve_steps_mask("fast", steps)),
         steps_computation_policy="static",
     ), **extra)
     ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
@@ -702,6 +788,8 @@ def _configs() -> dict[str, BenchConfig]:
                     needs_cuda=True, description="stock transformer.compile(fullgraph=True, mode='reduce-overhead')"),
         BenchConfig(name="fbcache", kind="stock", setup=_first_block_cache,
                     description="diffusers FirstBlockCache, threshold 0.12"),
+        BenchConfig(name="magcache", kind="stock", setup=_mag_cache,
+                    description="diffusers MagCache, its defaults and its shipped FLUX_MAG_RATIOS"),
         BenchConfig(name="cache-dit", kind="peer", setup=_cache_dit, needs_module="cache_dit",
                     description="cache-dit DBCache F1B0, static 'fast' mask"),
         BenchConfig(name="cache-dit+compile", kind="peer", setup=_cache_dit_compile, needs_module="cache_dit",
@@ -805,6 +893,14 @@ def _configs() -> dict[str, BenchConfig]:
 
 CONFIGS: dict[str, BenchConfig] = _configs()
 
+#: named groups of rows for `--configs`: "video" is the matrix of the video models (issue 31): stock eager and
+#: regional compile, diffusers' two caches, the strongest peer and hookkit's fastest, the last two on the same static
+#: "fast" computed steps. Image-only rows (the modulation variants: Wan has no AdaLN Linears to quantize) stay out.
+ROW_GROUPS: dict[str, tuple[str, ...]] = {
+    "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
+              "hookkit-fp8+cache-fast+cuda-graphs"),
+}
+
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
 SPEC_PREFIX = "spec:"
 
@@ -833,7 +929,8 @@ def config_named(name: str) -> BenchConfig:
 
 
 def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[list[BenchConfig], list[str]]:
-    """The rows to run, "eager" always first (it is the reference), and notes on the rows left out.
+    """The rows to run, "eager" always first (it is the reference), and notes on the rows left out. A name of
+    `ROW_GROUPS` stands for its rows.
 
     Named rows that cannot run here stay in (their row says why); the default matrix keeps only the rows
     that can run, and notes the others.
@@ -841,14 +938,16 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
     have = available_fields()
     notes: list[str] = []
     if names:
+        names = [row for n in names for row in ROW_GROUPS.get(n, (n,))]
         unknown = [n for n in names if n not in CONFIGS and not n.startswith(SPEC_PREFIX)]
         if unknown:
             import difflib
 
             close = difflib.get_close_matches(unknown[0], list(CONFIGS), n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; {hint}known: {list(CONFIGS)} "
-                            "(`hookkit bench --list` says what each does and whether it runs here).")
+            raise SpecError(f"--configs: unknown configuration {unknown[0]!r}; {hint}known: {list(CONFIGS)} and the "
+                            f"groups {list(ROW_GROUPS)} (`hookkit bench --list` says what each does and whether it "
+                            "runs here).")
         chosen = [config_named(n) for n in dict.fromkeys(names)]
     else:
         chosen = []

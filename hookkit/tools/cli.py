@@ -24,7 +24,7 @@ import attrs
 import torch
 
 import hookkit
-from hookkit.tools import bench, distributed
+from hookkit.tools import bench, distributed, zoo
 from hookkit.tools.bench import ModelOptions
 from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.techniques.cache.spec import MASK_POLICIES
@@ -81,13 +81,19 @@ def _model_options(args: argparse.Namespace, name: str) -> ModelOptions:
     prompt = ModelOptions.prompt_default() if args.prompt is None else args.prompt
     return ModelOptions(name=name, full=args.full, model_path=args.model_path, device=args.device, dtype=args.dtype,
                         steps=args.steps, height=args.height, width=args.width, batch=args.batch, seed=args.seed,
-                        threads=args.threads, prompt=prompt)
+                        threads=args.threads, prompt=prompt, frames=args.frames, arch=args.arch)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 6 tiny, 28 full or local)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps (default: 6 tiny; full: the pipeline's, 50 for Wan, else 28; local 28)")
     p.add_argument("--height", type=int, default=None, help="output height (default: the model's)")
     p.add_argument("--width", type=int, default=None, help="output width (default: the model's)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video frames (default: the pipeline's, 81 for Wan; Wan takes 4k+1)")
+    p.add_argument("--arch", default=None, choices=sorted(zoo.FULL_ARCHITECTURES), metavar="NAME",
+                   help="with --full: which published architecture (" + ", ".join(
+                       a.describe() for a in zoo.FULL_ARCHITECTURES.values()) + "; default: the family's smallest)")
     p.add_argument("--batch", type=int, default=1, help="images (or videos) per call")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights, embeddings and latents")
     p.add_argument("--model-path", default=None, help="a local diffusers pipeline folder (no downloads)")
@@ -445,7 +451,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"Optimization: {tag}",
         *_feature_lines(summary),
         f"Device: {bench.device_description(device)}, {str(dtype).removeprefix('torch.')}",
-        f"Input: {size}, {steps} steps, "
+        f"Input: {size}" + (f", {kwargs['num_frames']} frames" if "num_frames" in kwargs else "") + f", {steps} steps, "
         f"batch {opts.batch}, seed {opts.seed}" + (f"; {', '.join(extras)}" if extras else ""),
         f"Load Time: {load_s:.2f}s",
         f"Enable Time: {enable_s:.2f}s",
@@ -504,6 +510,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         have = bench.available_fields()
         rows = [[c.name, c.kind, c.description, c.unavailable(device, have) or "yes"] for c in bench.CONFIGS.values()]
         print(table(["config", "kind", "what", "runs here"], rows))
+        for group, names in bench.ROW_GROUPS.items():
+            print(f"--configs {group}: {','.join(names)}")
         return 0
     opts = _model_options(args, args.model)
     bench.check_model(opts, "--model")
@@ -749,7 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="a matrix of configurations, one process each, as a markdown table")
     p.add_argument("--model", default="flux", choices=models, help="model family (default flux)")
     p.add_argument("--configs", default=None,
-                   help=f"comma-separated rows (default: all that run here): {', '.join(bench.CONFIGS)}; "
+                   help=f"comma-separated rows (default: all that run here): {', '.join(bench.CONFIGS)}; a group "
+                        f"({', '.join(bench.ROW_GROUPS)}) stands for its rows; "
                         f"{bench.SPEC_PREFIX}PATH runs the Spec in a JSON file (`hookkit tune --json`)")
     p.add_argument("--spec", default=None, metavar="JSON",
                    help=f"add a row for the Spec in this JSON file (same as {bench.SPEC_PREFIX}JSON in --configs)")

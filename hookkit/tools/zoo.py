@@ -11,10 +11,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 
 from hookkit.core.quiet import quiet_imports
-from hookkit.errors import AdapterError
+from hookkit.errors import AdapterError, SpecError
 
 # Transformer configs: tiny (CPU, seconds) and full (the published architectures' defaults).
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -35,15 +36,37 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "hunyuanvideo": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=2,
                          num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
                          text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)),
+    # diffusers' test config (tests/diffusers_configs.py), in_channels 4 + 4 + 1: latents, condition latents, mask
+    "hunyuanvideo15": dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+                           num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+                           text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
+                           task_type="t2v"),
 }
+
+#: Wan 2.1 T2V 14B's `transformer/config.json` (Wan-AI/Wan2.1-T2V-14B-Diffusers), written out rather than left to
+#: diffusers' defaults (which are these values in 0.42.1): a changed default must not silently change the benchmark.
+WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+               text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+               qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024)
+#: Wan 2.1 T2V 1.3B (Wan-AI/Wan2.1-T2V-1.3B-Diffusers): the 14B config at 12 heads, 30 layers, ffn_dim 8960.
+WAN_1_3B = {**WAN_14B, "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30}
+
+#: HunyuanVideo 1.5 480p text-to-video (hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v): diffusers'
+#: defaults in 0.42.1 except task_type (their default is "i2v"), written out for the same reason as WAN_14B.
+HUNYUANVIDEO15_480P_T2V = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
+                               num_layers=54, num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+                               qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152,
+                               rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v",
+                               use_meanflow=False)
 
 FULL_CONFIGS: dict[str, dict[str, Any]] = {
     "flux": dict(guidance_embeds=True),  # Flux-dev
     "qwenimage": dict(),
     "cogvideox": dict(),  # CogVideoX-2b
-    "wan": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, text_dim=4096),  # Wan2.1 1.3B
+    "wan": WAN_1_3B,
     "sd3": dict(num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=192),  # SD3 Medium
     "hunyuanvideo": dict(),
+    "hunyuanvideo15": HUNYUANVIDEO15_480P_T2V,
 }
 
 #: the full-size layer structure at tiny widths (CPU): `full_pipeline(name, **NARROW_CONFIGS[name])` has the real
@@ -61,6 +84,7 @@ _TRANSFORMERS = {
     "wan": "WanTransformer3DModel",
     "sd3": "SD3Transformer2DModel",
     "hunyuanvideo": "HunyuanVideoTransformer3DModel",
+    "hunyuanvideo15": "HunyuanVideo15Transformer3DModel",
 }
 
 
@@ -80,14 +104,76 @@ def tiny_transformer(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Mod
     return cls(**{**TINY_CONFIGS[name], **overrides}).eval()
 
 
+@attrs.frozen(kw_only=True)
+class FullArchitecture:
+    """One published checkpoint's architecture, for `--full --arch NAME`: the family's default full size
+    (`FULL_CONFIGS`) is one checkpoint, and a family's checkpoints differ in width (Wan 2.1 1.3B and 14B) or in
+    layout (Wan 2.2 A14B: two experts, `transformer` for the high-noise steps and `transformer_2` for the rest)."""
+
+    name: str
+    family: str  # the zoo family (and adapter name) whose pipeline carries it
+    source: str  # the Hugging Face repository whose transformer/config.json `transformer` copies
+    transformer: dict[str, Any]
+    experts: int = 1  # 2: `transformer_2` is a second transformer of the same config
+    pipeline: dict[str, Any] = attrs.field(factory=dict)  # pipeline config (Wan 2.2: boundary_ratio)
+    default_steps: int = 28  # the pipeline's own num_inference_steps default
+
+    def describe(self) -> str:
+        experts = f", {self.experts} experts" if self.experts > 1 else ""
+        return f"{self.name} ({self.source}{experts})"
+
+
+FULL_ARCHITECTURES: dict[str, FullArchitecture] = {arch.name: arch for arch in (
+    FullArchitecture(name="wan2.1-1.3b", family="wan", source="Wan-AI/Wan2.1-T2V-1.3B-Diffusers", transformer=WAN_1_3B,
+                     default_steps=50),
+    FullArchitecture(name="wan2.1-14b", family="wan", source="Wan-AI/Wan2.1-T2V-14B-Diffusers", transformer=WAN_14B,
+                     default_steps=50),
+    # both experts are Wan 2.1 14B's config; the high-noise expert runs while t >= boundary_ratio * 1000
+    FullArchitecture(name="wan2.2-a14b", family="wan", source="Wan-AI/Wan2.2-T2V-A14B-Diffusers", transformer=WAN_14B,
+                     experts=2, pipeline=dict(boundary_ratio=0.875), default_steps=50),
+    FullArchitecture(name="hunyuanvideo1.5-480p", family="hunyuanvideo15",
+                     source="hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
+                     transformer=HUNYUANVIDEO15_480P_T2V, default_steps=50),
+)}
+
+#: the architecture `--full` builds for a family without `--arch`
+DEFAULT_ARCHITECTURE: dict[str, str] = {"wan": "wan2.1-1.3b", "hunyuanvideo15": "hunyuanvideo1.5-480p"}
+
+
+def full_architecture(name: str, arch: str | None) -> FullArchitecture | None:
+    """The `--arch` architecture of family `name` (its default one without `--arch`; None for a family that has
+    only `FULL_CONFIGS`), or a SpecError naming the architectures that exist."""
+    if arch is None:
+        default = DEFAULT_ARCHITECTURE.get(name)
+        return FULL_ARCHITECTURES[default] if default else None
+    if arch not in FULL_ARCHITECTURES or FULL_ARCHITECTURES[arch].family != name:
+        known = [a.name for a in FULL_ARCHITECTURES.values() if a.family == name]
+        hint = f"for {name}: {known}" if known else f"none for {name}; all: {list(FULL_ARCHITECTURES)}"
+        raise SpecError(f"--arch: expected a full-size architecture of MODEL {name!r} ({hint}), got {arch!r}.")
+    return FULL_ARCHITECTURES[arch]
+
+
 @quiet_imports()
-def full_transformer(name: str, **overrides: Any) -> torch.nn.Module:
-    """The full-size architecture of family `name` with random weights (build it under a device context)."""
+def full_transformer(name: str, arch: str | None = None, **overrides: Any) -> torch.nn.Module:
+    """The full-size architecture of family `name` (`arch`: one of `FULL_ARCHITECTURES`) with random weights
+    (build it under a device context)."""
     _check(name)
     import diffusers
 
+    architecture = full_architecture(name, arch)
+    config = architecture.transformer if architecture is not None else FULL_CONFIGS[name]
     cls = getattr(diffusers, _TRANSFORMERS[name])
-    return cls(**{**FULL_CONFIGS[name], **overrides}).eval()
+    return cls(**{**config, **overrides}).eval()
+
+
+def full_transformers(name: str, arch: str | None = None) -> dict[str, torch.nn.Module]:
+    """The pipeline components of the full-size architecture: `transformer`, and `transformer_2` for a
+    two-expert one (each its own random weights: the experts of Wan 2.2 are two trained models)."""
+    architecture = full_architecture(name, arch)
+    parts = {"transformer": full_transformer(name, arch)}
+    if architecture is not None and architecture.experts == 2:
+        parts["transformer_2"] = full_transformer(name, arch)
+    return parts
 
 
 # --- pipelines ---------------------------------------------------------------------------------------------
@@ -151,14 +237,28 @@ def _wan(transformer: torch.nn.Module) -> Any:
     return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer)
 
 
+def _hunyuanvideo15(transformer: torch.nn.Module) -> Any:
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    latent_channels = (transformer.config.in_channels - 1) // 2  # latents + condition latents + 1 mask channel
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=latent_channels, block_out_channels=(8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=4, temporal_compression_ratio=4).eval()
+    # 480p's flow shift 5 and the published guidance 6 (the guider is the pipeline's CFG: two calls per step)
+    return HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), transformer=transformer,
+                                  guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
 _PIPELINES: dict[str, Callable[[torch.nn.Module], Any]] = {
-    "flux": _flux, "qwenimage": _qwenimage, "cogvideox": _cogvideox, "wan": _wan,
+    "flux": _flux, "qwenimage": _qwenimage, "cogvideox": _cogvideox, "wan": _wan, "hunyuanvideo15": _hunyuanvideo15,
 }
 
 
 @quiet_imports()
 def tiny_pipeline(name: str, seed: int = 0, **transformer_overrides: Any) -> Any:
-    """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan) on the CPU, no text encoders."""
+    """A tiny pipeline of family `name` (flux, qwenimage, cogvideox, wan, hunyuanvideo15) on the CPU, no text
+    encoders."""
     if name not in _PIPELINES:
         raise AdapterError(f"no built-in tiny pipeline {name!r}; known: {sorted(_PIPELINES)}.")
     pipe = _PIPELINES[name](tiny_transformer(name, seed=seed, **transformer_overrides))
@@ -188,11 +288,27 @@ def call_kwargs(name: str, steps: int = 4, seed: int = 0, batch: int = 1, height
         kw.update(prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=9, guidance_scale=6.0)
+    elif name == "hunyuanvideo15":
+        kw.update(hunyuanvideo15_embeddings(batch, 8, cfg["text_embed_dim"], 4, cfg["text_embed_2_dim"], g),
+                  height=height or 16, width=width or 16, num_frames=5)
     else:  # wan
         kw.update(prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   negative_prompt_embeds=torch.randn(batch, 8, cfg["text_dim"], generator=g),
                   height=height or 16, width=width or 16, num_frames=5, guidance_scale=5.0)
     kw.update(extra)
+    return kw
+
+
+def hunyuanvideo15_embeddings(batch: int, tokens: int, dim: int, tokens_2: int, dim_2: int,
+                              g: torch.Generator) -> dict[str, torch.Tensor]:
+    """HunyuanVideo 1.5's four embeddings and masks (Qwen2.5-VL and ByT5, conditional and negative): the pipeline
+    runs CFG through its guider, which reads all of them. Masks all ones: every token attends (the padded length)."""
+    kw: dict[str, torch.Tensor] = {}
+    for prefix in ("", "negative_"):
+        kw[f"{prefix}prompt_embeds"] = torch.randn(batch, tokens, dim, generator=g)
+        kw[f"{prefix}prompt_embeds_mask"] = torch.ones(batch, tokens, dtype=torch.long)
+        kw[f"{prefix}prompt_embeds_2"] = torch.randn(batch, tokens_2, dim_2, generator=g)
+        kw[f"{prefix}prompt_embeds_mask_2"] = torch.ones(batch, tokens_2, dtype=torch.long)
     return kw
 
 
