@@ -4,7 +4,7 @@
 # For each MODEL:STEPS of $FRONTS, in parallel (one process each, float32 on the GPU):
 #   1. benchmarks/tune_trained.py: hookkit.tune at 1.5x, 2x and 3x on every class at seed 10 (a seed that neither
 #      the shipped calibrations, 50-59, nor the evaluation, 100 and up, use);
-#   2. python -m hookkit.tools.quality --front with those tuned Specs as extra rows: hookkit's rules, fewer steps and
+#   2. python -m hookkit.tools.front with those tuned Specs as extra rows: hookkit's rules, fewer steps and
 #      every installed peer (diffusers' hooks, cache-dit) on classes 0-9 x seeds 100, 101.
 # One background queue (setsid), so that it outlives a 10-minute device command; a later call collects.
 #
@@ -52,7 +52,7 @@ one() {  # MODEL STEPS: tune, then the front's groups in parallel with the tuned
   local i=0
   for group in "${FRONT_GROUPS[@]}"; do
     i=$((i + 1))
-    eval python3 -m hookkit.tools.quality --front --device "$DEVICE" --model "$model" --steps "$steps" $specs \
+    eval python3 -m hookkit.tools.front --device "$DEVICE" --model "$model" --steps "$steps" $specs \
       $group $FRONT_ARGS --no-plot --out "$res/g$i" > "$res/g$i.log" 2>&1 &
   done
   wait
@@ -84,7 +84,7 @@ case "${1:-}" in
     out=${OUT:-out}; mkdir -p "$out"
     for d in "$W"/res/front-*; do  # merge the groups that finished into one front per MODEL:STEPS
       parts=$(ls -d "$d"/g*/front.json 2>/dev/null)
-      [ -n "$parts" ] && (cd "$W/repo" && python3 -m hookkit.tools.quality --front --merge $parts --out "$d/front" \
+      [ -n "$parts" ] && (cd "$W/repo" && python3 -m hookkit.tools.front --merge $parts --out "$d/front" \
         > "$d/merge.log" 2>&1) && cp "$d/front/front.md" "$out/$(basename "$d").md"
     done
     tar -czf "$out/fronts.tgz" -C "$W/res" . && cp "$W/queue.log" "$out/" 2>/dev/null

@@ -1,7 +1,7 @@
 """The Specs `hookkit.tune` returns on the shipped trained models, as a `--specs` file for the quality front.
 
     python benchmarks/tune_trained.py --model tiny --steps 28 --speedups 1.5,2,3 --out out/tuned-tiny-28.json
-    python -m hookkit.tools.quality --front --model tiny --steps 28 --specs out/tuned-tiny-28.json
+    python -m hookkit.tools.front --model tiny --steps 28 --specs out/tuned-tiny-28.json
 
 Tuned on every class at seed 10 (`--seeds`), which neither the shipped calibrations (seeds 50-59) nor the front's
 evaluation (seeds 100 and up) use, so the front judges each tuned Spec on samples it never saw.

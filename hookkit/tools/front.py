@@ -14,7 +14,7 @@ Seeds: 0-99 are the tuning range (hookkit's defaults were chosen on seeds 0-3; M
     report = front.run_front(model="tiny", steps=28)          # classes 0-9 x seeds 100, 101
     report.write("out/front-tiny-28")       # front.md, front.json, front-tiny-28.png, quality.md
 
-or `python -m hookkit.tools.quality --front --model tiny --steps 28 --out DIR`.
+or `python -m hookkit.tools.front --model tiny --steps 28 --out DIR`.
 """
 
 from __future__ import annotations
@@ -603,7 +603,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def front_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m hookkit.tools.quality --front ...`: run the fronts, print the table, write front.md/.json/.png and
+    """`python -m hookkit.tools.front ...` (or `hookkit bench --quality --front ...`): run the fronts, print the table, write front.md/.json/.png and
     quality.md. Exit code 0, or 2 with hookkit's message when something is missing or misnamed."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
