@@ -603,23 +603,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def front_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m hookkit.tools.front ...` (or `hookkit bench --quality --front ...`): run the fronts, print the table, write front.md/.json/.png and
-    quality.md. Exit code 0, or 2 with hookkit's message when something is missing or misnamed."""
+    """`python -m hookkit.tools.front ...` (or `hookkit bench --quality --front ...`): run the fronts (or `--merge`
+    split runs), print the table, write front.md/.json/.png and quality.md. Exit code 0, or 2 with hookkit's message
+    when something is missing or misnamed."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
-    if args.merge:
-        try:
-            report = merge_fronts(args.merge)
-            m = report.quality.meta
-            out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / f"front-{m['model_name']}-{m['steps']}"
-            print(report.markdown())
-            paths = report.write(out, plot=not args.no_plot)
-        except HookkitError as exc:
-            print(f"hookkit bench --quality --front: error: {exc}", file=sys.stderr)
-            return 2
-        print("\nwrote " + ", ".join(str(p) for p in paths.values()))
-        return 0
     try:
+        if args.merge:
+            report = merge_fronts(args.merge)
+            return _print_and_write(report, args.out, not args.no_plot)
         from diffusers.utils import logging as diffusers_logging
 
         diffusers_logging.set_verbosity_error()  # FasterCache warns at every enable
@@ -649,13 +641,19 @@ def front_main(argv: Sequence[str] | None = None) -> int:
         report = run_front(model=args.model, steps=args.steps, classes=labels, seeds=_ints(args.seeds, "--seeds"),
                            calibration_seeds=calibration, configs=configs, device=str(device),
                            dtype=DTYPES[args.dtype], weights=args.weights, classifier_weights=args.classifier)
-        out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / f"front-{args.model}-{args.steps}"
         print()
-        print(report.markdown())
-        paths = report.write(out, plot=not args.no_plot)
+        return _print_and_write(report, args.out, not args.no_plot)
     except HookkitError as exc:
         print(f"hookkit bench --quality --front: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _print_and_write(report: FrontReport, out: str | None, plot: bool) -> int:
+    """Print the table and write the report to `out` (default $OUT/front-MODEL-STEPS or ./out/...)."""
+    m = report.quality.meta
+    folder = Path(out) if out else Path(os.environ.get("OUT", "out")) / f"front-{m['model_name']}-{m['steps']}"
+    print(report.markdown())
+    paths = report.write(folder, plot=plot)
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
