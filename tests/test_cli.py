@@ -332,7 +332,7 @@ def test_generate_help_says_which_models_run_without_model_path(capsys: pytest.C
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "a model family that runs as is, with random weights (cogvideox, flux, qwenimage, wan); another shipped " \
+    assert "a model family that runs as is, with random weights (cogvideox, flux, hunyuanvideo15, qwenimage, wan); another shipped " \
            "adapter name (chroma, cogview4," in help_text
     assert "zimage) with --model-path" in help_text
 
