@@ -50,6 +50,10 @@ def _dynamic_cache(spec: Spec) -> bool:
             and not (cache.steps_mask is not None and cache.mask_policy == "static"))
 
 
+def _attention_per_step(spec: Spec) -> bool:
+    return spec.attention is not None and spec.attention.per_step
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         features=("compile", "cache"), outcome="refused",
@@ -79,6 +83,35 @@ RULES: tuple[Rule, ...] = (
             f"Spec.memo: expected True with Compile(cuda_graphs='transformer') on {a.name!r} (its prologue builds "
             f"tensors from Python data every call: adapter memo_scope={a.memo_scope!r}), got False. Use "
             "Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."),
+    ),
+    Rule(
+        # diffusers' context-parallel attention runs through its backends' `_parallel_config` (ring / Ulysses); the
+        # kernel hookkit chooses at torch's SDPA call would see one rank's shard and bypass that exchange
+        features=("attention", "parallel"), outcome="refused",
+        applies=lambda s, a: s.attention is not None and s.parallel is not None,
+        message=lambda s, a: (
+            "Spec.attention: expected None with ContextParallel (diffusers' context-parallel attention exchanges keys "
+            "and values inside its own backends, which hookkit's kernel choice at torch's SDPA call would bypass), got "
+            "an Attention. Use one of the two, or choose diffusers' backend with transformer.set_attention_backend."),
+    ),
+    Rule(
+        features=("attention", "compile"), outcome="refused",
+        applies=lambda s, a: s.attention is not None and s.compile is not None and not s.compile.regional,
+        message=lambda s, a: (
+            "Compile.regional: expected True with Attention (its per-block, per-step kernel choice runs in hooks "
+            "outside the compiled blocks), got False. Use Compile(regional=True)."),
+    ),
+    Rule(
+        # graphs split at a threshold decision are keyed by the cache alone; no phase key joins them
+        features=("attention", "compile"), outcome="refused",
+        applies=lambda s, a: _attention_per_step(s) and _whole_graphs(s) and _dynamic_cache(s),
+        message=lambda s, a: (
+            "Attention.low_precision: expected a kernel that stays the same at every step with "
+            "Compile(cuda_graphs='transformer') and a DBCache threshold decided at each call (split graphs have no "
+            "key for the step phase), got full precision on the first "
+            f"{s.attention.full_first} and last {s.attention.full_last} steps and {s.attention.low_precision!r} "
+            "between. Use Attention(full_first=0, full_last=0), decisions known before the call (a static mask, "
+            "rule='magnitude' or 'schedule'), or cuda_graphs='none'."),
     ),
     Rule(
         features=("memo", "compile"), outcome="inactive",
