@@ -2,8 +2,8 @@
 
 The table is keyed by `Spec` field and ordered as features attach: quantization first (it swaps weights
 before anything hooks the layers), context parallelism (diffusers' hooks around the transformer), memo and the sync-free loop next (transformer and scheduler hooks), the
-cache, the attention kernel choice (block hooks inside the cache's, so a block the cache skips counts no kernel; it
-provides its step phase to compile's graphs), and compile last (it wraps the forwards the other hooks surround). Each entry is validated when the
+cache, the attention kernel choice (block hooks inside the cache's, so a block the cache skips counts no kernel), and compile
+last (it wraps the forwards the other hooks surround). Each entry is validated when the
 table is built (`hookkit.core.feature.FeatureTable`): a malformed feature is refused at import.
 """
 

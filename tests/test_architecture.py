@@ -204,7 +204,7 @@ SETTINGS: dict[str, Any] = {
     "attention": hookkit.Attention(),
 }
 #: pairs refused whatever their settings
-REFUSED_PAIRS = ({"attention", "parallel"},)
+REFUSED_PAIRS = ({"attention", "parallel"}, {"attention", "compile"})
 
 #: (adapter, spec fields, expected): "allowed", ("refused", error, message start), ("inactive", feature, reason start)
 COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
@@ -212,15 +212,10 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
       if {a, b} not in REFUSED_PAIRS],
     ("flux", {"attention": SETTINGS["attention"], "parallel": SETTINGS["parallel"]},
      ("refused", SpecError, "Spec.attention: expected None with ContextParallel")),
-    ("flux", {"attention": SETTINGS["attention"], "compile": WHOLE},
-     ("refused", SpecError, "Compile.regional: expected True with Attention")),
-    ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS}, "allowed"),  # a graph per step phase
-    ("flux", {"attention": SETTINGS["attention"], "cache": STATIC, "compile": GRAPHS}, "allowed"),
-    ("flux", {"attention": SETTINGS["attention"], "cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0),
-              "compile": GRAPHS},
-     ("refused", SpecError, "Attention.low_precision: expected a kernel that stays the same at every step")),
-    ("flux", {"attention": hookkit.Attention(full_first=0, full_last=0),
-              "cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0), "compile": GRAPHS}, "allowed"),
+    ("flux", {"attention": SETTINGS["attention"], "compile": SETTINGS["compile"]},
+     ("refused", SpecError, "Spec.compile: expected None with Attention")),
+    ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS},
+     ("refused", SpecError, "Spec.compile: expected None with Attention")),
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
     ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS},
@@ -347,14 +342,14 @@ def test_feature_state_lives_in_the_handle_slot_and_is_dropped_at_removal() -> N
 def test_one_name_per_technique_for_spec_field_feature_hooks_and_summary() -> None:
     pipe = zoo.tiny_pipeline("flux")
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu"), memo=True,
-                        sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"),
-                        attention=hookkit.Attention(low_precision=None))
+                        sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"))
     with hookkit.enable(pipe, spec) as handle:
         summary = handle.summary()
-        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it)
+        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it), and
+        # attention, refused with compile (tests/test_attention.py checks its names)
         fields = {f.name for f in attrs.fields(hookkit.Spec)}
-        assert set(summary.features) == set(FEATURES) - {"parallel"} == fields - {"parallel"}
-        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel"}  # no memo scope
+        assert set(summary.features) == set(FEATURES) - {"parallel", "attention"} == fields - {"parallel", "attention"}
+        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel", "attention"}
         assert [a.name for a in handle.plan.attachments if a.feature != "core"
                 and not a.name.startswith(f"hookkit.{a.feature}")] == []
 

@@ -50,10 +50,6 @@ def _dynamic_cache(spec: Spec) -> bool:
             and not (cache.steps_mask is not None and cache.mask_policy == "static"))
 
 
-def _attention_per_step(spec: Spec) -> bool:
-    return spec.attention is not None and spec.attention.per_step
-
-
 RULES: tuple[Rule, ...] = (
     Rule(
         features=("compile", "cache"), outcome="refused",
@@ -95,23 +91,16 @@ RULES: tuple[Rule, ...] = (
             "an Attention. Use one of the two, or choose diffusers' backend with transformer.set_attention_backend."),
     ),
     Rule(
+        # the kernel choice is a torch-function mode around each block: torch.compile traces it into the compiled
+        # blocks, where dynamo fails on diffusers' processors (`Tensor.unflatten` runs `super().unflatten()` under a
+        # mode) and a whole-transformer CUDA graph would replay one phase's kernels at every step
         features=("attention", "compile"), outcome="refused",
-        applies=lambda s, a: s.attention is not None and s.compile is not None and not s.compile.regional,
+        applies=lambda s, a: s.attention is not None and s.compile is not None,
         message=lambda s, a: (
-            "Compile.regional: expected True with Attention (its per-block, per-step kernel choice runs in hooks "
-            "outside the compiled blocks), got False. Use Compile(regional=True)."),
-    ),
-    Rule(
-        # graphs split at a threshold decision are keyed by the cache alone; no phase key joins them
-        features=("attention", "compile"), outcome="refused",
-        applies=lambda s, a: _attention_per_step(s) and _whole_graphs(s) and _dynamic_cache(s),
-        message=lambda s, a: (
-            "Attention.low_precision: expected a kernel that stays the same at every step with "
-            "Compile(cuda_graphs='transformer') and a DBCache threshold decided at each call (split graphs have no "
-            "key for the step phase), got full precision on the first "
-            f"{s.attention.full_first} and last {s.attention.full_last} steps and {s.attention.low_precision!r} "
-            "between. Use Attention(full_first=0, full_last=0), decisions known before the call (a static mask, "
-            "rule='magnitude' or 'schedule'), or cuda_graphs='none'."),
+            "Spec.compile: expected None with Attention (its kernel choice is a torch-function mode around each block, "
+            "which torch.compile would trace into the compiled blocks and dynamo cannot trace through diffusers' "
+            "processors; CUDA graphs would replay one step phase's kernels at every step), got a Compile. Use "
+            "Attention or Compile, not both, for now."),
     ),
     Rule(
         features=("memo", "compile"), outcome="inactive",

@@ -4,9 +4,7 @@ A replayed graph runs no Python, so hooks inside the transformer cannot decide a
 feature whose hooks change what a call computes provides `GraphDecisions` through its attach context;
 the graph runner then asks it *before* each call which graph to run, forces that decision while a graph
 is being warmed up and captured, and reports every replayed call back so that statistics stay right.
-The core provides `EagerCalls`: the calls the first-call check of the adapter observes run uncaptured. A feature whose
-hooks choose per step what a call runs, known from the per-call state alone (the attention kernel), provides `GraphKeys`:
-its key joins the graph key.
+The core provides `EagerCalls`: the calls the first-call check of the adapter observes run uncaptured.
 """
 
 from __future__ import annotations
@@ -91,27 +89,4 @@ class EagerCalls(Protocol):
 
     def eager(self) -> bool:
         """Whether the transformer call now running must run eagerly (True only inside it)."""
-        ...
-
-
-@runtime_checkable
-class GraphKeys(Protocol):
-    """A feature's part of the graph key, known on the host before the call from the per-call state alone (the
-    attention technique's step phase: which kernel each block runs), for a runner that captures one graph per key.
-
-    No hook runs in a replay, so the feature counts what a graph's capture ran as that graph's (`capturing`), and
-    adds it to the call's statistics at every call the graph serves (`replayed`).
-    """
-
-    def key(self) -> Hashable:
-        """This feature's part of the key for the transformer call about to run."""
-        ...
-
-    def capturing(self, graph_key: Hashable) -> ContextManager[None]:
-        """Around warm-up and capture of the graph keyed `graph_key` (the runner's whole extra key): what the hooks
-        record there belongs to that graph, not to the current call."""
-        ...
-
-    def replayed(self, graph_key: Hashable) -> None:
-        """Account for one transformer call served by the graph keyed `graph_key`."""
         ...

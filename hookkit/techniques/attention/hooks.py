@@ -11,18 +11,17 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
 take (a mask, dropout, grouped-query heads; masks are known only at the call) runs as "native" and is counted as a
 fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
-is refused at enable. With `Compile(cuda_graphs="transformer")` the feature provides `hookkit.core.graphs.GraphKeys`:
-the step phase joins the graph key (a graph per phase), and a graph's block calls are counted at each replay.
+is refused at enable. `Compile` is refused (`hookkit.core.compat`): torch.compile traces the mode into the compiled
+blocks, and dynamo cannot trace diffusers' processors under a mode (`Tensor.unflatten`'s `super()` call).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import importlib.util
 import sys
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -32,7 +31,6 @@ from loguru import logger
 from torch.overrides import TorchFunctionMode
 
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.graphs import GraphKeys
 from hookkit.core.modes import push_mode, remove_mode
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
@@ -200,17 +198,12 @@ class _Calls:
 
 
 class _Shared:
-    """What the hooks of one handle share: the attach context (the per-call state), the spec, the per-kernel modes,
-    and under whole-transformer graphs what each captured graph's blocks ran."""
+    """What the hooks of one handle share: the attach context (the per-call state), the spec, the per-kernel modes."""
 
     def __init__(self, ctx: AttachContext, spec: Attention) -> None:
         self.ctx = ctx
         self.spec = spec
         self.modes = {k: KernelMode(k, self) for k in spec.kernels() if k != "native"}
-        #: the graph being captured (the runner's key), set by `GraphPhases.capturing`; None outside a capture
-        self.recording: Hashable = None
-        #: one transformer call's events per captured graph, added to the counts at each replay
-        self.graphs: dict[Hashable, Counter[tuple[str, Any]]] = {}
 
     def phase(self, state: CallState) -> str:
         spec = self.spec
@@ -224,13 +217,9 @@ class _Shared:
         return self.ctx.state.feature(NAME, _Calls)
 
     def record(self, kind: str, what: tuple[str, ...]) -> None:
-        """Count one block call (`kind="block"`, what = (kernel,)) or attention fallback in the current phase."""
+        """Count one block call (`kind="block"`, what = (kernel,)), attention call or fallback in the current phase."""
         state = self.ctx.state
-        phase = self.phase(state)
-        if self.recording is not None:
-            self.graphs.setdefault(self.recording, Counter())[(kind, (phase, *what))] += 1
-            return
-        self._count(kind, (phase, *what), state.step, 1)
+        self._count(kind, (self.phase(state), *what), state.step, 1)
 
     def _count(self, kind: str, key: tuple[str, ...], step: int, n: int) -> None:
         calls = self.calls()
@@ -248,12 +237,10 @@ class AttentionBlockHook(ModelHook):
 
     replaces_forward = True
 
-    def __init__(self, shared: _Shared, full: bool, first: bool) -> None:
+    def __init__(self, shared: _Shared, full: bool) -> None:
         self.shared = shared
         #: the block runs `kernel` at every step (`full_blocks`)
         self.full = full
-        #: the first block in execution order: a graph capture's runs restart its events here
-        self.first = first
 
     def kernel(self) -> str:
         shared = self.shared
@@ -264,8 +251,6 @@ class AttentionBlockHook(ModelHook):
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         shared = self.shared
-        if self.first and shared.recording is not None:  # warm-up and capture run the call more than once
-            shared.graphs.pop(shared.recording, None)
         kernel = self.kernel()
         shared.record("block", (kernel,))
         mode = shared.modes.get(kernel)
@@ -276,30 +261,6 @@ class AttentionBlockHook(ModelHook):
             return call_next(*args, **kwargs)
         finally:
             remove_mode(mode)
-
-
-class GraphPhases:
-    """`GraphKeys` for whole-transformer CUDA graphs: the step phase is part of the graph key; the block calls (and
-    fallbacks) of a graph's capture are counted once per replay, since no hook runs in a replay."""
-
-    def __init__(self, shared: _Shared) -> None:
-        self.shared = shared
-
-    def key(self) -> Hashable:
-        return ("attention", self.shared.phase(self.shared.ctx.state))
-
-    @contextlib.contextmanager
-    def capturing(self, graph_key: Hashable) -> Iterator[None]:
-        previous, self.shared.recording = self.shared.recording, graph_key
-        try:
-            yield
-        finally:
-            self.shared.recording = previous
-
-    def replayed(self, graph_key: Hashable) -> None:
-        step = self.shared.ctx.state.step
-        for (kind, key), n in self.shared.graphs.get(graph_key, Counter()).items():
-            self.shared._count(kind, key, step, n)
 
 
 # --- enable-time checks ------------------------------------------------------------------------------------------
@@ -357,7 +318,8 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
     active = _active_backend()
     if active not in (None, "native"):
         raise UnsupportedError(f"Attention: expected diffusers' active attention backend 'native' (hookkit chooses the "
-                               f"kernel at torch's SDPA call), got {active!r}. Leave `attention_backend(...)` / "
+                               f"kernel at torch's SDPA call), got {active!r}. Call transformer.set_attention_backend('native') "
+                               "(it sets diffusers' active backend too) and leave `attention_backend(...)` / "
                                "DIFFUSERS_ATTN_BACKEND unset while hookkit.Attention is on.")
     for path, _, block in blocks:
         for name, module in _attention_modules(block):
@@ -368,7 +330,7 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                 raise UnsupportedError(
                     f"Attention: expected the processor of {path}.{name} to dispatch to diffusers' 'native' backend "
                     f"(torch's SDPA, where hookkit chooses the kernel), got {backend!r}. Call "
-                    f"transformer.reset_attention_backend() first, or choose the kernel with Attention(kernel=...).")
+                    "transformer.set_attention_backend('native') first, and choose the kernel with Attention(kernel=...).")
     for kernel in spec.kernels():
         where = "kernel" if kernel == spec.kernel else "low_precision"
         package = PACKAGES.get(kernel)
@@ -430,20 +392,18 @@ class _AttentionFeature(BaseFeature):
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         full = _block_full(spec, blocks, type(ctx.transformer).__name__)
         check_kernels(spec, ctx.transformer, blocks, full)
-        return [Attachment(feature=NAME, target=path, name=BLOCK_HOOK, params=(("full", kept), ("first", i == 0)))
-                for i, ((path, _, _), kept) in enumerate(zip(blocks, full))]
+        return [Attachment(feature=NAME, target=path, name=BLOCK_HOOK, params=(("full", kept),))
+                for (path, _, _), kept in zip(blocks, full)]
 
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         shared: _Shared | None = ctx.kept()
         if shared is None:
             spec: Attention = ctx.spec.attention  # type: ignore[assignment]
             shared = ctx.keep(_Shared(ctx, spec))
-            if spec.per_step:
-                ctx.provide(GraphKeys, lambda: GraphPhases(shared))
             logger.info("attention: {} on the first {} and last {} steps, {} between, on {} blocks",
                         spec.kernel, spec.full_first, spec.full_last, spec.low_precision or spec.kernel,
                         len(ctx.attachments()))
-        hook = AttentionBlockHook(shared, full=attachment.param("full"), first=attachment.param("first"))
+        hook = AttentionBlockHook(shared, full=attachment.param("full"))
         return add_hook(module_at(ctx.transformer, attachment.target), BLOCK_HOOK, hook)
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:

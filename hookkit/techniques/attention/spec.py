@@ -60,8 +60,3 @@ class Attention:
     def kernels(self) -> tuple[str, ...]:
         """Every kernel this spec may run, `kernel` first."""
         return (self.kernel,) if self.low_precision in (None, self.kernel) else (self.kernel, self.low_precision)
-
-    @property
-    def per_step(self) -> bool:
-        """Whether the kernel of some block changes from step to step (then a CUDA graph is captured per phase)."""
-        return len(self.kernels()) > 1 and (self.full_first > 0 or self.full_last > 0)

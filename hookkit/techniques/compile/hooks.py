@@ -9,15 +9,15 @@ next replay overwrites; hookkit marks each transformer call's start (`cudagraph_
 every compiled region, and clones a wholly compiled transformer's outputs.
 
 Whole-transformer CUDA graphs (`cuda_graphs="transformer"`, GPU only): blocks compiled regionally, then each
-transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the signature holds
-(inputs copied into static buffers, outputs cloned out). Hooks inside the transformer do not run on replay, so a
-feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the cache with a static mask: the decision
-joins the graph key), `SplitDecisions` (the cache with a threshold: each call is split at the decision into a head graph
-ending with the statistic, one host read, and the computed or cached tail graph, `SplitGraphHook`) or `GraphKeys` (the
-attention kernel's step phase joins the key). Before every call `ModelWatch` compares what the graphs captured
-(tensors, module tree, inner hooks, LoRA state, attention processors and backends) with the model now: on a change
-they are captured anew; a model moved off CUDA is refused. The call the first-call check of the adapter observes runs
-eagerly (`hookkit.core.graphs.EagerCalls`): captures start at the next call.
+transformer call captured once per input signature with `torch.cuda.CUDAGraph` and replayed while the
+signature holds (inputs copied into static buffers, outputs cloned out). Hooks inside the transformer do not
+run on replay, so a feature that decides per call provides `hookkit.core.graphs.GraphDecisions` (the cache
+with a static mask: the decision becomes part of the graph key) or `SplitDecisions` (the cache with a
+threshold: each call is split at the decision into a head graph ending with the statistic, one host read,
+and the computed or cached tail graph, `SplitGraphHook`). Before every call `ModelWatch` compares what the
+graphs captured (tensors, module tree, inner hooks, LoRA state, attention processors and backends) with the
+model now: on a change they are captured anew; a model moved off CUDA is refused. The call the first-call check
+of the adapter observes runs eagerly (`hookkit.core.graphs.EagerCalls`): captures start at the next call.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from hookkit.core.compat import CUDA_GRAPH_MODES
 from hookkit.core.feature import AttachContext, BaseFeature
-from hookkit.core.graphs import EagerCalls, GraphDecisions, GraphKeys, SplitDecisions
+from hookkit.core.graphs import EagerCalls, GraphDecisions, SplitDecisions
 from hookkit.core.plan import Attachment, PlanContext, add_hook, module_at
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removable, Removal
@@ -407,11 +407,9 @@ class GraphHook(ModelHook):
     replaces_forward = True
 
     def __init__(self, runner: GraphRunner, cache: GraphDecisions | None = None, require_cuda: bool = False,
-                 eager: EagerCalls | None = None, keys: GraphKeys | None = None) -> None:
+                 eager: EagerCalls | None = None) -> None:
         self.runner = runner
         self.cache = cache
-        #: another feature's part of the graph key (the attention kernel's step phase), or None
-        self.keys = keys
         self.require_cuda = require_cuda
         self.eager = eager
         self.watch = ModelWatch()
@@ -426,39 +424,16 @@ class GraphHook(ModelHook):
             if self.runner.captured:
                 self.runner.invalidate(reason)
         captured = len(self.runner.captured)
-        if self.cache is None and self.keys is None:
+        if self.cache is None:
             output = self.runner(call_next, args, kwargs)
-        elif self.keys is None:
+        else:
             shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
             decision = self.cache.decision(shapes)
             output = self.runner(call_next, args, kwargs, extra_key=decision,
                                  capturing=lambda: self.cache.forcing(decision))
             self.cache.replayed(decision, shapes)
-        else:
-            output = self._keyed_call(call_next, args, kwargs)
         if reason is not None or len(self.runner.captured) != captured:
             self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
-        return output
-
-    def _keyed_call(self, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """One call whose graph key holds another feature's key (`GraphKeys`), with the cache's decision if any."""
-        keys = self.keys
-        shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-        decision = self.cache.decision(shapes) if self.cache is not None else None
-        extra = (decision, keys.key())
-
-        @contextlib.contextmanager
-        def capturing() -> Any:
-            with contextlib.ExitStack() as stack:
-                if self.cache is not None:
-                    stack.enter_context(self.cache.forcing(decision))
-                stack.enter_context(keys.capturing(extra))
-                yield
-
-        output = self.runner(call_next, args, kwargs, extra_key=extra, capturing=capturing)
-        if self.cache is not None:
-            self.cache.replayed(decision, shapes)
-        keys.replayed(extra)
         return output
 
     def _eager_call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -817,8 +792,7 @@ class _CompileFeature(BaseFeature):
             state.runner = SplitGraphHook(CudaSegmentBackend(), split, require_cuda=True, eager=eager)
             return add_hook(module, GRAPH, state.runner)
         runner = state.runner = GraphRunner(CudaGraphBackend(), max_graphs=spec.max_graphs)
-        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True, eager=eager,
-                                                 keys=ctx.request(GraphKeys)))
+        return add_hook(module, GRAPH, GraphHook(runner, ctx.request(GraphDecisions), require_cuda=True, eager=eager))
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
         spec: Compile = ctx.spec.compile  # type: ignore[assignment]
