@@ -24,6 +24,7 @@ from hookkit.adapters import (
 from hookkit.core.handle import Handle, disable, handle_of
 from hookkit.features import build_plan, enable
 from hookkit.spec import Spec
+from hookkit.techniques.attention.spec import Attention
 from hookkit.techniques.cache.calibration import CacheCalibration
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
@@ -53,6 +54,7 @@ def tune(pipe: object, calls: list, *, speedup: float | None = None, min_psnr: f
 
 __all__ = [
     "AdapterSpec",
+    "Attention",
     "BlockListSpec",
     "CacheCalibration",
     "Compile",

@@ -2,7 +2,8 @@
 
 The table is keyed by `Spec` field and ordered as features attach: quantization first (it swaps weights
 before anything hooks the layers), context parallelism (diffusers' hooks around the transformer), memo and the sync-free loop next (transformer and scheduler hooks), the
-cache, and compile last (it wraps the forwards the other hooks surround). Each entry is validated when the
+cache, the attention kernel choice (block hooks inside the cache's, so a block the cache skips counts no kernel), and compile
+last (it wraps the forwards the other hooks surround). Each entry is validated when the
 table is built (`hookkit.core.feature.FeatureTable`): a malformed feature is refused at import.
 """
 
@@ -16,6 +17,7 @@ from hookkit.core.handle import Handle, enable_with, plan_for
 from hookkit.core.plan import Plan
 from hookkit.spec import Spec
 from hookkit.techniques import memo, sync_free
+from hookkit.techniques.attention import hooks as attention
 from hookkit.techniques.parallel import hooks as parallel
 from hookkit.techniques.cache import hooks as cache
 from hookkit.techniques.compile import hooks as compile_
@@ -23,7 +25,7 @@ from hookkit.techniques.quantize import torchao as quantize
 
 #: every feature hookkit ships, in attach order
 FEATURES = FeatureTable(Spec, [quantize.FEATURE, parallel.FEATURE, memo.FEATURE, sync_free.FEATURE, cache.FEATURE,
-                               compile_.FEATURE])
+                               attention.FEATURE, compile_.FEATURE])
 
 
 def enable(target: Any, spec: Spec | None = None, *, adapter: AdapterSpec | None = None) -> Handle:

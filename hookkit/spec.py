@@ -14,6 +14,7 @@ import attrs
 
 from hookkit.core.validate import boolean, callable_name, closest, instance_of, resolve_callable, strict_init
 from hookkit.errors import SpecError, field_error
+from hookkit.techniques.attention.spec import Attention
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.parallel.spec import ContextParallel
@@ -34,6 +35,8 @@ class Spec:
         memo: memoize index tensors built from Python data in the adapter's `memo_scope` (default False).
         parallel: context parallelism through diffusers' `enable_parallelism` (`hookkit.ContextParallel`, under
             torchrun), or None (default: one process, or a transformer the user parallelised themselves).
+        attention: the attention kernel per block and denoising step, low precision between full-precision first and
+            last steps (`hookkit.Attention`), or None (default: the processors' own kernel).
     """
 
     cache: DBCache | None = attrs.field(default=None, validator=instance_of(DBCache, "a hookkit.DBCache"))
@@ -43,6 +46,7 @@ class Spec:
     memo: bool = attrs.field(default=False, validator=boolean)
     parallel: ContextParallel | None = attrs.field(default=None,
                                                    validator=instance_of(ContextParallel, "a hookkit.ContextParallel"))
+    attention: Attention | None = attrs.field(default=None, validator=instance_of(Attention, "a hookkit.Attention"))
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, JSON-safe dict (lists for tuples), the inverse of `Spec.from_dict`.

@@ -25,7 +25,7 @@ from hookkit.features import FEATURES
 from hookkit.tools import zoo
 
 PACKAGE = Path(hookkit.__file__).parent
-TECHNIQUES = ("cache", "compile", "memo", "parallel", "quantize", "sync_free")
+TECHNIQUES = ("attention", "cache", "compile", "memo", "parallel", "quantize", "sync_free")
 
 
 # --- what `import hookkit` loads ------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_the_cycle_check_counts_function_local_and_type_only_imports(modules: di
 
 
 def test_shipped_features_are_keyed_by_spec_field_in_attach_order() -> None:
-    assert list(FEATURES) == ["quantize", "parallel", "memo", "sync_free", "cache", "compile"]
+    assert list(FEATURES) == ["quantize", "parallel", "memo", "sync_free", "cache", "attention", "compile"]
     assert all(FEATURES[name].name == name for name in FEATURES)
 
 
@@ -246,8 +246,8 @@ class _AttachWithoutAttachment(_Good):
 
 
 @pytest.mark.parametrize("features, message", [
-    ([_NoName()], r"^hookkit feature test_architecture._NoName: name expected one of the Spec fields \['cache', "
-                  r"'compile', 'memo', 'parallel', 'quantize', 'sync_free'\], got 'turbo' \(a feature implements exactly one Spec "
+    ([_NoName()], r"^hookkit feature test_architecture._NoName: name expected one of the Spec fields \['attention', "
+                  r"'cache', 'compile', 'memo', 'parallel', 'quantize', 'sync_free'\], got 'turbo' \(a feature implements exactly one Spec "
                   r"field and is named after it\). Set `name`.$"),
     ([_WrongSpecClass()], r"^hookkit feature test_architecture._WrongSpecClass \('cache'\): spec_class expected the "
                           r"type of Spec.cache \(DBCache\), got <class 'hookkit.techniques.quantize.spec.Quantize'>"),
@@ -273,11 +273,21 @@ STATIC = hookkit.DBCache(steps_mask="fast", mask_policy="static", taylorseer_ord
 SETTINGS: dict[str, Any] = {
     "quantize": hookkit.Quantize(scheme="int8_weight_only"), "memo": True, "sync_free": True,
     "cache": hookkit.DBCache(), "compile": hookkit.Compile(), "parallel": hookkit.ContextParallel(ulysses=2),
+    "attention": hookkit.Attention(),
 }
+#: pairs refused whatever their settings
+REFUSED_PAIRS = ({"attention", "parallel"}, {"attention", "compile"})
 
 #: (adapter, spec fields, expected): "allowed", ("refused", error, message start), ("inactive", feature, reason start)
 COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
-    *[("flux", {a: SETTINGS[a], b: SETTINGS[b]}, "allowed") for a, b in itertools.combinations(SETTINGS, 2)],
+    *[("flux", {a: SETTINGS[a], b: SETTINGS[b]}, "allowed") for a, b in itertools.combinations(SETTINGS, 2)
+      if {a, b} not in REFUSED_PAIRS],
+    ("flux", {"attention": SETTINGS["attention"], "parallel": SETTINGS["parallel"]},
+     ("refused", SpecError, "Spec.attention: expected None with ContextParallel")),
+    ("flux", {"attention": SETTINGS["attention"], "compile": SETTINGS["compile"]},
+     ("refused", SpecError, "Spec.compile: expected None with Attention")),
+    ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS},
+     ("refused", SpecError, "Spec.compile: expected None with Attention")),
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
     ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS},
@@ -407,15 +417,17 @@ def test_one_name_per_technique_for_spec_field_feature_hooks_and_summary() -> No
                         sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"))
     with hookkit.enable(pipe, spec) as handle:
         summary = handle.summary()
-        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it)
+        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it), and
+        # attention, refused with compile (tests/test_attention.py checks its names)
         fields = {f.name for f in attrs.fields(hookkit.Spec)}
-        assert set(summary.features) == set(FEATURES) - {"parallel"} == fields - {"parallel"}
-        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel"}  # no memo scope
+        assert set(summary.features) == set(FEATURES) - {"parallel", "attention"} == fields - {"parallel", "attention"}
+        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel", "attention"}
         assert [a.name for a in handle.plan.attachments if a.feature != "core"
                 and not a.name.startswith(f"hookkit.{a.feature}")] == []
 
 
-SPEC_CLASSES = [hookkit.Spec, hookkit.DBCache, hookkit.Quantize, hookkit.Compile, hookkit.ContextParallel]
+SPEC_CLASSES = [hookkit.Spec, hookkit.DBCache, hookkit.Quantize, hookkit.Compile, hookkit.ContextParallel,
+                hookkit.Attention]
 
 
 @pytest.mark.parametrize("cls", SPEC_CLASSES, ids=[c.__name__ for c in SPEC_CLASSES])

@@ -81,6 +81,28 @@ RULES: tuple[Rule, ...] = (
             "Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."),
     ),
     Rule(
+        # diffusers' context-parallel attention runs through its backends' `_parallel_config` (ring / Ulysses); the
+        # kernel hookkit chooses at torch's SDPA call would see one rank's shard and bypass that exchange
+        features=("attention", "parallel"), outcome="refused",
+        applies=lambda s, a: s.attention is not None and s.parallel is not None,
+        message=lambda s, a: (
+            "Spec.attention: expected None with ContextParallel (diffusers' context-parallel attention exchanges keys "
+            "and values inside its own backends, which hookkit's kernel choice at torch's SDPA call would bypass), got "
+            "an Attention. Use one of the two, or choose diffusers' backend with transformer.set_attention_backend."),
+    ),
+    Rule(
+        # the kernel choice is a torch-function mode around each block: torch.compile traces it into the compiled
+        # blocks, where dynamo fails on diffusers' processors (`Tensor.unflatten` runs `super().unflatten()` under a
+        # mode) and a whole-transformer CUDA graph would replay one phase's kernels at every step
+        features=("attention", "compile"), outcome="refused",
+        applies=lambda s, a: s.attention is not None and s.compile is not None,
+        message=lambda s, a: (
+            "Spec.compile: expected None with Attention (its kernel choice is a torch-function mode around each block, "
+            "which torch.compile would trace into the compiled blocks and dynamo cannot trace through diffusers' "
+            "processors; CUDA graphs would replay one step phase's kernels at every step), got a Compile. Use "
+            "Attention or Compile, not both, for now."),
+    ),
+    Rule(
         features=("memo", "compile"), outcome="inactive",
         applies=lambda s, a: s.memo and s.compile is not None and not s.compile.regional,
         message=lambda s, a: "Compile(regional=False) compiles the prologue itself (its constants are baked into the graph)",

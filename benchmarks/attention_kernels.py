@@ -1,0 +1,179 @@
+"""Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 kernel.
+
+Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
+(1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
+timed as plain calls, and says so) after warm-up: median and min-max of `--repeats` runs, effective TFLOP/s
+(4 * N^2 * heads * dim / time), and its error against an fp32 reference (max abs, mean relative). Each kernel runs in
+its own try/except; an error is recorded in its row, never stops the others.
+
+    python benchmarks/attention_kernels.py --out results/attention_kernels.json
+    python benchmarks/attention_kernels.py --tokens 8192 --heads 24 --dim 128
+
+`--device cpu` (with TRITON_INTERPRET=1) runs a tiny shape through the same code, timed on the host: for tests only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=32760, help="sequence length N (default: Wan 2.1 480x832x81)")
+    p.add_argument("--heads", type=int, nargs="+", default=[40, 12], help="head counts, one shape each (default 40 12)")
+    p.add_argument("--dim", type=int, default=128, help="head size (default 128)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=20, help="timed runs per kernel (default 20, at least 10 on a GPU)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--no-graphs", action="store_true", help="time plain calls with CUDA events, not graph replays")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.tokens < 1 or args.dim < 1 or args.batch < 1 or min(args.heads) < 1:
+        p.error("--tokens, --heads, --dim and --batch must be positive")
+    if args.device == "cuda" and args.repeats < 10:
+        p.error("--repeats: at least 10 on a GPU (median and spread of fewer mean little)")
+    return args
+
+
+def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`fn(q, k, v)` for `[B, H, N, D]` tensors; raises if the kernel is unavailable."""
+    if name in ("sdpa_cudnn", "sdpa_flash"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = SDPBackend.CUDNN_ATTENTION if name == "sdpa_cudnn" else SDPBackend.FLASH_ATTENTION
+
+        def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v)
+        return sdpa
+    if name == "sageattention":
+        from hookkit.techniques.attention.hooks import _sage
+
+        return lambda q, k, v: _sage({"query": q, "key": k, "value": v, "is_causal": False, "scale": None})
+    from hookkit.techniques.attention import int8_triton
+
+    if not torch.cuda.is_available():  # the interpreter: small tiles keep it quick
+        return lambda q, k, v: int8_triton.attention(q, k, v, block_m=32, block_n=32)
+    return int8_triton.attention
+
+
+def _times_ms(fn: Callable[[], Any], repeats: int, warmup: int, device: str, graphs: bool) -> tuple[list[float], str]:
+    for _ in range(warmup):
+        fn()
+    if device == "cpu":
+        out = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - start) * 1e3)
+        return out, "host clock"
+    torch.cuda.synchronize()
+    run, how = fn, "CUDA events, plain calls"
+    if graphs:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                fn()
+            run, how = graph.replay, "CUDA events, graph replays"
+        except Exception as error:  # noqa: BLE001 - a kernel that cannot be captured is timed uncaptured
+            how = f"CUDA events, plain calls (capture failed: {type(error).__name__})"
+            torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out, how
+
+
+def measure(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref: torch.Tensor,
+            args: argparse.Namespace) -> dict[str, Any]:
+    batch, heads, tokens, dim = q.shape
+    row: dict[str, Any] = {"kernel": name, "batch": batch, "heads": heads, "tokens": tokens, "dim": dim,
+                           "error": None, "times_ms": []}
+    try:
+        fn = kernel_fn(name)
+        out = fn(q, k, v)
+        err = (out.float() - ref).abs()
+        row["max_abs_error"] = err.max().item()
+        row["mean_rel_error"] = (err.mean() / ref.abs().mean()).item()
+        times, how = _times_ms(lambda: fn(q, k, v), args.repeats, args.warmup, args.device, not args.no_graphs)
+        median = statistics.median(times)
+        flops = 4 * batch * tokens * tokens * heads * dim
+        row.update(times_ms=times, timing=how, median_ms=median, min_ms=min(times), max_ms=max(times),
+                   tflops=flops / (median * 1e-3) / 1e12)
+    except Exception as error:  # noqa: BLE001 - every kernel is reported, whatever the others do
+        row["error"] = f"{type(error).__name__}: {error}"
+        row["traceback"] = traceback.format_exc(limit=3)
+    return row
+
+
+def fp32_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(d)) v in float32, one head at a time (the whole score matrix of 40 heads at 32,760 tokens
+    would not fit)."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for h in range(q.shape[1]):
+        qh, kh, vh = (t[:, h:h + 1].float() for t in (q, k, v))
+        out[:, h:h + 1] = F.scaled_dot_product_attention(qh, kh, vh)
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    results: list[dict[str, Any]] = []
+    for heads in args.heads:
+        g = torch.Generator(device).manual_seed(0)
+        q, k, v = (torch.randn(args.batch, heads, args.tokens, args.dim, device=device, generator=g,
+                               dtype=torch.bfloat16) for _ in range(3))
+        ref = fp32_reference(q, k, v)
+        for name in args.kernels:
+            results.append(measure(name, q, k, v, ref, args))
+        del q, k, v, ref
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    header = f"{'kernel':<14} {'heads':>5} {'tokens':>7} {'median ms':>10} {'min-max ms':>17} {'TFLOP/s':>8} " \
+             f"{'max abs':>9} {'mean rel':>9}"
+    print(header)
+    for r in results:
+        if r["error"] is not None:
+            print(f"{r['kernel']:<14} {r['heads']:>5} {r['tokens']:>7}  failed: {r['error'][:80]}")
+            continue
+        print(f"{r['kernel']:<14} {r['heads']:>5} {r['tokens']:>7} {r['median_ms']:>10.3f} "
+              f"{r['min_ms']:>8.3f}-{r['max_ms']:<8.3f} {r['tflops']:>8.1f} {r['max_abs_error']:>9.2e} "
+              f"{r['mean_rel_error']:>9.2e}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "argv": sys.argv[1:] if argv is None else argv, "flops_formula": "4 * batch * N^2 * heads * dim"}
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,434 @@
+"""The attention kernel per block and per denoising step (`Spec.attention`, `hookkit.Attention`).
+
+Mechanism: one hook on each of the adapter's blocks runs the block under a torch-function mode that answers
+`F.scaled_dot_product_attention` with the kernel chosen for that block at the current step (from the core's
+`CallState`). Why a mode, not diffusers' `attention_backend(...)`: hookkit's kernel and sageattention 1.0.6 are no
+diffusers backend (registering one would patch diffusers' enum and registry), and a mode changes nothing outside the
+block call: no processor, module, class or process-wide setting, so removal restores nothing but the hooks. Why one
+wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in a `finally`, also when the block
+raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
+
+A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
+take (a mask, dropout, grouped-query heads; masks are known only at the call) runs as "native" and is counted as a
+fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
+is refused at enable. `Compile` is refused (`hookkit.core.compat`): torch.compile traces the mode into the compiled
+blocks, and dynamo cannot trace diffusers' processors under a mode (`Tensor.unflatten`'s `super()` call).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from loguru import logger
+from torch.overrides import TorchFunctionMode
+
+from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.modes import push_mode, remove_mode
+from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
+from hookkit.core.registry import Args, Kwargs, ModelHook
+from hookkit.core.removal import Removable
+from hookkit.core.summary import FeatureSummary, table
+from hookkit.errors import SpecError, UnsupportedError
+from hookkit.techniques.attention.spec import Attention
+
+if TYPE_CHECKING:
+    from hookkit.core.state import CallState
+
+NAME = "attention"
+BLOCK_HOOK = "hookkit.attention.block"
+PHASES = ("first", "middle", "last")
+
+#: kernels that run wherever torch's SDPA runs (CPU included), with every argument SDPA takes
+ANY_DEVICE = ("native", "_native_math")
+#: kernels that take any SDPA call (mask, dropout, grouped-query heads); the others fall back to "native" for those
+TAKES_ALL = ("native", "_native_math", "_native_efficient")
+#: the package each kernel imports (module name, pip name)
+PACKAGES = {"flash": ("flash_attn", "flash-attn"), "sage": ("sageattention", "sageattention"),
+            "hookkit_int8": ("triton", "triton")}
+#: kernels that need fp16 or bf16 inputs
+HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8")
+#: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere
+MIN_CAPABILITY = {"_native_cudnn": (8, 0), "_native_flash": (8, 0), "_native_efficient": (5, 0), "flash": (8, 0),
+                  "sage": (8, 0), "hookkit_int8": (8, 0)}
+
+
+def head_sizes_ok(kernel: str, dim: int) -> bool:
+    """Whether `kernel` takes heads of size `dim`."""
+    if kernel == "hookkit_int8":
+        return dim in (32, 64, 128)
+    if kernel == "sage":  # sageattention 1.0.6's kernels
+        return dim in (64, 96, 128)
+    if kernel in ("_native_cudnn", "_native_flash", "flash"):
+        return dim % 8 == 0 and dim <= 256
+    return True
+
+
+def head_size_text(kernel: str) -> str:
+    return {"hookkit_int8": "32, 64 or 128", "sage": "64, 96 or 128"}.get(kernel, "a multiple of 8 up to 256")
+
+
+# --- the kernels -------------------------------------------------------------------------------------------------
+
+
+def _sdpa_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False, **bound}
+
+
+def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
+    """Why `kernel` cannot take this SDPA call (it then runs as "native"), or None."""
+    if kernel in TAKES_ALL:
+        return None
+    q, k, v = a["query"], a["key"], a["value"]
+    if a["attn_mask"] is not None:
+        return "attention mask"
+    if a["dropout_p"]:
+        return "dropout"
+    if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
+        return "grouped-query heads"
+    if a["is_causal"] and kernel == "hookkit_int8":
+        return "causal mask"
+    if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
+        return f"dtype {q.dtype}"
+    if not head_sizes_ok(kernel, q.shape[-1]) or v.shape[-1] != q.shape[-1]:
+        return f"head size {q.shape[-1]}"
+    if not q.is_cuda:
+        return "not on CUDA"
+    return None
+
+
+_SDPA_BACKENDS = {"_native_cudnn": "CUDNN_ATTENTION", "_native_flash": "FLASH_ATTENTION",
+                  "_native_efficient": "EFFICIENT_ATTENTION", "_native_math": "MATH"}
+
+
+@torch.library.custom_op("hookkit::int8_attention", mutates_args=())
+def int8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
+                   ) -> torch.Tensor:
+    """hookkit's int8 kernel (`int8_triton.attention`) as one op: torch.compile keeps it opaque."""
+    from hookkit.techniques.attention import int8_triton  # imports triton: on first use
+
+    return int8_triton.attention(query, key, value, scale)
+
+
+@int8_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+@torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
+def _sage(a: dict[str, Any]) -> torch.Tensor:
+    from sageattention import sageattn
+
+    key = a["key"]
+    smoothed = key - key.mean(dim=2, keepdim=True)  # sageattn's own smoothing writes into the caller's key
+    return sageattn(a["query"], smoothed, a["value"], tensor_layout="HND", is_causal=a["is_causal"],
+                    sm_scale=a["scale"], smooth_k=False)
+
+
+@torch.compiler.disable
+def _flash(a: dict[str, Any]) -> torch.Tensor:
+    from flash_attn import flash_attn_func
+
+    q, k, v = (a[n].transpose(1, 2) for n in ("query", "key", "value"))
+    return flash_attn_func(q, k, v, softmax_scale=a["scale"], causal=a["is_causal"]).transpose(1, 2)
+
+
+def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """The SDPA call `func(*args, **kwargs)` by `kernel` (checked by `unsupported` first)."""
+    if kernel == "native":
+        return func(*args, **kwargs)
+    if kernel in _SDPA_BACKENDS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([getattr(SDPBackend, _SDPA_BACKENDS[kernel])]):
+            return func(*args, **kwargs)
+    a = _sdpa_args(args, kwargs)
+    if kernel == "hookkit_int8":
+        return int8_attention(a["query"], a["key"], a["value"], a["scale"])
+    if kernel == "sage":
+        return _sage(a)
+    return _flash(a)
+
+
+class KernelMode(TorchFunctionMode):
+    """Answers `F.scaled_dot_product_attention` with one kernel; passes everything else on. One per kernel and
+    handle (stable objects: torch.compile guards on the modes on the stack)."""
+
+    def __init__(self, kernel: str, shared: _Shared) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.shared = shared
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        reason = unsupported(self.kernel, _sdpa_args(args, kwargs))
+        if reason is not None:
+            self.shared.record("fallback", (self.kernel, reason))
+            return func(*args, **kwargs)
+        self.shared.record("call", (self.kernel,))
+        return run_kernel(self.kernel, func, args, kwargs)
+
+
+# --- per-call state and the hooks ---------------------------------------------------------------------------
+
+
+@attrs.define
+class _Calls:
+    """What one generation ran: block calls per (phase, kernel), attention calls per (phase, kernel) answered by a
+    kernel other than "native" (which runs unobserved), fallbacks per (phase, kernel, reason)."""
+
+    block_calls: Counter[tuple[str, str]] = attrs.field(factory=Counter)
+    #: attention calls a kernel other than "native" answered, per (phase, kernel)
+    attention_calls: Counter[tuple[str, str]] = attrs.field(factory=Counter)
+    fallbacks: Counter[tuple[str, str, str]] = attrs.field(factory=Counter)
+    steps: dict[str, set[int]] = attrs.field(factory=dict)
+
+
+class _Shared:
+    """What the hooks of one handle share: the attach context (the per-call state), the spec, the per-kernel modes."""
+
+    def __init__(self, ctx: AttachContext, spec: Attention) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.modes = {k: KernelMode(k, self) for k in spec.kernels() if k != "native"}
+
+    def phase(self, state: CallState) -> str:
+        spec = self.spec
+        if state.step < spec.full_first:
+            return "first"
+        if state.num_steps is not None and state.step >= state.num_steps - spec.full_last:
+            return "last"
+        return "middle"
+
+    def calls(self) -> _Calls:
+        return self.ctx.state.feature(NAME, _Calls)
+
+    def record(self, kind: str, what: tuple[str, ...]) -> None:
+        """Count one block call (`kind="block"`, what = (kernel,)), attention call or fallback in the current phase."""
+        state = self.ctx.state
+        self._count(kind, (self.phase(state), *what), state.step, 1)
+
+    def _count(self, kind: str, key: tuple[str, ...], step: int, n: int) -> None:
+        calls = self.calls()
+        if kind == "block":
+            calls.block_calls[key] += n  # type: ignore[index]
+            calls.steps.setdefault(key[0], set()).add(step)
+        elif kind == "call":
+            calls.attention_calls[key] += n  # type: ignore[index]
+        else:
+            calls.fallbacks[key] += n  # type: ignore[index]
+
+
+class AttentionBlockHook(ModelHook):
+    """On each block: runs it under the mode of the kernel chosen for this block at this step."""
+
+    replaces_forward = True
+
+    def __init__(self, shared: _Shared, full: bool) -> None:
+        self.shared = shared
+        #: the block runs `kernel` at every step (`full_blocks`)
+        self.full = full
+
+    def kernel(self) -> str:
+        shared = self.shared
+        spec = shared.spec
+        if self.full or spec.low_precision is None or shared.phase(shared.ctx.state) != "middle":
+            return spec.kernel
+        return spec.low_precision
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        shared = self.shared
+        kernel = self.kernel()
+        shared.record("block", (kernel,))
+        mode = shared.modes.get(kernel)
+        if mode is None:  # "native": torch's SDPA as it is
+            return call_next(*args, **kwargs)
+        push_mode(mode)
+        try:
+            return call_next(*args, **kwargs)
+        finally:
+            remove_mode(mode)
+
+
+# --- enable-time checks ------------------------------------------------------------------------------------------
+
+
+def _block_full(spec: Attention, blocks: list[tuple[str, Any, torch.nn.Module]], transformer: str) -> list[bool]:
+    """Per block (execution order): whether `full_blocks` keeps it at `kernel`."""
+    paths = [path for path, _, _ in blocks]
+    full = [False] * len(paths)
+    for selector in spec.full_blocks:
+        if isinstance(selector, int):
+            if not -len(paths) <= selector < len(paths):
+                raise SpecError(f"Attention.full_blocks: expected block indices in [{-len(paths)}, {len(paths) - 1}] "
+                                f"({transformer} has {len(paths)} blocks), got {selector}. Use an index in range or a "
+                                "path pattern.")
+            full[selector] = True
+            continue
+        matched = [i for i, p in enumerate(paths) if fnmatch.fnmatchcase(p, selector)]
+        if not matched:
+            raise SpecError(f"Attention.full_blocks: expected patterns that match block paths of {transformer} "
+                            f"({paths[0]} ... {paths[-1]}), got {selector!r}, which matches none. Fix the pattern.")
+        for i in matched:
+            full[i] = True
+    return full
+
+
+def _attention_modules(block: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(name, m) for name, m in block.named_modules() if "processor" in m.__dict__ or "processor" in m._modules]
+
+
+def _head_size(module: torch.nn.Module) -> int | None:
+    head_dim = getattr(module, "head_dim", None)
+    if isinstance(head_dim, int):
+        return head_dim
+    heads, inner = getattr(module, "heads", None), getattr(module, "inner_dim", None)
+    return inner // heads if isinstance(heads, int) and isinstance(inner, int) and heads else None
+
+
+def _model_dtype(transformer: torch.nn.Module) -> torch.dtype | None:
+    return next((p.dtype for p in transformer.parameters() if p.is_floating_point()), None)
+
+
+def _active_backend() -> str | None:
+    dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+    registry = getattr(dispatch, "_AttentionBackendRegistry", None)
+    backend = getattr(registry, "_active_backend", None)
+    return getattr(backend, "value", backend)
+
+
+def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tuple[str, Any, torch.nn.Module]],
+                  full: list[bool]) -> None:
+    """Refuse, before anything is attached, what a chosen kernel can never run: its package missing, the model's dtype,
+    a head size, no CUDA device (or the model not on it), a GPU generation too old, processors that would bypass SDPA."""
+    model = type(transformer).__name__
+    active = _active_backend()
+    if active not in (None, "native"):
+        raise UnsupportedError(f"Attention: expected diffusers' active attention backend 'native' (hookkit chooses the "
+                               f"kernel at torch's SDPA call), got {active!r}. Call transformer.set_attention_backend('native') "
+                               "(it sets diffusers' active backend too) and leave `attention_backend(...)` / "
+                               "DIFFUSERS_ATTN_BACKEND unset while hookkit.Attention is on.")
+    for path, _, block in blocks:
+        for name, module in _attention_modules(block):
+            processor = module.__dict__.get("processor") or module._modules.get("processor")
+            backend = getattr(processor, "_attention_backend", None)
+            backend = getattr(backend, "value", backend)
+            if backend not in (None, "native"):
+                raise UnsupportedError(
+                    f"Attention: expected the processor of {path}.{name} to dispatch to diffusers' 'native' backend "
+                    f"(torch's SDPA, where hookkit chooses the kernel), got {backend!r}. Call "
+                    "transformer.set_attention_backend('native') first, and choose the kernel with Attention(kernel=...).")
+    for kernel in spec.kernels():
+        where = "kernel" if kernel == spec.kernel else "low_precision"
+        package = PACKAGES.get(kernel)
+        if package is not None and importlib.util.find_spec(package[0]) is None:
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} needs the {package[0]!r} package, which is not "
+                                   f"installed. `pip install {package[1]}`, or choose another kernel.")
+        if kernel in HALF_ONLY:
+            dtype = _model_dtype(transformer)
+            if dtype not in (torch.float16, torch.bfloat16):
+                raise UnsupportedError(f"Attention.{where}: {kernel!r} expected a float16 or bfloat16 {model}, got "
+                                       f"{dtype}. Load the pipeline with torch_dtype=torch.bfloat16, or choose "
+                                       "kernel='native'.")
+        for (path, _, block), kept in zip(blocks, full):
+            if kept and kernel != spec.kernel:
+                continue
+            for name, module in _attention_modules(block):
+                size = _head_size(module)
+                if size is not None and not head_sizes_ok(kernel, size):
+                    raise UnsupportedError(f"Attention.{where}: {kernel!r} expected heads of size "
+                                           f"{head_size_text(kernel)}, got {size} at {path}.{name}. Choose another "
+                                           "kernel, or keep the block at `kernel` (Attention.full_blocks).")
+        if kernel in ANY_DEVICE:
+            continue
+        if not torch.cuda.is_available():
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} needs a CUDA device; none is available. Use "
+                                   "kernel='native' and low_precision=None on this machine.")
+        devices = sorted({str(p.device) for p in transformer.parameters()})
+        if not all(d.startswith("cuda") for d in devices):
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected every parameter of {model} on cuda, got "
+                                   f"{', '.join(devices)}. Move the pipeline first (pipe.to(\"cuda\")), then call "
+                                   "hookkit.enable.")
+        device = next(transformer.parameters()).device
+        capability = torch.cuda.get_device_capability(device)
+        if capability < MIN_CAPABILITY[kernel]:
+            need = ".".join(map(str, MIN_CAPABILITY[kernel]))
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected a GPU of compute capability >= {need}, got "
+                                   f"{capability[0]}.{capability[1]} ({torch.cuda.get_device_name(device)}). Choose "
+                                   "kernel='native' or '_native_efficient'.")
+
+
+# --- the feature -------------------------------------------------------------------------------------------------
+
+
+def _steps_text(steps: list[int]) -> str:
+    """`[2, 3, 4]` as "2-4"; steps with gaps (the cache skipped blocks at some) listed."""
+    if len(steps) > 1 and steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}-{steps[-1]}"
+    return ", ".join(map(str, steps))
+
+
+class _AttentionFeature(BaseFeature):
+    """Plugs kernel selection into `hookkit.enable`: `Spec.attention`."""
+
+    name = NAME
+    spec_class = Attention
+
+    def plan(self, ctx: PlanContext) -> list[Attachment]:
+        spec: Attention = ctx.spec.attention  # type: ignore[assignment]  # planned only when set
+        blocks = flat_blocks(ctx.adapter, ctx.transformer)
+        full = _block_full(spec, blocks, type(ctx.transformer).__name__)
+        check_kernels(spec, ctx.transformer, blocks, full)
+        return [Attachment(feature=NAME, target=path, name=BLOCK_HOOK, params=(("full", kept),))
+                for (path, _, _), kept in zip(blocks, full)]
+
+    def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
+        shared: _Shared | None = ctx.kept()
+        if shared is None:
+            spec: Attention = ctx.spec.attention  # type: ignore[assignment]
+            shared = ctx.keep(_Shared(ctx, spec))
+            logger.info("attention: {} on the first {} and last {} steps, {} between, on {} blocks",
+                        spec.kernel, spec.full_first, spec.full_last, spec.low_precision or spec.kernel,
+                        len(ctx.attachments()))
+        hook = AttentionBlockHook(shared, full=attachment.param("full"))
+        return add_hook(module_at(ctx.transformer, attachment.target), BLOCK_HOOK, hook)
+
+    def summarize(self, ctx: AttachContext) -> FeatureSummary | None:
+        spec: Attention = ctx.spec.attention  # type: ignore[assignment]
+        calls: _Calls = ctx.state.features.get(NAME) or _Calls()
+        phases: dict[str, Any] = {}
+        rows: list[list[Any]] = []
+        for phase in PHASES:
+            kernels = {k: n for (p, k), n in sorted(calls.block_calls.items()) if p == phase}
+            steps = sorted(calls.steps.get(phase, ()))
+            if not kernels:
+                continue
+            answered = {k: n for (p, k), n in sorted(calls.attention_calls.items()) if p == phase}
+            phases[phase] = {"steps": steps, "block_calls": kernels, "attention_calls": answered}
+            rows += [[phase, _steps_text(steps), k, n, answered.get(k, "-" if k == "native" else 0)]
+                     for k, n in kernels.items()]
+        fallbacks = {f"{p}/{k}/{r}": n for (p, k, r), n in sorted(calls.fallbacks.items())}
+        data = {"kernel": spec.kernel, "low_precision": spec.low_precision, "full_first": spec.full_first,
+                "full_last": spec.full_last, "full_blocks": len([a for a in ctx.attachments() if a.param("full")]),
+                "phases": phases, "fallbacks": fallbacks}
+        text = table(["phase", "steps", "kernel", "block calls", "attention calls"], rows)
+        if fallbacks:
+            text += "\n" + table(["phase/kernel/reason (ran as 'native')", "attention calls"],
+                                 [[k, n] for k, n in fallbacks.items()])
+        return FeatureSummary(name=NAME, data=data, text=text)
+
+
+FEATURE = _AttentionFeature()

@@ -1,0 +1,62 @@
+"""The `Attention` spec: which attention kernel each transformer block runs at each denoising step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from hookkit.core.validate import choice, int_field, owner, strict_init, to_tuple
+from hookkit.errors import field_error
+
+#: diffusers' backend names of the full-precision kernels hookkit can choose (`diffusers.models.attention_dispatch`)
+FULL_KERNELS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math", "flash")
+#: the low-precision kernels: hookkit's int8 Triton kernel, and SageAttention's (the `sageattention` package)
+LOW_KERNELS = ("hookkit_int8", "sage")
+KERNELS = FULL_KERNELS + LOW_KERNELS
+
+
+def _block_selectors(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(
+            (isinstance(v, str) and v) or (isinstance(v, int) and not isinstance(v, bool)) for v in value):
+        raise field_error(owner(inst), attr.name, value,
+                          "a list of block path patterns ('transformer_blocks.0', 'single_transformer_blocks.*') "
+                          "or block indices in execution order (0, -1)")
+
+
+@strict_init
+@attrs.frozen(kw_only=True)
+class Attention:
+    """The attention kernel per block and per denoising step: full precision on the first and last steps (and on the
+    blocks in `full_blocks`), `low_precision` in between.
+
+    Why: low-precision attention (int8 Q·Kᵀ) is the largest single saving at video lengths (attention is most of
+    a Wan 2.1 step at 32,760 tokens), and its error matters least in the middle of the schedule: the first steps lay
+    out the composition, the last ones the fine detail (SageAttention's and the caching literature's observation),
+    and a few blocks of a model may be more sensitive than the rest.
+
+    Args:
+        kernel: the full-precision kernel, by diffusers' backend name (default "native": torch's SDPA with its own
+            choice): one of "native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math" (torch's
+            SDPA restricted to that backend) or "flash" (the `flash-attn` package).
+        low_precision: the kernel of the steps and blocks in between (default "hookkit_int8": hookkit's Triton kernel,
+            int8 Q·Kᵀ with per-block scales and K smoothing, P·V in fp16); "sage" (the `sageattention` package's
+            `sageattn`, K smoothed by hookkit, out of place); any full-precision name (to compare kernels); None runs
+            `kernel` everywhere.
+        full_first: how many of the first denoising steps run `kernel` in every block (default 2).
+        full_last: how many of the last steps run `kernel` in every block (default 2; needs the number of steps: a
+            pipeline call, or `handle.generation(num_steps=...)`; without it no step counts as one of the last).
+        full_blocks: blocks that run `kernel` at every step (default none): module path patterns (fnmatch, e.g.
+            "transformer_blocks.0", "single_transformer_blocks.*") or indices in the adapter's execution order
+            (0 the first block, -1 the last).
+    """
+
+    kernel: str = attrs.field(default="native", validator=choice(*FULL_KERNELS))
+    low_precision: str | None = attrs.field(default="hookkit_int8", validator=choice(None, *KERNELS))
+    full_first: int = attrs.field(default=2, validator=int_field(0))
+    full_last: int = attrs.field(default=2, validator=int_field(0))
+    full_blocks: tuple[str | int, ...] = attrs.field(default=(), converter=to_tuple, validator=_block_selectors)
+
+    def kernels(self) -> tuple[str, ...]:
+        """Every kernel this spec may run, `kernel` first."""
+        return (self.kernel,) if self.low_precision in (None, self.kernel) else (self.kernel, self.low_precision)
