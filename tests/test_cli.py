@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_every_spec_feature_is_installed() -> None:
-    assert HAVE == {"cache", "compile", "memo", "parallel", "quantize", "sync_free"}
+    assert HAVE == {"attention", "cache", "compile", "memo", "parallel", "quantize", "sync_free"}
 
 
 def generate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
