@@ -510,13 +510,14 @@ def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> 
     assert sorted(branch["diffs"]) == branch["cached"]  # each decided by a measured diff, not by the mask
 
 
-# --- issue 31: the video rows, full-size Wan ---------------------------------------------------------------
+# --- the video rows, full-size Wan ---------------------------------------------------------------
 
 
 def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     configs, notes = bench.select_configs(["video"], torch.device("cuda"))  # only the type is read
     assert [c.name for c in configs] == ["eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
-                                         "hookkit-fp8+cache-fast+cuda-graphs"]
+                                         "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention",
+                                         "hookkit-fp8+cache-fast+int8-attention"]
     assert notes == []
 
 

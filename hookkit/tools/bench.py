@@ -883,6 +883,17 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8-mod+cache-fast+cuda-graphs, regions compiled with "
                                 "mode='max-autotune-no-cudagraphs' (autotuned GEMM templates; long warm-up)"),
+        BenchConfig(name="hookkit-int8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(attention=hookkit.Attention(low_precision="hookkit_int8"))),
+                    fields=frozenset({"attention"}), needs_cuda=True,
+                    description="eager, hookkit's int8 Q.K^T attention kernel on every block of the middle steps "
+                                "(bf16 SDPA on the first and last 2 steps)"),
+        BenchConfig(name="hookkit-fp8+cache-fast+int8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             attention=hookkit.Attention(low_precision="hookkit_int8"))),
+                    fields=frozenset({"cache", "quantize", "attention"}), needs_cuda=True,
+                    description="static 'fast' DBCache + fp8 dynamic per-row + int8 attention on the middle steps, "
+                                "eager (Attention does not compose with Compile yet)"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
@@ -898,7 +909,7 @@ CONFIGS: dict[str, BenchConfig] = _configs()
 #: "fast" computed steps. Image-only rows (the modulation variants: Wan has no AdaLN Linears to quantize) stay out.
 ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
-              "hookkit-fp8+cache-fast+cuda-graphs"),
+              "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention", "hookkit-fp8+cache-fast+int8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
