@@ -333,7 +333,7 @@ def test_full_size_weights_are_counted_without_allocating_them() -> None:
 def test_a_full_size_model_that_cannot_fit_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.errors import UnsupportedError
 
-    monkeypatch.setattr(bench, "_available_bytes", lambda device: 20 * 10**9)
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: 20 * 10**9)
     with pytest.raises(UnsupportedError, match=r"^--full flux: the full-size transformer needs 47.6 GB in float32, "
                                                r"cpu has 20.0 GB available. Run it on a GPU with enough memory, "
                                                r"or drop --full for the tiny model.$"):

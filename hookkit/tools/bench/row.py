@@ -1,0 +1,65 @@
+"""What a row of the bench matrix is: its configuration (`BenchConfig`: how to set a freshly built pipeline up,
+and what that needs), the `RunContext` the setup sees, and the keys of the result row a measurement fills in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from hookkit.tools.bench.models import ModelOptions
+
+
+@attrs.define
+class RunContext:
+    """What a configuration's setup sees and leaves behind (the hookkit handle, notes for the table)."""
+
+    pipe: Any
+    opts: ModelOptions
+    handle: Any = None
+    #: feature data of a configuration that is not hookkit's, read after the timed runs (cache-dit's steps)
+    features: Callable[[], dict[str, Any]] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BenchConfig:
+    """One row of the matrix: how to set a freshly built pipeline up, and what it needs."""
+
+    name: str
+    kind: str  # "stock" | "peer" | "hookkit"
+    description: str
+    setup: Callable[[RunContext], None]
+    fields: frozenset[str] = frozenset()  # hookkit Spec fields it needs
+    needs_cuda: bool = False
+    needs_module: str | None = None
+
+    def unavailable(self, device: torch.device, have: frozenset[str]) -> str | None:
+        """Why this configuration cannot run here, or None when it can."""
+        missing = sorted(self.fields - have)
+        if missing:
+            return f"hookkit has no feature for Spec.{missing[0]} in this installation"
+        if self.needs_cuda and device.type != "cuda":
+            return "needs a CUDA device"
+        if self.needs_module is not None:
+            import importlib.util
+
+            if importlib.util.find_spec(self.needs_module) is None:
+                return f"{self.needs_module} is not installed"
+        return None
+
+
+# --- one measurement (in the child process) ----------------------------------------------------------------
+
+ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
+            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
+            "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold")
+
+
+def _empty_row(config: BenchConfig, status: str, note: str) -> dict[str, Any]:
+    """A row with no measurement: `status` "skipped" or "failed", `note` says why."""
+    row: dict[str, Any] = {key: None for key in ROW_KEYS}
+    row.update(config=config.name, kind=config.kind, description=config.description, status=status,
+               note=note[:300], latencies_s=[], identical=False, features={})
+    return row
