@@ -1,1 +1,2 @@
-"""Compilation: `spec.py` (the `Compile` spec), `hooks.py` (regional compile, CUDA-graph safety, whole-transformer graphs)."""
+"""Compilation: `spec.py` (the `Compile` spec), `hooks.py` (the feature), `regional.py`, `cuda_graphs.py`,
+`split_graphs.py`, `model_watch.py` (its parts) and the inductor passes."""

@@ -1,0 +1,112 @@
+"""Compiling the adapter's repeated blocks (or the whole transformer) and keeping inductor's CUDA-graph modes safe.
+
+Regional (`Compile(regional=True)`): every instance of the adapter's repeated block classes gets
+`torch.compile(block.forward)` as the *inner* callable of its hook registry, so the hooks on those blocks
+(cache decisions, clones) run outside the compiled region and never become graph breaks.
+
+CUDA-graph safety (inductor's CUDA-graph modes, `backend="cudagraphs"`): a graph output lives in memory the
+next replay overwrites; hookkit marks each transformer call's start (`cudagraph_mark_step_begin`) outside
+every compiled region, and clones a wholly compiled transformer's outputs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hookkit.core.compat import CUDA_GRAPH_MODES
+from hookkit.core.registry import HookRegistry, ModelHook
+from hookkit.core.removal import Removal
+from hookkit.techniques.compile.spec import Compile
+
+if TYPE_CHECKING:
+    from hookkit.adapters import AdapterSpec
+
+
+def _clone_tensors(tree: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), tree)
+
+
+class CloneOutputsHook(ModelHook):
+    """Clones a compiled callable's tensor outputs outside it, so a CUDA-graph replay cannot overwrite them."""
+
+    def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+        return _clone_tensors(output)
+
+
+class StepMarkHook(ModelHook):
+    """Marks a cudagraph-tree iteration boundary at every transformer call."""
+
+    def pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return args, kwargs
+
+
+def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[str]:
+    """Module paths of every instance of the adapter's repeated block classes, in module order."""
+    return adapter.repeated_block_paths(transformer)
+
+
+#: From torchao's recommended inductor settings for quantized models (`recommended_inductor_config_setter`),
+#: passed to *hookkit's own* `torch.compile` calls instead of changing the process-wide config. Its
+#: coordinate-descent tuning is not added: with it, fp8 Flux-dev compilation (default mode) took far too
+#: long (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
+#: it would without quantization: the chosen mode means the same for quantized and unquantized models.
+QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
+
+
+def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None,
+                   real_rope: Any | None = None, norm_rope: Any | None = None) -> dict[str, Any]:
+    """torch.compile arguments; a quantized model also gets torchao's inductor options, scoped to this call.
+
+    A torch.compile call takes a mode or options, not both, so where options are needed (a quantized model, a
+    graph pass) the mode is spelled as torch's own options for it (`torch._inductor.list_mode_options(mode)`, e.g.
+    reduce-overhead's `triton.cudagraphs=True`, which keeps the cudagraph trees that hookkit's step mark is planned
+    for). `fp8_rows` (a `FusedFp8Rows` pass) becomes the call's `post_grad_custom_post_pass`, `real_rope` (a
+    `RealComplexMul` pass) its `post_grad_custom_pre_pass`, or `norm_rope` (a `FusedNormRope` pass) without one (with
+    both, `norm_rope` runs chained after `real_rope`: see `new_real_rope_pass`).
+    """
+    kwargs: dict[str, Any] = {"fullgraph": spec.fullgraph, "dynamic": spec.dynamic, "backend": spec.backend}
+    if spec.backend != "inductor":  # modes and options are inductor's
+        return kwargs
+    mode = None if spec.mode in (None, "default") else spec.mode
+    pre_pass = real_rope if real_rope is not None else norm_rope
+    if quantized or pre_pass is not None:
+        # imported here: importing inductor is slow, and only compiles with options need it
+        from torch._inductor import list_mode_options
+
+        kwargs["options"] = {**list_mode_options(mode or "default"), **(QUANTIZED_INDUCTOR_OPTIONS if quantized else {})}
+        if fp8_rows is not None:
+            kwargs["options"]["post_grad_custom_post_pass"] = fp8_rows
+        if pre_pass is not None:
+            kwargs["options"]["post_grad_custom_pre_pass"] = pre_pass
+    elif mode is not None:
+        kwargs["mode"] = mode
+    return kwargs
+
+
+def uses_cudagraph_trees(spec: Compile) -> bool:
+    """Whether torch.compile replays cudagraph trees: inductor's CUDA-graph modes, or the "cudagraphs"
+    backend (torch/_dynamo/backends/cudagraphs.py runs `torch._inductor.cudagraph_trees` too). Their
+    outputs are graph memory, so they need hookkit's step mark (and output clone when whole)."""
+    return spec.backend == "cudagraphs" or spec.mode in CUDA_GRAPH_MODES
+
+
+class _InnerCompile(Removal):
+    """Installs `torch.compile(original forward)` as a module's inner callable; removal restores it."""
+
+    def __init__(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+        # Compile before `HookRegistry.of` creates a registry: if torch.compile raises, the module's
+        # `__dict__` is untouched (enable's rollback never sees this attachment).
+        existing = HookRegistry.of(module, create=False)
+        compiled = torch.compile(existing.original_forward if existing is not None else module.forward, **kwargs)
+        HookRegistry.of(module).set_inner(compiled)
+        self.module: torch.nn.Module | None = module
+
+    def _undo(self) -> None:
+        registry = HookRegistry.of(self.module, create=False)
+        if registry is not None:
+            registry.set_inner(None)
+        self.module = None
