@@ -194,6 +194,38 @@ def test_a_row_without_timed_runs_has_no_spread() -> None:
     assert bench.unresolved(_row("hookkit", 1.0), _timed_row("eager", [1.0, 2.0])) is None
 
 
+# --- timings of a tiny model on the CPU are labelled ---------------------------------------------------------------
+
+
+def test_only_a_tiny_model_on_the_cpu_gets_a_timing_caveat() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # only compared, never used
+    assert bench.timing_caveat(cpu, tiny=True) == ("CPU, tiny model: timings are not a performance claim; run on a "
+                                                   "GPU with --full")
+    assert (bench.timing_caveat(cpu, tiny=False), bench.timing_caveat(cuda, tiny=True)) == (None, None)
+
+
+def test_a_tiny_cpu_row_carries_the_timing_caveat(tmp_path: Path) -> None:
+    row = bench.measure(bench.CONFIGS["eager"], bench.ModelOptions(name="flux", steps=2), runs=1, warmup=0,
+                        out_dir=tmp_path)
+    assert (row["status"], row["timing_caveat"]) == ("ok", bench.TINY_CPU_TIMINGS)
+
+
+def test_the_table_of_tiny_cpu_rows_says_above_and_below_that_timings_are_no_performance_claim() -> None:
+    eager, cached = _timed_row("eager", [0.016, 0.017, 0.018]), _timed_row("hookkit-cache-fast", [0.020, 0.021, 0.022])
+    for row, speedup in ((eager, 1.0), (cached, 0.017 / 0.021)):
+        row.update(speedup=speedup, timing_caveat=bench.TINY_CPU_TIMINGS)
+    lines = bench.markdown_table([eager, cached]).splitlines()
+    assert lines[:2] == ["Note: CPU, tiny model: timings are not a performance claim; run on a GPU with --full.", ""]
+    assert lines[-2:] == ["", "¹ CPU, tiny model: timings are not a performance claim; run on a GPU with --full."]
+    body = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[4:6]]
+    assert [(cells[1], cells[5]) for cells in body] == [("0.0170 ¹", "1.00x ¹"), ("0.0210 ¹", "0.81x ¹")]
+
+
+def test_a_table_without_the_caveat_is_the_bare_table() -> None:
+    lines = bench.markdown_table([_timed_row("eager", [1.0, 1.1, 1.2])]).splitlines()
+    assert lines[0].startswith("| config ") and len(lines) == 3 and "¹" not in lines[2]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_bench_full_without_a_gpu_is_refused_up_front() -> None:
     import time
@@ -426,6 +458,17 @@ def row_specs(monkeypatch: pytest.MonkeyPatch, *names: str) -> list[hookkit.Spec
     for name in names:
         bench.CONFIGS[name].setup(bench.RunContext(pipe=None, opts=None))
     return specs
+
+
+def test_the_hookkit_cache_row_runs_the_documented_default_dbcache(monkeypatch: pytest.MonkeyPatch) -> None:
+    [spec] = row_specs(monkeypatch, "hookkit-cache")
+    assert spec == hookkit.Spec(cache=hookkit.DBCache())
+
+
+def test_the_cachedit_settings_row_runs_cachedits_common_dynamic_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    [spec] = row_specs(monkeypatch, "hookkit-cache-cachedit-settings")
+    assert spec == hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0, threshold=0.12, warmup_steps=8,
+                                                      max_continuous_cached_steps=3, taylorseer_order=0))
 
 
 def test_the_modulation_row_is_the_fastest_row_with_the_modulation_linears_quantized(

@@ -16,7 +16,15 @@ replaces a function replaces it in the module that calls it.
 from __future__ import annotations
 
 from hookkit.tools.bench.configs import CONFIGS, ROW_GROUPS, SPEC_PREFIX, config_named, read_spec, select_configs
-from hookkit.tools.bench.metrics import device_description, psnr, psnr_from_mse, synchronize, timed
+from hookkit.tools.bench.metrics import (
+    TINY_CPU_TIMINGS,
+    device_description,
+    psnr,
+    psnr_from_mse,
+    synchronize,
+    timed,
+    timing_caveat,
+)
 from hookkit.tools.bench.models import (
     DTYPES,
     FULL_TEXT_TOKENS,

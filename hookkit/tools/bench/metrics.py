@@ -23,6 +23,18 @@ def device_description(device: torch.device) -> str:
     return f"CPU ({threads} thread{'s' if threads != 1 else ''})"
 
 
+
+#: What the table says beside the timings of a tiny model measured on the CPU: a call there takes milliseconds, mostly
+#: interpreter and dispatch work, so its speed-ups say nothing about a real model on a GPU.
+TINY_CPU_TIMINGS = "CPU, tiny model: timings are not a performance claim; run on a GPU with --full"
+
+
+def timing_caveat(device: torch.device, tiny: bool) -> str | None:
+    """What a row's timings need said beside them: `TINY_CPU_TIMINGS` for a `tiny` model (zoo's, neither `--full` nor
+    `--model-path`) measured on the CPU; None for anything else."""
+    return TINY_CPU_TIMINGS if device.type == "cpu" and tiny else None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

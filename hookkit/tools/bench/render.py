@@ -59,7 +59,13 @@ def unresolved(row: dict[str, Any], reference: dict[str, Any]) -> str | None:
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The results as a markdown table (also readable in a terminal): the median of the timed runs and their
-    spread (min-max), and a note on rows whose spread is larger than the difference they claim to the first row."""
+    spread (min-max), and a note on rows whose spread is larger than the difference they claim to the first row.
+
+    Rows measured with a timing caveat (`metrics.timing_caveat`: a tiny model on the CPU) say so in a note above the
+    table and under it, their median and speed-up marked ¹: a newcomer's first `hookkit bench` must not read as a
+    performance claim."""
+    caveats = list(dict.fromkeys(row["timing_caveat"] for row in rows
+                                 if row["status"] == "ok" and row.get("timing_caveat")))
     out = []
     for i, row in enumerate(rows):
         ok = row["status"] == "ok"
@@ -85,18 +91,24 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         else:
             psnr_cell = "—"
         bounds = spread(row)
+        mark = " ¹" if ok and row.get("timing_caveat") else ""
         out.append([
             row["config"],
-            f"{row['latency_s']:.4f}" if ok else "—",
+            f"{row['latency_s']:.4f}{mark}" if ok else "—",
             f"{bounds[0]:.4f}–{bounds[1]:.4f}" if bounds else "—",
             f"{row['warmup_s']:.2f}" if ok and row["warmup_s"] is not None else "—",
             f"{row['peak_memory_gb']:.3f}" if ok else "—",
-            f"{row['speedup']:.2f}x" if ok and row["speedup"] is not None else "—",
+            f"{row['speedup']:.2f}x{mark}" if ok and row["speedup"] is not None else "—",
             psnr_cell,
             "; ".join(notes),
         ])
-    return table(["config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up", "PSNR vs eager (dB)",
-                  "notes"], out)
+    text = table(["config", "median latency (s)", "spread min–max (s)", "warm-up (s)", "peak mem (GB)", "speed-up",
+                  "PSNR vs eager (dB)", "notes"], out)
+    if not caveats:
+        return text
+    above = "\n".join(f"Note: {caveat}." for caveat in caveats)
+    below = "\n".join(f"¹ {caveat}." for caveat in caveats)
+    return f"{above}\n\n{text}\n\n{below}"
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -54,7 +54,8 @@ class BenchConfig:
 
 ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
             "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
-            "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold")
+            "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold",
+            "timing_caveat")
 
 
 def _empty_row(config: BenchConfig, status: str, note: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hookkit.errors import SpecError
-from hookkit.tools.bench.metrics import _dynamo_graphs, _peak_memory_gb, psnr, synchronize, timed
+from hookkit.tools.bench.metrics import _dynamo_graphs, _peak_memory_gb, psnr, synchronize, timed, timing_caveat
 from hookkit.tools.bench.models import (
     ModelOptions,
     available_fields,
@@ -82,6 +82,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         # (compilation, autotuning, graph capture)
         row["time_to_first_image_s"] = row["setup_s"] + row["first_call_s"]
         row["cold"] = cold_cache_dirs()
+        row["timing_caveat"] = timing_caveat(device, tiny=not opts.full and opts.model_path is None)
         # a graph compiled after the warm-up means the timed runs include compilation: the median is suspect
         graphs_after = _dynamo_graphs()
         row["compiled_graphs"] = graphs_after - graphs_before
