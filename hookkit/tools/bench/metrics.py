@@ -1,5 +1,5 @@
 """What a row measures besides its setup: synchronized wall time, peak memory, graphs compiled, and the PSNR of
-its output against the reference row's."""
+its output against the reference row's; and the caveat that goes beside timings which are no performance claim."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ def device_description(device: torch.device) -> str:
         return f"{torch.cuda.get_device_name(device)} x {torch.cuda.device_count()}"
     threads = torch.get_num_threads()
     return f"CPU ({threads} thread{'s' if threads != 1 else ''})"
-
 
 
 #: What the table says beside the timings of a tiny model measured on the CPU: a call there takes milliseconds, mostly

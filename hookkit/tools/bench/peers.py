@@ -1,5 +1,5 @@
 """The rows that are not hookkit's: stock diffusers (eager, regional and full compile, FirstBlockCache, MagCache)
-and cache-dit when installed, each set up on the pipeline as its own documentation does it."""
+and cache-dit when installed, each set up through its own public API."""
 
 from __future__ import annotations
 
