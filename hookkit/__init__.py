@@ -35,12 +35,13 @@ from hookkit.diagnostics.host_syncs import SyncReport, profile_syncs
 __version__ = "0.1.0.dev0"
 
 
-def calibrate(pipe: object, calls: list, *, progress: bool = False) -> CacheCalibration:
-    """One uncached run of `calls` on `pipe`: the `CacheCalibration` DBCache's "magnitude" and "schedule" rules read.
-    See `hookkit.tools.tune.calibrate` (imported on first use: `import hookkit` loads no tooling)."""
+def calibrate(pipe: object, calls: list, *, sensitivity: bool = False, progress: bool = False) -> CacheCalibration:
+    """One uncached run of `calls` on `pipe`: the `CacheCalibration` DBCache's "magnitude" and "schedule" rules read
+    (with `sensitivity`, one more run per step: the per-step gains). See `hookkit.tools.tune.calibrate` (imported on
+    first use: `import hookkit` loads no tooling)."""
     from hookkit.tools.tune import calibrate as run
 
-    return run(pipe, calls, progress=progress)
+    return run(pipe, calls, sensitivity=sensitivity, progress=progress)
 
 
 def tune(pipe: object, calls: list, *, speedup: float | None = None, min_psnr: float | None = None,

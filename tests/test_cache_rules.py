@@ -13,6 +13,7 @@ import math
 import random
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from hookkit.techniques.cache.calibration import (
     plan_schedule,
     predict_weights,
     schedule_cost,
+    step_weights,
 )
 from hookkit.techniques.cache.spec import rule_mask, schedule_computed_steps
 from hookkit.tools import zoo
@@ -87,6 +89,35 @@ def test_plan_schedule_finds_the_least_cost_mask_of_a_brute_force(order: int) ->
     planned = plan_schedule(calibration, n, k, order)
     assert sum(planned) == k and planned[0] == 1
     assert math.isclose(schedule_cost(calibration, planned, order), best, rel_tol=1e-12)
+
+
+def test_with_gains_the_planner_weighs_each_step_by_the_geometric_mean_of_weight_and_gain() -> None:
+    cal = CacheCalibration(steps=3, gram=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)),
+                           weights=(1.0, 2.0, 8.0), gains=(4.0, 8.0, 2.0))
+    assert step_weights(cal) == (2.0, 4.0, 4.0)
+    assert step_weights(attrs.evolve(cal, gains=None)) == (1.0, 2.0, 8.0)
+
+
+def test_gains_that_amplify_early_errors_move_the_computed_steps_early() -> None:
+    n = 8
+    gram = tuple(tuple(0.8 ** abs(i - j) for j in range(n)) for i in range(n))  # a reuse errs more the farther back
+    flat = CacheCalibration(steps=n, gram=gram)
+    early = attrs.evolve(flat, gains=(64.0, 64.0, 16.0, 4.0, 1.0, 1.0, 1.0, 1.0))
+    assert plan_schedule(flat, n, 3, order=0) == (1, 0, 1, 0, 0, 1, 0, 0)
+    assert plan_schedule(early, n, 3, order=0) == (1, 1, 1, 0, 0, 0, 0, 0)
+
+
+def test_gains_round_trip_through_json_and_a_file_without_them_loads(tmp_path: Any) -> None:
+    cal = CacheCalibration(steps=2, ratios=(1.0, 0.9), gains=(0.5, 0.5))
+    assert CacheCalibration.from_dict(cal.to_dict()) == cal
+    data = cal.to_dict()
+    del data["gains"]  # written before gains existed
+    assert CacheCalibration.from_dict(data).gains is None
+
+
+def test_gains_of_the_wrong_length_are_refused() -> None:
+    with pytest.raises(SpecError, match=r"CacheCalibration.gains: expected 2 finite numbers >= 0 \(one per step\) or None"):
+        CacheCalibration(steps=2, ratios=(1.0, 0.9), gains=(0.5,))
 
 
 def test_plan_schedule_keeps_the_forced_warm_up_steps() -> None:

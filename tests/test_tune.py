@@ -43,6 +43,42 @@ def test_calibrate_records_a_ratio_and_a_gram_row_per_step_and_the_sigma_weights
     assert calibration.weights == pytest.approx((sigmas[:-1] - sigmas[1:]).abs().tolist(), rel=1e-12)
 
 
+def test_calibrate_with_sensitivity_measures_each_steps_image_change_per_unit_of_residual_error() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    calls = flux_calls()
+    replay = _Replay(pipe, calls)  # every run below draws the same noise
+    calibration = hookkit.calibrate(pipe, calls, sensitivity=True)
+    reference = [replay.images(i) for i in range(len(calls))]
+    gram, t = calibration.gram, 3
+    mask = (1, 1, 1, 0, 1, 1)  # only step 3 cached: step 2's residual reused, every block skipped
+    hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=0, warmup_steps=0, steps_mask=mask,
+                                                            mask_policy="static", taylorseer_order=0)))
+    cached = [replay.images(i) for i in range(len(calls))]
+    hookkit.disable(pipe)
+    moved = math.sqrt(sum((c.double() - r.double()).pow(2).sum().item() for c, r in zip(cached, reference))
+                      / sum(r.numel() for r in reference))
+    error = math.sqrt(gram[t][t] - 2 * gram[t][t - 1] + gram[t - 1][t - 1])
+    assert len(calibration.gains) == 6 and calibration.gains[0] == calibration.gains[1]
+    assert calibration.gains[t] == pytest.approx(moved / error, rel=1e-9)
+
+
+def test_calibrate_measures_no_gains_unless_asked() -> None:
+    assert hookkit.calibrate(zoo.tiny_pipeline("flux"), flux_calls()).gains is None
+
+
+def test_calibrate_refuses_a_sensitivity_that_is_no_bool() -> None:
+    with pytest.raises(SpecError, match=r"^hookkit.calibrate.sensitivity: expected True or False, got 'yes'.$"):
+        hookkit.calibrate(zoo.tiny_pipeline("flux"), flux_calls(), sensitivity="yes")  # type: ignore[arg-type]
+
+
+def test_calibrate_with_sensitivity_leaves_the_pipeline_bitwise_stock() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    before = images(pipe, flux_calls())
+    hookkit.calibrate(pipe, flux_calls(), sensitivity=True)
+    assert hookkit.handle_of(pipe) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, images(pipe, flux_calls())))
+
+
 def test_calibrate_leaves_the_pipeline_bitwise_stock() -> None:
     pipe = zoo.tiny_pipeline("flux")
     before = images(pipe, flux_calls())

@@ -191,8 +191,10 @@ def _sigma_weights(pipe: Any, steps: int) -> list[float] | None:
     return (s[:-1] - s[1:]).abs().tolist()
 
 
-def _calibrate(replay: _Replay, progress: bool) -> tuple[CacheCalibration, list[torch.Tensor]]:
-    """Run every call uncached once: its images (the reference) and the calibration."""
+def _calibrate(replay: _Replay, progress: bool,
+               sensitivity: bool = False) -> tuple[CacheCalibration, list[torch.Tensor]]:
+    """Run every call uncached once: its images (the reference) and the calibration; with `sensitivity`, also once per
+    step with only that step cached (`_gains`)."""
     pipe = replay.pipe
     if handle_of(pipe) is not None:
         raise SpecError("hookkit.calibrate/tune: expected a pipeline without hookkit enabled (the calibration is of the "
@@ -227,19 +229,61 @@ def _calibrate(replay: _Replay, progress: bool) -> tuple[CacheCalibration, list[
     mean_ratios = [sum(r[t] for r in ratios) / n for t in range(steps)]
     calibration = CacheCalibration(model=type(pipe.transformer).__name__, steps=steps, ratios=mean_ratios, gram=gram,
                                    weights=_sigma_weights(pipe, steps), calls=n)
+    if sensitivity:
+        calibration = attrs.evolve(calibration, gains=_gains(replay, calibration, images, progress))
     return calibration, images
 
 
-def calibrate(pipe: Any, calls: Sequence[dict[str, Any]], *, progress: bool = False) -> CacheCalibration:
+def _gains(replay: _Replay, calibration: CacheCalibration, reference: list[torch.Tensor],
+           progress: bool) -> list[float]:
+    """Per step t >= 1: the RMS change of every call's images when only step t is cached (step t-1's residual reused,
+    every block skipped), over the RMS error of that reuse in the residual (from the gram matrix). Step 0, never
+    cached, gets step 1's gain."""
+    steps, gram = calibration.steps, calibration.gram
+    assert gram is not None  # _calibrate always measures it
+    gains = [0.0] * steps
+    bar = _progress(steps - 1, "hookkit calibrate: sensitivity", progress)
+    try:
+        for t in range(1, steps):
+            mask = [1] * steps
+            mask[t] = 0
+            cache = DBCache(fn_blocks=0, warmup_steps=0, steps_mask=mask, mask_policy="static", taylorseer_order=0)
+            handle = enable(replay.pipe, Spec(cache=cache))
+            total = count = 0.0
+            try:
+                for i in range(len(replay.calls)):
+                    diff = replay.images(i).double() - reference[i].double()
+                    total += diff.pow(2).sum().item()
+                    count += diff.numel()
+            finally:
+                handle.remove()
+            error = math.sqrt(max(gram[t][t] - 2.0 * gram[t][t - 1] + gram[t - 1][t - 1], 0.0))
+            gains[t] = math.sqrt(total / count) / error if error > 0 and count else 0.0
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    gains[0] = gains[1] if steps > 1 else 0.0
+    return gains
+
+
+def calibrate(pipe: Any, calls: Sequence[dict[str, Any]], *, sensitivity: bool = False,
+              progress: bool = False) -> CacheCalibration:
     """One uncached run of each call: the per-step statistics DBCache's "magnitude" and "schedule" rules need.
 
     Args:
         pipe: a diffusers pipeline without hookkit enabled; left as it was.
         calls: keyword dicts for `pipe(**kw)`, each with a `generator` (or `latents`), all at one step count.
+        sensitivity: also measure `CacheCalibration.gains` (how much the images move per unit of residual error at
+            each step), from one more run of each call per step with only that step cached: steps - 1 times the
+            cost of the uncached run, for schedules that put their computed steps where errors are amplified.
         progress: show a progress bar on stderr.
     """
     replay = _Replay(pipe, _check_calls(calls, "hookkit.calibrate"))
-    return _calibrate(replay, progress)[0]
+    if not isinstance(sensitivity, bool):
+        raise SpecError(f"hookkit.calibrate.sensitivity: expected True or False, got {sensitivity!r}.")
+    return _calibrate(replay, progress, sensitivity)[0]
 
 
 # --- tuning ---------------------------------------------------------------------------------------------------
@@ -283,7 +327,8 @@ def _db(value: float) -> str:
 def _name(cache: DBCache) -> str:
     ts = f" TS{cache.taylorseer_order}" if cache.taylorseer_order else ""
     if cache.rule == "schedule":
-        return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts}"
+        plan = "" if cache.calibration is not None and cache.calibration.gains is not None else " step-size plan"
+        return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts}{plan}"
     if cache.rule == "magnitude":
         k = cache.max_continuous_cached_steps
         return f"magnitude {cache.threshold:g} K{k if k >= 0 else 'inf'} F{cache.fn_blocks}{ts}"
@@ -306,9 +351,12 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
         for order in (0, 1, 2):
             out.append(DBCache(rule="schedule", calibration=calibration, speedup=float(s),
                                taylorseer_order=order))
+            if calibration.gains is not None:  # the plan by step size alone, which wins at some speed-ups
+                out.append(DBCache(rule="schedule", calibration=attrs.evolve(calibration, gains=None),
+                                   speedup=float(s), taylorseer_order=order))
     if calibration.ratios is not None:
         for threshold in (0.06, 0.12, 0.24, 0.5):
-            for k in (2, 3):
+            for k in (2, 3, 6):
                 for order in (0, 1):
                     out.append(DBCache(rule="magnitude", calibration=calibration, threshold=threshold,
                                        max_continuous_cached_steps=k, taylorseer_order=order))
@@ -367,7 +415,7 @@ def search(pipe: Any, calls: Sequence[dict[str, Any]], *, speedup: float | None 
                                  or not math.isfinite(min_psnr)):
         raise SpecError(f"hookkit.tune.min_psnr: expected a finite number of dB, got {min_psnr!r}.")
     replay = _Replay(pipe, _check_calls(calls, "hookkit.tune"))
-    calibration, reference = _calibrate(replay, progress)
+    calibration, reference = _calibrate(replay, progress, sensitivity=True)
     n = calibration.steps
     if speedup is not None and speedup > n:
         raise SpecError(f"hookkit.tune.speedup: expected at most {n} (every step but one cached, no block run on a "

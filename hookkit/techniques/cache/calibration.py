@@ -11,6 +11,11 @@ those residuals are kept, small enough to ship as JSON beside an adapter:
   quadratic form in `gram`: the "schedule" rule evaluates every choice of computed steps exactly (against the
   calibration run) and plans the one with the least predicted error on the final latent (`plan_schedule`).
 
+With `calibrate(..., sensitivity=True)` (what `hookkit.tune` does) a third statistic is measured: `gains`, how much
+the final images move per unit of residual error at each step (one extra run per step, only that step cached). An
+error early in the schedule is amplified by every later step, one late is not; the step size alone (`weights`)
+misses that, and the planner then spends its computed steps late and loses at high speed-ups.
+
 Both rules decide before the call starts: the result is a static 0/1 mask, which needs no host read, replays
 under whole-transformer CUDA graphs and is identical on every rank under context parallelism.
 """
@@ -29,7 +34,7 @@ import torch
 from hookkit.core.validate import plain, strict_init
 from hookkit.errors import SpecError, field_error
 
-__all__ = ["CacheCalibration", "magnitude_mask", "plan_schedule", "predict_weights", "schedule_cost"]
+__all__ = ["CacheCalibration", "magnitude_mask", "plan_schedule", "predict_weights", "schedule_cost", "step_weights"]
 
 FORMAT = "hookkit-cache-calibration-v1"
 
@@ -68,6 +73,10 @@ class CacheCalibration:
         weights: how much an error at each step moves the final latent (|sigma_t - sigma_t+1| of the scheduler,
             length `steps`); None weighs every step alike.
         calls: how many pipeline calls were averaged.
+        gains: measured sensitivity per step (length `steps`), or None: the RMS change of the final images when only
+            that step is cached (the previous step's residual reused), per unit of the RMS error that reuse makes in
+            the residual (`calibrate(..., sensitivity=True)`). With gains, the "schedule" rule weighs a step's error
+            by the geometric mean of its weight and its gain (`step_weights`).
     """
 
     model: str = attrs.field(default="")
@@ -76,6 +85,7 @@ class CacheCalibration:
     gram: tuple[tuple[float, ...], ...] | None = attrs.field(default=None, converter=_matrix)
     weights: tuple[float, ...] | None = attrs.field(default=None, converter=_floats)
     calls: int = attrs.field(default=1)
+    gains: tuple[float, ...] | None = attrs.field(default=None, converter=_floats)
 
     def __attrs_post_init__(self) -> None:
         name = "CacheCalibration"
@@ -85,7 +95,7 @@ class CacheCalibration:
             raise field_error(name, "steps", self.steps, "an int >= 2")
         if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
             raise field_error(name, "calls", self.calls, "an int >= 1")
-        for field in ("ratios", "weights"):
+        for field in ("ratios", "weights", "gains"):
             value = getattr(self, field)
             if value is None:
                 continue
@@ -112,7 +122,8 @@ class CacheCalibration:
         return {"format": FORMAT, "model": self.model, "steps": self.steps, "calls": self.calls,
                 "ratios": None if self.ratios is None else list(self.ratios),
                 "gram": None if self.gram is None else [list(r) for r in self.gram],
-                "weights": None if self.weights is None else list(self.weights)}
+                "weights": None if self.weights is None else list(self.weights),
+                "gains": None if self.gains is None else list(self.gains)}
 
     @classmethod
     def from_dict(cls, data: Any) -> CacheCalibration:
@@ -229,7 +240,7 @@ def schedule_cost(calibration: CacheCalibration, mask: tuple[int, ...], order: i
     """The predicted error on the final latent of caching by `mask`: sum over cached steps of the step's weight
     times the RMS error of its extrapolated residual against the calibration run's."""
     gram = _gram(calibration)
-    weights = calibration.weights or (1.0,) * calibration.steps
+    weights = step_weights(calibration)
     history: list[int] = []
     cost = 0.0
     for step, m in enumerate(mask):
@@ -238,6 +249,22 @@ def schedule_cost(calibration: CacheCalibration, mask: tuple[int, ...], order: i
         else:
             cost += weights[step] * _error(gram, predict_weights(tuple(history[-3:]), step, order), step)
     return cost
+
+
+def step_weights(calibration: CacheCalibration) -> tuple[float, ...]:
+    """How much the planner weighs an error of the residual at each step: `weights` (the step size, 1 without), or
+    with measured `gains` the geometric mean sqrt(weight * gain).
+
+    Why the mean and not the gain alone: a gain is measured with one step cached, on the uncached trajectory; a
+    schedule caches long runs of steps, whose errors compound along a trajectory that has already left it, which
+    the single-step gain of a late step understates. On the trained models' tuning seeds (10-12, none of the
+    harness's evaluation seeds) the mean planned better schedules than either alone at every speed-up tried
+    (BENCHMARKS.md, "Caching at equal quality").
+    """
+    weights = calibration.weights or (1.0,) * calibration.steps
+    if calibration.gains is None:
+        return tuple(weights)
+    return tuple(math.sqrt(w * g) for w, g in zip(weights, calibration.gains))
 
 
 def _gram(calibration: CacheCalibration) -> tuple[tuple[float, ...], ...]:
@@ -263,8 +290,7 @@ def plan_schedule(calibration: CacheCalibration, num_steps: int, computed: int, 
     computed = max(forced, min(computed, num_steps))
     if computed >= num_steps:
         return (1,) * num_steps
-    return _plan(_gram(calibration), tuple(calibration.weights or (1.0,) * num_steps), num_steps, computed, order,
-                 forced)
+    return _plan(_gram(calibration), step_weights(calibration), num_steps, computed, order, forced)
 
 
 @lru_cache(maxsize=64)

@@ -424,12 +424,12 @@ def calibration(model: str = "tiny", steps: int = 28) -> Any:
 
 
 def make_calibration(model: str = "tiny", steps: int = 28) -> Any:
-    """Calibrate `model` at `steps` on `CALIBRATION_SEEDS` (one call, every class) and write it where
-    `calibration` reads it."""
+    """Calibrate `model` at `steps` on `CALIBRATION_SEEDS` (one call, every class, with the per-step sensitivity
+    `gains`) and write it where `calibration` reads it."""
     import hookkit
 
     pipe = load_pipeline(model=model)
     made = hookkit.calibrate(pipe, [call_kwargs(list(range(NUM_CLASSES)), list(CALIBRATION_SEEDS), steps=steps,
-                                                model=model)])
+                                                model=model)], sensitivity=True)
     made.save(calibration_file(model, steps))
     return made
