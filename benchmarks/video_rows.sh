@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The video rows of `hookkit bench` (issue 31) on ONE H200 lease (nvidia-h200): full-size Wan 2.1 14B (random
+# The video rows of `hookkit bench` on ONE H200 lease (nvidia-h200): full-size Wan 2.1 14B (random
 # weights, bf16, random prompt embeddings, CFG 5.0: two transformer calls per step, latents out, no VAE decode) at
 # 480x832 and 81 frames (32,760 latent tokens), `--configs video`: eager, stock regional compile, diffusers
 # FirstBlockCache and MagCache, cache-dit + its fp8 + regional compile and hookkit's fastest (fp8 + DBCache +
