@@ -4,8 +4,8 @@
 #
 #   source benchmarks/gpu_env.sh && gpu_env [REPO] || exit 1
 #
-# `gpu_env` exports PYTHONPATH=/tmp/site:REPO (REPO: the checkout to import hookkit from, default the one holding this file;
-# a queue passes its snapshot) and PYTHONUNBUFFERED=1. When one of the four packages does not import, installs the
+# `gpu_env` exports PYTHONPATH=/tmp/site:REPO (REPO: the checkout to import hookkit from, default the one holding
+# this file; a queue passes its snapshot) and PYTHONUNBUFFERED=1. When one of the four packages does not import, installs the
 # wheels of $WHL (default: .whl of the checkout holding this file; carry it in the device call) into /tmp/site,
 # which stays for the machine's later calls. Returns 1, saying why, when they neither import nor install.
 

@@ -19,7 +19,8 @@
 #                                                        (QUICK=1: the CPU plumbing check with tiny models)
 #
 # A lease of one command at a time, e.g. on nvidia-h200:
-#   call 1:  bash benchmarks/queue.sh start peers-flux-1024-cold step-profile && sleep 540 && bash benchmarks/queue.sh status
+#   call 1:  bash benchmarks/queue.sh start peers-flux-1024-cold step-profile && sleep 540 &&
+#            bash benchmarks/queue.sh status
 #   call 2:  bash benchmarks/queue.sh collect 420
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -189,7 +190,9 @@ collect)
 run)
   shift
   check_suites "$@"
-  for s in "$@"; do [ "$s" != -- ] || { echo "queue.sh: run takes no --: its suites run one after another" >&2; exit 2; }; done
+  for s in "$@"; do
+    [ "$s" != -- ] || { echo "queue.sh: run takes no --: its suites run one after another" >&2; exit 2; }
+  done
   rm -rf "$RES" && mkdir -p "$RES" || exit 1
   source "$HERE/gpu_env.sh" && gpu_env "$REPO" || exit 1
   write_settings
