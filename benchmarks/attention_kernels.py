@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8")
 
@@ -75,40 +74,10 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
 
 
 def _times_ms(fn: Callable[[], Any], repeats: int, warmup: int, device: str, graphs: bool) -> tuple[list[float], str]:
-    for _ in range(warmup):
-        fn()
-    if device == "cpu":
-        out = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1e3)
-        return out, "host clock"
-    torch.cuda.synchronize()
-    run, how = fn, "CUDA events, plain calls"
-    if graphs:
-        try:
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph):
-                fn()
-            run, how = graph.replay, "CUDA events, graph replays"
-        except Exception as error:  # noqa: BLE001 - a kernel that cannot be captured is timed uncaptured
-            how = f"CUDA events, plain calls (capture failed: {type(error).__name__})"
-            torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out, how
+    if graphs or device == "cpu":
+        timed = time_graph_replays(fn, repeats, warmup, device=device)
+        return timed.times_ms, timed.how
+    return time_calls(fn, repeats, warmup), EVENTS_PLAIN
 
 
 def measure(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref: torch.Tensor,
@@ -123,10 +92,9 @@ def measure(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref: t
         row["max_abs_error"] = err.max().item()
         row["mean_rel_error"] = (err.mean() / ref.abs().mean()).item()
         times, how = _times_ms(lambda: fn(q, k, v), args.repeats, args.warmup, args.device, not args.no_graphs)
-        median = statistics.median(times)
+        spread = summary(times)
         flops = 4 * batch * tokens * tokens * heads * dim
-        row.update(times_ms=times, timing=how, median_ms=median, min_ms=min(times), max_ms=max(times),
-                   tflops=flops / (median * 1e-3) / 1e12)
+        row.update(times_ms=times, timing=how, **spread, tflops=flops / (spread["median_ms"] * 1e-3) / 1e12)
     except Exception as error:  # noqa: BLE001 - every kernel is reported, whatever the others do
         row["error"] = f"{type(error).__name__}: {error}"
         row["traceback"] = traceback.format_exc(limit=3)

@@ -11,22 +11,16 @@
 #   one call:  bash benchmarks/caching_front.sh start && bash benchmarks/caching_front.sh collect 540
 #              (waits up to 540 s, merges each front's finished groups, writes $OUT/front-MODEL-STEPS.md and fronts.tgz)
 #
-# `start` snapshots the working tree to $W/repo and installs the wheels of $WHL (default .whl: carry it; diffusers,
-# importlib_metadata, zipp, torchao, loguru, cache-dit) into /tmp/site when diffusers or cache_dit do not import.
+# `start` snapshots the working tree to $W/repo; benchmarks/gpu_env.sh installs the wheels of $WHL (default .whl: carry
+# it; diffusers, importlib_metadata, zipp, torchao, loguru, cache-dit) into /tmp/site when they do not import, in
+# `start` and again (a fresh shell) in `collect`.
 set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
 W=${W:-/tmp/hkfront}
 FRONTS=${FRONTS:-"tiny:28 deep:28 tiny:14 deep:14"}
 SPEEDUPS=${SPEEDUPS:-1.5,2,3}
 DEVICE=${DEVICE:-cuda}
 FRONT_ARGS=${FRONT_ARGS:-}   # more options of the front, e.g. "--classes 0 --seeds 100 --only tune" for a dry run
-
-install() {
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  python3 -c "import diffusers, cache_dit, loguru, torchao" 2>/dev/null && return 0
-  local whl=${WHL:-.whl}
-  [ -d "$whl" ] || { echo "no $whl folder and diffusers/cache_dit/loguru/torchao do not all import" >&2; return 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"/*.whl
-}
 
 #: the front's families split among processes (--only / --skip), so the rows that run batch 1 (threshold rules, which
 #: decide per image) spread over cores; `collect` merges each MODEL:STEPS back into one front
@@ -62,7 +56,7 @@ one() {  # MODEL STEPS: tune, then the front's groups in parallel with the tuned
 case "${1:-}" in
   start)
     rm -rf "$W" && mkdir -p "$W/res" "$W/repo" && tar -c --exclude=./.venv --exclude=./.whl . | tar -x -C "$W/repo" || exit 1
-    install || exit 1
+    source "$HERE/gpu_env.sh" && gpu_env "$W/repo" || exit 1
     export PYTHONUNBUFFERED=1 CACHE_DIT_LOG_LEVEL=error
     for mf in $FRONTS; do
       setsid bash -c "$(declare -p FRONT_GROUPS); $(declare -f one); W='$W' SPEEDUPS='$SPEEDUPS' DEVICE='$DEVICE' FRONT_ARGS='$FRONT_ARGS' PYTHONPATH='$PYTHONPATH' one ${mf%%:*} ${mf#*:}" \
@@ -81,6 +75,8 @@ case "${1:-}" in
       sleep 1
     done
     bash "$0" status
+    # the merge imports hookkit.tools (diffusers): a later device call is a fresh shell without PYTHONPATH
+    source "$HERE/gpu_env.sh" && gpu_env "$W/repo" || echo "collecting the raw groups only" >&2
     out=${OUT:-out}; mkdir -p "$out"
     for d in "$W"/res/front-*; do  # merge the groups that finished into one front per MODEL:STEPS
       parts=$(ls -d "$d"/g*/front.json 2>/dev/null)

@@ -1,4 +1,4 @@
-"""What hookkit keeps in memory that the peer does not, counted on the CPU (issue 18, item 2).
+"""What hookkit keeps in memory that the peer does not, counted on the CPU.
 
 1. Weights: the full-size transformers are built on the meta device (no memory) and hookkit's selection
    (`select_layers`) is applied with and without `Quantize(include_modulation=True)`, next to cache-dit's

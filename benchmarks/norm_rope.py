@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.timing import time_graph_replays  # noqa: E402
 from diffusers.models.embeddings import apply_rotary_emb  # noqa: E402
 from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen  # noqa: E402
 
@@ -132,28 +133,10 @@ def case(name: str, device: torch.device) -> tuple[Callable[..., Any], tuple[Any
 
 
 def timed_us(fn: Callable[[], Any], iters: int, runs: int) -> list[float]:
-    """Per-call GPU time (µs) of `fn`: a CUDA graph of `iters` calls (captured after 3 warm-up calls on a side stream),
-    replayed `runs` times, each replay timed by CUDA events. No host work is timed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    out = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / iters)
-    return out
+    """Per-call GPU time (µs) of `fn`: a CUDA graph of `iters` calls (captured after 3 warm-up calls), replayed `runs`
+    times, each replay timed by CUDA events. No host work is timed; a capture that fails is an error."""
+    timed = time_graph_replays(fn, runs, 3, calls_per_replay=iters, fallback=False)
+    return [ms * 1e3 for ms in timed.times_ms]
 
 
 def compare(out: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> dict[str, float]:

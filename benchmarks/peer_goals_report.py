@@ -1,12 +1,12 @@
-"""The peer goals on one lease: one markdown table and one JSON document from the pieces of
-`benchmarks/h200_issue18.sh`.
+"""The peer goals on one lease: one markdown table and one JSON document from the suites of `benchmarks/queue.sh`.
 
-Reads the `hookkit bench-one` rows (`<res>/<group>/<config>.json`), `step_profile.json`, `quality_fp8/quality.json`
-and `held_memory.json` under `<res>`, whatever of them exists (a piece the lease did not reach is listed as
-such), and checks each goal (Flux-dev and Qwen-Image latency and memory beside the strongest peer, cache-dit, in
-the same run; the uncached fp8 step) against the numbers:
+Reads, under the queue's result folder, the `hookkit bench-one` rows of the peers-* suites
+(`<res>/<suite>/<config>.json`), the step profile (`step-profile/` or `fp8-rows/`), the fp8 quality
+(`quality-fp8/` or `quality-fp8-compiled/`) and `held-memory/held_memory.json`, whatever of them exists (a suite the
+lease did not reach is listed as such), and checks each goal (Flux-dev and Qwen-Image latency and memory beside the
+strongest peer, cache-dit, in the same run; the uncached fp8 step) against the numbers. `queue.sh collect` runs it:
 
-    python benchmarks/peer_goals_report.py /tmp/hk18/res --out "$OUT"     # writes peer_goals.md, peer_goals.json
+    python benchmarks/peer_goals_report.py /tmp/hkqueue/res --out "$OUT"     # writes peer_goals.md, peer_goals.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: the rows' configurations (the queue exports them; its `quick` flavour swaps in CPU-runnable ones)
+#: the rows' configurations (benchmarks/suite_lib.sh sets them, QUICK=1 to CPU-runnable ones; the queue records them)
 FAST = os.environ.get("FAST", "hookkit-fp8+cache-fast+cuda-graphs")
 MOD = os.environ.get("MOD", "hookkit-fp8-mod+cache-fast+cuda-graphs")
 DYN = os.environ.get("DYN", "hookkit-fp8+cache-dyn+cuda-graphs")
@@ -37,13 +37,21 @@ def _steps(runs: str) -> int:
 
 #: denoising steps per pipeline call (the uncached row's time / STEPS is its step)
 STEPS = _steps(os.environ.get("RUNS", ""))
-#: group -> (model, size, cold, configs in table order); the queue runs them in this order
+#: group -> (model, size, cold, configs in table order)
 GROUPS: dict[str, tuple[str, int, bool, tuple[str, ...]]] = {
     "flux-1024-cold": ("flux", 1024, True, (FAST, MOD, PEER)),
     "flux-1024": ("flux", 1024, False, (FAST, MOD, AUTOTUNE, UNCACHED, PEER)),
     "flux-512": ("flux", 512, False, (FAST, DYN, MOD, PEER)),
     "qwen-1024": ("qwenimage", 1024, False, (FAST, MOD, PEER)),
     "flux-256": ("flux", 256, False, (FAST, MOD, PEER)),
+}
+#: group -> the suites (benchmarks/suites/NAME.sh) whose folders hold its rows, first found wins
+GROUP_SUITES: dict[str, tuple[str, ...]] = {
+    "flux-1024-cold": ("peers-flux-1024-cold",),
+    "flux-1024": ("peers-flux-1024", "autotune-flux-1024"),
+    "flux-512": ("peers-flux-512",),
+    "qwen-1024": ("peers-qwen-1024",),
+    "flux-256": ("peers-flux-256",),
 }
 
 
@@ -71,16 +79,23 @@ def _f(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "—"
 
 
+def _first(res: Path, suites: tuple[str, ...], name: str) -> Any:
+    """The JSON document `name` of the first of these suites' folders that holds one (None when none does)."""
+    return next((doc for suite in suites if (doc := _load(res / suite / name)) is not None), None)
+
+
 def collect(res: Path) -> dict[str, Any]:
+    """Every group's rows (a missing row: "not reached"), the step profile, the quality and the held memory."""
     groups: dict[str, Any] = {}
     for name, (model, size, cold, configs) in GROUPS.items():
         rows = []
         for config in configs:
-            row = _load(res / name / f"{config}.json")
+            row = _first(res, GROUP_SUITES[name], f"{config}.json")
             rows.append(row if isinstance(row, dict) else {"config": config, "status": "not reached", "note": ""})
         groups[name] = dict(model=model, size=size, cold=cold, rows=rows)
-    return dict(groups=groups, step_profile=_load(res / "step_profile.json"),
-                quality=_load(res / "quality_fp8" / "quality.json"), held_memory=_load(res / "held_memory.json"))
+    return dict(groups=groups, step_profile=_first(res, ("step-profile", "fp8-rows"), "step_profile.json"),
+                quality=_first(res, ("quality-fp8", "quality-fp8-compiled"), "quality.json"),
+                held_memory=_first(res, ("held-memory",), "held_memory.json"))
 
 
 def _ok(rows: list[dict[str, Any]], config: str) -> dict[str, Any] | None:
@@ -158,7 +173,7 @@ def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def markdown(doc: dict[str, Any]) -> str:
     quick = os.environ.get("QUICK") == "1"
-    title = "# peer goals: CPU plumbing check (`quick`: tiny models, CPU stand-in rows; the numbers mean nothing)" \
+    title = "# peer goals: CPU plumbing check (QUICK=1: tiny models, CPU stand-in rows; the numbers mean nothing)" \
         if quick else "# peer goals on one lease"
     lines = [title, "", "| group | config | status | median (s) | spread (%) | peak (GB) | "
              "first call (s) | to first image (s) | cached | note |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -196,7 +211,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("res", help="the queue's result folder")
+    p.add_argument("res", help="the queue's result folder ($W/res of benchmarks/queue.sh)")
     p.add_argument("--out", default=None, help="where peer_goals.md and peer_goals.json go (default: RES)")
     args = p.parse_args()
     res = Path(args.res)

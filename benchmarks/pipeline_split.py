@@ -11,7 +11,7 @@ in one process:
   sync in the loop assumed, and checked: the host's time must end inside the sleep), so the events around it
   time the GPU's work alone, gaps between kernels included; beside it the same span of a normal call, whose
   excess is time the GPU waited for the host. Under whole-transformer CUDA graphs the host cannot run ahead (a
-  graph launch returns only when the previous graph has nearly finished: BENCHMARKS.md, session 8), so there the
+  graph launch returns only when the previous graph has nearly finished, as BENCHMARKS.md measured), so there the
   JSON says `gpu_only_valid: false` and the per-call GPU times of the normal call are the measure;
 - **kernels**: the sum of kernel times of one profiled call (torch.profiler), and their count.
 

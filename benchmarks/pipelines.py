@@ -1,4 +1,4 @@
-"""The pipelines people run (issue 15), on the full-size architectures with random weights, bf16, batch 1.
+"""The pipelines people run, on the full-size architectures with random weights, bf16, batch 1.
 
     python benchmarks/pipelines.py                      # all three parts, full settings
     python benchmarks/pipelines.py --quick              # fewer steps and runs, smaller sizes: a fast check

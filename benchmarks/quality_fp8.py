@@ -1,4 +1,4 @@
-"""Quality of every fp8 variant on hookkit's trained tiny Flux, against the bf16 reference (issue 18, item 2).
+"""Quality of every fp8 variant on hookkit's trained tiny Flux, against the bf16 reference.
 
 Runs `hookkit.tools.quality.run_quality` in bfloat16 on the GPU (per-row fp8 needs SM89+): the reference is the
 uncached bf16 pipeline; each row reports PSNR / SSIM of the final images against it and the fraction the

@@ -1,4 +1,4 @@
-"""What torchao's dynamic per-row fp8 activation quantization costs at Flux-dev 1024²'s shapes (issue 18, item 3).
+"""What torchao's dynamic per-row fp8 activation quantization costs at Flux-dev 1024²'s shapes.
 
 The step profile (run 10) found 19.6 ms of the 103 ms fp8 + graphs step in activation quantization: inductor
 makes each row's amax a *looped* reduction (its persistent-reduction limit is 1024 elements per row) and then
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.timing import time_calls  # noqa: E402
 from hookkit.techniques.compile.hooks import QUANTIZED_INDUCTOR_OPTIONS
 
 OPTIONS = {"base": {}, "mk1": {"triton.multi_kernel": 1}, "mk2": {"triton.multi_kernel": 2}, "hookkit": {},
@@ -83,21 +84,6 @@ def patterns(m: int) -> dict[str, tuple[type[torch.nn.Module], tuple[torch.Tenso
             "qkv": (QKV, (r(m, 3072), r(1, 3072) * 0.1, r(1, 3072) * 0.1))}
 
 
-def timed_ms(fn: Any, warmup: int = 10, runs: int = 50) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
-
-
 def kernel_split(fn: Any, calls: int = 10) -> dict[str, Any]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -127,7 +113,7 @@ def compiled_row(name: str, option: str, m: int) -> dict[str, Any]:
         extra["fx_graph_cache"] = False  # a cached graph would not show the rewrite count
     fn = torch.compile(module, fullgraph=True, options={**QUANTIZED_INDUCTOR_OPTIONS, **extra})
     with torch.no_grad():
-        times = timed_ms(lambda: fn(*inputs))
+        times = time_calls(lambda: fn(*inputs), repeats=50, warmup=10)
         split = kernel_split(lambda: fn(*inputs))
         out = fn(*inputs).float()
         ref = module(*inputs).float()  # eager torchao: the same quantization, unfused
@@ -281,7 +267,7 @@ def bandwidth_rows() -> list[dict[str, Any]]:
     """What this GPU's memory moves: a 2 GiB bf16 copy (read + write), the yardstick for the kernels above."""
     x = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    times = timed_ms(lambda: y.copy_(x), warmup=3, runs=20)
+    times = time_calls(lambda: y.copy_(x), repeats=20, warmup=3)
     return [dict(pattern="copy 2 GiB", variant="torch copy_", ms=statistics.median(times),
                  tb_per_s=2 * x.numel() * 2 / statistics.median(times) / 1e9)]
 
@@ -298,7 +284,7 @@ def fused_rows(m: int) -> list[dict[str, Any]]:
         y, s = quantize(attn, mlp, warps)
         scale_err = ((s - ref_s).abs() / ref_s).max().item()
         mismatch = (y.float() != (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float()).float().mean().item()
-        times = timed_ms(lambda: quantize(attn, mlp, warps))
+        times = time_calls(lambda: quantize(attn, mlp, warps), repeats=50, warmup=10)
         moved = m * 15360 * 2 + m * 15360  # bf16 inputs read once + fp8 written once
         rows.append(dict(pattern="proj_out", variant=f"triton fused one-pass, num_warps={warps}",
                          ms=statistics.median(times), ms_min=min(times), ms_max=max(times),
@@ -317,7 +303,7 @@ def triton_rows(m: int) -> list[dict[str, Any]]:
         ref_s = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
         scale_err = ((s - ref_s).abs() / ref_s).max().item()  # Triton's fp32 `/` is approximate: codes may differ by one
         mismatch = (y.float() != (x.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float()).float().mean().item()
-        times = timed_ms(lambda: quantize(x))
+        times = time_calls(lambda: quantize(x), repeats=50, warmup=10)
         moved = x.numel() * 3  # bf16 read + fp8 write, bytes
         rows.append(dict(pattern=name, variant="triton-one-pass (quantization only)", ms=statistics.median(times),
                          ms_min=min(times), ms_max=max(times), scale_rel_err=scale_err, fp8_mismatch_fraction=mismatch,

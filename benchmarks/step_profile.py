@@ -1,11 +1,10 @@
-"""Where the uncached fp8 + whole-transformer-graphs step at 1024² spends its time: Flux-dev or Qwen-Image (issue 18, item 3).
+"""Where the uncached fp8 + whole-transformer-graphs step at 1024² spends its time: Flux-dev or Qwen-Image.
 
 One transformer call = one denoising step without caching. This script captures the inputs of a real pipeline
 call, then, for each variant (an attention backend set with diffusers' `transformer.set_attention_backend`, and
 optionally the AdaLN modulation Linears in fp8 too), enables hookkit on the bare transformer
 (`Quantize("fp8_row")` + `Compile(cuda_graphs="transformer")`), times the step (calls back to back, CUDA events
-between them, median: a pipeline's step; since session 8, before which each call was synchronized, now
-`synced_step_ms`) and
+between them, median: a pipeline's step; `synced_step_ms` times each call synchronized instead) and
 profiles it with `torch.profiler`: device kernel time grouped as GEMMs / attention / activation quantization /
 norms+modulation / RoPE / other, against the 87 ms floor (DESIGN.md: 64 ms of fp8 GEMMs at 1140-1300 TFLOP/s
 + 23 ms of cuDNN attention at 652 TFLOP/s on an H200). A backend that is not installed is a "failed" row with
@@ -98,7 +97,7 @@ def step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, dev
 def synced_step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, device: torch.device
                    ) -> list[float]:
     """Each call synchronized before and after (the measure of runs 1-19): the host's work before the graph launch
-    adds to the GPU's, which a pipeline overlaps; its "step" moved by up to 9 ms against the kernels (session 8)."""
+    adds to the GPU's, which a pipeline overlaps; its "step" moved by up to 9 ms against the kernels."""
     return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
 
 
@@ -148,7 +147,7 @@ SUFFIXES = {
     "cdt": "inductor's coordinate-descent tuning of the generated kernels (torch._inductor.config)",
     "autotune": "regions compiled with mode='max-autotune-no-cudagraphs' (GEMM templates autotuned)",
     "nofuse": "Compile(fuse_fp8_rows='off'): all of torchao's activation quantization left to inductor (two passes)",
-    "fastq": "Compile(fuse_fp8_rows='fast') named explicitly (the default since session 7; older commands use it)",
+    "fastq": "Compile(fuse_fp8_rows='fast') named explicitly (the default; older commands name it)",
     "exactq": "Compile(fuse_fp8_rows='exact'): hookkit's one-pass kernel with eager torchao's arithmetic (bitwise)",
     "complex": "Compile(real_rope=False): complex RoPE products left to inductor's ATen fallback (Qwen-Image)",
     "mk": "inductor's triton.multi_kernel=1 in the quantized regions' options (one-pass row reductions up to 16x wider)",

@@ -2,7 +2,7 @@
 
     python benchmarks/syncs.py                 # Flux-dev 512², Qwen-Image (zero_cond_t) 512², CogVideoX-2b 480x720x9, 6 steps
     python benchmarks/syncs.py --quick         # 4 steps, smaller frames, smaller scheduler matrix
-    python benchmarks/syncs.py --models cogvideox --steps 20   # seed 003's setting (79 syncs in 20 steps stock)
+    python benchmarks/syncs.py --models cogvideox --steps 20   # 79 syncs in 20 steps stock
 
 Per model: `hookkit.profile_syncs` on the stock pipeline (sync debug mode on for the steps after the first),
 then `hookkit.diagnostics.testing.assert_no_host_sync` with `Spec(memo=True, sync_free=True)`, the "count | where"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The video rows of `hookkit bench` (issue 31) on ONE H200 lease (nvidia-h200): full-size Wan 2.1 14B (random
+# The video rows of `hookkit bench` on ONE H200 lease (nvidia-h200): full-size Wan 2.1 14B (random
 # weights, bf16, random prompt embeddings, CFG 5.0: two transformer calls per step, latents out, no VAE decode) at
 # 480x832 and 81 frames (32,760 latent tokens), `--configs video`: eager, stock regional compile, diffusers
 # FirstBlockCache and MagCache, cache-dit + its fp8 + regional compile and hookkit's fastest (fp8 + DBCache +
@@ -13,8 +13,8 @@
 #   call 2:  bash benchmarks/video_rows.sh collect 420     # waits up to 420 s for the queue, then collects
 #   CPU:     bash benchmarks/video_rows.sh quick           # the tiny Wan through the same matrix, synchronously
 #
-# `start` snapshots the working tree to $W/repo and installs the wheels of $WHL (default .whl: carry it) into
-# /tmp/site when diffusers/torchao/loguru/cache_dit do not import. Settings (environment): ARCH (wan2.1-14b;
+# `start` snapshots the working tree to $W/repo; benchmarks/gpu_env.sh installs the wheels of $WHL (default .whl: carry
+# it) into /tmp/site when diffusers/torchao/loguru/cache_dit do not import. Settings (environment): ARCH (wan2.1-14b;
 # wan2.1-1.3b, wan2.2-a14b), HEIGHT/WIDTH (480/832; 720/1280 for 720p), FRAMES (81), STEPS (6), RUNS
 # ("--runs 2 --warmup 1"), CONFIGS (video, or comma-separated rows), ROW_TIMEOUT (seconds per row, 600).
 # $OUT gets video_rows.md (the table), video_rows.json (`hookkit bench --json`), queue.log and rows.tgz (every row's
@@ -52,18 +52,10 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
 EOF
 }
 
-ensure_packages() {
-  python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
-  local whl=${WHL:-.whl}
-  [ -d "$whl" ] || { echo "no $whl folder and diffusers/torchao/loguru/cache_dit do not all import" >&2; return 1; }
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$whl"/*.whl
-}
-
 case "${1:-}" in
 start)
   rm -rf "$W"; mkdir -p "$W/res/rows"; cp -r . "$W/repo"; cd "$W/repo" || exit 1
-  export PYTHONPATH="/tmp/site:$W/repo" PYTHONUNBUFFERED=1
-  ensure_packages || exit 1
+  source benchmarks/gpu_env.sh && gpu_env "$W/repo" || exit 1
   nvidia-smi -L > "$W/res/gpus.txt" 2>&1
   export W ARCH HEIGHT WIDTH FRAMES STEPS RUNS CONFIGS ROW_TIMEOUT
   export -f log matrix
@@ -76,7 +68,7 @@ status)
 collect)
   for _ in $(seq 1 "${2:-0}"); do [ -f "$W/res/queue.done" ] && break; sleep 1; done
   cd "$W/repo" || exit 1
-  export PYTHONPATH="/tmp/site:$W/repo"
+  source benchmarks/gpu_env.sh && gpu_env "$W/repo" || echo "collecting without the packages" >&2
   [ -f "$W/res/queue.done" ] || echo "queue still running: collecting the rows that finished" | tee -a "$W/res/queue.log"
   out=${OUT:-out}; mkdir -p "$out"
   cp "$W/res/video_rows.md" "$W/res/video_rows.json" "$W/res/queue.log" "$out/" 2>/dev/null

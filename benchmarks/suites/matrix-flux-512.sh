@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The `hookkit bench` matrix at Flux-dev 512², 28 steps, every row its own process.
+# The 1024² rows but hookkit and hookkit-cache: matrix.md, matrix.json, rows/.
+# Settings: CONFIGS (comma-separated rows), MATRIX_TIMEOUT (seconds, 3600), benchmarks/suite_lib.sh.
+source "$(dirname "$0")/../suite_lib.sh"
+matrix flux 512 "${CONFIGS:-eager,regional-compile,hookkit-compile,hookkit-cuda-graphs,cache-dit,\
+hookkit-cache-fast+compile,fbcache,hookkit-cache-fast,hookkit-fp8+compile,hookkit-all,regional-compile-ro,\
+hookkit-compile-ro,full-compile,full-compile-ro}"

@@ -1,0 +1,211 @@
+"""benchmarks/: named suites, the one queue runner of a GPU lease, the shared GPU environment and kernel timing.
+
+All on the CPU: the queue's commands that need no GPU, the suites' registry checked against the tree, and the
+timing helper's host-clock path (its CUDA paths run in the GPU suites).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SUITES = sorted(BENCHMARKS.glob("suites/*.sh"))
+QUEUE = BENCHMARKS / "queue.sh"
+
+
+def bash(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+# --- the suites --------------------------------------------------------------------------------------------------
+
+
+def test_the_registry_holds_the_suites_that_replace_the_work_log_queues() -> None:
+    names = {path.stem for path in SUITES}
+    assert {"gpu-tests", "peers-flux-1024-cold", "peers-flux-1024", "peers-flux-512", "peers-flux-256",
+            "peers-qwen-1024", "step-profile", "fp8-rows", "matrix-flux-1024", "context-parallel"} <= names
+
+
+@pytest.mark.parametrize("suite", SUITES, ids=lambda path: path.stem)
+def test_every_suite_says_what_it_measures_and_sources_the_shared_settings(suite: Path) -> None:
+    lines = suite.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    assert lines[1].startswith("# ") and len(lines[1]) <= 120, "line 2: the one-line description `list` prints"
+    assert 'source "$(dirname "$0")/../suite_lib.sh"' in lines
+
+
+@pytest.mark.parametrize("suite", SUITES, ids=lambda path: path.stem)
+def test_every_script_and_test_file_a_suite_names_exists(suite: Path) -> None:
+    named = set(re.findall(r"\b((?:benchmarks|tests)/[\w./-]+\.(?:py|sh))", suite.read_text()))
+    assert [path for path in sorted(named) if not (ROOT / path).is_file()] == []
+
+
+def test_every_suite_passes_bash_syntax_check() -> None:
+    scripts = [*SUITES, QUEUE, BENCHMARKS / "suite_lib.sh", BENCHMARKS / "gpu_env.sh"]
+    failed = {path.name: done.stderr for path in scripts if (done := bash("-n", str(path))).returncode != 0}
+    assert failed == {}
+
+
+def test_no_file_in_benchmarks_is_named_after_a_work_log_session_or_an_issue() -> None:
+    # benchmarks/results/ is left out: its folders are renamed apart from the scripts
+    names = [path.relative_to(BENCHMARKS).as_posix() for path in BENCHMARKS.rglob("*")
+             if "results" not in path.relative_to(BENCHMARKS).parts and "__pycache__" not in path.parts]
+    assert names and [n for n in names if re.search("session|issue", n, re.IGNORECASE)] == []
+
+
+# --- the queue runner --------------------------------------------------------------------------------------------
+
+
+def test_the_queue_without_arguments_prints_its_usage_and_exits_2() -> None:
+    done = bash(str(QUEUE))
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: bash benchmarks/queue.sh list\n")
+    assert "bash benchmarks/queue.sh start SUITE... [-- SUITE...]" in done.stderr
+
+
+def test_start_without_a_suite_prints_the_usage_and_exits_2(tmp_path: Path) -> None:
+    done = bash(str(QUEUE), "start", env={"W": str(tmp_path / "w")})
+    assert done.returncode == 2 and done.stderr.startswith("usage:")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("verb", ["start", "run"])
+def test_an_unknown_suite_is_refused_before_anything_runs_naming_the_known_ones(verb: str, tmp_path: Path) -> None:
+    done = bash(str(QUEUE), verb, "peers-flux-512", "flux-1024", env={"W": str(tmp_path / "w")})
+    assert done.returncode == 2
+    known = " ".join(path.stem for path in SUITES)
+    assert done.stderr == f"queue.sh: unknown suite 'flux-1024'; known suites: {known} \n"
+    assert not (tmp_path / "w").exists()
+
+
+def test_list_prints_every_suite_with_its_description() -> None:
+    done = bash(str(QUEUE), "list")
+    assert done.returncode == 0
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()}
+    assert listed == {path.stem: path.read_text().splitlines()[1][2:] for path in SUITES}
+
+
+def finished_queue(w: Path) -> None:
+    """A queue folder as `start` leaves it once its one suite has exited: what `collect` reads."""
+    res = w / "res"
+    (res / "gpu-tests").mkdir(parents=True)
+    (res / "lanes").write_text("1\n")
+    (res / "lane0.done").write_text("done\n")
+    (res / "queue.log").write_text("[10:00:00] gpu-tests start\n[10:00:05] gpu-tests exit 0 after 5 s\n")
+    (res / "gpu-tests" / "suite.log").write_text("12 passed in 4.9s\n")
+    (res / "gpu-tests" / "suite.rc").write_text("0 5\n")
+    (res / "gpu-tests" / "row.pt").write_bytes(b"a tensor the collect leaves out")
+
+
+def test_collect_in_a_fresh_shell_writes_summary_log_and_results_to_out(tmp_path: Path) -> None:
+    finished_queue(tmp_path / "w")
+    out = tmp_path / "out"
+    done = bash(str(QUEUE), "collect", "0", env={"W": str(tmp_path / "w"), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["queue.log", "results.tgz", "summary.md"]
+    summary = (out / "summary.md").read_text()
+    assert "## gpu-tests: exit 0 after 5 s\n" in summary and "12 passed in 4.9s" in summary
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+    assert "./gpu-tests/suite.log" in names and "./gpu-tests/row.pt" not in names
+
+
+def test_collect_says_so_when_no_queue_was_started(tmp_path: Path) -> None:
+    done = bash(str(QUEUE), "collect", "0", env={"W": str(tmp_path / "w"), "OUT": str(tmp_path / "out")})
+    assert done.returncode == 1
+    assert done.stderr == f"queue.sh: no queue in {tmp_path / 'w'} (start one first)\n"
+
+
+# --- the shared GPU environment ----------------------------------------------------------------------------------
+
+
+def fake_python(tmp_path: Path, imports: bool) -> dict[str, str]:
+    """PATH with a `python3` whose `-c` import check succeeds or fails (no real import is tried)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexit {0 if imports else 1}\n")
+    (bin_dir / "python3").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gpu_env_puts_the_site_folder_and_the_given_checkout_on_the_python_path(tmp_path: Path) -> None:
+    done = bash("-c", 'source benchmarks/gpu_env.sh && gpu_env /snap/repo && echo "$PYTHONPATH $PYTHONUNBUFFERED"',
+                env=fake_python(tmp_path, imports=True))
+    assert done.returncode == 0 and done.stdout == "/tmp/site:/snap/repo 1\n"
+
+
+def test_gpu_env_without_the_packages_or_wheels_fails_saying_what_to_carry(tmp_path: Path) -> None:
+    env = {**fake_python(tmp_path, imports=False), "WHL": str(tmp_path / "no-wheels")}
+    done = bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env)
+    assert done.returncode == 1
+    assert done.stderr == (f"gpu_env.sh: diffusers, torchao, loguru and cache_dit do not all import and "
+                           f"{tmp_path / 'no-wheels'} holds no wheels; carry .whl (or set WHL to a folder of wheels)\n")
+
+
+# --- the peer report reads the suites' folders -------------------------------------------------------------------
+
+
+@pytest.fixture
+def report(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_script("peer_goals_report")
+
+
+def test_the_peer_report_reads_each_group_from_its_suites_folders(report: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "peers-qwen-1024").mkdir()
+    (tmp_path / "autotune-flux-1024").mkdir()
+    (tmp_path / "step-profile").mkdir()
+    (tmp_path / "peers-qwen-1024" / f"{report.MOD}.json").write_text(json.dumps({"config": report.MOD, "status": "ok"}))
+    (tmp_path / "autotune-flux-1024" / f"{report.AUTOTUNE}.json").write_text(
+        json.dumps({"config": report.AUTOTUNE, "status": "ok"}))
+    (tmp_path / "step-profile" / "step_profile.json").write_text(json.dumps({"rows": []}))
+    doc = report.collect(tmp_path)
+    qwen = {r["config"]: r["status"] for r in doc["groups"]["qwen-1024"]["rows"]}
+    flux = {r["config"]: r["status"] for r in doc["groups"]["flux-1024"]["rows"]}
+    assert qwen == {report.FAST: "not reached", report.MOD: "ok", report.PEER: "not reached"}
+    assert flux[report.AUTOTUNE] == "ok" and flux[report.FAST] == "not reached"
+    assert doc["step_profile"] == {"rows": []} and doc["quality"] is None and doc["held_memory"] is None
+
+
+# --- kernel timing -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def timing() -> ModuleType:
+    from benchmarks import timing
+
+    return timing
+
+
+def test_graph_replay_timing_on_the_cpu_times_plain_calls_by_the_host_clock(timing: ModuleType) -> None:
+    calls: list[int] = []
+    timed = timing.time_graph_replays(lambda: (calls.append(1), time.sleep(0.001)), repeats=5, warmup=2, device="cpu")
+    assert len(calls) == 7  # 2 warm-up calls, then 5 timed
+    assert len(timed.times_ms) == 5 and all(t >= 1.0 for t in timed.times_ms)  # each call sleeps 1 ms
+    assert timed.how == "host clock"
+
+
+def test_plain_call_timing_on_the_cpu_returns_one_time_per_repeat_after_the_warm_up(timing: ModuleType) -> None:
+    calls: list[int] = []
+    times = timing.time_calls(lambda: (calls.append(1), time.sleep(0.001)), repeats=3, warmup=1, device="cpu")
+    assert len(calls) == 4 and len(times) == 3 and all(t >= 1.0 for t in times)
+
+
+def test_summary_is_the_median_min_and_max(timing: ModuleType) -> None:
+    assert timing.summary([3.0, 1.0, 2.0, 10.0]) == {"median_ms": 2.5, "min_ms": 1.0, "max_ms": 10.0}
+
+
+def test_summary_of_no_times_says_how_to_get_some(timing: ModuleType) -> None:
+    with pytest.raises(ValueError, match="expected at least one time, got none; time with repeats >= 1"):
+        timing.summary([])
