@@ -58,10 +58,8 @@ def test_every_suite_passes_bash_syntax_check() -> None:
     assert failed == {}
 
 
-def test_no_file_in_benchmarks_is_named_after_a_work_log_session_or_an_issue() -> None:
-    # benchmarks/results/ is left out: its folders are renamed apart from the scripts
-    names = [path.relative_to(BENCHMARKS).as_posix() for path in BENCHMARKS.rglob("*")
-             if "results" not in path.relative_to(BENCHMARKS).parts and "__pycache__" not in path.parts]
+def test_no_file_in_benchmarks_or_its_results_is_named_after_a_work_log_session_or_an_issue() -> None:
+    names = [path.relative_to(BENCHMARKS).as_posix() for path in BENCHMARKS.rglob("*") if "__pycache__" not in path.parts]
     assert names and [n for n in names if re.search("session|issue", n, re.IGNORECASE)] == []
 
 
