@@ -10,12 +10,13 @@ TORCH  ?= torch==2.13.0
 demo: $(VENV)/.installed
 	$(BIN)/python -m hookkit demo
 
+# the tests run on every core: pytest-xdist starts one process per core
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
 # the suite without the tests marked slow (wheel builds, subprocesses, the trained model end to end): while you work
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not slow"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
