@@ -138,10 +138,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- generate --------------------------------------------------------------------------------------------
 
 
-#: defaults of the flags that mean something only with --cache: argparse's defaults and the check below
-#: that refuses them without --cache read this one table
+#: the flags that mean something only with --cache, all defaulting to None ("not given"), so that one given
+#: without --cache is refused even at DBCache's own value (`--cache-fn 1`); unset, they take `DBCache()`'s values
 CACHE_FLAG_DEFAULTS: dict[str, Any] = {
-    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": None,
+    "cache_mask": None, "cache_mode": None, "cache_fn": None, "cache_bn": None, "cache_threshold": None,
     "cache_warmup": None, "cache_max_continuous": None, "cache_taylorseer": None,
 }
 
@@ -173,12 +173,14 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
         default = hookkit.DBCache()
         masked = args.cache_mask is not None
         cache = hookkit.DBCache(
-            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn,
+            fn_blocks=args.cache_fn if args.cache_fn is not None else default.fn_blocks,
+            bn_blocks=args.cache_bn if args.cache_bn is not None else default.bn_blocks,
             threshold=args.cache_threshold if args.cache_threshold is not None else default.threshold,
             warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else default.warmup_steps),
             max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
             else default.max_continuous_cached_steps,
-            steps_mask=args.cache_mask, mask_policy=args.cache_mode,
+            steps_mask=args.cache_mask,
+            mask_policy=args.cache_mode if args.cache_mode is not None else default.mask_policy,
             taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
             else (0 if masked else default.taylorseer_order),
         )
@@ -479,7 +481,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     source = (f"local pipeline {opts.model_path}"
               + ("" if bench.has_text_encoder(pipe) else ", no text encoder: random prompt embeddings")
               if opts.model_path else
-              f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights, random prompt embeddings")
+              f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights and prompt embeddings")
     extras = [f"{k}={v!r}" for k, v in options.call_kwargs(pipe, opts.batch).items() if k != "image"]
     if args.image is not None:
         extras.append(f"image {args.image}")
@@ -489,7 +491,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if options.cpu_offload:
         extras.append(f"cpu offload {options.cpu_offload}")
     lines = [
-        f"Model: {opts.name} ({summary.transformer} in {summary.pipeline}; {source})",
+        f"Model: {opts.name} ({summary.transformer} in {summary.pipeline})",
+        f"Weights: {source}",
         *([f"Prompt: {prompt!r}"] if prompt is not None else []),
         f"Optimization: {tag}",
         *_feature_lines(summary),
@@ -509,7 +512,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         lines.append("Decoding: skipped for --full (output_type='latent'); latents saved as a tensor")
     lines.append(f"Saved: {', '.join(str(p) for p in paths[:4])}" + (f" (+{len(paths) - 4} more)" if len(paths) > 4 else ""))
     print("hookkit generate summary")
-    print("\n".join(f"- {line}" for line in lines))
+    print("\n".join(line if line.startswith("  ") else f"- {line}" for line in lines))  # "  - ": a sub-line
     # No handle.remove(): the process ends here, and quantization without keep_original cannot be undone.
     return 0
 
@@ -800,9 +803,9 @@ def build_parser() -> CommandParser:
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
-                   help="masked steps: cache when the residual change is small (dynamic) or always (static)")
-    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed")
-    p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed")
+                   help="masked steps: cache when the residual change is small (dynamic, the default) or always (static)")
+    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed (default 1)")
+    p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed (default 0)")
     p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold (default 0.24)")
     p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: scaled to the step count, 8 at 28; 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
