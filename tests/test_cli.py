@@ -175,10 +175,10 @@ def test_generate_cache_flags_default_to_dbcache_defaults() -> None:
 
 def test_generate_warmup_covering_every_step_says_why_nothing_was_cached(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary",
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary", "full",
                                "--out", str(tmp_path / "w.png"))
     assert code == 0
-    assert "- Cached Steps: 0 of 4 transformer steps;" in stdout
+    assert "- Cached Steps: 0 of 4 transformer steps: warm-up covered all 4 (warmup_steps=8)\n" in stdout
     assert "no step cached: warmup_steps=8 covers all 4 steps of this call" in stdout
 
 

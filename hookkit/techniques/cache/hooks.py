@@ -1054,10 +1054,14 @@ def branch_names(pipeline: Any | None) -> tuple[str, ...]:
     `transformer.cache_context("cond")` / `("uncond")` blocks in its `__call__` ("cond_uncond" where one call
     carries both halves of the CFG batch). Empty when it names none (or its source cannot be read): branches are
     then "branch 0", "branch 1"."""
-    if pipeline is None:
-        return ()
+    return () if pipeline is None else _cache_context_names(type(pipeline))
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_context_names(pipeline_class: type) -> tuple[str, ...]:
+    """`branch_names` of a pipeline class (read once per class: `summary()` may be called every generation)."""
     try:
-        source = inspect.getsource(type(pipeline).__call__)
+        source = inspect.getsource(pipeline_class.__call__)
     except (OSError, TypeError):
         return ()
     names: list[str] = []
