@@ -175,10 +175,10 @@ def test_generate_cache_flags_default_to_dbcache_defaults() -> None:
 
 def test_generate_warmup_covering_every_step_says_why_nothing_was_cached(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary",
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary", "full",
                                "--out", str(tmp_path / "w.png"))
     assert code == 0
-    assert "- Cached Steps: 0 of 4 transformer steps;" in stdout
+    assert "- Cached Steps: 0 of 4 transformer steps: warm-up covered all 4 (warmup_steps=8)\n" in stdout
     assert "no step cached: warmup_steps=8 covers all 4 steps of this call" in stdout
 
 
@@ -387,6 +387,7 @@ def test_bench_quality_hands_over_to_the_quality_harness(capsys: pytest.CaptureF
 
 
 @pytest.mark.parametrize("flags", [["--cache-threshold", "0.2"], ["--cache-fn", "3"], ["--cache-mode", "static"],
+                                   ["--cache-fn", "1"], ["--cache-bn", "0"], ["--cache-mode", "dynamic"],
                                    ["--cache-taylorseer", "0"], ["--cache-warmup", "2"]])
 def test_generate_refuses_cache_flags_without_cache(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["generate", "flux", "--steps", "2", *flags])
@@ -476,7 +477,8 @@ def test_generate_reads_model_from_the_folder(flux_folder: Path, tmp_path: Path,
     code, stdout, stderr = generate(capsys, str(flux_folder), "--steps", "2", "--out", str(tmp_path / "a.png"))
     assert code == 0, stderr
     assert loads == [str(flux_folder)]
-    assert f"- Model: flux (FluxTransformer2DModel in FluxPipeline; local pipeline {flux_folder}, no text encoder" in stdout
+    assert "- Model: flux (FluxTransformer2DModel in FluxPipeline)\n" in stdout
+    assert f"- Weights: local pipeline {flux_folder}, no text encoder: random prompt embeddings\n" in stdout
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -3,18 +3,72 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any
 
 import attrs
 
+#: columns a brief summary (`Summary.render(full=False)`, what `hookkit generate --summary` prints) fits in
+SUMMARY_WIDTH = 100
+#: lines a wrapped table cell keeps in a brief summary before it is cut with "…"
+BRIEF_CELL_LINES = 3
+#: the narrowest a column is squeezed to when a table is fitted to a width
+_MIN_COLUMN = 8
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A markdown table, columns padded so that it also reads well in a terminal."""
+
+def table(headers: list[str], rows: list[list[Any]], width: int | None = None, max_lines: int | None = None) -> str:
+    """A markdown table, columns padded so that it also reads well in a terminal.
+
+    Args:
+        headers: the column names.
+        rows: the cells, one list per row.
+        width: None (default): one line per row, as wide as the cells need (a markdown table other tools read).
+            An int: the widest columns are narrowed until every line fits `width` characters, and their cells
+            wrapped onto continuation lines (the other cells of those lines left empty), so that a terminal does
+            not fold the table.
+        max_lines: with `width`, the lines a wrapped cell keeps; a longer cell ends in "…" on its last one.
+    """
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    if width is not None:
+        widths = _fitted(widths, width)
+    lines = []
+    for i, r in enumerate(cells):
+        wrapped = [_wrap(c, w, max_lines) for c, w in zip(r, widths)]
+        for k in range(max(len(w) for w in wrapped)):
+            parts = [(w[k] if k < len(w) else "").ljust(n) for w, n in zip(wrapped, widths)]
+            lines.append("| " + " | ".join(parts) + " |")
+        if i == 0:  # below the header: the separator
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def _fitted(widths: list[int], width: int) -> list[int]:
+    """Column widths whose table lines (`| a | b |`: 3 characters per column and 1) fit `width`, taking from the
+    widest column first; no column goes below `_MIN_COLUMN` (nor below its natural width, when that is smaller)."""
+    out = list(widths)
+    while sum(out) + 3 * len(out) + 1 > width:
+        widest = max(range(len(out)), key=lambda i: out[i])
+        if out[widest] <= _MIN_COLUMN:
+            break
+        out[widest] -= 1
+    return out
+
+
+def _wrap(cell: str, width: int, max_lines: int | None) -> list[str]:
+    """`cell` on lines of at most `width` characters (after ", " and spaces where it can, else mid-word)."""
+    if len(cell) <= width:
+        return [cell]
+    lines = textwrap.wrap(cell, width, break_on_hyphens=False) or [""]
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: width - 1] + "…"
+    return lines
+
+
+def fit_lines(text: str, width: int = SUMMARY_WIDTH) -> str:
+    """`text` with every line longer than `width` cut to it, ending in "…" (the last guard of a brief summary)."""
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in text.splitlines())
 
 
 def _fmt(value: Any) -> str:
@@ -32,11 +86,20 @@ class HookRow:
 
 @attrs.frozen(kw_only=True)
 class FeatureSummary:
-    """One feature's statistics: `data` is structured (plain data), `text` is its rendering."""
+    """One feature's statistics: `data` is structured (plain data), `text` is its rendering.
+
+    Args:
+        name: the feature's name (the `Spec` field).
+        data: its statistics as plain data.
+        text: its full rendering (`str(handle.summary())`).
+        brief: a rendering that fits `SUMMARY_WIDTH` columns, details left out (`Summary.render(full=False)`);
+            None when `text` is already that.
+    """
 
     name: str
     data: dict[str, Any]
     text: str
+    brief: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -59,13 +122,20 @@ class Summary:
     #: the summaries of the pipeline's other transformers (Wan 2.2's `transformer_2`), in pipeline order
     companions: tuple[Summary, ...] = ()
 
-    def render(self) -> str:
-        text = self._render_one()
-        for other in self.companions:
-            text += "\n\n" + other._render_one()
-        return text
+    def render(self, full: bool = True) -> str:
+        """The summary as text.
 
-    def _render_one(self) -> str:
+        Args:
+            full: True (default, `str()`): every detail (each quantized layer, every counter), lines as long as
+                their tables need. False: what fits `SUMMARY_WIDTH` columns: tables wrapped, long cells cut after
+                `BRIEF_CELL_LINES` lines, each feature's `brief` rendering (`hookkit generate --summary`).
+        """
+        text = self._render_one(full)
+        for other in self.companions:
+            text += "\n\n" + other._render_one(full)
+        return text if full else fit_lines(text)
+
+    def _render_one(self, full: bool = True) -> str:
         on = [k for k, v in self.spec.items() if v not in (None, False)]
         where = f" (pipe.{self.component})" if self.component and (self.companions or self.component != "transformer") else ""
         head = [
@@ -78,14 +148,16 @@ class Summary:
         for row in self.hooks:
             by_place.setdefault((row.feature, row.name), []).append(row.module)
         rows = [[feature, name, _compress(modules)] for (feature, name), modules in by_place.items()]
-        parts = ["\n".join(head) + table(["feature", "hook", "attached to"], rows)]
+        fit: dict[str, Any] = {} if full else {"width": SUMMARY_WIDTH, "max_lines": BRIEF_CELL_LINES}
+        parts = ["\n".join(head) + table(["feature", "hook", "attached to"], rows, **fit)]
         if self.left_out:
             parts.append("\nblock lists the adapter leaves out:\n" + table(
-                ["list", "why"], [[name, reason] for name, reason in self.left_out.items()]))
+                ["list", "why"], [[name, reason] for name, reason in self.left_out.items()], **fit))
         for note in self.adapter_notes:
             parts.append(f"adapter note: {note}")
         for feature in self.features.values():
-            parts.append(f"\n[{feature.name}]\n{feature.text}")
+            text = feature.text if full or feature.brief is None else feature.brief
+            parts.append(f"\n[{feature.name}]\n{text}")
         return "\n".join(parts)
 
     def __str__(self) -> str:

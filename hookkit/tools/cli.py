@@ -138,10 +138,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- generate --------------------------------------------------------------------------------------------
 
 
-#: defaults of the flags that mean something only with --cache: argparse's defaults and the check below
-#: that refuses them without --cache read this one table
+#: the flags that mean something only with --cache, all defaulting to None ("not given"), so that one given
+#: without --cache is refused even at DBCache's own value (`--cache-fn 1`); unset, they take `DBCache()`'s values
 CACHE_FLAG_DEFAULTS: dict[str, Any] = {
-    "cache_mask": None, "cache_mode": "dynamic", "cache_fn": 1, "cache_bn": 0, "cache_threshold": None,
+    "cache_mask": None, "cache_mode": None, "cache_fn": None, "cache_bn": None, "cache_threshold": None,
     "cache_warmup": None, "cache_max_continuous": None, "cache_taylorseer": None,
 }
 
@@ -173,12 +173,14 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
         default = hookkit.DBCache()
         masked = args.cache_mask is not None
         cache = hookkit.DBCache(
-            fn_blocks=args.cache_fn, bn_blocks=args.cache_bn,
+            fn_blocks=args.cache_fn if args.cache_fn is not None else default.fn_blocks,
+            bn_blocks=args.cache_bn if args.cache_bn is not None else default.bn_blocks,
             threshold=args.cache_threshold if args.cache_threshold is not None else default.threshold,
             warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else default.warmup_steps),
             max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
             else default.max_continuous_cached_steps,
-            steps_mask=args.cache_mask, mask_policy=args.cache_mode,
+            steps_mask=args.cache_mask,
+            mask_policy=args.cache_mode if args.cache_mode is not None else default.mask_policy,
             taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
             else (0 if masked else default.taylorseer_order),
         )
@@ -225,11 +227,7 @@ def _feature_lines(summary: Any) -> list[str]:
         data = feature.data
         stats = bench.cache_stats({name: data}) if name == "cache" else None
         if stats is not None:
-            cached = sorted({s for b in data["branches"].values() for s in b.get("cached", ())})
-            lines.append(f"Cached Steps: {stats[0]} of {stats[1]} transformer steps"
-                         + (f", steps {cached}" if cached else "")
-                         + (f"; block calls run: {data['block_calls']} of {data['block_calls_uncached']}"
-                            if "block_calls" in data and "block_calls_uncached" in data else ""))
+            lines.extend(_cache_lines(data, stats))
         elif name == "quantize" and "quantized" in data:
             lines.append(f"Quantized Linear Layers: {data['quantized']} {data.get('scheme', '')}, "
                          f"skipped {data.get('skipped', '?')}, total {data.get('total', '?')}")
@@ -246,6 +244,32 @@ def _feature_lines(summary: Any) -> list[str]:
         else:
             first = feature.text.strip().splitlines()[0] if feature.text.strip() else ""
             lines.append(f"{name}: {first}")
+    return lines
+
+
+def _cache_lines(data: dict[str, Any], stats: tuple[int, int]) -> list[str]:
+    """The DBCache line(s) of `generate`'s output. One branch: "Cached Steps: 2 of 6 transformer steps, steps [2, 4]".
+    CFG branches (one transformer call each per step) are counted apart, each under its name (the pipeline's
+    `cache_context` name, or "branch i"), never summed into one step list. When nothing was cached, why."""
+    branches = data["branches"]
+    names = data.get("branch_names") or {}
+    blocks = (f"; block calls run: {data['block_calls']} of {data['block_calls_uncached']}"
+              if "block_calls" in data and "block_calls_uncached" in data else "")
+    why = data.get("no_cache_brief")
+    if len(branches) <= 1:
+        cached = next(iter(branches.values()), {}).get("cached", [])
+        if stats[0] == 0 and why:
+            return [f"Cached Steps: 0 of {stats[1]} transformer steps: {why}"]
+        return [f"Cached Steps: {stats[0]} of {stats[1]} transformer steps" + (f", steps {cached}" if cached else "")
+                + blocks]
+    head = f"Cached Steps: {stats[0]} of {stats[1]} transformer calls ({len(branches)} CFG branches, one call per step each)"
+    if stats[0] == 0 and why:
+        return [f"{head}: {why}"]
+    lines = [head + blocks]
+    for index, b in branches.items():
+        cached, steps = b.get("cached", []), len(b.get("cached", ())) + len(b.get("computed", ()))
+        lines.append(f"  - {names.get(index, f'branch {index}')}: {len(cached)} of {steps} steps cached"
+                     + (f", steps {cached}" if cached else ""))
     return lines
 
 
@@ -312,10 +336,18 @@ def _resolve_model(args: argparse.Namespace) -> None:
         args.model = local.model_of(local.read_index(folder), folder)
 
 
+def vae_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The `--vae-*` flags given, as typed."""
+    return tuple(flag for flag in local.VAE_OPTIONS if getattr(args, flag.lstrip("-").replace("-", "_")))
+
+
 def call_options(args: argparse.Namespace) -> local.CallOptions:
+    """The call options of `generate`'s flags; `--image` is read here, before any model is built."""
+    image = local.load_image(args.image) if args.image is not None else None
     return local.CallOptions(guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
                              true_cfg_scale=args.true_cfg_scale, num_images=args.num_images,
-                             loras=tuple(local.Lora.parse(t) for t in args.lora), cpu_offload=args.cpu_offload)
+                             loras=tuple(local.Lora.parse(t) for t in args.lora), cpu_offload=args.cpu_offload,
+                             image=image, vae_flags=vae_flags(args))
 
 
 def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookkit.Spec, options: local.CallOptions,
@@ -342,10 +374,16 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
         if options.negative_prompt is not None:
             raise SpecError("--negative-prompt: needs text encoders, only with --model-path (a local pipeline with "
                             "them); tiny and --full models get random prompt embeddings. Drop it or add --model-path.")
+        if options.image is not None:
+            local.check_image_input(None, None)
+        local.check_vae_options(options.vae_flags, opts.full, None, None)
         return
     folder = Path(opts.model_path)
     index = local.read_index(folder)
     local.check_family(index, folder, opts.name)
+    if options.image is not None:
+        local.check_image_input(index, folder)
+    local.check_vae_options(options.vae_flags, opts.full, index, folder)
     if not local.has_text_encoders(index):
         for flag, value in (("--prompt", args.prompt), ("--negative-prompt", options.negative_prompt)):
             if value is not None:
@@ -433,20 +471,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not distributed.is_main():
         return 0
 
-    if args.summary:
+    if args.summary == "full":
         print(summary)
+        print()
+    elif args.summary is not None:  # fits SUMMARY_WIDTH columns; each layer and counter behind --summary full
+        print(summary.render(full=False))
+        print("(every detail: --summary full)")
         print()
     source = (f"local pipeline {opts.model_path}"
               + ("" if bench.has_text_encoder(pipe) else ", no text encoder: random prompt embeddings")
               if opts.model_path else
-              f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights, random prompt embeddings")
-    extras = [f"{k}={v!r}" for k, v in options.call_kwargs(pipe, opts.batch).items()]
+              f"{'full-size' if opts.full else 'tiny'} architecture from config, random weights and prompt embeddings")
+    extras = [f"{k}={v!r}" for k, v in options.call_kwargs(pipe, opts.batch).items() if k != "image"]
+    if args.image is not None:
+        extras.append(f"image {args.image}")
+    extras.extend(f"{flag.removeprefix('--')}" for flag in options.vae_flags)
     if options.loras:
         extras.append(f"LoRA {local.loras_text(options.loras)}")
     if options.cpu_offload:
         extras.append(f"cpu offload {options.cpu_offload}")
     lines = [
-        f"Model: {opts.name} ({summary.transformer} in {summary.pipeline}; {source})",
+        f"Model: {opts.name} ({summary.transformer} in {summary.pipeline})",
+        f"Weights: {source}",
         *([f"Prompt: {prompt!r}"] if prompt is not None else []),
         f"Optimization: {tag}",
         *_feature_lines(summary),
@@ -466,7 +512,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         lines.append("Decoding: skipped for --full (output_type='latent'); latents saved as a tensor")
     lines.append(f"Saved: {', '.join(str(p) for p in paths[:4])}" + (f" (+{len(paths) - 4} more)" if len(paths) > 4 else ""))
     print("hookkit generate summary")
-    print("\n".join(f"- {line}" for line in lines))
+    print("\n".join(line if line.startswith("  ") else f"- {line}" for line in lines))  # "  - ": a sub-line
     # No handle.remove(): the process ends here, and quantization without keep_original cannot be undone.
     return 0
 
@@ -684,13 +730,50 @@ def _shipped_adapter_name(model: torch.nn.Module) -> str | None:
 # --- parser ----------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hookkit", description="Hook-based optimizations for diffusers pipelines.")
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser that knows its subcommands' parsers (`commands`), so that an unknown flag is reported by
+    the command it was given to, with that command's usage (`unknown_arguments`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: subcommand name -> its parser (filled by `add_command`)
+        self.commands: dict[str, CommandParser] = {}
+
+
+def add_command(sub: Any, parent: CommandParser, name: str, **kwargs: Any) -> CommandParser:
+    """`sub.add_parser(name, ...)`, remembered in `parent.commands`."""
+    p = sub.add_parser(name, **kwargs)
+    parent.commands[name] = p
+    return p
+
+
+def unknown_arguments(parser: CommandParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Report arguments no parser took, as the (sub)command they were given to does: its usage, and the closest
+    flag it has ("did you mean --guidance-scale?"). Exits with argparse's code 2."""
+    import difflib
+
+    target = parser
+    for dest in ("command", "adapter_command"):
+        name = getattr(args, dest, None)
+        if name in target.commands:
+            target = target.commands[name]
+    flags = [o for action in target._actions for o in action.option_strings if o.startswith("--")]
+    hints = []
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{extra.split('=', 1)[0]}: did you mean {close[0]}?")
+    target.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="hookkit", description="Hook-based optimizations for diffusers pipelines.")
     parser.add_argument("-v", "--verbose", action="store_true", help="hookkit attach/detach log and library warnings")
     parser.add_argument("--version", action="version", version=f"hookkit {hookkit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="hookkit's trained tiny Flux on the CPU: plain vs hookkit side by side in one PNG, "
+    p = add_command(sub, parser, "demo", help="hookkit's trained tiny Flux on the CPU: plain vs hookkit side by side in one PNG, "
                                     "summary, exact restore")
     p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28, the model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first class's image (the next get +1, +2, ...)")
@@ -704,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     models = sorted(hookkit.list_adapters())
-    p = sub.add_parser("generate", help="one generation with the chosen optimizations, saved to a file")
+    p = add_command(sub, parser, "generate", help="one generation with the chosen optimizations, saved to a file")
     p.add_argument("model", metavar="MODEL", nargs="?", default=None,
                    help=f"a model family that runs as is, with random weights ({', '.join(bench.tiny_models())}); another "
                         f"shipped adapter name ({', '.join(m for m in models if m not in bench.tiny_models())}) with "
@@ -720,9 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
-                   help="masked steps: cache when the residual change is small (dynamic) or always (static)")
-    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed")
-    p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed")
+                   help="masked steps: cache when the residual change is small (dynamic, the default) or always (static)")
+    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed (default 1)")
+    p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed (default 0)")
     p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold (default 0.24)")
     p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: scaled to the step count, 8 at 28; 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
@@ -734,7 +817,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "the flags above")
     p.add_argument("--sync-free", action="store_true", help="no host syncs in the denoising loop")
     p.add_argument("--memo", action="store_true", help="memoize per-step index tensors")
-    p.add_argument("--summary", action="store_true", help="print handle.summary() (hooks, per-feature statistics)")
+    p.add_argument("--summary", nargs="?", const="brief", default=None, choices=("brief", "full"),
+                   help="print handle.summary(): hooks and per-feature statistics in 100 columns (brief, the "
+                        "default), or every detail (full: each quantized layer, every compile counter)")
+    p.add_argument("--image", default=None, metavar="PATH",
+                   help="input image of an edit or img2img pipeline (--model-path to one whose __call__ takes "
+                        "`image`: FluxKontextPipeline, FluxImg2ImgPipeline, QwenImageEditPipeline, ...)")
+    p.add_argument("--vae-tiling", action="store_true",
+                   help="pipe.vae.enable_tiling(): decode in tiles (large images and videos in less memory)")
+    p.add_argument("--vae-slicing", action="store_true",
+                   help="pipe.vae.enable_slicing(): decode a batch one sample at a time")
     p.add_argument("--parallel", default=None, metavar="KEY=VALUE,...",
                    help="context parallelism under torchrun, e.g. ulysses=2 or ring=2,attention_backend=_native_cudnn")
     p.add_argument("--warmup", type=int, default=None,
@@ -754,7 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="a matrix of configurations, one process each, as a markdown table")
+    p = add_command(sub, parser, "bench", help="a matrix of configurations, one process each, as a markdown table")
     p.add_argument("--model", default="flux", choices=models, help="model family (default flux)")
     p.add_argument("--configs", default=None,
                    help=f"comma-separated rows (default: all that run here): {', '.join(bench.CONFIGS)}; a group "
@@ -782,7 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.set_defaults(func=cmd_bench, argv=None)
 
-    p = sub.add_parser("bench-one", help="(internal) one configuration of `hookkit bench`, as JSON")
+    # internal (the child process of each `hookkit bench` row): runs, but stays out of `hookkit --help`
+    p = add_command(sub, parser, "bench-one", description="(internal) one configuration of `hookkit bench`, as JSON")
     p.add_argument("--config", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--runs", type=int, default=3)
@@ -801,7 +894,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=28, help="denoising steps (default 28): calibrations and tuned "
                                                              "Specs are per step count")
 
-    p = sub.add_parser("tune", help="the caching Spec with the best PSNR at a speed-up (or the fastest above a PSNR), "
+    p = add_command(sub, parser, "tune", help="the caching Spec with the best PSNR at a speed-up (or the fastest above a PSNR), "
                                     "measured on your model and seeds; written as JSON")
     p.add_argument("--speedup", type=float, default=None, help="speed-up in executed block work to reach (e.g. 2)")
     p.add_argument("--min-psnr", type=float, default=None, help="PSNR (dB) every calibration image must keep")
@@ -809,15 +902,15 @@ def build_parser() -> argparse.ArgumentParser:
     calibration_args(p)
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("calibrate", help="one uncached run: the per-step statistics DBCache's 'magnitude' and "
+    p = add_command(sub, parser, "calibrate", help="one uncached run: the per-step statistics DBCache's 'magnitude' and "
                                          "'schedule' rules read, written as JSON")
     p.add_argument("--json", required=True, metavar="PATH", help="where to write the CacheCalibration")
     calibration_args(p)
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("adapter", help="adapters: `adapter derive MODEL` prints the one hookkit derives, as TOML")
+    p = add_command(sub, parser, "adapter", help="adapters: `adapter derive MODEL` prints the one hookkit derives, as TOML")
     adapter_sub = p.add_subparsers(dest="adapter_command", required=True, metavar="ACTION")
-    d = adapter_sub.add_parser("derive", help="derive an adapter from the model's code and print it as TOML")
+    d = add_command(adapter_sub, p, "derive", help="derive an adapter from the model's code and print it as TOML")
     d.add_argument("model", metavar="MODEL_CLASS_OR_PATH",
                    help="a diffusers class name, a dotted path pkg.module.Class, or a model folder with config.json")
     d.add_argument("--trust-remote-code", action="store_true",
@@ -850,7 +943,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return quality_main(rest)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        unknown_arguments(parser, args, extras)
     if args.verbose:
         hookkit.set_verbosity("INFO")
     else:

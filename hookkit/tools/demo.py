@@ -176,7 +176,7 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
     path = save_grid([p for _, p in plain], [h for _, h in hooked], panels, title, out)
 
     print()
-    print(summary)
+    print(summary.render(full=False))  # fits 100 columns; str(summary) has every detail
     print()
     print(table(["class", "plain (s)", "hookkit (s)", "cached steps", "PSNR vs plain"],
                 [[p.label, f"{p.seconds:.3f}", f"{h.seconds:.3f}", f"{h.cached} of {steps}",

@@ -193,6 +193,87 @@ class Lora:
         return Lora(path=text)
 
 
+def load_image(path: str) -> Any:
+    """`--image PATH` as an RGB PIL image, read now (before any model is built): a missing file or one that is no
+    image fails in a second, not after the load."""
+    from PIL import Image, UnidentifiedImageError
+
+    file = Path(path)
+    if not file.is_file():
+        what = "a folder" if file.is_dir() else "no such file"
+        raise SpecError(f"--image {path}: expected an image file (.png, .jpg, .webp, ...), got {what}. "
+                        "Pass the path of an existing image.")
+    try:
+        with Image.open(file) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"--image {path}: expected an image PIL can read, got a file it cannot ({first}). "
+                        "Pass a .png, .jpg or .webp image.") from None
+
+
+def takes_image(pipeline_class: type) -> bool:
+    """Whether a pipeline's `__call__` takes an input image (`image=`: edit, img2img, inpainting pipelines)."""
+    return "image" in inspect.signature(pipeline_class.__call__).parameters
+
+
+def _diffusers_class(name: str | None) -> type | None:
+    import diffusers
+
+    found = getattr(diffusers, name or "", None) if name else None
+    return found if isinstance(found, type) else None
+
+
+def check_image_input(index: dict[str, Any] | None, folder: Path | None) -> None:
+    """`--image` needs a pipeline that takes one: refused for the tiny and --full models (text-to-image and
+    text-to-video pipelines) and for a folder whose pipeline class takes no `image`, before the load."""
+    if index is None:
+        raise UnsupportedError(
+            "--image: the tiny and --full models hookkit builds are text-to-image and text-to-video pipelines, which "
+            "take no input image. Pass --model-path to a local edit or img2img pipeline folder (e.g. "
+            "FluxKontextPipeline, FluxImg2ImgPipeline, QwenImageEditPipeline), or drop --image.")
+    cls = _diffusers_class(index.get("_class_name"))
+    if cls is not None and not takes_image(cls):
+        raise UnsupportedError(
+            f"--image: {cls.__name__} (the pipeline in {str(folder)!r}) takes no input image; only edit and img2img "
+            "pipelines (those whose __call__ takes `image`) do. Drop --image, or pass such a pipeline's folder.")
+
+
+#: `--vae-tiling` / `--vae-slicing`: the VAE method each calls, and the attribute a VAE that implements it has
+VAE_OPTIONS: dict[str, tuple[str, str]] = {"--vae-tiling": ("enable_tiling", "use_tiling"),
+                                           "--vae-slicing": ("enable_slicing", "use_slicing")}
+
+
+def check_vae_options(flags: Sequence[str], full: bool, index: dict[str, Any] | None, folder: Path | None) -> None:
+    """Before the load: VAE flags mean nothing with --full (no decoding), nor for a folder whose VAE class lacks
+    the method."""
+    for flag in flags:
+        if full:
+            raise SpecError(f"{flag}: --full skips decoding (the output is latents), so the VAE never runs. "
+                            f"Drop {flag}, or drop --full.")
+        if index is not None:
+            cls = _diffusers_class(_component(index, "vae"))
+            if cls is not None and not hasattr(cls, VAE_OPTIONS[flag][0]):
+                raise UnsupportedError(f"{flag}: the VAE of {str(folder)!r} ({cls.__name__}) has no "
+                                       f"{VAE_OPTIONS[flag][0]}(). Drop {flag}.")
+
+
+def enable_vae_options(pipe: Any, flags: Sequence[str]) -> None:
+    """Call `pipe.vae.enable_tiling()` / `enable_slicing()` for the flags given; a VAE that does not implement
+    one (no such method, or diffusers' NotImplementedError: no `use_tiling` attribute) is refused, naming it."""
+    vae = getattr(pipe, "vae", None)
+    for flag in flags:
+        method, attribute = VAE_OPTIONS[flag]
+        what = f"{type(pipe).__name__}'s VAE ({type(vae).__name__})" if vae is not None else \
+            f"{type(pipe).__name__} (no VAE)"
+        if vae is None or not callable(getattr(vae, method, None)) or not hasattr(vae, attribute):
+            raise UnsupportedError(f"{flag}: {what} does not implement {method}(). Drop {flag}.")
+        try:
+            getattr(vae, method)()
+        except NotImplementedError:
+            raise UnsupportedError(f"{flag}: {what} does not implement {method}(). Drop {flag}.") from None
+
+
 @attrs.frozen(kw_only=True)
 class CallOptions:
     """What `generate` adds to the pipeline call and load, beyond `bench.ModelOptions`.
@@ -204,6 +285,9 @@ class CallOptions:
         num_images: images per prompt (`num_images_per_prompt`).
         loras: LoRAs loaded (in order) before hookkit is enabled.
         cpu_offload: "model" or "sequential" (accelerate's offload; CUDA only), None for none.
+        image: the input image of an edit or img2img pipeline (`--image`, a PIL image), passed as `image=`.
+        vae_flags: `--vae-tiling` and/or `--vae-slicing`: `pipe.vae.enable_tiling()` / `enable_slicing()` before
+            the call (decoding large images or videos in less memory).
     """
 
     guidance_scale: float | None = None
@@ -212,6 +296,8 @@ class CallOptions:
     num_images: int = 1
     loras: tuple[Lora, ...] = ()
     cpu_offload: str | None = None
+    image: Any = None
+    vae_flags: tuple[str, ...] = ()
 
     def call_kwargs(self, pipe: Any, batch: int = 1) -> dict[str, Any]:
         """The extra keyword arguments for `pipe(...)` of `batch` prompts; a flag the pipeline does not take is
@@ -228,15 +314,19 @@ class CallOptions:
                 kw["true_cfg_scale"] = self.true_cfg_scale
         if self.num_images != 1:
             kw["num_images_per_prompt"] = self.num_images
+        if self.image is not None:
+            kw["image"] = self.image
         flags = {"guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
-                 "num_images_per_prompt": "--num-images"}
+                 "num_images_per_prompt": "--num-images", "image": "--image"}
         for key in kw:
             if key in flags and key not in accepted:
                 raise UnsupportedError(f"{flags[key]}: {type(pipe).__name__} takes no {key}. Drop {flags[key]}.")
         return kw
 
     def prepare(self, pipe: Any) -> None:
-        """Load the LoRAs and turn on offload (before hookkit.enable: both replace or wrap modules)."""
+        """Turn on the VAE options, load the LoRAs and turn on offload (before hookkit.enable: LoRAs and offload
+        replace or wrap modules)."""
+        enable_vae_options(pipe, self.vae_flags)
         if self.loras:
             names = []
             for i, lora in enumerate(self.loras):

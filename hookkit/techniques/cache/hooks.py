@@ -25,6 +25,8 @@ import contextlib
 import functools
 import inspect
 import math
+import re
+import textwrap
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from hookkit.core.parallel import ParallelInfo, global_sums, parallel_info
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
-from hookkit.core.summary import FeatureSummary, Summary, table
+from hookkit.core.summary import SUMMARY_WIDTH, FeatureSummary, Summary, table
 from hookkit.errors import AdapterError, HookError, SpecError, UnsupportedError
 from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask, rule_mask
 
@@ -910,7 +912,15 @@ class _CacheFeature(BaseFeature):
         if found is None:
             return None
         cs: _CallState | None = ctx.state.features.get(NAME)
-        return _summary(found.shared.layout, cs, ctx.state.generation)
+        summary = _summary(found.shared.layout, cs, ctx.state.generation, branch_names(ctx.pipeline))
+        brief = summary.data["no_cache_brief"]
+        if brief is not None:
+            # summary time, not per call: once per handle and reason (what `generate`'s default output also says)
+            line = f"{summary.data['steps']} steps cached 0: {brief}"
+            if line not in found.shared.logged:
+                found.shared.logged.add(line)
+                logger.info("cache: 0 of {} steps cached: {}", summary.data["steps"], brief)
+        return summary
 
 
 @attrs.define
@@ -1039,7 +1049,57 @@ def _no_cached_reason(layout: _Layout, cs: _CallState | None) -> str | None:
     return None
 
 
-def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> FeatureSummary:
+def branch_names(pipeline: Any | None) -> tuple[str, ...]:
+    """The names the pipeline gives its transformer calls within a step, in order: the literal names of its
+    `transformer.cache_context("cond")` / `("uncond")` blocks in its `__call__` ("cond_uncond" where one call
+    carries both halves of the CFG batch). Empty when it names none (or its source cannot be read): branches are
+    then "branch 0", "branch 1"."""
+    return () if pipeline is None else _cache_context_names(type(pipeline))
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_context_names(pipeline_class: type) -> tuple[str, ...]:
+    """`branch_names` of a pipeline class (read once per class: `summary()` may be called every generation)."""
+    try:
+        source = inspect.getsource(pipeline_class.__call__)
+    except (OSError, TypeError):
+        return ()
+    names: list[str] = []
+    for name in re.findall(r"""cache_context\(\s*["']([^"']+)["']""", source):
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _branch_label(index: int, names: tuple[str, ...] | list[str]) -> str:
+    return names[index] if index < len(names) else f"branch {index}"
+
+
+def _no_cache_brief(layout: _Layout, cs: _CallState | None) -> str | None:
+    """`_no_cached_reason` in a few words, for one line of `hookkit generate`'s output and the `-v` log: e.g.
+    "warm-up covered 8, threshold 0.24 never reached (smallest diff 0.31)"."""
+    if _no_cached_reason(layout, cs) is None or cs is None:
+        return None
+    spec, n = layout.spec, cs.num_steps
+    if n is not None:
+        if cs.mask is not None and not any(m == 0 for m in cs.mask):
+            return f"the steps mask computes all {n} steps"
+        if spec.threshold <= 0:
+            return f"threshold {spec.threshold:g} caches no step"
+        if spec.max_cached_steps == 0:
+            return "max_cached_steps=0"
+        if spec.max_continuous_cached_steps == 0:
+            return "max_continuous_cached_steps=0"
+        if len(cs.warmup_steps()) >= n:
+            return f"warm-up covered all {n} (warmup_steps={cs.warmup_given})"
+    diffs = [d for b in cs.branches.values() for d in b.diffs.values()]
+    warmup = len(cs.warmup_steps())
+    return (f"warm-up covered {warmup}, " if warmup else "") + \
+        f"threshold {spec.threshold:g} never reached (smallest diff {min(diffs):.3g})"
+
+
+def _summary(layout: _Layout, cs: _CallState | None, generation: int,
+             names: tuple[str, ...] = ()) -> FeatureSummary:
     spec = layout.spec
     branches: dict[int, dict[str, Any]] = {}
     if cs is not None:
@@ -1067,26 +1127,42 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int) -> Feature
         "warmup_steps": cs.warmup_steps() if cs is not None else None,
         "rule": spec.rule,
         "no_cache_reason": _no_cached_reason(layout, cs),
+        "no_cache_brief": _no_cache_brief(layout, cs),
+        #: denoising steps of the call (each branch runs them all): what "0 of N steps cached" counts
+        "steps": max((len(b["computed"]) + len(b["cached"]) for b in branches.values()), default=0),
+        #: each branch's name: the pipeline's `cache_context` name (cond, uncond) or "branch i"
+        "branch_names": {index: _branch_label(index, names) for index in branches},
     }
-    return FeatureSummary(name=NAME, data=data, text=_render(data))
+    return FeatureSummary(name=NAME, data=data, text=_render(data), brief=_render(data, brief=True))
 
 
-def _render(data: dict[str, Any]) -> str:
+def _render(data: dict[str, Any], brief: bool = False) -> str:
+    """The summary's text; `brief`: fitted to `SUMMARY_WIDTH` columns (diff percentiles as "P50" rather than
+    "Diffs P50", long step lists wrapped)."""
     mask = "no mask" if data["steps_mask"] is None else f"mask {data['steps_mask']!r} ({data['mask_policy']})"
     head = (f"DBCache F{data['fn_blocks']}B{data['bn_blocks']} (middle {data['middle_blocks']} of {data['blocks']} "
             f"blocks), threshold {data['threshold']}, {mask}")
     if not data["branches"]:
         return head + "\nno transformer call in this generation yet"
+    names = data.get("branch_names") or {}
     rows = []
     for index, b in data["branches"].items():
         p = b["percentiles"]
         stats = [p[k] for k in ("P00", "P25", "P50", "P75", "P95", "min", "max")] if p else ["-"] * 7
-        rows.append([index, len(b["computed"]) + len(b["cached"]), len(b["cached"]), *stats])
-    headers = ["Branch", "Steps", "Cached Steps", "Diffs P00", "Diffs P25", "Diffs P50", "Diffs P75", "Diffs P95",
-               "Diffs Min", "Diffs Max"]
-    lines = [head, table(headers, rows)]
+        name = names.get(index, index)
+        rows.append([index if name == f"branch {index}" else name, len(b["computed"]) + len(b["cached"]), len(b["cached"]), *stats])
+    if brief:
+        headers = ["Branch", "Steps", "Cached", "Diff P00", "P25", "P50", "P75", "P95", "Min", "Max"]
+        lines = [head, table(headers, rows, width=SUMMARY_WIDTH)]
+    else:
+        headers = ["Branch", "Steps", "Cached Steps", "Diffs P00", "Diffs P25", "Diffs P50", "Diffs P75", "Diffs P95",
+                   "Diffs Min", "Diffs Max"]
+        lines = [head, table(headers, rows)]
     for index, b in data["branches"].items():
-        lines.append(f"branch {index} cached steps: {b['cached']}")
+        label = f"{names[index]} (branch {index})" if index in names and names[index] != f"branch {index}" \
+            else f"branch {index}"
+        line = f"{label} cached steps: {b['cached']}"
+        lines.extend(textwrap.wrap(line, SUMMARY_WIDTH) if brief else [line])
     parallel = data.get("parallel")
     if parallel is not None:
         lines.append(f"context parallel: ulysses {parallel['ulysses']} x ring {parallel['ring']} over "
@@ -1095,7 +1171,10 @@ def _render(data: dict[str, Any]) -> str:
     share = f" ({100.0 * data['block_calls'] / total:.1f}%)" if total else ""
     lines.append(f"block calls run: {data['block_calls']} of {total}{share}")
     if data["no_cache_reason"]:
-        lines.append(f"no step cached: {data['no_cache_reason']}")
+        if brief and data.get("no_cache_brief"):
+            lines.append(f"no step cached: {data['no_cache_brief']}")
+        else:
+            lines.append(f"no step cached: {data['no_cache_reason']}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from hookkit.core.feature import AttachContext, BaseFeature
 from hookkit.core.graphs import EagerCalls, GraphDecisions, SplitDecisions
 from hookkit.core.plan import Attachment, PlanContext, add_hook, module_at
 from hookkit.core.removal import Removable
-from hookkit.core.summary import FeatureSummary, table
+from hookkit.core.summary import SUMMARY_WIDTH, FeatureSummary, table
 from hookkit.errors import SpecError
 # the parts' names callers import from here (tests, benchmarks, `hookkit.features`) are re-exported with them
 from hookkit.techniques.compile.cuda_graphs import (
@@ -142,27 +142,36 @@ class _CompileFeature(BaseFeature):
             rows.append(["CUDA graph trees", "yes" if data["cudagraph_trees"] else
                          f"no: the transformer is on {device.type}, where torch.compile runs without CUDA graphs"])
         state: CompileState = ctx.kept() or CompileState()
+        # A graph pass's counter is listed when it counted something, or where it could have: a 0 there says the
+        # pass found nothing to rewrite; elsewhere (fp8 passes without an fp8 scheme, the CUDA-only norm+RoPE
+        # kernel on the CPU) it says nothing and is left to `data`.
+        device = next(ctx.transformer.parameters(), torch.empty(0)).device
+        scheme = ctx.spec.quantize.scheme if ctx.spec.quantize is not None else ""
         if state.fp8_rows is not None:
             data["fp8_rows_per_graph"] = state.per_graph("fp8_rows")
             data["fp8_rows_fused"] = sum(data["fp8_rows_per_graph"])
             data["fp8_rows_arithmetic"] = "fast" if state.fp8_rows.fast else "exact"
-            rows.append(["fp8 row quantizations fused (one pass)",
-                         f"{data['fp8_rows_arithmetic']}: {data['fp8_rows_fused']} rewritten by this handle's "
-                         "compiles (a region served from inductor's FX graph cache was rewritten when cached)"])
             data["fp8_rows_shared"] = sum(state.per_graph("fp8_rows", "shared_per_graph"))
-            if state.fp8_rows.share:
+            fp8 = scheme.startswith("fp8")
+            if fp8 or data["fp8_rows_fused"]:
+                rows.append(["fp8 row quantizations fused (one pass)",
+                             f"{data['fp8_rows_arithmetic']}: {data['fp8_rows_fused']} rewritten by this handle's "
+                             "compiles (a region served from inductor's FX graph cache was rewritten when cached)"])
+            if state.fp8_rows.share and (fp8 or data["fp8_rows_shared"]):
                 rows.append(["fp8 row quantizations shared (same input)",
                              f"{data['fp8_rows_shared']} dropped for an identical one by this handle's compiles"])
         if state.norm_rope is not None:
             data["norm_ropes_per_graph"] = state.per_graph("norm_rope")
             data["norm_ropes_fused"] = sum(data["norm_ropes_per_graph"])
-            rows.append(["query/key RMSNorm + RoPE in one pass",
-                         f"{data['norm_ropes_fused']} rewritten by this handle's compiles"])
+            if data["norm_ropes_fused"] or device.type in getattr(state.norm_rope, "devices", ("cuda",)):
+                rows.append(["query/key RMSNorm + RoPE in one pass",
+                             f"{data['norm_ropes_fused']} rewritten by this handle's compiles"])
         if state.real_rope is not None:
             data["complex_muls_per_graph"] = state.per_graph("real_rope")
             data["complex_muls_as_real"] = sum(data["complex_muls_per_graph"])
-            rows.append(["complex products as real arithmetic (RoPE)",
-                         f"{data['complex_muls_as_real']} rewritten by this handle's compiles"])
+            if data["complex_muls_as_real"] or device.type == "cuda":
+                rows.append(["complex products as real arithmetic (RoPE)",
+                             f"{data['complex_muls_as_real']} rewritten by this handle's compiles"])
         runner = state.runner
         if isinstance(runner, GraphRunner):
             data["graphs_captured"] = runner.captures
@@ -190,7 +199,8 @@ class _CompileFeature(BaseFeature):
             data["eager_calls"] = runner.eager_calls
             rows += [["graphs dropped (model changed)", data["graph_invalidations"]],
                      ["calls run eagerly (first-call check)", runner.eager_calls]]
-        return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows))
+        return FeatureSummary(name=NAME, data=data, text=table(["setting", "value"], rows),
+                              brief=table(["setting", "value"], rows, width=SUMMARY_WIDTH))
 
 
 @attrs.define

@@ -261,13 +261,15 @@ class QuantizeReport:
             "layers": [attrs.asdict(d) for d in self.layers],
         }
 
-    def render(self) -> str:
-        """cache-dit's "Quantized Region" block: totals, then the layers grouped by block index."""
+    def render(self, layers: bool = True) -> str:
+        """cache-dit's "Quantized Region" block: totals, then (`layers`) the layers grouped by block index."""
         region = ", ".join(self.region) + " (repeated blocks)" if self.region else "all Linear layers"
         head = f"Quantized region: {region}\n" + table(
             ["scheme", "quantized", "skipped", "Linear layers"],
             [[self.scheme, len(self.chosen), len(self.skipped), len(self.layers)]],
         )
+        if not layers:
+            return head + "\neach layer, quantized or skipped and why: the full summary"
         groups: dict[tuple[str, bool, str], list[LayerDecision]] = {}
         for d in self.layers:
             groups.setdefault((path_template(d.path)[0], d.quantized, d.reason), []).append(d)
@@ -774,7 +776,8 @@ class _QuantizeFeature(BaseFeature):
             return None
         data = session.report.to_data()
         data["keep_original"] = ctx.spec.quantize.keep_original  # type: ignore[union-attr]
-        return FeatureSummary(name=self.name, data=data, text=session.report.render())
+        return FeatureSummary(name=self.name, data=data, text=session.report.render(),
+                              brief=session.report.render(layers=False))
 
 
 FEATURE = _QuantizeFeature()
