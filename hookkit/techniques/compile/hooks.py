@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import attrs
+import torch
 
 from hookkit.core.compat import CUDA_GRAPH_MODES
 from hookkit.core.feature import AttachContext, BaseFeature
