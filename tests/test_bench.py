@@ -6,6 +6,7 @@ Flux model with two configurations; the others test its pieces in-process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import statistics
@@ -558,9 +559,18 @@ def test_the_dynamic_row_caches_the_fast_masks_steps_through_the_threshold() -> 
 def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     configs, notes = bench.select_configs(["video"], torch.device("cuda"))  # only the type is read
     assert [c.name for c in configs] == ["eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
+                                         "cache-dit+fp8+compile+sage", "hookkit-fp8+cuda-graphs",
                                          "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention",
                                          "hookkit-fp8+cache-fast+int8-attention"]
     assert notes == []
+
+
+def test_a_row_needing_several_packages_names_the_first_one_missing() -> None:
+    row = bench.CONFIGS["cache-dit+fp8+compile+sage"]
+    assert row.needs_module == ("cache_dit", "sageattention")
+    missing = [name for name in row.needs_module if importlib.util.find_spec(name) is None]
+    expected = f"{missing[0]} is not installed" if missing else None
+    assert row.unavailable(torch.device("cuda"), frozenset()) == expected
 
 
 @pytest.mark.parametrize(("name", "arch", "parameters"), [

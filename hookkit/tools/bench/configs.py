@@ -18,6 +18,7 @@ from hookkit.tools.bench.peers import (
     _cache_dit_compile,
     _cache_dit_fp8_compile,
     _cache_dit_fp8_compile_2x,
+    _cache_dit_fp8_compile_sage,
     _eager,
     _first_block_cache,
     _mag_cache,
@@ -108,6 +109,10 @@ def _configs() -> dict[str, BenchConfig]:
         BenchConfig(name="cache-dit+fp8+compile", kind="peer", setup=_cache_dit_fp8_compile, needs_module="cache_dit",
                     needs_cuda=True, description="cache-dit DBCache F1B0, static 'fast' mask + its fp8 per-row + "
                                                  "stock regional compile"),
+        BenchConfig(name="cache-dit+fp8+compile+sage", kind="peer", setup=_cache_dit_fp8_compile_sage,
+                    needs_module=("cache_dit", "sageattention"), needs_cuda=True,
+                    description="cache-dit+fp8+compile with cache-dit's SageAttention backend (needs the "
+                                "sageattention package)"),
         BenchConfig(name="hookkit", kind="hookkit", setup=_hookkit(lambda: S()),
                     description="hookkit.enable(pipe, Spec()): bookkeeping only (overhead)"),
         BenchConfig(name="hookkit-cache", kind="hookkit", setup=_hookkit(lambda: S(cache=hookkit.DBCache())),
@@ -223,8 +228,9 @@ CONFIGS: dict[str, BenchConfig] = _configs()
 #: regional compile, diffusers' two caches, the strongest peer and hookkit's fastest, the last two on the same static
 #: "fast" computed steps. Image-only rows (the modulation variants: Wan has no AdaLN Linears to quantize) stay out.
 ROW_GROUPS: dict[str, tuple[str, ...]] = {
-    "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
-              "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention", "hookkit-fp8+cache-fast+int8-attention"),
+    "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
+              "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention",
+              "hookkit-fp8+cache-fast+int8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)

@@ -136,6 +136,16 @@ def _cache_dit_fp8_compile(ctx: RunContext) -> None:
     _stock_regional_compile(None)(ctx)
 
 
+def _cache_dit_fp8_compile_sage(ctx: RunContext) -> None:
+    """The strongest peer configuration with cache-dit's SageAttention backend (`cache_dit.set_attn_backend(pipe,
+    "sage")`: the `sageattention` package's int8 Q.K^T kernel in every attention), as cache-dit users run video."""
+    import cache_dit  # type: ignore[import-not-found]
+
+    _cache_dit(ctx, quant_type="float8_per_row")
+    cache_dit.set_attn_backend(ctx.pipe, attention_backend="sage")
+    _stock_regional_compile(None)(ctx)
+
+
 def _cache_dit_fp8_compile_2x(ctx: RunContext) -> None:
     """The strongest peer configuration on the tuned 2x rule's computed steps (`tuned_2x_mask`): cache-dit F1B0 (its
     smallest Fn) with that mask, its fp8 per-row, stock regional compile."""

@@ -33,7 +33,7 @@ class BenchConfig:
     setup: Callable[[RunContext], None]
     fields: frozenset[str] = frozenset()  # hookkit Spec fields it needs
     needs_cuda: bool = False
-    needs_module: str | None = None
+    needs_module: str | tuple[str, ...] | None = None  # a package the row imports (or several)
 
     def unavailable(self, device: torch.device, have: frozenset[str]) -> str | None:
         """Why this configuration cannot run here, or None when it can."""
@@ -45,8 +45,10 @@ class BenchConfig:
         if self.needs_module is not None:
             import importlib.util
 
-            if importlib.util.find_spec(self.needs_module) is None:
-                return f"{self.needs_module} is not installed"
+            names = (self.needs_module,) if isinstance(self.needs_module, str) else self.needs_module
+            for name in names:
+                if importlib.util.find_spec(name) is None:
+                    return f"{name} is not installed"
         return None
 
 
