@@ -563,6 +563,20 @@ def test_appending_a_block_to_a_hooked_block_list_after_enable_is_refused_at_the
     hookkit.disable(pipe)
 
 
+def test_a_block_appended_to_transformer_blocks_under_dynamic_dbcache_is_refused_before_any_step_runs() -> None:
+    """Flux's double-stream list, between the first block and the single-stream blocks: inside the cached region."""
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(warmup_steps=0)))
+    pipe.transformer.transformer_blocks.append(zoo.tiny_pipeline("flux", seed=1).transformer.transformer_blocks[0])
+    calls: list[int] = []
+    counting = pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(HookError, match=r"^FluxTransformer2DModel.transformer_blocks: expected the 2 blocks it held at "
+                                        r"hookkit.enable, got 3 \(blocks added or removed after hookkit.enable\)"):
+        run(pipe, "flux")
+    counting.remove()
+    assert (calls, handle.state.generation) == ([], 0)
+
+
 def test_replacing_a_hooked_block_after_enable_is_refused_at_the_next_call() -> None:
     pipe = zoo.tiny_pipeline("flux")
     hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))

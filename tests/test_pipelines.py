@@ -195,9 +195,13 @@ def test_wan22_an_expert_set_after_an_enable_without_it_is_refused_at_the_next_c
     try:
         assert [h.component for h in handle.group] == ["transformer"]
         wan22.transformer_2 = expert  # it would run with none of hookkit's hooks while the handle reports enabled
-        with pytest.raises(hookkit.errors.HookError, match=r"^WanPipeline.transformer_2: expected None, as at "
-                                                           r"hookkit.enable, got a WanTransformer3DModel"):
+        with count_calls(wan22.transformer, expert) as counters, pytest.raises(
+                hookkit.errors.HookError, match=r"^WanPipeline.transformer_2: expected None, as at hookkit.enable, got "
+                                                r"a WanTransformer3DModel .* Call hookkit.disable\(pipe\) before "
+                                                r"setting it and hookkit.enable\(pipe, spec\) after"):
             run(wan22, "wan22")
+        # refused before the loop: neither expert ran, no generation started
+        assert ([c["calls"] for c in counters], handle.state.generation) == ([0, 0], 0)
         assert registry_names(expert) == ()
     finally:
         wan22.transformer_2 = expert

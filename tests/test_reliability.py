@@ -392,6 +392,31 @@ def test_a_call_started_from_a_callback_of_the_same_pipeline_is_refused() -> Non
     assert len(seen) == 1 and "from inside its own call (a callback, or a nested call)" in str(seen[0])
 
 
+def test_a_call_of_a_pipeline_sharing_the_scheduler_started_from_a_callback_is_refused() -> None:
+    """`FluxPipeline(**pipe.components)` shares the patched scheduler, so its call would start a generation inside the
+    running one and the rest of the running call would go on in the nested call's state."""
+    from diffusers import FluxPipeline
+
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    other = FluxPipeline(**pipe.components)
+    seen: list[BaseException] = []
+
+    def nested(pipeline, step, t, kwargs):
+        if step == 0:
+            try:
+                _latents(other)
+            except HookError as exc:
+                seen.append(exc)
+        return kwargs
+
+    with torch.no_grad():
+        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=nested)
+    assert len(seen) == 1 and str(seen[0]).startswith(
+        "FluxPipeline: expected one call at a time on a pipeline hookkit is enabled on (or one sharing its scheduler), "
+        "got a second call from inside its own call (a callback, or a nested call) while the first is still running")
+
+
 def test_a_call_that_raised_does_not_block_the_next() -> None:
     pipe = zoo.tiny_pipeline("flux")
     _cached(pipe)
@@ -468,6 +493,12 @@ def _interrupt_at_step_1(pipeline, step, t, kwargs):
     return kwargs
 
 
+def _raise_at_step_1(pipeline, step, t, kwargs):
+    if step == 1:
+        raise RuntimeError("stopped by the application")
+    return kwargs
+
+
 AFTER_THE_CALL = r"expected a transformer call inside the denoising loop, got one after its last step \(2 of 4 done\)"
 
 
@@ -501,13 +532,8 @@ def test_a_transformer_call_after_a_pipeline_call_that_raised_in_a_callback_is_r
     inputs = _transformer_inputs(pipe)
     _cached(pipe)
 
-    def stop(pipeline, step, t, kwargs):
-        if step == 1:
-            raise RuntimeError("stopped by the application")
-        return kwargs
-
     with pytest.raises(RuntimeError, match="stopped by the application"), torch.no_grad():
-        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=stop)
+        pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_raise_at_step_1)
     with pytest.raises(HookError, match=AFTER_THE_CALL), torch.no_grad():
         pipe.transformer(**inputs)
 
@@ -523,6 +549,28 @@ def test_a_pipeline_sharing_the_transformer_after_an_interrupted_call_is_refused
         pipe(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_interrupt_at_step_1)
     with pytest.raises(HookError, match=AFTER_THE_CALL + r" with no new scheduler.set_timesteps"), torch.no_grad():
         other(**zoo.call_kwargs("flux", steps=4))
+
+
+@pytest.mark.parametrize("ending", ["interrupted", "raised"])
+def test_a_transformer_call_after_an_early_ended_call_of_a_pipeline_sharing_the_scheduler_is_refused(ending) -> None:
+    """`FluxPipeline(**pipe.components)` (or `from_pipe`) shares the patched scheduler: its calls are generations of
+    the handle, and one that ends early must end its generation as a call of the enabled pipeline does."""
+    from diffusers import FluxPipeline
+
+    pipe = zoo.tiny_pipeline("flux")
+    inputs = _transformer_inputs(pipe)
+    handle = _cached(pipe)
+    other = FluxPipeline(**pipe.components)
+
+    with torch.no_grad():
+        if ending == "raised":
+            with pytest.raises(RuntimeError, match="stopped by the application"):
+                other(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_raise_at_step_1)
+        else:
+            other(**zoo.call_kwargs("flux", steps=4), callback_on_step_end=_interrupt_at_step_1)
+    assert (handle.state.step, handle.state.num_steps, handle.state.ended) == (2, 4, True)
+    with pytest.raises(HookError, match=AFTER_THE_CALL), torch.no_grad():
+        pipe.transformer(**inputs)  # would be taken as step 2 of the other pipeline's dead call
 
 
 def test_the_pipeline_runs_on_after_an_interrupted_call() -> None:

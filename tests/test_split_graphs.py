@@ -412,6 +412,21 @@ def test_set_attn_processor_after_capture_drops_the_pairs_and_the_next_call_matc
     assert torch.equal(out, reference(**_kwargs()).images)
 
 
+def test_set_attention_backend_after_capture_drops_the_pairs_and_the_next_call_matches_eager_with_it() -> None:
+    """`set_attention_backend` changes no module and no processor object, only which kernel each processor runs."""
+    pipe, handle, hook, backend = _split_pipeline()
+    pipe(**_kwargs())
+    reference = trained.load_pipeline()
+    hookkit.enable(reference, hookkit.Spec(cache=CACHE))
+    with _active_attention_backend_restored():
+        pipe.transformer.set_attention_backend("_native_math")
+        out = pipe(**_kwargs()).images
+        reference.transformer.set_attention_backend("_native_math")
+        expected = reference(**_kwargs()).images
+    assert hook.invalidations == ["transformer_blocks.0.attn: attention backend changed since capture"]
+    assert torch.equal(out, expected)
+
+
 class OpReplayBackend:
     """CPU stand-in for `CudaGraphBackend` (`GraphHook`'s unsplit graphs): capture records the call's aten ops, a
     replay re-runs them on the same tensors and runs no Python, as a CUDA graph does."""
@@ -452,15 +467,19 @@ def test_transformer_graphs_are_captured_anew_after_set_attn_processor_and_match
     assert torch.equal(out, _flux_images(reference))
 
 
-def test_transformer_graphs_are_captured_anew_after_set_attention_backend() -> None:
+def test_transformer_graphs_are_captured_anew_after_set_attention_backend_and_match_a_fresh_run() -> None:
     pipe, runner, backend = _graphed_flux()
     _flux_images(pipe)
+    reference = zoo.tiny_pipeline("flux")
     with _active_attention_backend_restored():
         pipe.transformer.set_attention_backend("_native_math")
         _flux_images(pipe)
-        _flux_images(pipe)
+        out = _flux_images(pipe)
+        reference.transformer.set_attention_backend("_native_math")
+        expected = _flux_images(reference)
     assert (backend.captures, runner.invalidations) == (
         2, ["transformer_blocks.0.attn: attention backend changed since capture"])
+    assert torch.equal(out, expected)
 
 
 @contextlib.contextmanager

@@ -15,9 +15,9 @@ Several transformers (Wan 2.2 `transformer_2`): one handle each, grouped under t
 whose scheduler patches drive every clock of the group: the pipeline's step, the CFG branch per transformer.
 
 One call at a time per handle: a pipeline call that starts (`set_timesteps`) while another call of the same
-pipeline is still running, from another thread or from inside its own loop (a callback), is refused at once
-with a `HookError`, and so is a transformer call from another thread while a call runs. Two pipelines, each with
-its own handle, run in two threads as stock diffusers does.
+pipeline (or of one sharing its scheduler) is still running, from another thread or from inside its own loop (a
+callback), is refused at once with a `HookError`, and so is a transformer call from another thread while a call runs.
+Two pipelines, each with its own handle, run in two threads as stock diffusers does.
 """
 
 from __future__ import annotations
@@ -108,6 +108,21 @@ def _pipeline_frame(pipeline: Any, start: FrameType | None) -> FrameType | None:
     return None
 
 
+def _scheduler_call_frame(pipeline: Any, scheduler: Any, start: FrameType | None) -> tuple[FrameType | None, Any]:
+    """The innermost frame from `start` outwards that runs a pipeline's `__call__` on `scheduler`, and that pipeline:
+    `pipeline` itself, or another one sharing its scheduler (`Pipeline(**pipe.components)`, `from_pipe`), whose calls
+    start generations of the handle as well. (None, None) for a loop outside any pipeline's `__call__`."""
+    frame = start
+    while frame is not None:
+        if frame.f_code.co_name == "__call__":
+            caller = frame.f_locals.get("self")
+            if ((caller is pipeline or getattr(caller, "__dict__", {}).get("scheduler") is scheduler)
+                    and frame.f_code is _call_code(caller)):
+                return frame, caller
+        frame = frame.f_back
+    return None, None
+
+
 def _on_stack(thread: int, frame_id: int, code: Any, self_id: int | None = None) -> bool:
     """Whether the frame `frame_id` (running `code`) is still on thread `thread`'s stack: its call has not returned.
 
@@ -139,29 +154,33 @@ class _CallOwner:
     def running(self) -> bool:
         return self.thread is not None and _on_stack(self.thread, self._frame_id, self._code)
 
-    def claim(self, pipeline: Any, start: FrameType | None) -> None:
-        """Make the call whose `__call__` frame encloses `start` the owner, or raise when another call still runs."""
-        frame = _pipeline_frame(pipeline, start)
+    def claim(self, pipeline: Any, scheduler: Any, start: FrameType | None) -> None:
+        """Make the call whose `__call__` frame encloses `start` the owner, or raise when another call still runs.
+
+        The call is `pipeline`'s or another pipeline's sharing `scheduler`: either starts a generation of the handle,
+        so either owns its state (and its return, also early, ends that generation)."""
+        frame, caller = _scheduler_call_frame(pipeline, scheduler, start)
         with self._lock:
             if frame is not None and self.running() and id(frame) != self._frame_id:
                 here = threading.get_ident()
                 how = ("from inside its own call (a callback, or a nested call)" if self.thread == here
                        else "from another thread")
                 raise HookError(
-                    f"{type(pipeline).__name__}: expected one call at a time on a pipeline hookkit is enabled on, got a "
-                    f"second call {how} while the first is still running (its per-call state, e.g. DBCache "
-                    "residuals, is that call's: sharing it gives wrong output). Wait for the first call to return, or "
-                    "give each thread its own pipeline (and transformer) with its own hookkit.enable."
+                    f"{type(caller).__name__}: expected one call at a time on a pipeline hookkit is enabled on (or one "
+                    f"sharing its scheduler), got a second call {how} while the first is still running (its per-call "
+                    "state, e.g. DBCache residuals, is that call's: sharing it gives wrong output). Wait for the first "
+                    "call to return, or give each thread its own pipeline (and transformer) with its own "
+                    "hookkit.enable."
                 )
             if frame is None:
                 self.thread = None
             else:
                 self.thread, self._frame_id, self._code = threading.get_ident(), id(frame), frame.f_code
-                self._pipeline_id = id(pipeline)
+                self._pipeline_id = id(caller)
 
     def returned_check(self) -> Callable[[], bool] | None:
         """For the call owning the state now: a check whether it has returned (however it ended), for its
-        `CallState`; None when `set_timesteps` ran outside the pipeline's `__call__` (a loop hookkit cannot see end).
+        `CallState`; None when `set_timesteps` ran outside any pipeline's `__call__` (a loop hookkit cannot see end).
         Holds ids, not the frame or the pipeline."""
         thread, frame_id, code, pipeline_id = self.thread, self._frame_id, self._code, self._pipeline_id
         if thread is None:
@@ -213,7 +232,7 @@ class _CoreFeature:
 
             def make(original: Callable[..., Any]) -> Callable[..., Any]:
                 def set_timesteps(*args: Any, **kwargs: Any) -> Any:
-                    handle._owner.claim(handle.pipeline, sys._getframe(1))
+                    handle._owner.claim(handle.pipeline, scheduler, sys._getframe(1))
                     handle._check_components()
                     group = handle.group
                     for member in group:
