@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -13,6 +16,7 @@ from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.techniques.compile.hooks import (
     GraphRunner,
+    RegionCompiler,
     compile_kwargs,
     regional_paths,
     signature,
@@ -151,7 +155,67 @@ def test_enabling_the_same_inductor_compile_ten_times_compiles_the_blocks_once()
         with hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(regional=True))):
             run(pipe, steps=1)
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs == [3] * 10
+    fresh = zoo.tiny_pipeline("flux")  # another pipeline of the class reuses them too
+    with hookkit.enable(fresh, hookkit.Spec(compile=hookkit.Compile(regional=True))):
+        run(fresh, steps=1)
+    graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [3] * 11
+
+
+def _backend_of(pipe, compile_spec: hookkit.Compile):
+    """The backend object dynamo compiles the regions of one enable of `compile_spec` with."""
+    with hookkit.enable(pipe, hookkit.Spec(compile=compile_spec)) as handle:
+        return handle._slots["compile"].compiler.backend
+
+
+def test_enables_of_equal_compile_specs_share_one_backend_and_other_specs_get_their_own() -> None:
+    """Dynamo keeps a compiled block for the backend that compiled it: one backend object per configuration is what
+    lets a second enable reuse the blocks (torch.compile would build a new one at every call)."""
+    pipe = zoo.tiny_pipeline("flux")
+    first = _backend_of(pipe, hookkit.Compile())
+    assert _backend_of(pipe, hookkit.Compile()) is first
+    assert _backend_of(zoo.tiny_pipeline("flux"), hookkit.Compile()) is first  # another pipeline of the class too
+    others = [_backend_of(pipe, c) for c in (hookkit.Compile(mode="max-autotune-no-cudagraphs"),
+                                             hookkit.Compile(real_rope=False), hookkit.Compile(**FAST))]
+    assert len({id(b) for b in [first, *others]}) == 4
+
+
+def test_a_dynamo_reset_gives_the_next_enable_a_new_backend() -> None:
+    # torch._dynamo.reset() forgets (and resets) every backend it lists: hookkit's is built anew, as torch.compile's is
+    pipe = zoo.tiny_pipeline("flux")
+    before = _backend_of(pipe, hookkit.Compile(**FAST))
+    torch._dynamo.reset()
+    after = _backend_of(pipe, hookkit.Compile(**FAST))
+    assert after is not before and _backend_of(pipe, hookkit.Compile(**FAST)) is after
+
+
+def test_an_enable_call_disable_cycle_leaves_nothing_alive_and_no_backend_in_dynamo() -> None:
+    """A server toggling hookkit: after the first cycle, a cycle adds nothing to dynamo's process-wide table of
+    backends (torch.compile added one per region and enable, kept until torch._dynamo.reset()), and the handle, its
+    hooks, registries and compiled callables are freed at disable."""
+    from torch._dynamo.eval_frame import cached_backends
+
+    pipe = zoo.tiny_pipeline("flux")
+    spec = hookkit.Spec(compile=hookkit.Compile(**FAST))
+
+    def cycle() -> list[weakref.ref]:
+        handle = hookkit.enable(pipe, spec)
+        run(pipe, steps=2)
+        registries = [r for m in pipe.transformer.modules() if (r := HookRegistry.of(m, create=False)) is not None]
+        hooks = [hook for r in registries for hook in r._hooks.values()]
+        compiled = [HookRegistry.of(pipe.transformer.get_submodule(path), create=False)._inner
+                    for path in regional_paths(handle.adapter, pipe.transformer)]
+        assert (len(registries), len(hooks), len(compiled)) == (6, 1, 5)  # the clock's registry and hook, 5 blocks
+        refs = [weakref.ref(o) for o in (handle, *registries, *hooks, *compiled)]
+        handle.remove()
+        return refs
+
+    cycle()
+    backends = len(cached_backends)
+    refs = [cycle() for _ in range(3)]
+    gc.collect()
+    assert len(cached_backends) == backends
+    assert [sum(r() is not None for r in cycle_refs) for cycle_refs in refs] == [0, 0, 0]
 
 
 def test_whole_transformer_compile_wraps_the_transformer_inside_the_clock() -> None:
@@ -172,15 +236,15 @@ def test_a_failing_torch_compile_leaves_every_module_as_it_was(monkeypatch: pyte
         return {path: [(k, id(v)) for k, v in m.__dict__.items()] for path, m in pipe.transformer.named_modules()}
 
     before = snapshot()
-    real_compile, calls = torch.compile, []
+    real_compile, calls = RegionCompiler.__call__, []
 
-    def compile_failing_on_the_third_region(fn, **kwargs):
+    def compile_failing_on_the_third_region(self, fn):
         calls.append(fn)
         if len(calls) == 3:
             raise RuntimeError("torch.compile failed on the 3rd region")
-        return real_compile(fn, **kwargs)
+        return real_compile(self, fn)
 
-    monkeypatch.setattr(torch, "compile", compile_failing_on_the_third_region)
+    monkeypatch.setattr(RegionCompiler, "__call__", compile_failing_on_the_third_region)
     with pytest.raises(RuntimeError, match="torch.compile failed on the 3rd region"):
         hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
     assert len(calls) == 3

@@ -9,6 +9,7 @@ allowed); values are dyadic so that every diff is exact.
 from __future__ import annotations
 
 import sys
+import tracemalloc
 
 import pytest
 import torch
@@ -669,3 +670,22 @@ def test_a_huge_warmup_costs_nothing_and_computes_every_step() -> None:
     drive(model, handle, [1.0, 1.0, 1.0])  # a set of the warm-up's steps would take terabytes
     data = handle.summary().features["cache"].data
     assert (data["warmup_steps"], data["branches"][0]["cached"]) == ([0, 1, 2], [])
+
+
+def test_huge_counts_on_a_pipeline_compute_every_step_without_a_large_allocation() -> None:
+    """Every count a user gives (warm-up, its interval, the cached-step limits) is kept as a bound, never expanded
+    into the steps it covers: a set of a 10**9-step warm-up was 9+ GB or a MemoryError at every call."""
+    pipe = zoo.tiny_pipeline("flux")
+    huge = 10**9
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(
+        warmup_steps=huge, max_cached_steps=huge, max_continuous_cached_steps=huge)))
+    tracemalloc.start()
+    try:
+        pipe(**zoo.call_kwargs("flux", steps=4))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    data = handle.summary().features["cache"].data
+    assert (data["warmup_steps"], data["branches"][0]["computed"], data["branches"][0]["cached"]) == (
+        [0, 1, 2, 3], [0, 1, 2, 3], [])
+    assert peak < 8 * 2**20  # Python objects alive at once during the call (tensors are not traced): under 8 MiB

@@ -822,6 +822,33 @@ def test_fuse_lora_while_quantized_is_refused_before_any_lora_layer_is_scaled() 
     assert "fuse_lora" not in pipe.__dict__ and "fuse_lora" not in pipe.transformer.__dict__
 
 
+@pytest.mark.parametrize("lora_loaded", ["before enable", "after enable"])
+@pytest.mark.parametrize("scheme", ["int8_weight_only", "int8_dynamic"])
+def test_a_refused_fuse_lora_leaves_every_output_bitwise_as_it_was_also_after_disable(scheme: str,
+                                                                                      lora_loaded: str) -> None:
+    """Unrefused, `pipe.fuse_lora(lora_scale=0.7)` failed inside peft after diffusers had scaled every LoRA layer by
+    0.7: nothing merged, and every later output moved (by 0.028 on this model), also after disable."""
+    pytest.importorskip("peft")
+    from test_pipelines import lora_state_dict
+
+    def load_lora(p) -> None:
+        p.load_lora_weights(lora_state_dict(p.transformer, seed=1), adapter_name="a")
+
+    pipe, unhooked = zoo.tiny_pipeline("flux"), zoo.tiny_pipeline("flux")
+    load_lora(unhooked)
+    if lora_loaded == "before enable":
+        load_lora(pipe)
+    handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme=scheme, keep_original="cpu")))
+    if lora_loaded == "after enable":
+        load_lora(pipe)
+    quantized = _latents(pipe)
+    with pytest.raises(HookError, match=r"^FluxPipeline.fuse_lora: expected LoRA layers over full-precision weights"):
+        pipe.fuse_lora(lora_scale=0.7)
+    assert torch.equal(_latents(pipe), quantized)
+    handle.remove()
+    assert torch.equal(_latents(pipe), _latents(unhooked))
+
+
 # --- 1. on a GPU: each model change under CUDA graphs gives a fresh enable's output, or a hookkit error ---------
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

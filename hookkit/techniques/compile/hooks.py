@@ -2,7 +2,8 @@
 compiles share.
 
 The parts live beside it: `regional.py` (blocks compiled as the inner callable of their hook registry, the step mark
-and output clone that keep inductor's CUDA-graph modes safe, `compile_kwargs`), `cuda_graphs.py` (whole-transformer
+and output clone that keep inductor's CUDA-graph modes safe, `compile_kwargs`, one backend per configuration:
+`region_compiler`), `cuda_graphs.py` (whole-transformer
 CUDA graphs: `GraphRunner`, `GraphHook`), `split_graphs.py` (those graphs split at a dynamic DBCache decision:
 `SplitGraphHook`), `model_watch.py` (what a captured graph depends on, checked before every replay) and the graph
 passes (`fp8_rows.py`, `real_rope.py`, `norm_rope.py`, `graph_pass.py`). Every name of those modules that callers
@@ -40,9 +41,11 @@ from hookkit.techniques.compile.model_watch import ModelWatch
 from hookkit.techniques.compile.regional import (
     QUANTIZED_INDUCTOR_OPTIONS,
     CloneOutputsHook,
+    RegionCompiler,
     StepMarkHook,
     _InnerCompile,
     compile_kwargs,
+    region_compiler,
     regional_paths,
     uses_cudagraph_trees,
 )
@@ -111,8 +114,11 @@ class _CompileFeature(BaseFeature):
                 state.take("norm_rope", shared_pass(new_norm_rope_pass()))
             if spec.real_rope and spec.backend == "inductor" and state.real_rope is None:
                 state.take("real_rope", shared_pass(new_real_rope_pass(then=state.norm_rope)))
-            return _InnerCompile(module, compile_kwargs(spec, quantized=quantized, fp8_rows=state.fp8_rows,
-                                                        real_rope=state.real_rope, norm_rope=state.norm_rope))
+            if state.compiler is None:  # one configuration per handle: its regions share one compiler
+                state.compiler = region_compiler(compile_kwargs(
+                    spec, quantized=quantized, fp8_rows=state.fp8_rows, real_rope=state.real_rope,
+                    norm_rope=state.norm_rope))
+            return _InnerCompile(module, state.compiler)
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:
@@ -206,11 +212,13 @@ class _CompileFeature(BaseFeature):
 
 @attrs.define
 class CompileState:
-    """What one handle's compilation keeps: the whole-transformer graph runner, the graph passes its compiles share
-    (`shared_pass`: the same objects for every enable of one configuration) and where their per-graph counts stood
-    when this handle took them, so that its summary counts its own compiles only."""
+    """What one handle's compilation keeps: the whole-transformer graph runner, the compiler and graph passes its
+    compiles share (`region_compiler`, `shared_pass`: the same objects for every enable of one configuration) and where
+    the passes' per-graph counts stood when this handle took them, so that its summary counts its own compiles only."""
 
     runner: GraphRunner | SplitGraphHook | None = None
+    #: the backend and dynamo context every region of this handle is compiled with
+    compiler: RegionCompiler | None = None
     fp8_rows: Any | None = None
     real_rope: Any | None = None
     norm_rope: Any | None = None

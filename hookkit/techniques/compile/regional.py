@@ -4,6 +4,11 @@ Regional (`Compile(regional=True)`): every instance of the adapter's repeated bl
 `torch.compile(block.forward)` as the *inner* callable of its hook registry, so the hooks on those blocks
 (cache decisions, clones) run outside the compiled region and never become graph breaks.
 
+One backend per compile configuration (`region_compiler`): torch.compile makes a new backend at each call, which
+dynamo keeps in a process-wide table until `torch._dynamo.reset()`; hookkit builds the backend and its dynamo context
+once per configuration and compiles every region of every enable with it, so enabling again reuses the compiled
+blocks and leaves nothing behind.
+
 CUDA-graph safety (inductor's CUDA-graph modes, `backend="cudagraphs"`): a graph output lives in memory the
 next replay overwrites; hookkit marks each transformer call's start (`cudagraph_mark_step_begin`) outside
 every compiled region, and clones a wholly compiled transformer's outputs.
@@ -11,8 +16,10 @@ every compiled region, and clones a wholly compiled transformer's outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 import torch.utils._pytree as pytree
 
@@ -94,14 +101,81 @@ def uses_cudagraph_trees(spec: Compile) -> bool:
     return spec.backend == "cudagraphs" or spec.mode in CUDA_GRAPH_MODES
 
 
-class _InnerCompile(Removal):
-    """Installs `torch.compile(original forward)` as a module's inner callable; removal restores it."""
+@attrs.frozen(eq=False)
+class RegionCompiler:
+    """One compile configuration's backend and the dynamo context that compiles with it (what `torch.compile` builds
+    anew at each call), shared by every region and every enable of that configuration: `region_compiler`."""
 
-    def __init__(self, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
-        # Compile before `HookRegistry.of` creates a registry: if torch.compile raises, the module's
-        # `__dict__` is untouched (enable's rollback never sees this attachment).
+    #: `compile_kwargs` as a key: the backend's name, mode, fullgraph, dynamic and options (graph passes by identity)
+    key: Hashable
+    #: what dynamo compiles with and compares a cached block's backend against (torch's inductor or named wrapper)
+    backend: Any
+    #: `torch._dynamo.optimize(backend, ...)`: called with a function, returns it compiled (as torch.compile does)
+    context: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return self.context(fn)
+
+
+#: The compiler of every compile configuration so far, by `compiler_key`. Each torch.compile call builds a new backend
+#: object and dynamo keeps every one in a process-wide table until `torch._dynamo.reset()`: a server toggling hookkit
+#: grew that table by one backend per region at each enable. Few configurations, so few entries.
+_COMPILERS: dict[Hashable, RegionCompiler] = {}
+
+
+def compiler_key(kwargs: dict[str, Any]) -> Hashable:
+    """`compile_kwargs` as a dict key. Option values compare as torch compares backends (by `==`, so hookkit's graph
+    passes, shared per configuration by `hooks.shared_pass`, by identity); an unhashable value by its repr."""
+    def value(v: Any) -> Any:
+        try:
+            hash(v)
+        except TypeError:
+            return repr(v)
+        return v
+
+    options = kwargs.get("options") or {}
+    return (kwargs["backend"], kwargs.get("mode"), kwargs["fullgraph"], kwargs["dynamic"],
+            tuple(sorted((k, value(v)) for k, v in options.items())))
+
+
+def region_compiler(kwargs: dict[str, Any]) -> RegionCompiler:
+    """The compiler for `compile_kwargs`: the one an earlier enable of the same configuration built, else a new one
+    (also after `torch._dynamo.reset()`, which forgets every backend, as a fresh torch.compile would)."""
+    key = compiler_key(kwargs)
+    compiler = _COMPILERS.get(key)
+    if compiler is None or not _dynamo_lists(compiler.backend):
+        compiler = _COMPILERS[key] = _new_compiler(kwargs, key)
+    return compiler
+
+
+def _new_compiler(kwargs: dict[str, Any], key: Hashable) -> RegionCompiler:
+    """The backend and context `torch.compile(fn, **kwargs)` would build (torch/__init__.py: `compile`), built once."""
+    mode, options, dynamic = kwargs.get("mode"), kwargs.get("options"), kwargs["dynamic"]
+    if kwargs["backend"] == "inductor":
+        backend = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+    else:
+        backend = torch._TorchCompileWrapper(kwargs["backend"], mode, options, dynamic)
+    context = torch._dynamo.optimize(backend=backend, nopython=kwargs["fullgraph"], dynamic=dynamic)
+    return RegionCompiler(key=key, backend=backend, context=context)
+
+
+def _dynamo_lists(backend: Any) -> bool:
+    """Whether dynamo's table of backends (the one `torch._dynamo.reset()` clears, resetting each) still holds
+    `backend` (by its id, as dynamo files it); True where this torch keeps no such table."""
+    from torch._dynamo import eval_frame
+
+    table = getattr(eval_frame, "cached_backends", None)
+    return table is None or table.get(id(backend)) is backend
+
+
+class _InnerCompile(Removal):
+    """Installs `compiler(original forward)` as a module's inner callable; removal restores it."""
+
+    def __init__(self, module: torch.nn.Module, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        # Compile before `HookRegistry.of` creates a registry: if compiling raises, the module's `__dict__` is
+        # untouched (enable's rollback never sees this attachment).
         existing = HookRegistry.of(module, create=False)
-        compiled = torch.compile(existing.original_forward if existing is not None else module.forward, **kwargs)
+        compiled = compiler(existing.original_forward if existing is not None else module.forward)
         HookRegistry.of(module).set_inner(compiled)
         self.module: torch.nn.Module | None = module
 
