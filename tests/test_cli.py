@@ -502,6 +502,64 @@ def test_generate_refuses_before_loading_the_folder(argv: list[str], message: st
     assert loads == []  # refused from model_index.json and the flags alone
 
 
+def _folder_whose_transformer_names(tmp_path: Path, flux_folder: Path, library: str) -> tuple[Path, Path]:
+    """A copy of `flux_folder` whose model_index.json gives the transformer as [library, "FluxTransformer2DModel"], and
+    the marker file that importing a module of that name writes (one is put on sys.path and one in transformer/)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(flux_folder, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["transformer"] = [library, "FluxTransformer2DModel"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    marker = tmp_path / "imported"
+    code = f"open({str(marker)!r}, 'w').close()\nfrom diffusers import FluxTransformer2DModel\n"
+    (tmp_path / "importable" / library).mkdir(parents=True)
+    (tmp_path / "importable" / library / "__init__.py").write_text(code)
+    (folder / "transformer" / f"{library}.py").write_text(code)
+    return folder, marker
+
+
+def test_generate_refuses_a_folder_naming_a_library_outside_diffusers_before_loading(
+        flux_folder: Path, tmp_path: Path, loads: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder, marker = _folder_whose_transformer_names(tmp_path, flux_folder, "evil_pkg")
+    (folder / "transformer" / "evil_pkg.py").unlink()  # only the package on sys.path
+    monkeypatch.syspath_prepend(str(tmp_path / "importable"))
+    code, _, stderr = generate(capsys, str(folder), "--out", str(tmp_path / "x.png"))
+    assert (code, loads, marker.exists(), "evil_pkg" in sys.modules) == (2, [], False, False)
+    assert stderr == (
+        f"hookkit generate: error: --model-path '{folder}': model_index.json's 'transformer' is ['evil_pkg', "
+        "'FluxTransformer2DModel']; expected a class of a library diffusers loads components from (diffusers, "
+        "transformers, onnxruntime.training), got library 'evil_pkg': loading it would import 'evil_pkg' and run its "
+        "code; nothing was imported. If you trust that module, import it and load the pipeline in Python, then pass it "
+        "to hookkit.enable.\n")
+
+
+def test_generate_refuses_a_folder_shipping_component_code_before_loading(
+        flux_folder: Path, tmp_path: Path, loads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    folder, marker = _folder_whose_transformer_names(tmp_path, flux_folder, "evil_pkg")
+    code, _, stderr = generate(capsys, "--model-path", str(folder), "--out", str(tmp_path / "x.png"))
+    assert (code, loads, marker.exists()) == (2, [], False)
+    assert stderr == (
+        f"hookkit generate: error: --model-path '{folder}': model_index.json's 'transformer' is ['evil_pkg', "
+        "'FluxTransformer2DModel']; expected a class of an installed library, got custom code the folder ships "
+        "(transformer/evil_pkg.py): loading it would run that file; nothing was loaded. If you trust it, load the "
+        "pipeline in Python (DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)) and pass it to "
+        "hookkit.enable.\n")
+
+
+def test_a_model_index_that_is_no_json_object_is_refused_naming_the_folder(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model_index.json").write_text("[1, 2]")
+    code, _, stderr = generate(capsys, str(tmp_path))
+    assert code == 2
+    assert stderr == (f"hookkit generate: error: --model-path '{tmp_path}': expected a model_index.json holding one "
+                      "JSON object (component name -> [library, class]), got a list. Pass a folder `save_pretrained` "
+                      "wrote.\n")
+
+
 def test_weights_that_do_not_fit_are_refused_from_the_safetensors_headers(flux_folder: Path) -> None:
     from hookkit.errors import UnsupportedError
     from hookkit.tools import local

@@ -626,12 +626,19 @@ def _model_for_derive(target: str, trust_remote_code: bool = False) -> torch.nn.
     if folder.exists():
         for candidate in (folder / "transformer" / "config.json", folder / "config.json"):
             if candidate.is_file():
-                config = json.loads(candidate.read_text())
+                try:
+                    config = json.loads(candidate.read_text())
+                except (OSError, ValueError, RecursionError) as exc:
+                    raise AdapterError(f"adapter derive: expected {str(candidate)!r} to be a readable JSON file (a "
+                                       f"diffusers config.json), got {type(exc).__name__}: {exc}.") from None
                 source = f"the _class_name of {str(candidate)!r}"
                 break
-        if config is None or "_class_name" not in config:
+        if not isinstance(config, dict) or "_class_name" not in config:
             raise AdapterError(f"adapter derive: expected a folder with a diffusers config.json naming its _class_name "
                                f"(the model folder or a pipeline folder with transformer/), got {target!r}.")
+        if not isinstance(config["_class_name"], str) or not config["_class_name"]:
+            raise AdapterError(f"adapter derive: expected {source} to be a class name, got "
+                               f"{config['_class_name']!r}.")
         target = config["_class_name"]
     cls = transformer_class(target, trust_remote_code=trust_remote_code, source=source)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):

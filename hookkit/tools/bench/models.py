@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -383,14 +382,8 @@ def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
 
     path = Path(opts.model_path or "")
-    if not path.is_dir():
-        raise SpecError(f"--model-path: expected a local pipeline folder (with model_index.json), got {str(path)!r}.")
+    index = local.read_index(path)  # refuses a folder whose loading would run code it names or ships
     # Components saved as null (e.g. a pipeline saved without text encoders) must be passed as None.
-    try:
-        index = json.loads((path / "model_index.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"--model-path {str(path)!r}: expected a diffusers pipeline folder with a readable "
-                        f"model_index.json ({exc}).") from None
     missing = {k: None for k, v in index.items() if isinstance(v, list) and v[:1] == [None]}
     try:
         pipe = DiffusionPipeline.from_pretrained(str(path), torch_dtype=dtype, local_files_only=True, **missing)
