@@ -892,6 +892,19 @@ def test_bench_names_hookkit_bench_timeout_when_it_is_no_positive_number(value: 
     assert err.startswith(f"hookkit bench: error: HOOKKIT_BENCH_TIMEOUT={value!r}: expected a number of seconds > 0")
 
 
+@pytest.mark.parametrize("command", [["bench", "--device", "cpu"],
+                                     ["bench-one", "--config", "eager", "--model", "flux", "--out-dir", "{tmp}"]])
+def test_bench_names_hookkit_bench_cold_when_it_is_not_0_or_1(command: list[str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, no_load: None,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_COLD", "yes")
+    assert cli.main([a.replace("{tmp}", str(tmp_path / "rows")) for a in command]) == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: HOOKKIT_BENCH_COLD='yes': expected 1 (the row's compiler caches are fresh and "
+        "empty; `hookkit bench --cold` sets it for its rows), 0 or unset, got 'yes'. Unset it, or use `hookkit bench "
+        "--cold`.\n")
+
+
 def test_import_hookkit_ignores_an_unknown_hookkit_log_with_a_warning_naming_it() -> None:
     proc = subprocess.run([sys.executable, "-c", "import hookkit; print('imported')"], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, "HOOKKIT_LOG": "loud"})

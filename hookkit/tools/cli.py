@@ -570,6 +570,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     timeout = bench.default_timeout() if args.timeout is None else bench.check_timeout(args.timeout, "--timeout")
+    bench.cold_from_environment()  # every row's process inherits it: a bad value fails here, not in each row
     bench.check_size(opts, device)
     if args.json:
         local.check_output_file(Path(args.json), "--json")
@@ -604,6 +605,7 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)} or "
                         f"{bench.SPEC_PREFIX}PATH.")
     bench.check_size(opts, bench.resolve_device(opts.device))
+    bench.cold_from_environment()
     out_dir = _created_folder(Path(args.out_dir), "--out-dir")
     row = bench.measure(bench.config_named(args.config), opts, args.runs, args.warmup, out_dir)
     text = bench.to_json(row)

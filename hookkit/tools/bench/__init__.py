@@ -69,6 +69,7 @@ from hookkit.tools.bench.render import (
 from hookkit.tools.bench.row import ROW_KEYS, BenchConfig, RunContext, _empty_row
 from hookkit.tools.bench.runner import (
     COLD_CACHE_VARS,
+    COLD_VARIABLE,
     DEFAULT_TIMEOUT_S,
     TIMEOUT_VARIABLE,
     _compare,
@@ -78,6 +79,7 @@ from hookkit.tools.bench.runner import (
     check_timeout,
     cold_cache_dirs,
     cold_env,
+    cold_from_environment,
     default_timeout,
     measure,
     run_matrix,
