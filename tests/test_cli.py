@@ -735,6 +735,52 @@ def test_more_frames_than_the_cpu_bound_admits_are_refused_naming_frames(no_load
         "frames attend together).\n")
 
 
+@pytest.mark.parametrize(("command", "fixes"), [
+    (["generate", "flux"], "or --vae-tiling (the VAE decodes in tiles), "),
+    (["bench", "--model", "flux"], ""),  # bench has no --vae-tiling
+])
+def test_a_call_whose_activations_cannot_fit_beside_the_weights_is_refused_before_loading(
+        command: list[str], fixes: str, no_load: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: 10**9)
+    # 16,384 latent tokens a sample, within the CPU's bound; decoding 64 images of 512x512 is not
+    code = cli.main([*command, "--device", "cpu", "--height", "512", "--width", "512", "--batch", "64"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: --height 512 --width 512 --batch 64: FluxPipeline needs at least 1.1 GB on cpu "
+        "for this call, and 1.0 GB are available. The largest phase is decoding: 0.2 MB of weights and 1.1 GB for the "
+        "VAE's last block (64 x 8 channels x 512x512, its input and output); attention, text encoders and other "
+        f"buffers come on top. Pass a smaller --height/--width or --batch, {fixes}or --dtype bfloat16.\n")
+
+
+def test_vae_tiling_takes_the_full_resolution_decode_out_of_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: 10**9)
+    opts = bench.ModelOptions(name="flux", height=512, width=512, batch=64)
+    bench.check_memory(opts, torch.device("cpu"), tiled=True)
+    with pytest.raises(UnsupportedError, match=r"The largest phase is decoding"):
+        bench.check_memory(opts, torch.device("cpu"), tiled=False)
+
+
+def test_the_memory_bound_counts_the_weights_and_hidden_states_of_a_full_size_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    opts = bench.ModelOptions(name="flux", full=True, dtype="bfloat16", height=1024, width=1024, batch=8)
+    weights = bench.full_transformer_bytes("flux", torch.bfloat16) + sum(
+        2 * p.numel() for p in bench.skeleton_pipeline(opts).vae.parameters())
+    hidden = 2 * 8 * 4096 * 3072 * 2  # a block's input and output: batch x tokens x channels in bfloat16
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: weights + hidden)
+    bench.check_memory(opts, torch.device("cuda"))  # fits exactly; the type is all that is read: no GPU needed
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: weights + hidden - 1)
+    with pytest.raises(UnsupportedError, match=r"^--height 1024 --width 1024 --batch 8: FluxPipeline needs at least "
+                                               r"24\.4 GB on cuda for this call, and 24\.4 GB are available\. The "
+                                               r"largest phase is denoising: 24\.0 GB of weights and 0\.4 GB of hidden "
+                                               r"states \(8 x 4,096 tokens x 3072 channels"):
+        bench.check_memory(opts, torch.device("cuda"))
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["wan", "--frames", "80"], "--frames 80: WanPipeline's VAE compresses time 4x and takes 4k+1 frames (the first "
                                 "frame, then 4 per latent frame); got 80. Pass --frames 77 or 81."),

@@ -377,6 +377,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
         if options.image is not None:
             local.check_image_input(None, None)
         local.check_vae_options(options.vae_flags, opts.full, None, None)
+        bench.check_memory(opts, device, tiled="--vae-tiling" in options.vae_flags, offload=options.cpu_offload)
         return
     folder = Path(opts.model_path)
     index = local.read_index(folder)
@@ -391,6 +392,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
                                 "(model_index.json names them null), so no text can be encoded; it would run on "
                                 f"random embeddings. Drop {flag}, or use a folder with its text encoders.")
     local.check_fits(folder, dtype, device, bench._available_bytes(device), options.cpu_offload)
+    bench.check_memory(opts, device, tiled="--vae-tiling" in options.vae_flags, offload=options.cpu_offload)
 
 
 def output_name(opts: ModelOptions, size: str, tag: str, prompt: str | None, suffix: str) -> Path:
@@ -572,6 +574,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     timeout = bench.default_timeout() if args.timeout is None else bench.check_timeout(args.timeout, "--timeout")
     bench.cold_from_environment()  # every row's process inherits it: a bad value fails here, not in each row
     bench.check_size(opts, device)
+    bench.check_memory(opts, device)
     if args.json:
         local.check_output_file(Path(args.json), "--json")
     if args.out_dir:
@@ -605,6 +608,7 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)} or "
                         f"{bench.SPEC_PREFIX}PATH.")
     bench.check_size(opts, bench.resolve_device(opts.device))
+    bench.check_memory(opts, bench.resolve_device(opts.device))
     bench.cold_from_environment()
     out_dir = _created_folder(Path(args.out_dir), "--out-dir")
     row = bench.measure(bench.config_named(args.config), opts, args.runs, args.warmup, out_dir)

@@ -38,6 +38,7 @@ from hookkit.tools.bench.models import (
     check_cpu_full,
     check_fits,
     check_frames,
+    check_memory,
     check_model,
     check_size,
     default_size,
