@@ -384,9 +384,11 @@ def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
         hookkit.register_adapter(tmp_path)
 
 
-def test_a_deeply_nested_array_is_an_adapter_error_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, "{a = " * 5000 + "1" + "}" * 5000],
+                         ids=["arrays", "inline-tables"])
+def test_a_deeply_nested_value_is_an_adapter_error_naming_the_file(value: str, tmp_path: Path) -> None:
     path = tmp_path / "deep.toml"
-    path.write_text('name = "deep"\ntransformer = ' + "[" * 5000 + "]" * 5000 + "\n")
+    path.write_text('name = "deep"\ntransformer = ' + value + "\n")
     with pytest.raises(AdapterError) as info:
         hookkit.AdapterSpec.from_toml(path)
     assert str(info.value) == (
