@@ -82,7 +82,8 @@ def test_a_filter_fn_named_as_module_and_qualname_is_imported_only_with_trust_co
     import sys
 
     marker = tmp_path / "imported"
-    code = f"open({str(marker)!r}, 'w').close()  # importing runs this file\n\ndef keep(module, fqn):\n    return True\n"
+    code = (f"open({str(marker)!r}, 'w').close()  # importing runs this file\n\n"
+            "def keep(module, fqn):\n    return True\n")
     (tmp_path / "filter_named_by_a_dict.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     if module.startswith("hookkit."):  # a module inside hookkit is code too: named by a dict, it is not imported

@@ -29,8 +29,8 @@ from hookkit.errors import SpecError
 
 LayerFilter = Callable[[torch.nn.Module, str], bool]
 
-__all__ = ["LayerFilter", "Predicate", "all_of", "any_of", "by_name", "divisible_by", "is_linear", "min_features", "not_",
-           "parse"]
+__all__ = ["LayerFilter", "Predicate", "all_of", "any_of", "by_name", "divisible_by", "is_linear", "min_features",
+           "not_", "parse"]
 
 
 class Predicate:

@@ -312,17 +312,18 @@ def check_memory(opts: ModelOptions, device: torch.device, *, tiled: bool | None
     pipe = skeleton_pipeline(opts)
     if pipe is None:
         return
-    default_height, default_width, _ = default_size(pipe, opts)
+    default_height, default_width, default_frames = default_size(pipe, opts)
     height, width = opts.height or default_height, opts.width or default_width
     if height is None or width is None:
         return
-    frames = opts.frames or default_size(pipe, opts)[2]
+    frames = opts.frames or default_frames
     dtype = resolve_dtype(opts.dtype, device)
     size = torch.empty((), dtype=dtype).element_size()
     transformers = [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
                     if isinstance(m, torch.nn.Module)]
     vae = getattr(pipe, "vae", None)
-    weights = {"transformer": _tensor_bytes(transformers, dtype),
+    experts = [_tensor_bytes([m], dtype) for m in transformers]  # "model" offload holds one expert at a time
+    weights = {"transformer": (max(experts, default=0) if offload == "model" else sum(experts)),
                "vae": _tensor_bytes([vae], dtype) if isinstance(vae, torch.nn.Module) else 0}
     if offload == "sequential":
         weights = {key: 0 for key in weights}
@@ -333,16 +334,16 @@ def check_memory(opts: ModelOptions, device: torch.device, *, tiled: bool | None
     if isinstance(heads, int) and isinstance(head_dim, int) and tokens is not None:
         hidden = 2 * opts.batch * tokens * heads * head_dim * size
         resident = weights["transformer"] + (0 if offload else weights["vae"])
-        phases.append((resident + hidden, resident, f"denoising: {_size_text(resident)} of weights and {_size_text(hidden)} of "
-                                          f"hidden states ({opts.batch} x {tokens:,} tokens x {heads * head_dim} "
-                                          "channels, a block's input and output)"))
+        phases.append((resident + hidden, resident,
+                       f"denoising: {_size_text(resident)} of weights and {_size_text(hidden)} of hidden states "
+                       f"({opts.batch} x {tokens:,} tokens x {heads * head_dim} channels, a block's input and output)"))
     channels = _decoder_channels(vae)
     if not opts.full and not tiled and channels is not None:
         decoded = 2 * opts.batch * channels * height * width * size
         resident = weights["vae"] + (0 if offload else weights["transformer"])
-        phases.append((resident + decoded, resident, f"decoding: {_size_text(resident)} of weights and {_size_text(decoded)} "
-                                           f"for the VAE's last block ({opts.batch} x {channels} channels x "
-                                           f"{height}x{width}, its input and output)"))
+        phases.append((resident + decoded, resident,
+                       f"decoding: {_size_text(resident)} of weights and {_size_text(decoded)} for the VAE's last block "
+                       f"({opts.batch} x {channels} channels x {height}x{width}, its input and output)"))
     if not phases:
         return
     need, resident, why = max(phases)
