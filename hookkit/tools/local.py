@@ -61,7 +61,11 @@ def check_components(index: dict[str, Any], folder: Path) -> None:
     folder is data: hookkit runs no code it names, whatever the installed diffusers would do with it.
     """
     from diffusers import pipelines
-    from diffusers.pipelines.pipeline_loading_utils import LOADABLE_CLASSES
+
+    try:
+        from diffusers.pipelines.pipeline_loading_utils import LOADABLE_CLASSES
+    except ImportError:  # pragma: no cover - a diffusers that moved it: the libraries it has loaded from since 0.1
+        LOADABLE_CLASSES = {"diffusers": {}, "transformers": {}, "onnxruntime.training": {}}
 
     for key, value in index.items():
         if key.startswith("_") or not (isinstance(value, list) and len(value) == 2
