@@ -64,7 +64,7 @@ def check_components(index: dict[str, Any], folder: Path) -> None:
 
     try:
         from diffusers.pipelines.pipeline_loading_utils import LOADABLE_CLASSES
-    except ImportError:  # pragma: no cover - a diffusers that moved it: the libraries it has loaded from since 0.1
+    except ImportError:  # pragma: no cover - a diffusers that moved the table: the libraries 0.42 loads from
         LOADABLE_CLASSES = {"diffusers": {}, "transformers": {}, "onnxruntime.training": {}}
 
     for key, value in index.items():
