@@ -18,6 +18,7 @@ from hookkit.techniques.attention.spec import Attention
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.parallel.spec import ContextParallel
+from hookkit.techniques.quantize import filters
 from hookkit.techniques.quantize.spec import Quantize
 
 @strict_init
@@ -51,8 +52,10 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         """A plain, JSON-safe dict (lists for tuples), the inverse of `Spec.from_dict`.
 
-        A nested record (`DBCache.calibration`) is written by its own `to_dict`. A callable field (`Quantize.filter_fn`) is written as 'module:qualname' (`validate.callable_name`), which
-        `from_dict` imports again; a lambda or local function is written as its repr, which `from_dict` refuses.
+        A nested record (`DBCache.calibration`) is written by its own `to_dict`. A callable field (`Quantize.filter_fn`)
+        is written by `validate.callable_name`: a hookkit.filters predicate as its text, which `from_dict` builds back;
+        a module-level function as 'module:qualname', which `from_dict` imports only with `trust_code`; a lambda or
+        local function as its repr, which `from_dict` refuses.
         """
         out: dict[str, Any] = {}
         for field in attrs.fields(Spec):
@@ -70,9 +73,10 @@ class Spec:
 
         Args:
             data: feature name -> settings, as `to_dict()` writes them.
-            trust_code: resolve a callable field written as 'module:qualname' (`Quantize.filter_fn`) outside hookkit:
-                that imports the module, running its code, so a dict from a file or a request must not do it
-                unasked (as diffusers' `trust_remote_code`). Default False: such a name is a `SpecError`.
+            trust_code: resolve a callable field written as 'module:qualname' (`Quantize.filter_fn`): that imports
+                the module, running its code, so a dict from a file or a request must not do it unasked (as diffusers'
+                `trust_remote_code`). Default False: such a name is a `SpecError`. A hookkit.filters predicate written
+                as text (`"all_of(is_linear(), by_name('*.ff.*'))"`) is data and needs no trust.
         """
         if not isinstance(data, dict):
             raise field_error("Spec", "<dict>", data, "a dict of feature name -> settings")
@@ -110,6 +114,14 @@ def _build(cls: type, data: dict[str, Any], trust_code: bool = False) -> Any:
         if field.default is attrs.NOTHING and field.name not in data:
             raise SpecError(f"{cls.__name__}.{field.name}: expected a value (the field is required), got none in "
                             f"{data!r}. Add the key {field.name!r}.")
-    data = {k: resolve_callable(cls.__name__, k, v, trust_code) if k == "filter_fn" and isinstance(v, str) else v
+    data = {k: _callable_field(cls.__name__, k, v, trust_code) if k == "filter_fn" and isinstance(v, str) else v
             for k, v in data.items()}
     return cls(**data)
+
+
+def _callable_field(owner: str, field: str, text: str, trust_code: bool) -> Any:
+    """A callable field written as text: a hookkit.filters predicate (data: built without importing anything), else a
+    'module:qualname' resolved only with `trust_code`."""
+    if filters.is_expression(text):
+        return filters.parse(text, f"{owner}.{field}")
+    return resolve_callable(owner, field, text, trust_code)

@@ -27,7 +27,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-GLOO_TIMEOUT_S = float(os.environ.get("HOOKKIT_TEST_GLOO_TIMEOUT", "20"))
+#: the environment variable that sets gloo's timeout in seconds (default 20)
+GLOO_TIMEOUT_VARIABLE = "HOOKKIT_TEST_GLOO_TIMEOUT"
+
+
+def gloo_timeout_s() -> float:
+    """`$HOOKKIT_TEST_GLOO_TIMEOUT` seconds (20 when unset or empty); anything but a number > 0 ends the worker with
+    one line naming the variable, not a ValueError traceback in each rank."""
+    text = os.environ.get(GLOO_TIMEOUT_VARIABLE, "").strip()
+    try:
+        seconds = float(text) if text else 20.0
+    except ValueError:
+        seconds = float("nan")
+    if not (seconds > 0 and seconds != float("inf")):
+        raise SystemExit(f"{GLOO_TIMEOUT_VARIABLE}={text!r}: expected a number of seconds > 0 (gloo's timeout), got "
+                         f"{text!r}. Set e.g. {GLOO_TIMEOUT_VARIABLE}=60, or unset it for 20.")
+    return seconds
+
 STEPS = 4
 
 
@@ -500,9 +516,10 @@ SCENARIOS = {"ulysses": scenario_ulysses, "cli": scenario_cli, "gpu": scenario_g
 
 def main() -> None:
     out_dir, name = Path(sys.argv[1]), sys.argv[2]
+    timeout_s = gloo_timeout_s()  # before joining the group
     if name == "gpu":
         torch.cuda.set_device(int(os.environ["RANK"]))
-    dist.init_process_group("nccl" if name == "gpu" else "gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    dist.init_process_group("nccl" if name == "gpu" else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     try:
         result = SCENARIOS[name]()
         (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

@@ -285,21 +285,32 @@ def test_a_dotted_path_names_the_class_itself_not_a_same_named_one() -> None:
     assert hookkit.get_adapter("flux").match_level(transformer) == 1
 
 
-def test_matching_an_adapter_never_imports_a_module_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("classes", "matched"), [
+    (["adapter_named_module.FluxTransformer2DModel",
+      "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"], True),
+    (["adapter_named_module.FluxTransformer2DModel"], False),
+])
+def test_matching_an_adapter_never_imports_a_module_it_names(classes: list[str], matched: bool, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.adapters.derive import adapter_toml
 
-    (tmp_path / "adapter_named_module.py").write_text("RAN = True  # code an adapter file could run if imported\n")
+    marker = tmp_path / "imported"
+    (tmp_path / "adapter_named_module").mkdir()
+    (tmp_path / "adapter_named_module" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()  # code an adapter file would run if hookkit imported what it names\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    classes = ["adapter_named_module.FluxTransformer2DModel",
-               "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"]
     path = tmp_path / "named.toml"
     path.write_text(adapter_toml(_flux_named("named", *classes)))
     adapter = hookkit.register_adapter(path)
     try:
-        assert hookkit.resolve_adapter(zoo.tiny_transformer("flux")) is adapter  # the real class, by its dotted path
+        transformer = zoo.tiny_transformer("flux")
+        assert adapter.matches(transformer) is matched
+        if matched:  # the real class, by its dotted path; enable resolves and checks it
+            hookkit.enable(transformer, hookkit.Spec(memo=True)).remove()
+            assert hookkit.resolve_adapter(transformer) is adapter
     finally:
         hookkit.unregister_adapter("named")
-    assert "adapter_named_module" not in sys.modules
+    assert (marker.exists(), "adapter_named_module" in sys.modules) == (False, False)
 
 
 def test_an_adapter_registered_by_dotted_path_wins_over_the_shipped_bare_name() -> None:
@@ -373,9 +384,11 @@ def test_a_directory_is_no_adapter_file(tmp_path: Path) -> None:
         hookkit.register_adapter(tmp_path)
 
 
-def test_a_deeply_nested_array_is_an_adapter_error_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, "{a = " * 5000 + "1" + "}" * 5000],
+                         ids=["arrays", "inline-tables"])
+def test_a_deeply_nested_value_is_an_adapter_error_naming_the_file(value: str, tmp_path: Path) -> None:
     path = tmp_path / "deep.toml"
-    path.write_text('name = "deep"\ntransformer = ' + "[" * 5000 + "]" * 5000 + "\n")
+    path.write_text('name = "deep"\ntransformer = ' + value + "\n")
     with pytest.raises(AdapterError) as info:
         hookkit.AdapterSpec.from_toml(path)
     assert str(info.value) == (
@@ -580,32 +593,35 @@ def test_cli_adapter_derive_prints_the_toml_of_a_class(capsys: pytest.CaptureFix
     assert "names no class" in capsys.readouterr().err
 
 
-def _folder_naming_a_shipped_package(tmp_path: Path) -> Path:
-    """A model folder whose config.json names a package shipped next to it (its parent on sys.path)."""
+def _folder_naming_a_shipped_package(tmp_path: Path) -> tuple[Path, Path]:
+    """A model folder whose config.json names `evil_pkg.Model`, a package shipped next to it (its parent on sys.path)
+    whose import writes a marker file; returns the folder and the marker's path."""
     import json
 
-    (tmp_path / "shipped_next_to_config").mkdir()
-    (tmp_path / "shipped_next_to_config" / "__init__.py").write_text(
-        "import torch\n\nclass Model(torch.nn.Module):  # importing this module is running its code\n    pass\n")
+    marker = tmp_path / "evil_pkg_ran"
+    (tmp_path / "evil_pkg").mkdir()
+    (tmp_path / "evil_pkg" / "__init__.py").write_text(
+        f"import torch\n\nopen({str(marker)!r}, 'w').close()  # importing this module is running its code\n\n"
+        "class Model(torch.nn.Module):\n    pass\n")
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"_class_name": "shipped_next_to_config.Model"}))
-    return folder
+    (folder / "config.json").write_text(json.dumps({"_class_name": "evil_pkg.Model"}))
+    return folder, marker
 
 
 def test_cli_adapter_derive_imports_no_class_outside_diffusers_without_trust_remote_code(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.tools.cli import main
 
-    folder = _folder_naming_a_shipped_package(tmp_path)
+    folder, marker = _folder_naming_a_shipped_package(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["adapter", "derive", str(folder)]) == 2
-    assert "shipped_next_to_config" not in sys.modules
+    assert (marker.exists(), "evil_pkg" in sys.modules) == (False, False)
     assert capsys.readouterr().err == (
         f"hookkit adapter: error: adapter derive: expected a class diffusers ships as the _class_name of "
-        f"'{folder / 'config.json'}', got 'shipped_next_to_config.Model': reading it would import the module "
-        "'shipped_next_to_config' and run its code; nothing was imported. If you trust that code, pass "
-        "--trust-remote-code (in Python: transformer_class(..., trust_remote_code=True)).\n")
+        f"'{folder / 'config.json'}', got 'evil_pkg.Model': reading it would import the module 'evil_pkg' and run its "
+        "code; nothing was imported. If you trust that code, pass --trust-remote-code (in Python: "
+        "transformer_class(..., trust_remote_code=True)).\n")
 
 
 def test_a_diffusers_class_is_resolved_by_its_name_on_diffusers() -> None:
@@ -620,13 +636,30 @@ def test_a_diffusers_class_is_resolved_by_its_name_on_diffusers() -> None:
 def test_trust_remote_code_imports_the_class_a_model_folder_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.adapters.derive import transformer_class
 
-    _folder_naming_a_shipped_package(tmp_path)
+    _, marker = _folder_naming_a_shipped_package(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        cls = transformer_class("shipped_next_to_config.Model", trust_remote_code=True)
+        cls = transformer_class("evil_pkg.Model", trust_remote_code=True)
     finally:
-        imported = sys.modules.pop("shipped_next_to_config", None)
+        imported = sys.modules.pop("evil_pkg", None)
     assert cls is imported.Model
+    assert marker.exists()  # the marker does record an import: its absence above means nothing was imported
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("{not json", "got JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)."),
+    ('{"_class_name": 5}', None),
+])
+def test_cli_adapter_derive_refuses_a_config_json_it_cannot_read(text: str, problem: str | None, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from hookkit.tools.cli import main
+
+    (tmp_path / "config.json").write_text(text)
+    assert main(["adapter", "derive", str(tmp_path)]) == 2
+    config = tmp_path / "config.json"
+    expected = (f"expected '{config}' to be a readable JSON file (a diffusers config.json), {problem}" if problem else
+                f"expected the _class_name of '{config}' to be a class name, got 5.")
+    assert capsys.readouterr().err == f"hookkit adapter: error: adapter derive: {expected}\n"
 
 
 # --- confirmed at the first call ---------------------------------------------------------------------------

@@ -77,8 +77,10 @@ def is_spec_module(module: str) -> bool:
     return module == "hookkit.spec" or (technique_of(module) is not None and module.endswith(".spec"))
 
 
-#: what a spec module may import: validators, errors, other spec modules and the cache's calibration data
-SPEC_IMPORTS = ("hookkit.core.validate", "hookkit.errors", "hookkit.techniques.cache.calibration")
+#: what a spec module may import: validators, errors, other spec modules, the cache's calibration data and the
+#: quantization's layer predicates (data with a text form, read back by `filters.parse`)
+SPEC_IMPORTS = ("hookkit.core.validate", "hookkit.errors", "hookkit.techniques.cache.calibration",
+                "hookkit.techniques.quantize.filters")
 
 
 def violations(module: str, source: str) -> list[str]:

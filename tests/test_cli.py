@@ -502,6 +502,64 @@ def test_generate_refuses_before_loading_the_folder(argv: list[str], message: st
     assert loads == []  # refused from model_index.json and the flags alone
 
 
+def _folder_whose_transformer_names(tmp_path: Path, flux_folder: Path, library: str) -> tuple[Path, Path]:
+    """A copy of `flux_folder` whose model_index.json gives the transformer as [library, "FluxTransformer2DModel"], and
+    the marker file that importing a module of that name writes (one is put on sys.path and one in transformer/)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "folder"
+    shutil.copytree(flux_folder, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["transformer"] = [library, "FluxTransformer2DModel"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    marker = tmp_path / "imported"
+    code = f"open({str(marker)!r}, 'w').close()\nfrom diffusers import FluxTransformer2DModel\n"
+    (tmp_path / "importable" / library).mkdir(parents=True)
+    (tmp_path / "importable" / library / "__init__.py").write_text(code)
+    (folder / "transformer" / f"{library}.py").write_text(code)
+    return folder, marker
+
+
+def test_generate_refuses_a_folder_naming_a_library_outside_diffusers_before_loading(
+        flux_folder: Path, tmp_path: Path, loads: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder, marker = _folder_whose_transformer_names(tmp_path, flux_folder, "evil_pkg")
+    (folder / "transformer" / "evil_pkg.py").unlink()  # only the package on sys.path
+    monkeypatch.syspath_prepend(str(tmp_path / "importable"))
+    code, _, stderr = generate(capsys, str(folder), "--out", str(tmp_path / "x.png"))
+    assert (code, loads, marker.exists(), "evil_pkg" in sys.modules) == (2, [], False, False)
+    assert stderr == (
+        f"hookkit generate: error: --model-path '{folder}': model_index.json's 'transformer' is ['evil_pkg', "
+        "'FluxTransformer2DModel']; expected a class of a library diffusers loads components from (diffusers, "
+        "transformers, onnxruntime.training), got library 'evil_pkg': loading it would import 'evil_pkg' and run its "
+        "code; nothing was imported. If you trust that module, import it and load the pipeline in Python, then pass it "
+        "to hookkit.enable.\n")
+
+
+def test_generate_refuses_a_folder_shipping_component_code_before_loading(
+        flux_folder: Path, tmp_path: Path, loads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    folder, marker = _folder_whose_transformer_names(tmp_path, flux_folder, "evil_pkg")
+    code, _, stderr = generate(capsys, "--model-path", str(folder), "--out", str(tmp_path / "x.png"))
+    assert (code, loads, marker.exists()) == (2, [], False)
+    assert stderr == (
+        f"hookkit generate: error: --model-path '{folder}': model_index.json's 'transformer' is ['evil_pkg', "
+        "'FluxTransformer2DModel']; expected a class of an installed library, got custom code the folder ships "
+        "(transformer/evil_pkg.py): loading it would run that file; nothing was loaded. If you trust it, load the "
+        "pipeline in Python (DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)) and pass it to "
+        "hookkit.enable.\n")
+
+
+def test_a_model_index_that_is_no_json_object_is_refused_naming_the_folder(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model_index.json").write_text("[1, 2]")
+    code, _, stderr = generate(capsys, str(tmp_path))
+    assert code == 2
+    assert stderr == (f"hookkit generate: error: --model-path '{tmp_path}': expected a model_index.json holding one "
+                      "JSON object (component name -> [library, class]), got a list. Pass a folder `save_pretrained` "
+                      "wrote.\n")
+
+
 def test_weights_that_do_not_fit_are_refused_from_the_safetensors_headers(flux_folder: Path) -> None:
     from hookkit.errors import UnsupportedError
     from hookkit.tools import local
@@ -677,6 +735,52 @@ def test_more_frames_than_the_cpu_bound_admits_are_refused_naming_frames(no_load
         "frames attend together).\n")
 
 
+@pytest.mark.parametrize(("command", "fixes"), [
+    (["generate", "flux"], "or --vae-tiling (the VAE decodes in tiles), "),
+    (["bench", "--model", "flux"], ""),  # bench has no --vae-tiling
+])
+def test_a_call_whose_activations_cannot_fit_beside_the_weights_is_refused_before_loading(
+        command: list[str], fixes: str, no_load: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: 10**9)
+    # 16,384 latent tokens a sample, within the CPU's bound; decoding 64 images of 512x512 is not
+    code = cli.main([*command, "--device", "cpu", "--height", "512", "--width", "512", "--batch", "64"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: --height 512 --width 512 --batch 64: FluxPipeline needs at least 1.1 GB on cpu "
+        "for this call, and 1.0 GB are available. The largest phase is decoding: 0.2 MB of weights and 1.1 GB for the "
+        "VAE's last block (64 x 8 channels x 512x512, its input and output); attention, text encoders and other "
+        f"buffers come on top. Pass a smaller --height/--width or --batch, {fixes}or --dtype bfloat16.\n")
+
+
+def test_vae_tiling_takes_the_full_resolution_decode_out_of_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: 10**9)
+    opts = bench.ModelOptions(name="flux", height=512, width=512, batch=64)
+    bench.check_memory(opts, torch.device("cpu"), tiled=True)
+    with pytest.raises(UnsupportedError, match=r"The largest phase is decoding"):
+        bench.check_memory(opts, torch.device("cpu"), tiled=False)
+
+
+def test_the_memory_bound_counts_the_weights_and_hidden_states_of_a_full_size_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.errors import UnsupportedError
+
+    opts = bench.ModelOptions(name="flux", full=True, dtype="bfloat16", height=1024, width=1024, batch=8)
+    weights = bench.full_transformer_bytes("flux", torch.bfloat16) + sum(
+        2 * p.numel() for p in bench.skeleton_pipeline(opts).vae.parameters())
+    hidden = 2 * 8 * 4096 * 3072 * 2  # a block's input and output: batch x tokens x channels in bfloat16
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: weights + hidden)
+    bench.check_memory(opts, torch.device("cuda"))  # fits exactly; the type is all that is read: no GPU needed
+    monkeypatch.setattr(bench.models, "_available_bytes", lambda device: weights + hidden - 1)
+    with pytest.raises(UnsupportedError, match=r"^--height 1024 --width 1024 --batch 8: FluxPipeline needs at least "
+                                               r"24\.4 GB on cuda for this call, and 24\.4 GB are available\. The "
+                                               r"largest phase is denoising: 24\.0 GB of weights and 0\.4 GB of hidden "
+                                               r"states \(8 x 4,096 tokens x 3072 channels"):
+        bench.check_memory(opts, torch.device("cuda"))
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["wan", "--frames", "80"], "--frames 80: WanPipeline's VAE compresses time 4x and takes 4k+1 frames (the first "
                                 "frame, then 4 per latent frame); got 80. Pass --frames 77 or 81."),
@@ -832,6 +936,19 @@ def test_bench_names_hookkit_bench_timeout_when_it_is_no_positive_number(value: 
     assert cli.main(["bench", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"hookkit bench: error: HOOKKIT_BENCH_TIMEOUT={value!r}: expected a number of seconds > 0")
+
+
+@pytest.mark.parametrize("command", [["bench", "--device", "cpu"],
+                                     ["bench-one", "--config", "eager", "--model", "flux", "--out-dir", "{tmp}"]])
+def test_bench_names_hookkit_bench_cold_when_it_is_not_0_or_1(command: list[str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, no_load: None,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOOKKIT_BENCH_COLD", "yes")
+    assert cli.main([a.replace("{tmp}", str(tmp_path / "rows")) for a in command]) == 2
+    assert capsys.readouterr().err == (
+        f"hookkit {command[0]}: error: HOOKKIT_BENCH_COLD='yes': expected 1 (the row's compiler caches are fresh and "
+        "empty; `hookkit bench --cold` sets it for its rows), 0 or unset, got 'yes'. Unset it, or use `hookkit bench "
+        "--cold`.\n")
 
 
 def test_import_hookkit_ignores_an_unknown_hookkit_log_with_a_warning_naming_it() -> None:

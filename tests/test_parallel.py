@@ -26,6 +26,18 @@ WORKER = Path(__file__).with_name("cp_worker.py")
 LAUNCH_TIMEOUT_S = 240.0
 
 
+@pytest.mark.parametrize("value", ["abc", "-5", "inf"])
+def test_a_gloo_timeout_that_is_no_positive_number_ends_the_worker_naming_the_variable(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cp_worker
+
+    monkeypatch.setenv("HOOKKIT_TEST_GLOO_TIMEOUT", value)
+    with pytest.raises(SystemExit) as exit_:
+        cp_worker.gloo_timeout_s()
+    assert str(exit_.value) == (f"HOOKKIT_TEST_GLOO_TIMEOUT={value!r}: expected a number of seconds > 0 (gloo's "
+                                f"timeout), got {value!r}. Set e.g. HOOKKIT_TEST_GLOO_TIMEOUT=60, or unset it for 20.")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

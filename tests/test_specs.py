@@ -69,31 +69,95 @@ def test_to_dict_is_json_with_a_numpy_mask_and_a_filter_fn() -> None:
     with pytest.raises(SpecError, match=r"^Quantize.filter_fn: expected a callable or a 'module:qualname' string"):
         hookkit.Spec.from_dict(lam)
     named = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", filter_fn=by_name("*.attn.*"))).to_dict()
-    assert json.dumps(named)
+    assert json.dumps(named) and named["quantize"]["filter_fn"] == "by_name('*.attn.*')"
 
 
 def _keep_attention(module, fqn: str) -> bool:
     return ".attn." in fqn
 
 
-def test_a_filter_fn_named_outside_hookkit_is_imported_only_with_trust_code(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("module", ["filter_named_by_a_dict", "hookkit.filter_named_by_a_dict"])
+def test_a_filter_fn_named_as_module_and_qualname_is_imported_only_with_trust_code(module: str, tmp_path,
+                                                                                 monkeypatch) -> None:
     import sys
 
-    (tmp_path / "filter_named_by_a_dict.py").write_text("def keep(module, fqn):  # importing runs this file\n    return True\n")
+    marker = tmp_path / "imported"
+    code = (f"open({str(marker)!r}, 'w').close()  # importing runs this file\n\n"
+            "def keep(module, fqn):\n    return True\n")
+    (tmp_path / "filter_named_by_a_dict.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    data = {"quantize": {"scheme": "int8_weight_only", "filter_fn": "filter_named_by_a_dict:keep"}}
+    if module.startswith("hookkit."):  # a module inside hookkit is code too: named by a dict, it is not imported
+        hookkit_dir = tmp_path / "hookkit_extra"
+        hookkit_dir.mkdir()
+        (hookkit_dir / "filter_named_by_a_dict.py").write_text(code)
+        monkeypatch.syspath_prepend(str(hookkit_dir))
+        monkeypatch.setattr(hookkit, "__path__", [*hookkit.__path__, str(hookkit_dir)])
+    data = {"quantize": {"scheme": "int8_weight_only", "filter_fn": f"{module}:keep"}}
     with pytest.raises(SpecError) as info:
         hookkit.Spec.from_dict(data)
     assert str(info.value) == (
-        "Quantize.filter_fn: expected a 'module:qualname' inside hookkit, or trust_code=True, got "
-        "'filter_named_by_a_dict:keep'. Resolving it would import 'filter_named_by_a_dict' and run its code; nothing "
-        "was imported. If you trust where the dict came from, pass Spec.from_dict(data, trust_code=True), or pass the "
-        "callable itself (Quantize(filter_fn=my_function)).")
-    assert "filter_named_by_a_dict" not in sys.modules
+        "Quantize.filter_fn: expected a hookkit.filters predicate as text (e.g. \"all_of(is_linear(), "
+        "by_name('*.ff.*'))\"), or a 'module:qualname' with trust_code=True, got "
+        f"'{module}:keep'. Resolving it would import '{module}' and run its code; nothing was imported. If you "
+        "trust where the dict came from, pass Spec.from_dict(data, trust_code=True), or pass the callable itself "
+        "(Quantize(filter_fn=my_function)).")
+    assert (marker.exists(), module in sys.modules) == (False, False)
     try:
-        assert hookkit.Spec.from_dict(data, trust_code=True).quantize.filter_fn.__module__ == "filter_named_by_a_dict"
+        assert hookkit.Spec.from_dict(data, trust_code=True).quantize.filter_fn.__module__ == module
+        assert marker.exists()  # the marker does record an import
     finally:
-        sys.modules.pop("filter_named_by_a_dict", None)
+        sys.modules.pop(module, None)
+
+
+def test_a_filters_predicate_round_trips_through_json_without_trust_code() -> None:
+    import json
+
+    from hookkit import filters
+    from hookkit.techniques.quantize.torchao import select_layers
+
+    predicate = filters.all_of(filters.is_linear(), filters.not_(filters.by_name("*.ff.*", "*.attn.to_out.0")),
+                               filters.any_of(filters.min_features(8), filters.divisible_by(16)))
+    spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", filter_fn=predicate))
+    text = json.dumps(spec.to_dict())
+    assert json.loads(text)["quantize"]["filter_fn"] == (
+        "all_of(is_linear(), not_(by_name('*.ff.*', '*.attn.to_out.0')), any_of(min_features(8), divisible_by(16)))")
+    back = hookkit.Spec.from_dict(json.loads(text))
+    assert repr(back.quantize.filter_fn) == repr(predicate)
+    transformer = zoo_flux()
+    assert [d.path for d in select_layers(transformer, back.quantize).chosen] == [
+        d.path for d in select_layers(transformer, spec.quantize).chosen]
+
+
+def zoo_flux():
+    from hookkit.tools import zoo
+
+    return zoo.tiny_transformer("flux")
+
+
+@pytest.mark.parametrize(("text", "part"), [
+    ("by_name(__import__('os').getcwd())", "__import__('os').getcwd()"),
+    ("not_(is_linear)", "is_linear"),
+    ("all_of(is_linear(), by_name(pattern='x'))", "by_name(pattern='x')"),
+    ("min_features(-1)", "-1"),
+])
+def test_a_predicate_text_with_anything_but_builders_and_literals_is_refused_unevaluated(text: str, part: str) -> None:
+    with pytest.raises(SpecError) as info:
+        hookkit.Spec.from_dict({"quantize": {"scheme": "int8_weight_only", "filter_fn": text}})
+    assert str(info.value) == (
+        "Quantize.filter_fn: expected a predicate of hookkit.filters as text: calls of is_linear, by_name, "
+        "min_features, divisible_by, all_of, any_of, not_ on string and int literals, e.g. \"all_of(is_linear(), "
+        f"by_name('*.ff.*'))\"; got {text!r}, which has {part!r} there. Write it with those builders only, or pass "
+        "the callable itself.")
+
+
+def test_a_predicate_combining_a_lambda_is_written_as_its_repr_and_refused_when_read() -> None:
+    from hookkit import filters
+
+    predicate = filters.all_of(filters.is_linear(), lambda module, fqn: True)
+    data = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", filter_fn=predicate)).to_dict()
+    assert data["quantize"]["filter_fn"] == f"<{predicate!r}>"
+    with pytest.raises(SpecError, match=r"^Quantize.filter_fn: expected a callable or a 'module:qualname' string"):
+        hookkit.Spec.from_dict(data)
 
 
 def test_a_filter_fn_that_cannot_take_module_and_fqn_is_refused_when_the_spec_is_built() -> None:

@@ -137,9 +137,13 @@ def strict_init(cls: type) -> type:
 
 
 def callable_name(fn: Any) -> str:
-    """How `to_dict()` writes a callable field: 'module:qualname', importable again by `resolve_callable` when
-    `fn` is a module-level function or class; a lambda, a local function or an object is written as its repr
-    (the record says what it was; `from_dict` refuses it)."""
+    """How `to_dict()` writes a callable field: a callable that is data writes its own text (`hookkit_expression`:
+    hookkit.filters' predicates, read back without importing anything); a module-level function or class
+    'module:qualname', importable again by `resolve_callable` (with `trust_code`); a lambda, a local function or
+    another object its repr (the record says what it was; `from_dict` refuses it)."""
+    expression = getattr(fn, "hookkit_expression", None)
+    if isinstance(expression, str):
+        return expression
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
         return f"{module}:{qualname}"
@@ -149,15 +153,18 @@ def callable_name(fn: Any) -> str:
 def resolve_callable(owner_name: str, field: str, text: str, trust_code: bool = False) -> Any:
     """The callable `callable_name` wrote as 'module:qualname'; SpecError when the text names none.
 
-    Importing a module runs its code, so a name outside hookkit is resolved only with `trust_code` (the caller's
-    say-so that the text comes from someone whose code it would run anyway, as diffusers' `trust_remote_code`)."""
+    Importing a module runs its code, and calling what it names runs more, so a name is resolved only with
+    `trust_code` (the caller's say-so that the text comes from someone whose code it would run anyway, as diffusers'
+    `trust_remote_code`), hookkit's own modules included: data names code only as a hookkit.filters predicate."""
     module_name, _, qualname = text.partition(":")
     fix = (f"Pass the callable itself ({owner_name}({field}=my_function)); to_dict() writes a callable as "
            "'module:qualname', readable back only for module-level functions.")
     if not module_name or not qualname or text.startswith("<"):
         raise field_error(owner_name, field, text, "a callable or a 'module:qualname' string", fix)
-    if not trust_code and module_name != "hookkit" and not module_name.startswith("hookkit."):
-        raise field_error(owner_name, field, text, "a 'module:qualname' inside hookkit, or trust_code=True",
+    if not trust_code:
+        raise field_error(owner_name, field, text,
+                          "a hookkit.filters predicate as text (e.g. \"all_of(is_linear(), by_name('*.ff.*'))\"), or "
+                          "a 'module:qualname' with trust_code=True",
                           f"Resolving it would import {module_name!r} and run its code; nothing was imported. If you "
                           "trust where the dict came from, pass Spec.from_dict(data, trust_code=True), or pass the "
                           f"callable itself ({owner_name}({field}=my_function)).")

@@ -377,6 +377,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
         if options.image is not None:
             local.check_image_input(None, None)
         local.check_vae_options(options.vae_flags, opts.full, None, None)
+        bench.check_memory(opts, device, tiled="--vae-tiling" in options.vae_flags, offload=options.cpu_offload)
         return
     folder = Path(opts.model_path)
     index = local.read_index(folder)
@@ -391,6 +392,7 @@ def precheck_generate(args: argparse.Namespace, opts: ModelOptions, spec: hookki
                                 "(model_index.json names them null), so no text can be encoded; it would run on "
                                 f"random embeddings. Drop {flag}, or use a folder with its text encoders.")
     local.check_fits(folder, dtype, device, bench._available_bytes(device), options.cpu_offload)
+    bench.check_memory(opts, device, tiled="--vae-tiling" in options.vae_flags, offload=options.cpu_offload)
 
 
 def output_name(opts: ModelOptions, size: str, tag: str, prompt: str | None, suffix: str) -> Path:
@@ -570,7 +572,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.warmup < 0:
         raise SpecError(f"--runs/--warmup: expected runs >= 1 and warmup >= 0, got {args.runs} and {args.warmup}.")
     timeout = bench.default_timeout() if args.timeout is None else bench.check_timeout(args.timeout, "--timeout")
+    bench.cold_from_environment()  # every row's process inherits it: a bad value fails here, not in each row
     bench.check_size(opts, device)
+    bench.check_memory(opts, device)
     if args.json:
         local.check_output_file(Path(args.json), "--json")
     if args.out_dir:
@@ -604,6 +608,8 @@ def cmd_bench_one(args: argparse.Namespace) -> int:
         raise SpecError(f"--config: unknown configuration {args.config!r}; known: {list(bench.CONFIGS)} or "
                         f"{bench.SPEC_PREFIX}PATH.")
     bench.check_size(opts, bench.resolve_device(opts.device))
+    bench.check_memory(opts, bench.resolve_device(opts.device))
+    bench.cold_from_environment()
     out_dir = _created_folder(Path(args.out_dir), "--out-dir")
     row = bench.measure(bench.config_named(args.config), opts, args.runs, args.warmup, out_dir)
     text = bench.to_json(row)
@@ -626,12 +632,19 @@ def _model_for_derive(target: str, trust_remote_code: bool = False) -> torch.nn.
     if folder.exists():
         for candidate in (folder / "transformer" / "config.json", folder / "config.json"):
             if candidate.is_file():
-                config = json.loads(candidate.read_text())
+                try:
+                    config = json.loads(candidate.read_text())
+                except (OSError, ValueError, RecursionError) as exc:
+                    raise AdapterError(f"adapter derive: expected {str(candidate)!r} to be a readable JSON file (a "
+                                       f"diffusers config.json), got {type(exc).__name__}: {exc}.") from None
                 source = f"the _class_name of {str(candidate)!r}"
                 break
-        if config is None or "_class_name" not in config:
+        if not isinstance(config, dict) or "_class_name" not in config:
             raise AdapterError(f"adapter derive: expected a folder with a diffusers config.json naming its _class_name "
                                f"(the model folder or a pipeline folder with transformer/), got {target!r}.")
+        if not isinstance(config["_class_name"], str) or not config["_class_name"]:
+            raise AdapterError(f"adapter derive: expected {source} to be a class name, got "
+                               f"{config['_class_name']!r}.")
         target = config["_class_name"]
     cls = transformer_class(target, trust_remote_code=trust_remote_code, source=source)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):

@@ -34,14 +34,68 @@ TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def read_index(folder: Path) -> dict[str, Any]:
-    """The folder's `model_index.json`, or a SpecError saying what the folder lacks."""
+    """The folder's `model_index.json`, or a SpecError saying what the folder lacks. Its components are checked
+    (`check_components`): a folder whose loading would import a module it names or run code it ships is refused
+    here, before anything is loaded."""
     if not folder.is_dir():
         raise SpecError(f"--model-path: expected a local pipeline folder (with model_index.json), got {str(folder)!r}.")
     try:
-        return json.loads((folder / "model_index.json").read_text())
-    except (OSError, ValueError) as exc:
+        index = json.loads((folder / "model_index.json").read_text())
+    except (OSError, ValueError, RecursionError) as exc:
         raise SpecError(f"--model-path {str(folder)!r}: expected a diffusers pipeline folder with a readable "
                         f"model_index.json ({exc}).") from None
+    if not isinstance(index, dict):
+        raise SpecError(f"--model-path {str(folder)!r}: expected a model_index.json holding one JSON object "
+                        f"(component name -> [library, class]), got a {type(index).__name__}. Pass a folder "
+                        "`save_pretrained` wrote.")
+    check_components(index, folder)
+    return index
+
+
+def check_components(index: dict[str, Any], folder: Path) -> None:
+    """Refuse a folder whose components diffusers could load only by running code the folder names or ships.
+
+    A component is `[library, class]`. diffusers imports `library` to find the class, and loads a component folder's
+    `<library>.py` as custom code: so the library must be one diffusers loads components from (`diffusers`,
+    `transformers`, ... or one of diffusers' pipeline modules) and no component folder may hold such a file. A model
+    folder is data: hookkit runs no code it names, whatever the installed diffusers would do with it.
+    """
+    from diffusers import pipelines
+
+    try:
+        from diffusers.pipelines.pipeline_loading_utils import LOADABLE_CLASSES
+    except ImportError:  # pragma: no cover - a diffusers that moved the table: the libraries 0.42 loads from
+        LOADABLE_CLASSES = {"diffusers": {}, "transformers": {}, "onnxruntime.training": {}}
+
+    for key, value in index.items():
+        if key.startswith("_") or not (isinstance(value, list) and len(value) == 2
+                                       and all(isinstance(v, str) for v in value)):
+            continue  # "_class_name", "_diffusers_version", a component saved as [null, null], a config value
+        library = value[0]
+        where = f"--model-path {str(folder)!r}: model_index.json's {key!r} is {value!r}"
+        if (folder / key / f"{library}.py").is_file():
+            raise SpecError(
+                f"{where}; expected a class of an installed library, got custom code the folder ships "
+                f"({key}/{library}.py): loading it would run that file; nothing was loaded. If you trust it, load the "
+                "pipeline in Python (DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)) and pass it "
+                "to hookkit.enable.")
+        if library not in LOADABLE_CLASSES and not _is_pipeline_module(pipelines, library):
+            raise SpecError(
+                f"{where}; expected a class of a library diffusers loads components from "
+                f"({', '.join(LOADABLE_CLASSES)}), got library {library!r}: loading it would import {library!r} and "
+                "run its code; nothing was imported. If you trust that module, import it and load the pipeline in "
+                "Python, then pass it to hookkit.enable.")
+
+
+def _is_pipeline_module(pipelines: Any, name: str) -> bool:
+    """Whether `name` is one of diffusers' pipeline modules (`["stable_diffusion", "StableDiffusionSafetyChecker"]`):
+    looked up on diffusers' own lazy `pipelines` package, which imports nothing outside diffusers."""
+    if not name.isidentifier() or name.startswith("_"):
+        return False
+    try:
+        return hasattr(pipelines, name)
+    except Exception:  # noqa: BLE001 - diffusers' lazy module failing to load its own submodule
+        return False
 
 
 def _component(index: dict[str, Any], key: str) -> str | None:

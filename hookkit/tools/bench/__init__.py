@@ -38,6 +38,7 @@ from hookkit.tools.bench.models import (
     check_cpu_full,
     check_fits,
     check_frames,
+    check_memory,
     check_model,
     check_size,
     default_size,
@@ -69,6 +70,7 @@ from hookkit.tools.bench.render import (
 from hookkit.tools.bench.row import ROW_KEYS, BenchConfig, RunContext, _empty_row
 from hookkit.tools.bench.runner import (
     COLD_CACHE_VARS,
+    COLD_VARIABLE,
     DEFAULT_TIMEOUT_S,
     TIMEOUT_VARIABLE,
     _compare,
@@ -78,6 +80,7 @@ from hookkit.tools.bench.runner import (
     check_timeout,
     cold_cache_dirs,
     cold_env,
+    cold_from_environment,
     default_timeout,
     measure,
     run_matrix,

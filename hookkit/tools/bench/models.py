@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +261,109 @@ def check_size(opts: ModelOptions, device: torch.device) -> None:
             + (" or fewer --frames (all latent frames attend together)." if frames > 1 else "."))
 
 
+def _tensor_bytes(modules: list[torch.nn.Module], dtype: torch.dtype) -> int:
+    """Bytes of the parameters and buffers of `modules` (on any device, meta included) with float tensors in `dtype`."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+               for m in modules for t in [*m.parameters(), *m.buffers()])
+
+
+def _decoder_channels(vae: Any) -> int | None:
+    """Channels of the VAE decoder's last blocks, which run at the output's full resolution: AutoencoderKL's (and
+    CogVideoX's) first `block_out_channels`, Wan's and Qwen-Image's `base_dim`; None when unknown."""
+    config = getattr(vae, "config", None)
+    if config is None:
+        return None
+    channels = config.get("block_out_channels")
+    if isinstance(channels, (list, tuple)) and channels and isinstance(channels[0], int):
+        return channels[0]
+    base = config.get("base_dim")
+    return base if isinstance(base, int) else None
+
+
+def _size_text(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_memory(opts: ModelOptions, device: torch.device, *, tiled: bool | None = None,
+                 offload: str | None = None) -> None:
+    """Refuse a call whose weights and activations cannot fit the memory `device` has available, before anything is
+    loaded: found at the decode, it loses the whole denoising in an allocator traceback.
+
+    What is counted is a lower bound, so that nothing that fits is refused: the weights of the transformer(s) and the
+    VAE that are on the device at once, plus two activations of the largest layer each phase must hold, an input
+    and an output. Denoising holds the hidden states, `batch x tokens x heads x head_dim`; decoding (not for `--full`,
+    which returns latents; not under `tiled` VAE decoding) the VAE decoder's last block at full resolution,
+    `batch x channels x height x width` for one frame (video VAEs decode frame by frame). Text encoders, attention
+    and every other buffer come on top. Weights that alone exceed the memory are left to `check_fits` and
+    `local.check_fits`, which name them: this check refuses what the call's size adds.
+
+    Args:
+        opts: the model and the call.
+        device: where it runs; its available memory is `_available_bytes(device)`.
+        tiled: whether the VAE decodes in tiles (`--vae-tiling`); None for a command without that flag (the message
+            then does not suggest it).
+        offload: "model" keeps one component on the device at a time, "sequential" one layer (no weights counted).
+    """
+    try:
+        available = _available_bytes(device)
+    except (OSError, RuntimeError, AssertionError):  # no /proc/meminfo; a CUDA device type on a machine without one
+        return
+    pipe = skeleton_pipeline(opts)
+    if pipe is None:
+        return
+    default_height, default_width, default_frames = default_size(pipe, opts)
+    height, width = opts.height or default_height, opts.width or default_width
+    if height is None or width is None:
+        return
+    frames = opts.frames or default_frames
+    dtype = resolve_dtype(opts.dtype, device)
+    size = torch.empty((), dtype=dtype).element_size()
+    transformers = [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
+                    if isinstance(m, torch.nn.Module)]
+    vae = getattr(pipe, "vae", None)
+    experts = [_tensor_bytes([m], dtype) for m in transformers]  # "model" offload holds one expert at a time
+    weights = {"transformer": (max(experts, default=0) if offload == "model" else sum(experts)),
+               "vae": _tensor_bytes([vae], dtype) if isinstance(vae, torch.nn.Module) else 0}
+    if offload == "sequential":
+        weights = {key: 0 for key in weights}
+    config = transformers[0].config if transformers else {}
+    heads, head_dim = config.get("num_attention_heads"), config.get("attention_head_dim")
+    tokens = local.latent_tokens(pipe, height, width, frames)
+    phases: list[tuple[int, int, str]] = []  # (bytes needed, of which weights, what)
+    if isinstance(heads, int) and isinstance(head_dim, int) and tokens is not None:
+        hidden = 2 * opts.batch * tokens * heads * head_dim * size
+        resident = weights["transformer"] + (0 if offload else weights["vae"])
+        phases.append((resident + hidden, resident,
+                       f"denoising: {_size_text(resident)} of weights and {_size_text(hidden)} of hidden states "
+                       f"({opts.batch} x {tokens:,} tokens x {heads * head_dim} channels, a block's input and output)"))
+    channels = _decoder_channels(vae)
+    if not opts.full and not tiled and channels is not None:
+        decoded = 2 * opts.batch * channels * height * width * size
+        resident = weights["vae"] + (0 if offload else weights["transformer"])
+        phases.append((resident + decoded, resident,
+                       f"decoding: {_size_text(resident)} of weights and {_size_text(decoded)} for the VAE's last block "
+                       f"({opts.batch} x {channels} channels x {height}x{width}, its input and output)"))
+    if not phases:
+        return
+    need, resident, why = max(phases)
+    if need <= available or resident > available:  # weights that alone cannot fit: `check_fits` says so, naming them
+        return
+    asked = " ".join(f"{flag} {value}" for flag, value in (
+        ("--height", opts.height), ("--width", opts.width), ("--frames", opts.frames),
+        ("--batch", opts.batch if opts.batch != 1 else None)) if value is not None)
+    decoding = why.startswith("decoding")
+    fixes = ["a smaller --height/--width" + (" or --batch" if opts.batch > 1 else "")]
+    if decoding and tiled is False:
+        fixes.append("--vae-tiling (the VAE decodes in tiles)")
+    if opts.dtype in (None, "float32") and dtype == torch.float32:
+        fixes.append("--dtype bfloat16")
+    raise UnsupportedError(
+        f"{asked + ': ' if asked else ''}{type(pipe).__name__} needs at least {_size_text(need)} on {device} for this "
+        f"call, and {_size_text(available)} are available. The largest phase is {why}; attention, text encoders and "
+        f"other buffers come on top. Pass {', or '.join(fixes)}.")
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     saved = torch.get_default_dtype()
@@ -383,14 +485,8 @@ def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
 
     path = Path(opts.model_path or "")
-    if not path.is_dir():
-        raise SpecError(f"--model-path: expected a local pipeline folder (with model_index.json), got {str(path)!r}.")
+    index = local.read_index(path)  # refuses a folder whose loading would run code it names or ships
     # Components saved as null (e.g. a pipeline saved without text encoders) must be passed as None.
-    try:
-        index = json.loads((path / "model_index.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"--model-path {str(path)!r}: expected a diffusers pipeline folder with a readable "
-                        f"model_index.json ({exc}).") from None
     missing = {k: None for k, v in index.items() if isinstance(v, list) and v[:1] == [None]}
     try:
         pipe = DiffusionPipeline.from_pretrained(str(path), torch_dtype=dtype, local_files_only=True, **missing)

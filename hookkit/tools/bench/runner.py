@@ -115,13 +115,31 @@ def cold_env(root: Path, environ: dict[str, str] | None = None) -> dict[str, str
         folder = root / var.lower()
         folder.mkdir(parents=True, exist_ok=False)
         env[var] = str(folder)
-    env["HOOKKIT_BENCH_COLD"] = "1"
+    env[COLD_VARIABLE] = "1"
     return env
+
+
+#: the environment variable that marks a row's process as cold: `--cold` sets it for its rows (benchmarks/suite_lib.sh
+#: for the bench-one rows it points at fresh caches itself)
+COLD_VARIABLE = "HOOKKIT_BENCH_COLD"
+
+
+def cold_from_environment() -> bool:
+    """Whether `$HOOKKIT_BENCH_COLD` marks this process's row as cold: "1" yes; unset, empty or "0" no; anything else
+    a SpecError naming the variable and what it takes (checked before a row is timed, not read as "warm")."""
+    value = os.environ.get(COLD_VARIABLE, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise SpecError(f"{COLD_VARIABLE}={value!r}: expected 1 (the row's compiler caches are fresh and empty; `hookkit "
+                    f"bench --cold` sets it for its rows), 0 or unset, got {value!r}. Unset it, or use "
+                    "`hookkit bench --cold`.")
 
 
 def cold_cache_dirs() -> dict[str, Any] | None:
     """In a row's process: the fresh cache folders `--cold` gave it, or None for a warm row."""
-    if os.environ.get("HOOKKIT_BENCH_COLD") != "1":
+    if not cold_from_environment():
         return None
     return {var: os.environ.get(var) for var in COLD_CACHE_VARS}
 
