@@ -555,8 +555,9 @@ def test_hunyuan_dit_long_skips_are_marked_and_dbcache_refuses_a_split_that_cuts
     adapter = derive_adapter(transformer)
     assert [(b.attr, b.long_skips) for b in adapter.blocks] == [("blocks", True)]
     with pytest.raises(SpecError, match=r"cuts the skip blocks.0 -> blocks.3\. Use fn_blocks == bn_blocks"):
-        hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=0)))
-    handle = hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, bn_blocks=1)))
+        hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(rule="threshold", fn_blocks=1, bn_blocks=0)))
+    handle = hookkit.enable(transformer, hookkit.Spec(cache=hookkit.DBCache(rule="threshold", fn_blocks=1,
+                                                                            bn_blocks=1)))
     assert [t for t, _ in handle.plan.targets("cache")] == ["blocks.0", "blocks.1", "blocks.2"]
 
 

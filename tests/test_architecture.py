@@ -292,8 +292,9 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
      ("refused", SpecError, "Spec.compile: expected None with Attention")),
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
-    ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS},
+    ("flux", {"cache": hookkit.DBCache(threshold=0.24), "compile": GRAPHS},
      ("refused", SpecError, "DBCache.taylorseer_order: expected 0 with Compile(cuda_graphs='transformer')")),
+    ("flux", {"cache": SETTINGS["cache"], "compile": GRAPHS}, "allowed"),  # the default plans before the call
     ("flux", {"cache": STATIC, "compile": GRAPHS}, "allowed"),
     ("flux", {"cache": attrs.evolve(STATIC, taylorseer_order=2), "compile": GRAPHS}, "allowed"),  # decided before the call
     ("flux", {"cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0), "compile": GRAPHS}, "allowed"),  # split graphs

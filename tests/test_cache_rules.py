@@ -1,6 +1,7 @@
-"""DBCache's calibrated rules: "magnitude" (MagCache's) and "schedule" (planned from one uncached run).
+"""DBCache's planned rules: "magnitude" (MagCache's), "schedule" planned from one uncached run, and "schedule"
+without a calibration (`DBCache()`, the default).
 
-Both decide the call's steps before it starts, from a `CacheCalibration`: the planning arithmetic is tested exactly
+All decide the call's steps before it starts: the planning arithmetic is tested exactly
 (hand-computed masks, a brute force over every mask), then what the hooks do with it: the extrapolation the plan
 assumes is the one that runs, the same steps under the CPU stand-in for CUDA graphs, per CFG branch, per
 transformer of a two-transformer pipeline, against diffusers' own MagCache.
@@ -21,6 +22,7 @@ import hookkit
 from hookkit.errors import SpecError
 from hookkit.techniques.cache.calibration import (
     CacheCalibration,
+    generic_schedule,
     magnitude_mask,
     plan_schedule,
     predict_weights,
@@ -155,16 +157,65 @@ def test_a_schedule_calibrated_at_another_step_count_is_refused_with_the_fix() -
     (dict(rule="magnitude"), r"DBCache.calibration: expected a hookkit.CacheCalibration with rule='magnitude', got None"),
     (dict(rule="schedule", calibration=CacheCalibration(steps=4, ratios=(1.0,) * 4), speedup=2.0),
      r"DBCache.calibration: expected a gram matrix with rule='schedule', got ratios only"),
-    (dict(rule="schedule", calibration=CacheCalibration(steps=4, gram=((1.0,) * 4,) * 4)),
-     r"DBCache.speedup: expected a number > 1 with rule='schedule'"),
+    (dict(rule="schedule", speedup=1.0), r"DBCache.speedup: expected a number > 1"),
     (dict(rule="magnitude", calibration=CacheCalibration(steps=4, ratios=(1.0,) * 4), steps_mask="fast"),
      r"DBCache.steps_mask: expected None with rule='magnitude'"),
-    (dict(speedup=2.0), r"DBCache.speedup: expected None with rule='threshold'"),
-    (dict(fn_blocks=0), r"DBCache.fn_blocks: expected >= 1 with rule='threshold'"),
+    (dict(threshold=0.24, speedup=2.0), r"DBCache.speedup: expected None with rule='threshold'"),
+    (dict(threshold=0.24, fn_blocks=0), r"DBCache.fn_blocks: expected >= 1 with rule='threshold'"),
+    (dict(rule="schedule", threshold=0.3), r"DBCache.threshold: expected None with rule='schedule'"),
+    (dict(rule="schedule", max_accumulated_diff=1.0),
+     r"DBCache.max_accumulated_diff: expected None with rule='schedule'"),
+    (dict(spacing=1.5, calibration=CacheCalibration(steps=4, gram=((1.0,) * 4,) * 4)),
+     r"DBCache.spacing: expected None with rule='schedule' and a calibration"),
+    (dict(threshold=0.24, last_computed=0.5), r"DBCache.last_computed: expected None with rule='threshold'"),
+    (dict(last_computed=1.5), r"DBCache.last_computed: expected a share of the steps, 0 < x <= 1, got 1.5"),
 ])
 def test_rule_fields_are_checked_when_the_spec_is_made(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         hookkit.DBCache(**kwargs)
+
+
+def test_the_default_is_the_calibration_free_schedule_at_2x_with_taylorseer_2() -> None:
+    cache = hookkit.DBCache()
+    assert (cache.rule, cache.fn_blocks, cache.bn_blocks, cache.speedup, cache.taylorseer_order) == (
+        "schedule", 0, 0, 2.0, 2)
+    assert (cache.calibration, cache.threshold, cache.spacing, cache.last_computed) == (None, None, 1.7, 1.0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(threshold=0.12), dict(steps_mask="fast", mask_policy="static"),
+                                    dict(max_accumulated_diff=1.0)])
+def test_a_setting_only_the_threshold_rule_reads_picks_it_with_its_defaults(kwargs: dict[str, Any]) -> None:
+    cache = hookkit.DBCache(**kwargs)
+    assert (cache.rule, cache.fn_blocks, cache.taylorseer_order, cache.speedup, cache.spacing) == (
+        "threshold", 1, 1, None, None)
+    assert cache.threshold == kwargs.get("threshold", 0.24)
+
+
+def test_the_resolved_default_equals_its_explicit_spelling() -> None:
+    assert hookkit.DBCache() == hookkit.DBCache(rule="schedule", fn_blocks=0, taylorseer_order=2, speedup=2.0,
+                                                spacing=1.7, last_computed=1.0)
+
+
+@pytest.mark.parametrize(("steps", "computed", "kwargs", "expected"), [
+    (28, 14, {}, [0, 1, 2, 3, 4, 5, 7, 9, 12, 14, 17, 20, 24, 27]),  # j-th of 13 at 27 * (j / 13) ** 1.7
+    (28, 9, {}, [0, 1, 3, 5, 8, 12, 17, 22, 27]),
+    (14, 4, {}, [0, 2, 7, 13]),
+    (14, 4, dict(spacing=1.3, last=0.7), [0, 2, 5, 9]),  # the last computed step at round(0.7 * 13) = 9
+    (14, 4, dict(spacing=1.0), [0, 4, 9, 13]),  # even spacing
+    (28, 14, dict(forced=5), [0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 19, 23, 27]),  # 0-4, then 9 from 4 to 27
+    (6, 6, {}, [0, 1, 2, 3, 4, 5]),
+    (6, 1, {}, [0]),
+])
+def test_generic_schedule_spaces_the_computed_steps_by_a_power_of_their_rank(
+        steps: int, computed: int, kwargs: dict[str, Any], expected: list[int]) -> None:
+    mask = generic_schedule(steps, computed, **kwargs)
+    assert [t for t, m in enumerate(mask) if m] == expected
+
+
+def test_the_default_computes_the_steps_its_speedup_allows_spaced_by_the_generic_plan() -> None:
+    assert rule_mask(hookkit.DBCache(), 28, 57) == generic_schedule(28, 14)
+    assert rule_mask(hookkit.DBCache(speedup=3.0, spacing=1.3, last_computed=0.7), 14, 6) == generic_schedule(
+        14, 4, 1.3, 0.7)
 
 
 def test_a_calibrated_spec_round_trips_through_a_json_dict() -> None:
@@ -203,6 +254,17 @@ def test_magnitude_caches_its_planned_steps_and_skips_every_block() -> None:
     assert data["block_calls"] == 3 * data["blocks"]  # a cached step runs no block
 
 
+def test_the_default_caches_its_planned_steps_and_skips_every_block() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    pipe(**zoo.call_kwargs("flux", steps=6))
+    data = handle.summary().features["cache"].data
+    assert _steps(handle) == {0: ([0, 2, 5], [1, 3, 4])}  # 3 of 6 steps at 2x: 5 * (j / 2) ** 1.7 -> 0, 2, 5
+    assert (data["rule"], data["fn_blocks"], data["collectives"]) == ("schedule", 0, 0)
+    assert data["block_calls"] == 3 * data["blocks"]
+    assert data["block_calls_uncached"] == 2 * data["block_calls"]
+
+
 def test_a_rule_at_zero_budget_is_bitwise_stock() -> None:
     stock = zoo.tiny_pipeline("flux")(**zoo.call_kwargs("flux", steps=6)).images
     pipe = zoo.tiny_pipeline("flux")
@@ -237,10 +299,13 @@ def test_the_schedule_adds_exactly_the_extrapolation_it_planned_with() -> None:
             assert out[t] == pytest.approx(sum(w * residual[c] for c, w in weights.items()), rel=1e-12)
 
 
-def test_rules_under_transformer_graphs_cache_the_same_steps_and_match_eager_bitwise() -> None:
+@pytest.mark.parametrize(("spec", "steps"), [(magnitude(), {0: ([0, 1, 3], [2, 4, 5])}),
+                                           (hookkit.DBCache(), {0: ([0, 2, 5], [1, 3, 4])})],
+                         ids=["magnitude", "default"])
+def test_rules_under_transformer_graphs_cache_the_same_steps_and_match_eager_bitwise(
+        spec: hookkit.DBCache, steps: dict[int, tuple[list[int], list[int]]]) -> None:
     from tests.test_compile import _cache_stats, _graph_cached_pipeline, run
 
-    spec = magnitude()
     eager_pipe = zoo.tiny_pipeline("flux")
     eager = hookkit.enable(eager_pipe, hookkit.Spec(cache=spec))
     reference = run(eager_pipe, steps=6)
@@ -249,17 +314,19 @@ def test_rules_under_transformer_graphs_cache_the_same_steps_and_match_eager_bit
         assert torch.equal(run(pipe, steps=6), reference)
         assert _cache_stats(handle) == _cache_stats(eager)
     assert backend.captures == 2
-    assert _cache_stats(handle)[1] == {0: ([0, 1, 3], [2, 4, 5])}
+    assert _cache_stats(handle)[1] == steps
 
 
-def test_cfg_branches_each_follow_the_rule() -> None:
+@pytest.mark.parametrize(("spec", "branch"), [(magnitude(), ([0, 1, 3], [2, 4, 5])),
+                                            (hookkit.DBCache(), ([0, 2, 5], [1, 3, 4]))], ids=["magnitude", "default"])
+def test_cfg_branches_each_follow_the_rule(spec: hookkit.DBCache, branch: tuple[list[int], list[int]]) -> None:
     pipe = zoo.tiny_pipeline("qwenimage")
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=magnitude()))
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=spec))
     args = zoo.call_kwargs("qwenimage", steps=6, true_cfg_scale=4.0)
     args.update(negative_prompt_embeds=torch.full_like(args["prompt_embeds"], 0.5),
                 negative_prompt_embeds_mask=args["prompt_embeds_mask"])
     pipe(**args)
-    assert _steps(handle) == {0: ([0, 1, 3], [2, 4, 5]), 1: ([0, 1, 3], [2, 4, 5])}
+    assert _steps(handle) == {0: branch, 1: branch}
 
 
 def test_each_transformer_of_a_two_expert_pipeline_follows_the_rule() -> None:

@@ -53,7 +53,7 @@ def test_demo_model_deep_draws_with_the_16_block_trained_model(tmp_path: Path,
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("hookkit demo: hookkit's trained deep Flux (stock FluxPipeline, 3 steps, 32x32")
-    assert "(middle 15 of 16 blocks)" in out
+    assert "DBCache F0B0 (middle 16 of 16 blocks), schedule 2x, no calibration (spacing 1.7, last 1)" in out
 
 
 def test_demo_refuses_an_unknown_model_naming_the_shipped_ones(capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,9 +163,9 @@ def test_generate_cache_on_the_6_step_tiny_model_caches_with_the_dbcache_default
     out = tmp_path / "d.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "6", "--cache", "--out", str(out))
     assert code == 0 and out.is_file()
-    # the README's first command: warm-up scaled to 6 steps (2), threshold 0.24, no run limit (DBCache())
-    assert "- Cached Steps: 2 of 6 transformer steps, steps [2, 4];" in stdout
-    assert "- Optimization: DBCache_F1B0_WautoMC-1_R0.24_TS1\n" in stdout
+    # the README's first command: DBCache(), 3 of 6 steps computed (0, 2, 5), every block skipped on the others
+    assert "- Cached Steps: 3 of 6 transformer steps, steps [1, 3, 4]; block calls run: 15 of 30" in stdout
+    assert "- Optimization: DBCache_F0B0_WautoMC-1_schedule2x_TS2\n" in stdout
 
 
 def test_generate_cache_flags_default_to_dbcache_defaults() -> None:
@@ -175,7 +175,8 @@ def test_generate_cache_flags_default_to_dbcache_defaults() -> None:
 
 def test_generate_warmup_covering_every_step_says_why_nothing_was_cached(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8", "--summary", "full",
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-threshold", "0.24", "--cache-warmup",
+                               "8", "--summary", "full",
                                "--out", str(tmp_path / "w.png"))
     assert code == 0
     assert "- Cached Steps: 0 of 4 transformer steps: warm-up covered all 4 (warmup_steps=8)\n" in stdout
@@ -274,7 +275,7 @@ def test_generate_model_path_of_another_family_names_both(tmp_path: Path, capsys
     (["nosuchmodel"], "MODEL: expected a shipped adapter name"),
     (["flux", "--cache-mask", "fast"], "--cache-mask fast: only with --cache"),
     (["flux", "--steps", "0"], "--steps: expected an int >= 1, got 0"),
-    (["flux", "--cache", "--cache-threshold", "-1"], "DBCache.threshold: expected a number >= 0.0, got -1.0"),
+    (["flux", "--cache", "--cache-threshold", "-1"], "DBCache.threshold: expected a number >= 0.0 or None, got -1.0"),
     (["flux", "--full", "--model-path", "/nonexistent"], "--full: builds a random-weight architecture"),
     (["flux", "--model-path", "/nonexistent"], "--model-path: expected a local pipeline folder"),
     (["flux", "--model-path", "/"], "--model-path '/': expected a diffusers pipeline folder with a readable "

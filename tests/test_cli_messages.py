@@ -247,8 +247,8 @@ def test_generate_counts_cfg_branches_apart_under_their_names(tmp_path: Path,
 
 def test_generate_says_in_its_default_output_why_nothing_was_cached(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-warmup", "8",
-                               "--out", str(tmp_path / "w.png"))
+    code, stdout, _ = generate(capsys, "flux", "--steps", "4", "--cache", "--cache-threshold", "0.24",
+                               "--cache-warmup", "8", "--out", str(tmp_path / "w.png"))
     assert code == 0
     assert "- Cached Steps: 0 of 4 transformer steps: warm-up covered all 4 (warmup_steps=8)\n" in stdout
 

@@ -615,7 +615,7 @@ def test_sd3_skip_layer_guidance_skipping_the_first_middle_block_decides_at_the_
     pipe = _tiny_sd3_pipeline()
     with torch.no_grad():
         reference = pipe(**_sd3_kwargs(6, **slg))[0]
-        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(fn_blocks=1, warmup_steps=8)))  # computes all
+        handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(rule="threshold", fn_blocks=1, warmup_steps=8)))  # computes all
         assert torch.equal(pipe(**_sd3_kwargs(6, **slg))[0], reference)
         assert branch(handle, 1)["computed"] == [1, 2, 3, 4, 5]  # SLG starts at step 1 in diffusers
         hookkit.disable(pipe)
@@ -666,7 +666,7 @@ def test_video_to_video_sizes_the_mask_for_the_steps_that_run() -> None:
 
 
 def test_a_huge_warmup_costs_nothing_and_computes_every_step() -> None:
-    model, handle = stub(hookkit.DBCache(warmup_steps=10**12))
+    model, handle = stub(hookkit.DBCache(rule="threshold", warmup_steps=10**12))
     drive(model, handle, [1.0, 1.0, 1.0])  # a set of the warm-up's steps would take terabytes
     data = handle.summary().features["cache"].data
     assert (data["warmup_steps"], data["branches"][0]["cached"]) == ([0, 1, 2], [])
@@ -678,7 +678,7 @@ def test_huge_counts_on_a_pipeline_compute_every_step_without_a_large_allocation
     pipe = zoo.tiny_pipeline("flux")
     huge = 10**9
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(
-        warmup_steps=huge, max_cached_steps=huge, max_continuous_cached_steps=huge)))
+        rule="threshold", warmup_steps=huge, max_cached_steps=huge, max_continuous_cached_steps=huge)))
     tracemalloc.start()
     try:
         pipe(**zoo.call_kwargs("flux", steps=4))

@@ -128,7 +128,7 @@ def test_default_sweep_covers_hookkit_variants_and_peers_at_the_same_thresholds(
         by_family.setdefault(c.family, []).append(c.x)
     thresholds = list(quality.DEFAULT_THRESHOLDS)
     assert by_family == {
-        "hookkit defaults": [hookkit.DBCache().threshold],
+        "hookkit defaults": [hookkit.DBCache().speedup],
         "hookkit F1B0": thresholds, "hookkit F2B0": thresholds, "hookkit F1B1": thresholds,
         "hookkit F1B0 TaylorSeer-1": thresholds, "hookkit F1B0 static mask": list(quality.MASK_POLICIES),
         "diffusers FirstBlockCache": thresholds, "cache-dit F1B0": thresholds,

@@ -181,7 +181,7 @@ def test_resolve_steps_mask_refuses_a_step_count_that_is_not_a_positive_int(num_
     ("build", "field", "value"),
     [
         (lambda: hookkit.DBCache(threshold=-0.1), "DBCache.threshold", "-0.1"),
-        (lambda: hookkit.DBCache(fn_blocks=0), "DBCache.fn_blocks", "0"),
+        (lambda: hookkit.DBCache(rule="threshold", fn_blocks=0), "DBCache.fn_blocks", "0"),
         (lambda: hookkit.DBCache(warmup_steps=True), "DBCache.warmup_steps", "True"),
         (lambda: hookkit.DBCache(max_cached_steps=-2), "DBCache.max_cached_steps", "-2"),
         (lambda: hookkit.DBCache(steps_mask="turbo"), "DBCache.steps_mask", "'turbo'"),

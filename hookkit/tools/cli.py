@@ -168,22 +168,17 @@ def spec_from_args(args: argparse.Namespace) -> hookkit.Spec:
         raise SpecError(f"--compile-mode {args.compile_mode}: only with --compile or --cuda-graphs. Add --compile.")
     cache = None
     if args.cache:
-        # One default everywhere: unset flags take `hookkit.DBCache()`'s values (the measured ones); a mask is
-        # the schedule, so with one the warm-up is 0 and TaylorSeer off unless asked for.
-        default = hookkit.DBCache()
+        # Unset flags leave `hookkit.DBCache()`'s defaults: the calibration-free schedule, unless a flag only the
+        # threshold rule reads (--cache-threshold, --cache-mask) picks that rule. A mask is the schedule, so with one
+        # the warm-up is 0 and TaylorSeer off unless asked for.
         masked = args.cache_mask is not None
-        cache = hookkit.DBCache(
-            fn_blocks=args.cache_fn if args.cache_fn is not None else default.fn_blocks,
-            bn_blocks=args.cache_bn if args.cache_bn is not None else default.bn_blocks,
-            threshold=args.cache_threshold if args.cache_threshold is not None else default.threshold,
-            warmup_steps=args.cache_warmup if args.cache_warmup is not None else (0 if masked else default.warmup_steps),
-            max_continuous_cached_steps=args.cache_max_continuous if args.cache_max_continuous is not None
-            else default.max_continuous_cached_steps,
-            steps_mask=args.cache_mask,
-            mask_policy=args.cache_mode if args.cache_mode is not None else default.mask_policy,
-            taylorseer_order=args.cache_taylorseer if args.cache_taylorseer is not None
-            else (0 if masked else default.taylorseer_order),
-        )
+        given = {"fn_blocks": args.cache_fn, "bn_blocks": args.cache_bn, "threshold": args.cache_threshold,
+                 "warmup_steps": args.cache_warmup if args.cache_warmup is not None else (0 if masked else None),
+                 "max_continuous_cached_steps": args.cache_max_continuous, "steps_mask": args.cache_mask,
+                 "mask_policy": args.cache_mode,
+                 "taylorseer_order": args.cache_taylorseer if args.cache_taylorseer is not None
+                 else (0 if masked else None)}
+        cache = hookkit.DBCache(**{k: v for k, v in given.items() if v is not None})
     compile_ = None
     if args.compile or args.cuda_graphs:
         compile_ = hookkit.Compile(regional=True, mode=args.compile_mode,
@@ -198,8 +193,9 @@ def optimization_tag(spec: hookkit.Spec) -> str:
     if spec.cache is not None:
         c = spec.cache
         warmup = "auto" if c.warmup_steps is None else c.warmup_steps
+        decides = f"_R{c.threshold:g}" if c.threshold is not None else f"_{c.rule}{c.speedup:g}x"
         parts.append(f"DBCache_F{c.fn_blocks}B{c.bn_blocks}_W{warmup}MC{c.max_continuous_cached_steps}"
-                     f"_R{c.threshold:g}" + (f"_TS{c.taylorseer_order}" if c.taylorseer_order else ""))
+                     + decides + (f"_TS{c.taylorseer_order}" if c.taylorseer_order else ""))
         if c.steps_mask is not None:
             mask = c.steps_mask if isinstance(c.steps_mask, str) else "custom"
             parts.append(f"SCM-{mask}-{c.mask_policy}")

@@ -144,8 +144,12 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
 
     cache = spec.cache
     assert cache is not None  # demo_spec's, not user input
-    print(f"hookkit turns on: hookkit.Spec(cache=hookkit.DBCache(), sync_free=True): threshold {cache.threshold}, "
-          f"warm-up {effective_warmup_steps(cache, steps)} of {steps} steps, TaylorSeer order {cache.taylorseer_order}")
+    if cache.rule == "threshold":
+        how = f"threshold {cache.threshold}, warm-up {effective_warmup_steps(cache, steps)} of {steps} steps"
+    else:
+        how = f"{cache.rule} rule, {cache.speedup:g}x less block work over {steps} steps"
+    print(f"hookkit turns on: hookkit.Spec(cache=hookkit.DBCache(), sync_free=True): {how}, "
+          f"TaylorSeer order {cache.taylorseer_order}")
 
     def call(i: int) -> tuple[float, torch.Tensor]:
         kwargs = trained.call_kwargs([classes[i]], seeds=[seed + i], steps=steps, model=model)  # fresh generators

@@ -299,6 +299,17 @@ def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
     return out
 
 
+def default_rule_configs(steps: int) -> list[QualityConfig]:
+    """`hookkit.DBCache()` as it comes (the calibration-free schedule at 2x), and the same rule at the other
+    `SCHEDULE_SPEEDUPS`: what a user gets without calibrating or tuning."""
+    out = [hookkit_config(hookkit.DBCache(), family="hookkit DBCache()", name="hookkit-DBCache()", x=2.0)]
+    for s in SCHEDULE_SPEEDUPS:
+        if s < steps:
+            out.append(hookkit_config(hookkit.DBCache(speedup=s), family="hookkit schedule no calibration TaylorSeer-2",
+                                      name=f"hookkit-schedule-{s:g}x-no-calibration", x=s))
+    return out
+
+
 def cache_dit_configs(steps: int, thresholds: Sequence[float] = FRONT_THRESHOLDS) -> list[QualityConfig]:
     """cache-dit's DBCache F1B0 with and without its TaylorSeer calibrator (order 1) over `thresholds`, and its
     four static step masks for `steps`; warm-up as hookkit's default at `steps` (cache-dit's 8 at 28)."""
@@ -346,6 +357,7 @@ def front_configs(steps: int, source: TrainedModel, calibration: Sequence[tuple[
     return [
         *hookkit_configs(),
         *hookkit_rule_configs(source.name, steps),
+        *default_rule_configs(steps),
         *fewer_steps_configs(steps),
         *[fbcache_config(t) for t in FRONT_THRESHOLDS],
         *[magcache_config(t, steps, max_skip_steps=k) for t, k in MAGCACHE_SWEEP],

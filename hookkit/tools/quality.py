@@ -412,6 +412,11 @@ def _cache_tag(cache: hookkit.DBCache) -> str:
         tag += f"-W{cache.warmup_steps}"
     if cache.max_continuous_cached_steps != -1:
         tag += f"-MC{cache.max_continuous_cached_steps}"
+    if cache.rule == "schedule":
+        plan = "calibrated" if cache.calibration is not None else f"spacing{cache.spacing:g}-last{cache.last_computed:g}"
+        return f"{tag}-schedule{cache.speedup:g}x-{plan}"
+    if cache.rule == "magnitude":
+        tag += "-magnitude"
     if cache.steps_mask is not None:
         mask = cache.steps_mask if isinstance(cache.steps_mask, str) else "custom"
         tag += f"-mask-{mask}-{cache.mask_policy}"
@@ -430,7 +435,8 @@ def hookkit_config(cache: hookkit.DBCache, family: str | None = None, name: str 
         if cache.steps_mask is not None:
             family += f" {cache.mask_policy} mask"
     if x is None:
-        x = cache.steps_mask if isinstance(cache.steps_mask, str) else cache.threshold
+        x = cache.steps_mask if isinstance(cache.steps_mask, str) else (
+            cache.speedup if cache.rule == "schedule" else cache.threshold)
     return QualityConfig(
         name=name or f"hookkit-{tag}", family=family, spec=hookkit.Spec(cache=cache), x=x,
         description=(f"hookkit DBCache {tag}, warmup {'auto' if cache.warmup_steps is None else cache.warmup_steps}, max continuous "
@@ -549,7 +555,7 @@ def default_configs(thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> list[Qu
     on cached steps), hookkit's static masks, diffusers' FirstBlockCache and cache-dit's DBCache F1B0 at the
     same thresholds."""
     out: list[QualityConfig] = [hookkit_config(hookkit.DBCache(), family="hookkit defaults", name="hookkit-defaults",
-                                               x=hookkit.DBCache().threshold)]
+                                               x=hookkit.DBCache().speedup)]
     for fn, bn, order in ((1, 0, 0), (2, 0, 0), (1, 1, 0), (1, 0, 1)):
         out += [hookkit_config(hookkit.DBCache(fn_blocks=fn, bn_blocks=bn, threshold=t, taylorseer_order=order))
                 for t in thresholds]

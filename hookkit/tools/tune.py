@@ -31,7 +31,7 @@ from hookkit.spec import Spec
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.core.summary import table
 from hookkit.errors import SpecError
-from hookkit.techniques.cache.calibration import CacheCalibration
+from hookkit.techniques.cache.calibration import GENERIC_SPACING, CacheCalibration
 from hookkit.techniques.cache.hooks import _BlockIO
 from hookkit.core.plan import flat_blocks
 
@@ -326,8 +326,10 @@ def _db(value: float) -> str:
 
 def _name(cache: DBCache) -> str:
     ts = f" TS{cache.taylorseer_order}" if cache.taylorseer_order else ""
+    if cache.rule == "schedule" and cache.calibration is None:
+        return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts} spacing {cache.spacing:g} last {cache.last_computed:g}"
     if cache.rule == "schedule":
-        plan = "" if cache.calibration is not None and cache.calibration.gains is not None else " step-size plan"
+        plan = "" if cache.calibration.gains is not None else " step-size plan"
         return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts}{plan}"
     if cache.rule == "magnitude":
         k = cache.max_continuous_cached_steps
@@ -340,17 +342,24 @@ def _name(cache: DBCache) -> str:
 
 def candidates(calibration: CacheCalibration, speedup: float | None = None) -> list[DBCache]:
     """The caching specs `tune` tries, deterministic: the planned schedule (orders 0-2) at the target speed-up (or at
-    a ladder of speed-ups for a quality target), MagCache's rule on the calibrated ratios, the threshold rule and
-    the named static masks, each with TaylorSeer orders that measured useful."""
+    a ladder of speed-ups for a quality target), planned from the calibration and calibration-free (`spacing` and
+    `last_computed` swept: a plan that stops computing early wins at 3.5x on 14 steps), MagCache's rule on the
+    calibrated ratios, the threshold rule and the named static masks, each with TaylorSeer orders that measured
+    useful."""
     out: list[DBCache] = []
     n = calibration.steps
     ladder = [speedup] if speedup is not None else [1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0]
+    spacings = GENERIC_SPACINGS if speedup is not None else (GENERIC_SPACING,)
     for s in ladder:
         if s >= n:
             continue
         for order in (0, 1, 2):
             out.append(DBCache(rule="schedule", calibration=calibration, speedup=float(s),
                                taylorseer_order=order))
+            for spacing in spacings:
+                for last in GENERIC_LASTS:
+                    out.append(DBCache(rule="schedule", speedup=float(s), taylorseer_order=order, spacing=spacing,
+                                       last_computed=last))
             if calibration.gains is not None:  # the plan by step size alone, which wins at some speed-ups
                 out.append(DBCache(rule="schedule", calibration=attrs.evolve(calibration, gains=None),
                                    speedup=float(s), taylorseer_order=order))
@@ -367,6 +376,12 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
         for order in (1, 2):
             out.append(DBCache(steps_mask=mask, mask_policy="static", taylorseer_order=order))
     return out
+
+
+#: the calibration-free plans `candidates` tries: spacings at a speed-up target (one at a quality target's ladder)
+GENERIC_SPACINGS: tuple[float, ...] = (1.3, 1.5, 1.7, 2.0)
+#: ... and where their last computed step falls
+GENERIC_LASTS: tuple[float, ...] = (1.0, 0.7)
 
 
 def _speedup(handle: Handle) -> tuple[int, int]:

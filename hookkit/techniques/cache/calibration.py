@@ -293,6 +293,40 @@ def plan_schedule(calibration: CacheCalibration, num_steps: int, computed: int, 
     return _plan(_gram(calibration), step_weights(calibration), num_steps, computed, order, forced)
 
 
+#: `DBCache(rule="schedule")` without a calibration: computed step j of k at last * (j / (k - 1)) ** spacing
+GENERIC_SPACING = 1.7
+GENERIC_LAST = 1.0
+
+
+def generic_schedule(num_steps: int, computed: int, spacing: float = GENERIC_SPACING, last: float = GENERIC_LAST,
+                     forced: int = 1) -> tuple[int, ...]:
+    """The calibration-free plan: the 0/1 mask of `num_steps` steps with exactly `computed` computed steps, the first
+    `forced` steps among them and the others spaced as a power of their rank, dense where a flow-matching trajectory
+    bends (the first steps) and sparser later: the j-th of the remaining ones at `(last * (num_steps - 1) - f) *
+    (j / m) ** spacing + f` (f = forced - 1, m = the remaining count), rounded, each at least one step after the
+    previous. `last` is where the last computed step falls, as a share of the schedule (1.0: the final step).
+
+    Why a power: the plans `plan_schedule` makes from the trained models' calibrations space their computed steps so
+    (exponent 1.5-2 at 1.5-3x, on both models and step counts), and so do the best fixed masks on models they were
+    not planned on (BENCHMARKS.md, "Caching at equal quality"): the schedule needs no uncached run of the model.
+    """
+    if not (isinstance(spacing, (int, float)) and spacing > 0 and 0 < last <= 1):
+        raise SpecError(f"generic_schedule: expected spacing > 0 and 0 < last <= 1, got spacing={spacing!r}, "
+                        f"last={last!r}.")
+    forced = max(1, min(forced, num_steps))
+    computed = max(forced, min(computed, num_steps))
+    end = max(forced - 1, round(last * (num_steps - 1)))
+    steps = list(range(forced))
+    remaining = computed - forced
+    for j in range(1, remaining + 1):
+        x = (forced - 1) + (end - (forced - 1)) * (j / remaining) ** spacing
+        lowest = steps[-1] + 1
+        highest = num_steps - 1 - (remaining - j)  # room for the ones still to place
+        steps.append(min(max(round(x), lowest), highest))
+    chosen = set(steps)
+    return tuple(1 if i in chosen else 0 for i in range(num_steps))
+
+
 @lru_cache(maxsize=64)
 def _plan(gram: tuple[tuple[float, ...], ...], weights: tuple[float, ...], n: int, k: int, order: int,
           forced: int) -> tuple[int, ...]:

@@ -1126,6 +1126,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int,
         "branches": branches,
         "warmup_steps": cs.warmup_steps() if cs is not None else None,
         "rule": spec.rule,
+        "speedup": spec.speedup, "spacing": spec.spacing, "last_computed": spec.last_computed,
+        "calibrated": spec.calibration is not None,
         "no_cache_reason": _no_cached_reason(layout, cs),
         "no_cache_brief": _no_cache_brief(layout, cs),
         #: denoising steps of the call (each branch runs them all): what "0 of N steps cached" counts
@@ -1139,24 +1141,35 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int,
 def _render(data: dict[str, Any], brief: bool = False) -> str:
     """The summary's text; `brief`: fitted to `SUMMARY_WIDTH` columns (diff percentiles as "P50" rather than
     "Diffs P50", long step lists wrapped)."""
-    mask = "no mask" if data["steps_mask"] is None else f"mask {data['steps_mask']!r} ({data['mask_policy']})"
+    if data.get("rule", "threshold") == "threshold":
+        mask = "no mask" if data["steps_mask"] is None else f"mask {data['steps_mask']!r} ({data['mask_policy']})"
+        decides = f"threshold {data['threshold']}, {mask}"
+    elif data["rule"] == "magnitude":
+        decides = f"rule 'magnitude', threshold {data['threshold']}, planned before the call"
+    else:
+        plan = ("planned from its calibration" if data.get("calibrated")
+                else f"no calibration (spacing {data.get('spacing'):g}, last {data.get('last_computed'):g})")
+        decides = f"schedule {data.get('speedup'):g}x, {plan}"
     head = (f"DBCache F{data['fn_blocks']}B{data['bn_blocks']} (middle {data['middle_blocks']} of {data['blocks']} "
-            f"blocks), threshold {data['threshold']}, {mask}")
+            f"blocks), {decides}")
     if not data["branches"]:
         return head + "\nno transformer call in this generation yet"
     names = data.get("branch_names") or {}
+    measured = any(b["percentiles"] for b in data["branches"].values())  # a rule deciding on diffs measured some
     rows = []
     for index, b in data["branches"].items():
         p = b["percentiles"]
         stats = [p[k] for k in ("P00", "P25", "P50", "P75", "P95", "min", "max")] if p else ["-"] * 7
         name = names.get(index, index)
-        rows.append([index if name == f"branch {index}" else name, len(b["computed"]) + len(b["cached"]), len(b["cached"]), *stats])
+        rows.append([index if name == f"branch {index}" else name, len(b["computed"]) + len(b["cached"]),
+                     len(b["cached"]), *(stats if measured else [])])
     if brief:
-        headers = ["Branch", "Steps", "Cached", "Diff P00", "P25", "P50", "P75", "P95", "Min", "Max"]
+        headers = ["Branch", "Steps", "Cached"] + (["Diff P00", "P25", "P50", "P75", "P95", "Min", "Max"] if measured
+                                                    else [])
         lines = [head, table(headers, rows, width=SUMMARY_WIDTH)]
     else:
-        headers = ["Branch", "Steps", "Cached Steps", "Diffs P00", "Diffs P25", "Diffs P50", "Diffs P75", "Diffs P95",
-                   "Diffs Min", "Diffs Max"]
+        headers = ["Branch", "Steps", "Cached Steps"] + (["Diffs P00", "Diffs P25", "Diffs P50", "Diffs P75",
+                                                          "Diffs P95", "Diffs Min", "Diffs Max"] if measured else [])
         lines = [head, table(headers, rows)]
     for index, b in data["branches"].items():
         label = f"{names[index]} (branch {index})" if index in names and names[index] != f"branch {index}" \
@@ -1190,7 +1203,8 @@ def plot_cache_diffs(source: Any | Summary | FeatureSummary | dict[str, Any], pa
     branches = data["branches"]
     fig, axes = plt.subplots(max(1, len(branches)), 1, figsize=(8, 3 * max(1, len(branches))), squeeze=False)
     for ax, (index, b) in zip(axes[:, 0], branches.items() or [(0, None)]):
-        ax.axhline(data["threshold"], color="tab:red", linestyle="--", label=f"threshold {data['threshold']}")
+        if data["threshold"] is not None:  # the planned rule measures no diff and has no threshold
+            ax.axhline(data["threshold"], color="tab:red", linestyle="--", label=f"threshold {data['threshold']}")
         if b is not None:
             for step in b["cached"]:
                 ax.axvspan(step - 0.5, step + 0.5, color="tab:green", alpha=0.2, linewidth=0)

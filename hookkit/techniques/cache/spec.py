@@ -10,7 +10,15 @@ import attrs
 
 from hookkit.core.validate import choice, float_field, instance_of, int_field, is_int, owner, plain, strict_init, to_tuple
 from hookkit.errors import SpecError, field_error
-from hookkit.techniques.cache.calibration import CacheCalibration, as_calibration, magnitude_mask, plan_schedule
+from hookkit.techniques.cache.calibration import (
+    GENERIC_LAST,
+    GENERIC_SPACING,
+    CacheCalibration,
+    as_calibration,
+    generic_schedule,
+    magnitude_mask,
+    plan_schedule,
+)
 
 #: how DBCache decides which steps reuse the middle blocks' residual (`DBCache.rule`)
 RULES = ("threshold", "magnitude", "schedule")
@@ -45,36 +53,45 @@ class DBCache:
     """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
     blocks are skipped on cached steps and their stored residual (or its TaylorSeer extrapolation) is added
     instead. `rule` decides which steps are cached; the order in which the threshold rule's checks decide is in
-    `hookkit.techniques.cache.hooks`. The defaults are the quality harness's choice on the trained tiny Flux
-    (BENCHMARKS.md).
+    `hookkit.techniques.cache.hooks`.
+
+    `DBCache()` is the planned rule without a calibration: 2x less block work, every block skipped on a cached step,
+    the computed steps spaced densely early and sparsely late, TaylorSeer 2. It needs no uncached run, no host read,
+    replays under CUDA graphs and decides alike on every rank; on the trained models it is on the speed-quality front
+    at 2x, ahead of every peer rule (BENCHMARKS.md, "Caching at equal quality"). `hookkit.tune` finds a better Spec
+    for your model and calls.
 
     Rules:
-      - "threshold" (default): cache a step when the first blocks' residual changed little since the branch's
-        last computed step (one host read per step), within `warmup_steps`, `steps_mask` and the limits below.
+      - "schedule" (the default, unless `threshold`, `steps_mask` or `max_accumulated_diff` is given): decided before
+        the call, computing as many steps as reach `speedup` in executed block work. With a `calibration` (one
+        uncached run of the model: `hookkit.calibrate`) it computes the steps of least predicted error on the final
+        latent with this spec's TaylorSeer extrapolation (`calibration.plan_schedule`); without one it spaces them by
+        `spacing` and `last_computed` (`calibration.generic_schedule`).
+      - "threshold": cache a step when the first blocks' residual changed little since the branch's last computed
+        step (one host read per step), within `warmup_steps`, `steps_mask` and the limits below.
       - "magnitude": MagCache's rule, decided before the call from `calibration.ratios`: cache while the error the
         per-step magnitude ratios accumulate stays <= `threshold`, at most `max_continuous_cached_steps` in a row
         (-1: no limit), after `warmup_steps` (None: MagCache's 20 % retention). No host read.
-      - "schedule": hookkit's planned rule. From `calibration.gram` (one uncached run of the model) it predicts
-        the error each choice of computed steps makes on the final latent with this spec's TaylorSeer
-        extrapolation, and computes the steps of the least predicted error that reach `speedup` in executed block
-        work (`hookkit.techniques.cache.calibration.plan_schedule`). No host read.
     "magnitude" and "schedule" decide like a static mask: they replay under whole-transformer CUDA graphs and decide
-    alike on every rank. Make a calibration with `hookkit.calibrate(pipe, calls)`; `hookkit.tune` picks a rule.
+    alike on every rank.
 
     Args:
-        rule: "threshold" (default), "magnitude" or "schedule" (above).
+        rule: "schedule", "threshold" or "magnitude" (above). Default None: "threshold" when `threshold`,
+            `steps_mask` or `max_accumulated_diff` is given (the settings only it reads), else "schedule".
         fn_blocks: blocks at the start that always run (>= 0); their residual detects change. Default: 1 for
             "threshold", 0 for "magnitude" and "schedule" (their decisions need no residual: every block is skipped
             on a cached step). 0 with "threshold" needs a static mask.
         bn_blocks: blocks at the end that always run (default 0), refining the approximated hidden states.
         threshold: "threshold": cache a step when the relative L1 change of the Fn residual against the branch's
             last computed step is below this (default 0.24); 0 never caches dynamically (a mask still may).
-            "magnitude": the bound on the accumulated magnitude error (MagCache's default is 0.06).
+            "magnitude": the bound on the accumulated magnitude error (default 0.24; MagCache's is 0.06).
+            None with "schedule", which reads no threshold.
         warmup_steps: the first steps, always computed; cut to a `steps_mask`'s leading 1s. Default None: scaled
             to the call's step count by `auto_warmup_steps` (8 at 28 steps and more, the same share rounded up
-            below: 2 at 4-7 steps, 3 at 8-10), so 4-8-step models (FLUX.1-schnell, distilled LoRAs) cache too; 8
-            when the step count is unknown. An int is taken as given, even one that covers every step (the
-            summary then says why nothing was cached).
+            below: 2 at 4-7 steps, 3 at 8-10) for "threshold", so 4-8-step models (FLUX.1-schnell, distilled LoRAs)
+            cache too; 8 when the step count is unknown; MagCache's 20 % for "magnitude"; the first step for
+            "schedule". An int is taken as given, even one that covers every step (the summary then says why nothing
+            was cached).
         warmup_interval: within the warm-up, compute every this-many-th step only (default 1: all of them).
         max_cached_steps: at most this many cached steps per branch and call (default -1: no limit).
         max_continuous_cached_steps: at most this many cached steps in a row (default -1: no limit); MagCache's K
@@ -86,19 +103,23 @@ class DBCache:
             shorter than the call computes the remaining steps.
         mask_policy: "dynamic" (default): a 0 in the mask still asks the rules and the threshold; "static":
             a 0 caches, no diff is measured and no host sync made (needs `steps_mask`).
-        taylorseer_order: 0 reuses the last computed residual; 1 or 2 (default 1) extrapolates it from the last
-            computed steps in the TaylorSeer paper's form: differences over the latest gap between computed
-            steps, divided by it, the k-th one times distance^k / k!.
-        calibration: a `hookkit.CacheCalibration` (or its dict) for "magnitude" (its ratios) and "schedule" (its
-            gram matrix); None (default) for "threshold".
-        speedup: "schedule" only: the speed-up in executed block work to reach (> 1); the computed steps are as
-            many as it allows.
+        taylorseer_order: 0 reuses the last computed residual; 1 or 2 extrapolates it from the last computed steps
+            in the TaylorSeer paper's form: differences over the latest gap between computed steps, divided by it,
+            the k-th one times distance^k / k!. Default None: 2 for "schedule", 1 for the others.
+        calibration: a `hookkit.CacheCalibration` (or its dict): "magnitude" needs its ratios, "schedule" plans
+            from its gram matrix when given. Default None.
+        speedup: "schedule" only: the speed-up in executed block work to reach (> 1; default 2.0); the computed
+            steps are as many as it allows.
+        spacing: "schedule" without a calibration: the exponent of the computed steps' spacing (default 1.7; 1 is
+            even spacing, larger is denser early). None otherwise.
+        last_computed: "schedule" without a calibration: where the last computed step falls, as a share of the
+            steps (0 < x <= 1; default 1.0, the final step; below, the last steps are extrapolated). None otherwise.
     """
 
-    rule: str = attrs.field(default="threshold", validator=choice(*RULES))
-    fn_blocks: int = attrs.field(validator=int_field(0))
+    rule: str | None = attrs.field(default=None, validator=choice(*RULES, None))
+    fn_blocks: int | None = attrs.field(default=None, validator=int_field(0, allow_none=True))
     bn_blocks: int = attrs.field(default=0, validator=int_field(0))
-    threshold: float = attrs.field(default=0.24, validator=float_field(0.0))
+    threshold: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True))
     warmup_steps: int | None = attrs.field(default=None, validator=int_field(0, allow_none=True))
     warmup_interval: int = attrs.field(default=1, validator=int_field(1))
     max_cached_steps: int = attrs.field(default=-1, validator=int_field(-1))
@@ -106,14 +127,12 @@ class DBCache:
     max_accumulated_diff: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
     steps_mask: tuple[int, ...] | str | None = attrs.field(default=None, converter=to_tuple, validator=_check_steps_mask)
     mask_policy: str = attrs.field(default="dynamic", validator=choice("dynamic", "static"))
-    taylorseer_order: int = attrs.field(default=1, validator=int_field(0, 2))
+    taylorseer_order: int | None = attrs.field(default=None, validator=int_field(0, 2, allow_none=True))
     calibration: CacheCalibration | None = attrs.field(
         default=None, converter=as_calibration, validator=instance_of(CacheCalibration, "a hookkit.CacheCalibration"))
     speedup: float | None = attrs.field(default=None, validator=float_field(1.0, allow_none=True, strict=True))
-
-    @fn_blocks.default
-    def _default_fn_blocks(self) -> int:
-        return 1 if self.rule == "threshold" else 0
+    spacing: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
+    last_computed: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
 
     @mask_policy.validator
     def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
@@ -123,7 +142,18 @@ class DBCache:
                             "Give a mask (steps_mask='fast' or a 0/1 list) or use mask_policy='dynamic'.")
 
     def __attrs_post_init__(self) -> None:
+        self._resolve_defaults()
         rule = self.rule
+        if self.last_computed is not None and self.last_computed > 1:
+            raise field_error("DBCache", "last_computed", self.last_computed, "a share of the steps, 0 < x <= 1")
+        if not (rule == "schedule" and self.calibration is None):
+            for name in ("spacing", "last_computed"):
+                if getattr(self, name) is not None:
+                    raise SpecError(
+                        f"DBCache.{name}: expected None with rule={rule!r}"
+                        + (" and a calibration (the plan comes from it)" if rule == "schedule" else "")
+                        + f", got {getattr(self, name)!r}. It spaces the computed steps of rule='schedule' without "
+                        "a calibration; drop it" + (" or the calibration." if rule == "schedule" else "."))
         if rule == "threshold":
             if self.fn_blocks == 0 and not (self.steps_mask is not None and self.mask_policy == "static"):
                 raise SpecError(
@@ -139,10 +169,13 @@ class DBCache:
         if self.steps_mask is not None:
             raise SpecError(f"DBCache.steps_mask: expected None with rule={rule!r} (the rule makes the mask), got "
                             f"{self.steps_mask!r}. Drop steps_mask, or use rule='threshold' with it.")
-        if self.calibration is None:
-            raise SpecError(f"DBCache.calibration: expected a hookkit.CacheCalibration with rule={rule!r}, got None. "
-                            "Make one from an uncached run of your model: hookkit.calibrate(pipe, calls).")
+        if self.max_accumulated_diff is not None:
+            raise SpecError(f"DBCache.max_accumulated_diff: expected None with rule={rule!r} (only the threshold rule "
+                            f"measures diffs), got {self.max_accumulated_diff!r}. Drop it, or use rule='threshold'.")
         if rule == "magnitude":
+            if self.calibration is None:
+                raise SpecError("DBCache.calibration: expected a hookkit.CacheCalibration with rule='magnitude', got "
+                                "None. Make one from an uncached run of your model: hookkit.calibrate(pipe, calls).")
             if self.calibration.ratios is None:
                 raise SpecError("DBCache.calibration: expected ratios with rule='magnitude', got a calibration without. "
                                 "Calibrate with hookkit.calibrate(pipe, calls).")
@@ -150,13 +183,45 @@ class DBCache:
                 raise SpecError(f"DBCache.speedup: expected None with rule='magnitude' (its threshold sets the speed), "
                                 f"got {self.speedup!r}. Drop it, or use rule='schedule'.")
         if rule == "schedule":
-            if self.calibration.gram is None:
+            if self.threshold is not None:
+                raise SpecError(f"DBCache.threshold: expected None with rule='schedule' (it plans the steps before the "
+                                f"call and measures nothing), got {self.threshold!r}. Drop it, or use "
+                                "rule='threshold' to cache on a measured change.")
+            if self.calibration is not None and self.calibration.gram is None:
                 raise SpecError("DBCache.calibration: expected a gram matrix with rule='schedule', got ratios only. "
-                                "Calibrate with hookkit.calibrate(pipe, calls).")
+                                "Calibrate with hookkit.calibrate(pipe, calls), or drop the calibration for the "
+                                "calibration-free plan.")
+
+    def _resolve_defaults(self) -> None:
+        """Fill the defaults that depend on the rule (frozen: set once, here). `rule=None` is "threshold" when a
+        setting only that rule reads is given, else "schedule"."""
+        rule = self.rule
+        if rule is None:
+            given = [n for n in ("threshold", "steps_mask", "max_accumulated_diff") if getattr(self, n) is not None]
+            rule = "threshold" if given else "schedule"
+        values: dict[str, Any] = {"rule": rule}
+        if self.fn_blocks is None:
+            values["fn_blocks"] = 1 if rule == "threshold" else 0
+        if self.taylorseer_order is None:
+            values["taylorseer_order"] = 2 if rule == "schedule" else 1
+        if self.threshold is None and rule != "schedule":
+            values["threshold"] = DEFAULT_THRESHOLD
+        if rule == "schedule":
             if self.speedup is None:
-                raise SpecError("DBCache.speedup: expected a number > 1 with rule='schedule' (the speed-up in executed "
-                                "block work to plan for), got None. E.g. DBCache(rule='schedule', calibration=cal, "
-                                "speedup=2.0).")
+                values["speedup"] = DEFAULT_SPEEDUP
+            if self.calibration is None:
+                if self.spacing is None:
+                    values["spacing"] = GENERIC_SPACING
+                if self.last_computed is None:
+                    values["last_computed"] = GENERIC_LAST
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+
+#: `DBCache.threshold`'s default for the "threshold" and "magnitude" rules
+DEFAULT_THRESHOLD = 0.24
+#: `DBCache.speedup`'s default for the "schedule" rule: 2x less executed block work
+DEFAULT_SPEEDUP = 2.0
 
 
 #: warm-up of `DBCache(warmup_steps=None)` at `WARMUP_REFERENCE_STEPS` steps and more (cache-dit's default)
@@ -236,23 +301,26 @@ MAGNITUDE_RETENTION = 0.2
 
 
 def rule_mask(spec: DBCache, num_steps: int, num_blocks: int) -> tuple[int, ...]:
-    """The static 0/1 mask the "magnitude" or "schedule" rule decides for a call of `num_steps` steps.
+    """The static 0/1 mask the "magnitude" or "schedule" rule (calibrated or not) decides for a call of `num_steps`
+    steps.
 
     `num_blocks`: of the model (with `fn_blocks` + `bn_blocks` they give what a cached step still costs, which sets
     how many steps "schedule" may compute to reach `speedup`).
     """
     calibration = spec.calibration
-    if calibration is None or spec.rule == "threshold":
-        raise SpecError(f"rule_mask: expected a DBCache with rule 'magnitude' or 'schedule' and a calibration, got "
-                        f"rule={spec.rule!r}.")
-    if spec.rule == "magnitude":
+    if spec.rule == "threshold":
+        raise SpecError(f"rule_mask: expected a DBCache with rule 'magnitude' or 'schedule', got rule={spec.rule!r}.")
+    if spec.rule == "magnitude" and calibration is not None:
         retention = (int(MAGNITUDE_RETENTION * num_steps + 0.5) if spec.warmup_steps is None
                      else min(spec.warmup_steps, num_steps))
         return magnitude_mask(calibration.ratios_for(num_steps), spec.threshold, spec.max_continuous_cached_steps,
                               retention)
     computed = schedule_computed_steps(spec, num_steps, num_blocks)
     forced = 1 if spec.warmup_steps is None else max(1, min(spec.warmup_steps, computed))
-    return plan_schedule(calibration, num_steps, computed, spec.taylorseer_order, forced)
+    if calibration is None:
+        return generic_schedule(num_steps, computed, float(spec.spacing or GENERIC_SPACING),
+                                float(spec.last_computed or GENERIC_LAST), forced)
+    return plan_schedule(calibration, num_steps, computed, int(spec.taylorseer_order or 0), forced)
 
 
 def schedule_computed_steps(spec: DBCache, num_steps: int, num_blocks: int) -> int:
