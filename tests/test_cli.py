@@ -338,6 +338,15 @@ def test_generate_help_says_which_models_run_without_model_path(capsys: pytest.C
     assert "zimage) with --model-path" in help_text
 
 
+def test_generate_help_describes_the_default_cache_as_the_planned_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--cache hookkit.DBCache(): the calibration-free planned rule, 2x less block work, TaylorSeer 2; " \
+           "--cache-threshold or --cache-mask picks the threshold rule (F1B0, threshold 0.24, TaylorSeer 1)" in help_text
+    assert "measured defaults" not in help_text
+
+
 @pytest.mark.parametrize("command", ["generate", "bench"])
 def test_a_tiny_model_on_the_cpu_uses_one_thread_unless_threads_says_otherwise(command: str) -> None:
     threads = torch.get_num_threads()

@@ -807,16 +807,18 @@ def build_parser() -> CommandParser:
     p.add_argument("--cuda-graphs", action="store_true", help="one CUDA graph per transformer call (implies --compile; GPU)")
     p.add_argument("--quantize", default=None, choices=QUANT_SCHEMES, metavar="SCHEME",
                    help=f"torchao quantization: {', '.join(QUANT_SCHEMES)}")
-    p.add_argument("--cache", action="store_true", help="DBCache with hookkit.DBCache()'s measured defaults (F1B0, threshold 0.24, warm-up scaled to the "
-                        "step count: 8 at 28 steps, 2 at 4-7; no run limit; TaylorSeer order 1) unless set below")
+    p.add_argument("--cache", action="store_true",
+                   help="hookkit.DBCache(): the calibration-free planned rule, 2x less block work, TaylorSeer 2; "
+                        "--cache-threshold or --cache-mask picks the threshold rule (F1B0, threshold 0.24, TaylorSeer 1); "
+                        "the flags below override one field each")
     p.add_argument("--cache-mask", default=CACHE_FLAG_DEFAULTS["cache_mask"], choices=sorted(MASK_POLICIES), metavar="POLICY",
                    help=f"step computation mask: {', '.join(MASK_POLICIES)} (then warm-up 0, no run limit by default)")
     p.add_argument("--cache-mode", default=CACHE_FLAG_DEFAULTS["cache_mode"], choices=("dynamic", "static"),
                    help="masked steps: cache when the residual change is small (dynamic, the default) or always (static)")
-    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed (default 1)")
+    p.add_argument("--cache-fn", type=int, default=CACHE_FLAG_DEFAULTS["cache_fn"], help="first blocks always computed (default: 0 with the planned rule, 1 with the threshold rule)")
     p.add_argument("--cache-bn", type=int, default=CACHE_FLAG_DEFAULTS["cache_bn"], help="last blocks always computed (default 0)")
-    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold (default 0.24)")
-    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: scaled to the step count, 8 at 28; 0 with a mask)")
+    p.add_argument("--cache-threshold", type=float, default=CACHE_FLAG_DEFAULTS["cache_threshold"], help="relative L1 residual threshold; picks the threshold rule (its default 0.24)")
+    p.add_argument("--cache-warmup", type=int, default=CACHE_FLAG_DEFAULTS["cache_warmup"], help="steps always computed first (default: the first step with the planned rule; with the threshold rule scaled to the step count, 8 at 28, and 0 with a mask)")
     p.add_argument("--cache-max-continuous", type=int, default=CACHE_FLAG_DEFAULTS["cache_max_continuous"],
                    help="cached steps in a row (default -1: no limit)")
     p.add_argument("--cache-taylorseer", type=int, default=CACHE_FLAG_DEFAULTS["cache_taylorseer"], choices=[0, 1, 2],
