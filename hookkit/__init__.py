@@ -26,6 +26,7 @@ from hookkit.features import build_plan, enable
 from hookkit.spec import Spec
 from hookkit.techniques.attention.spec import Attention
 from hookkit.techniques.cache.calibration import CacheCalibration
+from hookkit.techniques.cache.hooks import plot_cache_diffs
 from hookkit.techniques.cache.spec import DBCache
 from hookkit.techniques.compile.spec import Compile
 from hookkit.techniques.parallel.spec import ContextParallel
@@ -74,6 +75,7 @@ __all__ = [
     "get_adapter",
     "handle_of",
     "list_adapters",
+    "plot_cache_diffs",
     "profile_syncs",
     "register_adapter",
     "resolve_adapter",

@@ -470,6 +470,27 @@ def test_plot_writes_a_png(tmp_path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_of_the_planned_default_shades_the_cached_steps_and_draws_no_diff(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read its axes
+    model, handle = stub(hookkit.DBCache())
+    drive(model, handle, [1.0, 1.125, 1.25, 1.5, 1.5, 1.625, 1.75, 1.875])
+    assert steps(handle) == ([0, 1, 4, 7], [2, 3, 5, 6])
+    path = hookkit.plot_cache_diffs(handle.summary(), tmp_path / "planned.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (ax,) = figures[0].axes
+    assert ax.get_lines() == []  # the planned rule measures no diff and has no threshold
+    assert ax.get_legend_handles_labels()[1] == ["cached"]
+    assert [(p.get_x(), p.get_width()) for p in ax.patches] == [(1.5, 1.0), (2.5, 1.0), (4.5, 1.0), (5.5, 1.0)]
+
+
+def test_plot_cache_diffs_is_public() -> None:
+    assert hookkit.plot_cache_diffs is plot_cache_diffs and "plot_cache_diffs" in hookkit.__all__
+
+
 # --- regional compilation -----------------------------------------------------------------------------------
 
 

@@ -1192,7 +1192,8 @@ def _render(data: dict[str, Any], brief: bool = False) -> str:
 
 
 def plot_cache_diffs(source: Any | Summary | FeatureSummary | dict[str, Any], path: str | Path) -> Path:
-    """Write a PNG of each branch's diff per step against the threshold, cached steps shaded.
+    """Write a PNG of each branch's diff per step against the threshold, cached steps shaded. The "magnitude" and
+    "schedule" rules (`DBCache()`) measure no diff: their plot shades the cached steps only.
 
     `source`: a handle, its `summary()`, the DBCache `FeatureSummary`, or that summary's `data`.
     """
@@ -1201,22 +1202,31 @@ def plot_cache_diffs(source: Any | Summary | FeatureSummary | dict[str, Any], pa
 
     plt = pyplot("plot_cache_diffs")
     branches = data["branches"]
+    measured = data.get("rule", "threshold") == "threshold"  # the other rules decide before the call
     fig, axes = plt.subplots(max(1, len(branches)), 1, figsize=(8, 3 * max(1, len(branches))), squeeze=False)
     for ax, (index, b) in zip(axes[:, 0], branches.items() or [(0, None)]):
-        if data["threshold"] is not None:  # the planned rule measures no diff and has no threshold
+        if measured and data["threshold"] is not None:
             ax.axhline(data["threshold"], color="tab:red", linestyle="--", label=f"threshold {data['threshold']}")
         if b is not None:
-            for step in b["cached"]:
-                ax.axvspan(step - 0.5, step + 0.5, color="tab:green", alpha=0.2, linewidth=0)
+            for i, step in enumerate(b["cached"]):
+                ax.axvspan(step - 0.5, step + 0.5, color="tab:green", alpha=0.2, linewidth=0,
+                           label="cached" if i == 0 and not measured else None)
             steps = sorted(b["diffs"])
-            ax.plot(steps, [b["diffs"][s] for s in steps], marker="o", label="Fn residual diff")
-            cached = [s for s in steps if s in set(b["cached"])]
-            ax.scatter(cached, [b["diffs"][s] for s in cached], color="tab:green", zorder=3, label="cached")
+            if measured:
+                ax.plot(steps, [b["diffs"][s] for s in steps], marker="o", label="Fn residual diff")
+                cached = [s for s in steps if s in set(b["cached"])]
+                ax.scatter(cached, [b["diffs"][s] for s in cached], color="tab:green", zorder=3, label="cached")
             ax.set_xlim(-0.5, len(b["computed"]) + len(b["cached"]) - 0.5)
-        ax.set_title(f"DBCache branch {index}: cached steps shaded")
         ax.set_xlabel("step")
-        ax.set_ylabel("relative L1 diff")
-        ax.legend(loc="upper right")
+        if measured:
+            ax.set_title(f"DBCache branch {index}: cached steps shaded")
+            ax.set_ylabel("relative L1 diff")
+        else:
+            ax.set_title(f"DBCache branch {index}, rule {data['rule']!r} (decided before the call, no diff measured): "
+                         "cached steps shaded", fontsize="medium")
+            ax.set_yticks([])
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, format="png")
