@@ -58,9 +58,25 @@ def test_every_suite_passes_bash_syntax_check() -> None:
     assert failed == {}
 
 
-def test_no_file_in_benchmarks_or_its_results_is_named_after_a_work_log_session_or_an_issue() -> None:
-    names = [path.relative_to(BENCHMARKS).as_posix() for path in BENCHMARKS.rglob("*") if "__pycache__" not in path.parts]
-    assert names and [n for n in names if re.search("session|issue", n, re.IGNORECASE)] == []
+#: what names a file after the work that made it, not what it holds: a session, an issue, a numbered run, a GPU
+#: index, a numbered seed of a work log
+WORK_LOG_NAME = re.compile(r"session|issue|run[-_ ]?\d|gpu\d|seed[-_ ]?0\d\d", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("name, flagged", [
+    ("session-12/flux.json", True), ("issue40.log", True), ("run7.json", True), ("run-26.log", True),
+    ("run 3.txt", True), ("gpu1.txt", True), ("seed_003.png", True), ("seed-012.json", True),
+    ("runner.py", False), ("gpu_tests.log", False), ("gpus.txt", False), ("nvidia-h200-x2/flux-512-alone.json", False),
+    ("test_syncs.py", False), ("seeds-0-3.json", False),
+])
+def test_the_work_log_name_pattern_flags_sessions_issues_runs_gpus_and_seeds(name: str, flagged: bool) -> None:
+    assert bool(WORK_LOG_NAME.search(name)) is flagged
+
+
+def test_no_file_in_benchmarks_or_tests_is_named_after_a_work_log_session_run_or_issue() -> None:
+    names = [path.relative_to(ROOT).as_posix() for folder in (BENCHMARKS, ROOT / "tests") for path in folder.rglob("*")
+             if "__pycache__" not in path.parts]
+    assert names and [n for n in names if WORK_LOG_NAME.search(n)] == []
 
 
 # --- the queue runner --------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def test_report_counts_per_step_with_zeros_and_per_place_most_frequent_first() -
     assert report.per_location() == [(4, PREV), (2, ITEM)]
 
 
-def test_report_table_reads_like_seed_003() -> None:
+def test_report_table_lists_each_sync_location_by_count_and_render_adds_the_per_step_counts() -> None:
     assert synthetic_report().table().splitlines() == [
         "| count | where                            | function | code                                                                     |",
         "|-------|----------------------------------|----------|--------------------------------------------------------------------------|",
