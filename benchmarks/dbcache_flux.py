@@ -16,8 +16,8 @@ compiled regions, so uncached and cached runs share the same compiled blocks and
 Reported per mode: median wall time of uncached and cached runs (torch.cuda.synchronize around each), the
 ideal cached time = uncached x fraction of block work done, where the fraction is
 (computed_steps * N + cached_steps * (fn + bn)) / (steps * N) with N = 57 blocks, how far above the ideal
-the cached run is (goal: <= 3%; cache-dit measured 1.62 s, 5.4% above its ideal, on an H200 with its "fast" mask), PSNR of cached vs
-uncached latents, and per-step host/GPU times of one cached run (CUDA events, CPU timestamps).
+the cached run is (goal: <= 3%; the numbers are in BENCHMARKS.md, "DBCache's cost above the ideal"), PSNR of
+cached vs uncached latents, and per-step host/GPU times of one cached run (CUDA events, CPU timestamps).
 Writes JSON to $OUT (default ./out).
 """
 

@@ -2,8 +2,8 @@
 
 A replayed CUDA graph runs no Python: what a graph-served step costs the host is hookkit's hooks (the model watch,
 the graph key, the cache's decision), the pipeline's loop and the scheduler. Where the GPU's work per step is
-short (DBCache's cached steps: one block; small sizes) that host time is the step's time (BENCHMARKS.md, session
-8: Qwen-Image's cached steps took 9.9 ms of host for 1.9 ms of GPU on an H200). This runs the real
+short (DBCache's cached steps: one block; small sizes) that host time is the step's time (BENCHMARKS.md, "Host
+time of a graph-served call"). This runs the real
 `Compile(cuda_graphs="transformer")` feature on the CPU with a capture whose replay does nothing, on Flux-dev's and
 Qwen-Image's block counts at tiny widths (the host path scales with modules and tensors, not with widths), Flux with
 and without memo (its torch-function mode is active around the whole call; Qwen-Image needs memo under graphs), and

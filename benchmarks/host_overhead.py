@@ -1,7 +1,7 @@
 """Host cost per pipeline call of hookkit's eager features, where nothing hides it: the tiny Flux on the CPU.
 
 A GPU run at 512² without CUDA graphs is host-bound, and the host's speed there moves by tens of percent
-between runs (BENCHMARKS.md, run 7), so the GPU cannot rank eager configurations that differ by a few
+between runs (BENCHMARKS.md, "The `hookkit bench` matrix at 512²"), so the GPU cannot rank eager configurations that differ by a few
 hundred microseconds. This measures what each feature adds to the host's work per call instead: the tiny
 Flux (2 double + 3 single blocks, 32x32, float32, one thread), 28 steps, every variant enabled on the same
 pipeline and disabled again, in rounds whose order rotates so that drift spreads over all variants; median

@@ -5,17 +5,15 @@ Cases (bf16, query and key, batch 1; 24 heads of 128 but Wan's):
   flux-double  text 512 + image 4,096 tokens, each normalized with its own weight, concatenated, then rotated
   qwen         text 512 + image 4,096 tokens: diffusers' RMSNorm (bf16 weight), complex RoPE, concatenated after
   wan          Wan 2.1 14B at 480x832, 81 frames: 32,760 tokens of 40 heads, torch's rms_norm over all heads, Wan's
-               own RoPE with bf16 tables (a bf16 model's rope buffers); since run 26 the pass leaves 40 heads to
-               inductor (`norm_rope.MAX_ACROSS_WIDTH`): its `hookkit` row is inductor's, the op rows time the kernel
+               own RoPE with bf16 tables (a bf16 model's rope buffers); the pass leaves 40 heads to inductor
+               (`norm_rope.MAX_ACROSS_WIDTH`): its `hookkit` row is inductor's, the op rows time the kernel
 Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
 `hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
-called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; run 24 also timed strided loads
-of the even and odd elements, 11x slower than the kernel's contiguous loads, since removed). Each row: GPU time per
-call, from CUDA-event timings of a CUDA graph that replays --iters calls (median of --runs replays after warm-up,
-min-max): the kernels alone, as a captured transformer runs them (run 22 timed the calls from Python instead, and
-measured the host's launch path: the op's wrapper and Triton's launcher, 60-250 µs per call, not the kernels; its
-times are not used), the memory traffic that implies, and the output against the eager arithmetic (fraction of values
-moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding.
+called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction). Each row: GPU time per call,
+from CUDA-event timings of a CUDA graph that replays --iters calls (median of --runs replays after warm-up, min-max):
+the kernels alone, as a captured transformer runs them (calls timed from Python would measure the host's launch path,
+the op's wrapper and Triton's launcher, not the kernels), the memory traffic that implies, and the output against the
+eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding.
 
     python benchmarks/norm_rope.py --out DIR        # a CUDA device; JSON in DIR/norm_rope.json
 """

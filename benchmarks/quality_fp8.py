@@ -9,7 +9,7 @@ shipped classifier still recognises. Rows:
   cache-fast               DBCache F1B0 on the static "fast" mask, bf16 (what caching alone costs)
   fp8+mod+compile          fp8_row incl. modulation + regional compile (GPU): its GELU / concatenated inputs quantized
                            by hookkit's one-pass kernel with Compile's default fuse_fp8_rows="fast" (tanh from exp,
-                           approximate division; up to run 15 this row was "exact" and the next one "-fast")
+                           approximate division)
   fp8+mod+compile-exact    the same with fuse_fp8_rows="exact" (eager torchao's arithmetic, bitwise)
   fp8+mod+compile-unfused  the same with fuse_fp8_rows="off": inductor's own two-pass quantization
   fp8+cache-fast           the fastest hookkit row's numerics (graphs replay the same kernels)

@@ -16,8 +16,8 @@ Suffixes (experiments toward the 0.75 goal), e.g. `fp8-regional+fused+mod`:
   +mod           also quantize the AdaLN modulation Linears the adapter excludes (`Quantize(include=...)`)
 
 Quantization keeps the original weights on the CPU (`keep_original="cpu"`), so every removal restores
-bf16 exactly; the last line checks that bitwise. Goal: fp8-regional <= 0.75 x bf16-regional
-(3.81 s measured for stock regional compile at 1024²). Random weights, bf16, batch 1, latents out,
+bf16 exactly; the last line checks that bitwise. Goal: fp8-regional <= 0.75 x bf16-regional (BENCHMARKS.md,
+"fp8 per-row quantization and compilation"). Random weights, bf16, batch 1, latents out,
 median of N runs after warm-up. PSNR (peak = reference range) of each fp8 output against bf16 of the same
 compilation, and against bf16 eager. Prints a markdown table; writes JSON to $OUT/quant_flux_<size>.json.
 """

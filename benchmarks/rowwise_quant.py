@@ -1,9 +1,9 @@
 """What torchao's dynamic per-row fp8 activation quantization costs at Flux-dev 1024²'s shapes.
 
-The step profile (run 10) found 19.6 ms of the 103 ms fp8 + graphs step in activation quantization: inductor
-makes each row's amax a *looped* reduction (its persistent-reduction limit is 1024 elements per row) and then
-recomputes the producer (cat + GELU of the single blocks' proj_out input) in a second pointwise pass that divides
-and casts. This script times one quantized Linear per pattern, compiled as hookkit compiles a quantized region,
+The step profile (`benchmarks/step_profile.py`; BENCHMARKS.md, "Where the uncached fp8 step's time goes") puts a
+large share of the fp8 + graphs step in activation quantization: inductor makes each row's amax a *looped*
+reduction (its persistent-reduction limit is 1024 elements per row) and then recomputes the producer (cat + GELU of
+the single blocks' proj_out input) in a second pointwise pass that divides and casts. This script times one quantized Linear per pattern, compiled as hookkit compiles a quantized region,
 with inductor options that allow one-pass (persistent) row reductions, beside a one-pass hand-written Triton
 kernel (the bandwidth floor of "read the row once, write fp8 once"):
 

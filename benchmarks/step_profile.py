@@ -96,8 +96,8 @@ def step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, dev
 
 def synced_step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: int, device: torch.device
                    ) -> list[float]:
-    """Each call synchronized before and after (the measure of runs 1-19): the host's work before the graph launch
-    adds to the GPU's, which a pipeline overlaps; its "step" moved by up to 9 ms against the kernels."""
+    """Each call synchronized before and after: the CPU's measure, and on a GPU a comparison for `step_ms`. The host's
+    work before the graph launch adds to the GPU's here, which a pipeline overlaps, so this overstates the step."""
     return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
 
 

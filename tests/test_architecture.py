@@ -440,12 +440,37 @@ def test_every_spec_field_has_an_args_entry(cls: type) -> None:
     assert [f.name for f in attrs.fields(cls) if f"\n        {f.name}: " not in args] == []
 
 
+#: what cites the work that made a number instead of what is measured, or the number itself (numbers live in
+#: BENCHMARKS.md): a numbered seed, session, run or issue, seconds with decimals; `--runs 5` is a flag, not history
+HISTORY = re.compile(r"seed[ -]0\d\d|\bsession \d+|(?<!-)\bruns? \d+|\bissue \d+|\d+\.\d+ s\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("doc, cites_history", [
+    ("as measured in session 8", True), ("(BENCHMARKS.md, run 7)", True), ("the measure of runs 1-19", True),
+    ("since run 26 the pass leaves 40 heads", True), ("seed-003's table", True), ("issue 12", True),
+    ("3.81 s measured", True), ("python x.py --runs 5", False), ("median of --runs replays", False),
+    ("28 steps, 2 runs: a fast check", False),
+])
+def test_the_history_pattern_tells_history_from_what_a_script_measures(doc: str, cites_history: bool) -> None:
+    assert bool(HISTORY.search(doc)) is cites_history
+
+
 def test_module_docstrings_are_at_most_20_lines_and_carry_no_session_history() -> None:
     long, history = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
         if len(doc.strip("\n").splitlines()) > 20:
             long.append(path.name)
-        if re.search(r"seed[ -]0\d\d|\bsession \d+|\brun \d+\b|\bissue \d+|\d+\.\d+ s\b", doc, re.IGNORECASE):
+        if HISTORY.search(doc):
             history.append(path.name)
     assert (long, history) == ([], [])
+
+
+def test_benchmark_scripts_module_and_function_docstrings_carry_no_history() -> None:
+    history = []
+    for path in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+            if HISTORY.search(ast.get_docstring(node, clean=False) or ""):
+                history.append(f"{path.name}:{getattr(node, 'name', '<module>')}")
+    assert history == []
