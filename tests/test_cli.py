@@ -18,6 +18,7 @@ from PIL import Image
 
 import hookkit
 from hookkit.tools import bench, cli, zoo
+from hookkit.errors import SpecError
 
 HAVE = bench.available_fields()
 REPO = Path(__file__).resolve().parent.parent
@@ -510,6 +511,15 @@ def test_generate_refuses_before_loading_the_folder(argv: list[str], message: st
     assert code == 2
     assert message.replace("{folder}", str(flux_folder)) in stderr
     assert loads == []  # refused from model_index.json and the flags alone
+
+
+@pytest.mark.parametrize("flag", ["--model", "MODEL"], ids=["bench", "generate"])
+def test_a_folder_of_another_family_is_refused_naming_the_commands_model_flag(flux_folder: Path, flag: str) -> None:
+    opts = bench.ModelOptions(name="qwenimage", model_path=str(flux_folder))
+    with pytest.raises(SpecError) as error:
+        bench.load_pipeline(opts) if flag == "--model" else bench.load_pipeline(opts, flag)
+    assert str(error.value) == (f"--model-path {str(flux_folder)!r}: holds FluxPipeline with FluxTransformer2DModel; "
+                                f"{flag} 'qwenimage' is for ['QwenImageTransformer2DModel']. Pass the matching {flag} name.")
 
 
 def _folder_whose_transformer_names(tmp_path: Path, flux_folder: Path, library: str) -> tuple[Path, Path]:

@@ -400,7 +400,7 @@ def output_name(opts: ModelOptions, size: str, tag: str, prompt: str | None, suf
 def cmd_generate(args: argparse.Namespace) -> int:
     _resolve_model(args)
     opts = _model_options(args, args.model)
-    bench.check_model(opts)
+    bench.check_model(opts, "MODEL")
     spec = spec_from_args(args)
     if args.parallel is not None:  # under torchrun: join the group, one device per rank, diffusers shards
         spec = attrs.evolve(spec, parallel=distributed.parse_parallel(args.parallel))
@@ -430,7 +430,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # (moving all of FLUX.1-dev there first is what offload exists to avoid).
         where = opts if options.cpu_offload is None else attrs.evolve(
             opts, device="cpu", dtype=str(dtype).removeprefix("torch."))
-        pipe = bench.load_pipeline(where)
+        pipe = bench.load_pipeline(where, "MODEL")
         local.check_size(pipe, opts.height, opts.width)
         options.prepare(pipe)
         return pipe
@@ -558,7 +558,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"--configs {group}: {','.join(names)}")
         return 0
     opts = _model_options(args, args.model)
-    bench.check_model(opts, "--model")
+    bench.check_model(opts)
     if opts.full and device.type != "cuda" and opts.device is None:
         # refused here, in a second, not once per row in a child process each (nor after sizing the model)
         raise UnsupportedError(

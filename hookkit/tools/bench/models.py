@@ -124,9 +124,10 @@ class ModelOptions:
         return argv
 
 
-def check_model(opts: ModelOptions, flag: str = "MODEL") -> None:
+def check_model(opts: ModelOptions, flag: str = "--model") -> None:
     """Fail early, with the list of what exists, for a model that cannot be built here. `flag` is how the command
-    names the model (`generate`'s positional MODEL, `bench`'s --model), so that the message names what was typed."""
+    names the model (`bench`'s and the benchmark scripts' --model, `generate`'s positional MODEL), so that the
+    message names what was typed."""
     adapters = hookkit.list_adapters()
     if opts.name not in adapters:
         raise SpecError(f"{flag}: expected a shipped adapter name, one of {sorted(adapters)}, got {opts.name!r}."
@@ -396,13 +397,14 @@ def _full_vae(name: str) -> torch.nn.Module:
     raise UnsupportedError(f"--full {name}: no full-size pipeline for {name} yet; available: {list(tiny_models())}.")
 
 
-def load_pipeline(opts: ModelOptions) -> Any:
-    """The pipeline `opts` describes, on its device and in its dtype, with diffusers' progress bar off."""
-    check_model(opts)
+def load_pipeline(opts: ModelOptions, flag: str = "--model") -> Any:
+    """The pipeline `opts` describes, on its device and in its dtype, with diffusers' progress bar off. `flag`: how
+    the command names the model, for its messages (`check_model`)."""
+    check_model(opts, flag)
     device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, device)
     if opts.model_path is not None:
-        pipe = _from_pretrained(opts, dtype)
+        pipe = _from_pretrained(opts, dtype, flag)
     elif opts.full:
         check_cpu_full(opts, device)
         check_fits(opts.name, device, dtype, opts.arch)
@@ -481,7 +483,7 @@ def check_fits(name: str, device: torch.device, dtype: torch.dtype, arch: str | 
 
 
 @quiet_imports()
-def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
+def _from_pretrained(opts: ModelOptions, dtype: torch.dtype, flag: str) -> Any:
     from diffusers import DiffusionPipeline
 
     path = Path(opts.model_path or "")
@@ -497,8 +499,8 @@ def _from_pretrained(opts: ModelOptions, dtype: torch.dtype) -> Any:
     adapter = hookkit.get_adapter(opts.name)
     if transformer is None or not adapter.matches(transformer):
         found = type(transformer).__name__ if transformer is not None else "no transformer"
-        raise SpecError(f"--model-path {str(path)!r}: holds {type(pipe).__name__} with {found}; MODEL {opts.name!r} "
-                        f"is for {list(adapter.transformer)}. Pass the matching MODEL name.")
+        raise SpecError(f"--model-path {str(path)!r}: holds {type(pipe).__name__} with {found}; {flag} {opts.name!r} "
+                        f"is for {list(adapter.transformer)}. Pass the matching {flag} name.")
     return pipe
 
 
