@@ -3,7 +3,8 @@
 Builds the configuration exactly as `hookkit bench-one` does, warms up, then profiles one call with
 `torch.profiler` and prints the wall time, the summed device (kernel) time, the number of kernel launches, the
 operators by self device time and by self host time. A call whose wall time is well above its kernel time is
-host-bound: the GPU waits for launches.
+host-bound: the GPU waits for launches. A configuration that cannot run here (the default, fp8, needs CUDA) or a
+hookkit refusal ends in one line and exit status 2, not a traceback.
 
     python benchmarks/profile_config.py --model flux --size 512 --config hookkit-fp8+compile --warmup 3
     python benchmarks/profile_config.py --model flux --tiny --config hookkit-compile    # CPU: checks the script
@@ -19,10 +20,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hookkit.errors import HookkitError, UnsupportedError
 from hookkit.tools import bench
 
+SCRIPT = "profile_config.py"
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="flux")
     p.add_argument("--size", type=int, default=512)
@@ -31,13 +35,27 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rows", type=int, default=15)
     p.add_argument("--tiny", action="store_true", help="tiny model on this machine's default device, 4 steps")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     if not args.tiny:
-        bench.require_cuda("profile_config.py", "--tiny checks the script on the CPU with the tiny model.")
-    opts = bench.ModelOptions(name=args.model, steps=4) if args.tiny else bench.ModelOptions(
-        name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
-    device = bench.resolve_device(opts.device)
+        bench.require_cuda(SCRIPT, "--tiny checks the script on the CPU with the tiny model.")
+    try:
+        opts = bench.ModelOptions(name=args.model, steps=4) if args.tiny else bench.ModelOptions(
+            name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
+        device = bench.resolve_device(opts.device)
+        reason = bench.CONFIGS[args.config].unavailable(device, bench.available_fields())
+        if reason is not None:
+            raise UnsupportedError(f"--config {args.config}: {reason} (this run: {device.type}). Pick one that runs "
+                                   "here (`hookkit bench --list`), e.g. --config hookkit-compile.")
+        profile(args, opts, device)
+    except HookkitError as exc:
+        print(f"{SCRIPT}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def profile(args: argparse.Namespace, opts: bench.ModelOptions, device: torch.device) -> None:
+    """Build, warm up and profile one call of `args.config`; print the summary and the operator tables."""
     pipe = bench.load_pipeline(opts)
     ctx = bench.RunContext(pipe=pipe, opts=opts)
     bench.CONFIGS[args.config].setup(ctx)
@@ -67,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

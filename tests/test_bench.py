@@ -667,3 +667,22 @@ def test_the_tiny_hunyuanvideo15_runs_through_a_bench_row(tmp_path: Path) -> Non
     mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
     cached = [i for i, m in enumerate(mask) if m == 0]
     assert {name: b["cached"] for name, b in row["features"]["cache"]["branches"].items()} == {0: cached, 1: cached}
+
+
+# --- benchmarks/profile_config.py: a configuration that cannot run here ends in one line ------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fp8 default runs where CUDA is")
+def test_profile_config_on_the_cpu_refuses_its_fp8_default_in_one_line(benchmark_script, capsys) -> None:
+    assert benchmark_script("profile_config").main(["--tiny"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "profile_config.py: error: --config hookkit-fp8+compile: needs a CUDA device (this run: "
+                              "cpu). Pick one that runs here (`hookkit bench --list`), e.g. --config hookkit-compile.\n")
+
+
+def test_profile_config_ends_a_hookkit_refusal_in_one_line_naming_its_model_flag(benchmark_script, capsys) -> None:
+    assert benchmark_script("profile_config").main(["--tiny", "--model", "sd3", "--config", "hookkit"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "profile_config.py: error: --model 'sd3': no tiny pipeline for sd3 yet (random-weight "
+                              "pipelines, tiny and --full, exist for ['cogvideox', 'flux', 'hunyuanvideo15', 'qwenimage', "
+                              "'wan']). Pass --model-path with a local sd3 checkpoint folder instead.\n")
