@@ -78,6 +78,14 @@ def test_generate_plain_writes_a_png_of_the_requested_size(tmp_path: Path, capsy
     assert re.search(r"^- Device: CPU \(\d+ threads?\), float32$", stdout, re.MULTILINE)
 
 
+def test_generate_of_a_tiny_model_on_the_cpu_says_its_timings_are_no_performance_claim(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--out", str(tmp_path / "t.png"))
+    assert code == 0
+    assert re.search(r"^- Inference Time: \d+\.\d\ds\n- Note: CPU, tiny model: timings are not a performance claim; "
+                     r"run on a GPU with --full\.$", stdout, re.MULTILINE)
+
+
 def test_generate_default_file_name_says_model_size_and_optimization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
@@ -490,6 +498,7 @@ def test_generate_reads_model_from_the_folder(flux_folder: Path, tmp_path: Path,
     assert loads == [str(flux_folder)]
     assert "- Model: flux (FluxTransformer2DModel in FluxPipeline)\n" in stdout
     assert f"- Weights: local pipeline {flux_folder}, no text encoder: random prompt embeddings\n" in stdout
+    assert "timings are not a performance claim" not in stdout  # a real model's timings, if on the CPU
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -488,6 +488,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         extras.append(f"LoRA {local.loras_text(options.loras)}")
     if options.cpu_offload:
         extras.append(f"cpu offload {options.cpu_offload}")
+    caveat = bench.timing_caveat(device, tiny=not opts.full and opts.model_path is None)  # as bench's tables say
     lines = [
         f"Model: {opts.name} ({summary.transformer} in {summary.pipeline})",
         f"Weights: {source}",
@@ -502,6 +503,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"Warmup Time: {warmup_s:.2f}s ({warmup} run{'s' if warmup != 1 else ''}"
         + ("" if warmup or compiling else "; none needed without --compile") + ")",
         f"Inference Time: {infer_s:.2f}s",
+        *([f"Note: {caveat}."] if caveat else []),
     ]
     if spec.parallel is not None:
         lines.append(f"Parallel: {ranks} ranks, context parallel ulysses {spec.parallel.ulysses} x ring "
