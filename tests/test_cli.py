@@ -379,6 +379,18 @@ def test_adapter_derive_says_when_a_shipped_adapter_exists_for_the_class(capsys:
 # --- the pieces ------------------------------------------------------------------------------------------
 
 
+def test_the_cli_quiets_torchs_cache_hash_warning_about_torchaos_quantized_weights() -> None:
+    import warnings
+
+    message = "Int8Tensor does not implement _stable_hash_for_caching. For PT2-compatible tensor subclasses, ..."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli._quiet_third_party()  # what every command but `-v` ones runs first
+        warnings.warn(message, UserWarning)
+        warnings.warn("another UserWarning", UserWarning)
+    assert [str(w.message) for w in caught] == ["another UserWarning"]
+
+
 def test_optimization_tag_names_every_feature() -> None:
     spec = hookkit.Spec(cache=hookkit.DBCache(fn_blocks=2, bn_blocks=1, threshold=0.1, warmup_steps=4,
                                               max_continuous_cached_steps=2),

@@ -620,6 +620,45 @@ def test_quantized_blocks_compile_regionally() -> None:
     assert torch.equal(run(pipe, "flux"), reference)
 
 
+
+#: what torch's AOTAutograd cache warns, once per process, when it hashes torchao's quantized weights
+CACHE_HASH_WARNING = ("Int8Tensor does not implement _stable_hash_for_caching. For PT2-compatible tensor subclasses, "
+                      "it is recommended to implement _stable_hash_for_caching(self) -> str for stable AOT autograd "
+                      "caching.")
+
+
+@pytest.mark.parametrize("quantize, warned", [(None, 1), (hookkit.Quantize(scheme="int8_weight_only"), 0)],
+                         ids=["compile", "quantize+compile"])
+def test_enable_of_a_quantized_compile_filters_the_cache_hash_warning_only(quantize, warned: int) -> None:
+    import warnings
+
+    pipe = zoo.tiny_pipeline("flux")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookkit.enable(pipe, hookkit.Spec(quantize=quantize, compile=hookkit.Compile()))
+        warnings.warn(CACHE_HASH_WARNING, UserWarning)  # as torch warns it, at the first call's compile
+        warnings.warn("another UserWarning", UserWarning)
+    assert [str(w.message) for w in caught] == [CACHE_HASH_WARNING] * warned + ["another UserWarning"]
+
+
+@pytest.mark.slow  # one inductor compile of the tiny Flux's blocks on the CPU (about 20 s on two busy cores)
+def test_compiling_a_quantized_model_does_not_print_the_cache_hash_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import torch._dynamo.utils
+
+    # torch warns once per process: start from a process that has not warned yet
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())
+    pipe = zoo.tiny_pipeline("flux")
+    spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only"), compile=hookkit.Compile())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hookkit.enable(pipe, spec)
+        run(pipe, "flux", steps=2)
+    assert [str(w.message) for w in caught if "_stable_hash_for_caching" in str(w.message)] == []
+    assert CACHE_HASH_WARNING in torch._dynamo.utils.warn_once_cache  # the compile warned: filtered, not skipped
+
+
 # --- the report --------------------------------------------------------------------------------------------
 
 

@@ -64,6 +64,9 @@ def _quiet_third_party() -> None:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torchao")
+    # torch's AOTAutograd cache about torchao's quantized weights (attributed to torch, not torchao); the compile
+    # feature filters it too (`compile.regional.quiet_subclass_cache_hash_warning`)
+    warnings.filterwarnings("ignore", message=r".*_stable_hash_for_caching", category=UserWarning)
 
 
 def _model_options(args: argparse.Namespace, name: str) -> ModelOptions:

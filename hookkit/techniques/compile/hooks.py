@@ -45,6 +45,7 @@ from hookkit.techniques.compile.regional import (
     StepMarkHook,
     _InnerCompile,
     compile_kwargs,
+    quiet_subclass_cache_hash_warning,
     region_compiler,
     regional_paths,
     uses_cudagraph_trees,
@@ -108,6 +109,8 @@ class _CompileFeature(BaseFeature):
         state: CompileState = ctx.kept() or ctx.keep(CompileState())
         if attachment.name == INNER:
             quantized = ctx.spec.quantize is not None
+            if quantized:
+                quiet_subclass_cache_hash_warning()
             if quantized and spec.fuse_fp8_rows != "off" and spec.backend == "inductor" and state.fp8_rows is None:
                 state.take("fp8_rows", shared_pass(new_fp8_rows_pass(fast=spec.fuse_fp8_rows == "fast")))
             if spec.fuse_norm_rope and spec.backend == "inductor" and state.norm_rope is None:

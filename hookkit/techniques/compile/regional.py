@@ -16,6 +16,7 @@ every compiled region, and clones a wholly compiled transformer's outputs.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,19 @@ def regional_paths(adapter: AdapterSpec, transformer: torch.nn.Module) -> list[s
 #: long (BENCHMARKS.md). A mode that turns it on itself (max-autotune*) keeps it, as
 #: it would without quantization: the chosen mode means the same for quantized and unquantized models.
 QUANTIZED_INDUCTOR_OPTIONS: dict[str, Any] = {"force_fuse_int_mm_with_mul": True}
+
+
+#: what AOTAutograd's cache says, once per process, of a tensor subclass without a stable cache hash: torchao's
+#: quantized weights (Int8Tensor, Float8Tensor, ...) have none, and its default hash works; nothing to act on
+SUBCLASS_CACHE_HASH_WARNING = r".*_stable_hash_for_caching"
+
+
+def quiet_subclass_cache_hash_warning() -> None:
+    """Ignore AOTAutograd's `... does not implement _stable_hash_for_caching` warning about torchao's quantized
+    weights, exactly that message. Process-wide: the compile, and so the warning, comes at the first call after
+    enable, and filtering around every call would cost each one; `filterwarnings` replaces an identical filter, so
+    enabling again adds none."""
+    warnings.filterwarnings("ignore", message=SUBCLASS_CACHE_HASH_WARNING, category=UserWarning)
 
 
 def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None = None,
