@@ -345,6 +345,20 @@ def test_each_transformer_of_a_two_expert_pipeline_follows_the_rule() -> None:
     assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2], [3]), 1: ([2], [3])}
 
 
+def test_each_expert_follows_the_default_plan_and_computes_a_step_it_has_no_residual_for() -> None:
+    from tests.test_pipelines import run as run_variant
+
+    pipe = zoo.tiny_variant("wan22")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    run_variant(pipe, "wan22")  # 4 steps at 2x: plan (1, 0, 0, 1); steps 0, 1 on the first expert, 2, 3 on the second
+    summary = handle.summary()
+    first = summary.features["cache"].data["branches"]
+    second = summary.companions[0].features["cache"].data["branches"]
+    assert {b: (d["computed"], d["cached"]) for b, d in first.items()} == {0: ([0], [1]), 1: ([0], [1])}
+    # the plan caches step 2, but the second expert has computed nothing yet: it computes (nothing to reuse)
+    assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2, 3], []), 1: ([2, 3], [])}
+
+
 def test_magnitude_with_diffusers_ratios_matches_diffusers_magcache() -> None:
     """The same ratios, threshold and K: the same steps skipped and the same image as diffusers' MagCache."""
     from diffusers import MagCacheConfig
