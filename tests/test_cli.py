@@ -338,19 +338,22 @@ def test_bench_names_its_model_flag_not_generates_positional(capsys: pytest.Capt
     assert capsys.readouterr().err.startswith("hookkit bench: error: --model 'sd3': no tiny pipeline for sd3 yet")
 
 
-def test_generate_help_says_which_models_run_without_model_path(capsys: pytest.CaptureFixture[str]) -> None:
+def _generate_help(capsys: pytest.CaptureFixture[str]) -> str:
+    """`generate --help`, its whitespace folded (argparse wraps to the terminal's width)."""
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_generate_help_says_which_models_run_without_model_path(capsys: pytest.CaptureFixture[str]) -> None:
+    help_text = _generate_help(capsys)
     assert "a model family that runs as is, with random weights (cogvideox, flux, hunyuanvideo15, qwenimage, wan); another shipped " \
            "adapter name (chroma, cogview4," in help_text
     assert "zimage) with --model-path" in help_text
 
 
 def test_generate_help_describes_the_default_cache_as_the_planned_rule(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["generate", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
+    help_text = _generate_help(capsys)
     assert "--cache hookkit.DBCache(): the calibration-free planned rule, 2x less block work, TaylorSeer 2; " \
            "--cache-threshold or --cache-mask picks the threshold rule (F1B0, threshold 0.24, TaylorSeer 1)" in help_text
     assert "measured defaults" not in help_text

@@ -9,6 +9,7 @@ same scenarios on a tiny CUDA Flux are the `gpu` tests at the end.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -374,21 +375,27 @@ def test_a_second_call_from_another_thread_while_one_runs_is_refused_and_the_fir
     assert torch.equal(_latents(pipe), reference)  # and the handle works on afterwards
 
 
-def test_a_call_started_from_a_callback_of_the_same_pipeline_is_refused() -> None:
-    pipe = zoo.tiny_pipeline("flux")
-    _cached(pipe)
+def _errors_of_a_call_from_a_callback(pipe: Any, target: Any) -> list[BaseException]:
+    """The hookkit errors of calling `target` from `pipe`'s first step-end callback (the call itself completes)."""
     seen: list[BaseException] = []
 
     def nested(pipeline, step, t, kwargs):
         if step == 0:
             try:
-                _latents(pipeline)
+                _latents(target)
             except HookError as exc:
                 seen.append(exc)
         return kwargs
 
     with torch.no_grad():
         pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=nested)
+    return seen
+
+
+def test_a_call_started_from_a_callback_of_the_same_pipeline_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    _cached(pipe)
+    seen = _errors_of_a_call_from_a_callback(pipe, pipe)
     assert len(seen) == 1 and "from inside its own call (a callback, or a nested call)" in str(seen[0])
 
 
@@ -399,19 +406,7 @@ def test_a_call_of_a_pipeline_sharing_the_scheduler_started_from_a_callback_is_r
 
     pipe = zoo.tiny_pipeline("flux")
     _cached(pipe)
-    other = FluxPipeline(**pipe.components)
-    seen: list[BaseException] = []
-
-    def nested(pipeline, step, t, kwargs):
-        if step == 0:
-            try:
-                _latents(other)
-            except HookError as exc:
-                seen.append(exc)
-        return kwargs
-
-    with torch.no_grad():
-        pipe(**zoo.call_kwargs("flux", steps=2), callback_on_step_end=nested)
+    seen = _errors_of_a_call_from_a_callback(pipe, FluxPipeline(**pipe.components))
     assert len(seen) == 1 and str(seen[0]).startswith(
         "FluxPipeline: expected one call at a time on a pipeline hookkit is enabled on (or one sharing its scheduler), "
         "got a second call from inside its own call (a callback, or a nested call) while the first is still running")
