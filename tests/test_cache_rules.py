@@ -157,7 +157,7 @@ def test_a_schedule_calibrated_at_another_step_count_is_refused_with_the_fix() -
     (dict(rule="magnitude"), r"DBCache.calibration: expected a hookkit.CacheCalibration with rule='magnitude', got None"),
     (dict(rule="schedule", calibration=CacheCalibration(steps=4, ratios=(1.0,) * 4), speedup=2.0),
      r"DBCache.calibration: expected a gram matrix with rule='schedule', got ratios only"),
-    (dict(rule="schedule", speedup=1.0), r"DBCache.speedup: expected a number > 1"),
+    (dict(rule="schedule", speedup=0.5), r"DBCache.speedup: expected a number >= 1.0 or None, got 0.5"),
     (dict(rule="magnitude", calibration=CacheCalibration(steps=4, ratios=(1.0,) * 4), steps_mask="fast"),
      r"DBCache.steps_mask: expected None with rule='magnitude'"),
     (dict(threshold=0.24, speedup=2.0), r"DBCache.speedup: expected None with rule='threshold'"),
@@ -271,6 +271,17 @@ def test_a_rule_at_zero_budget_is_bitwise_stock() -> None:
     hookkit.enable(pipe, hookkit.Spec(cache=magnitude(threshold=0.0, calibration=CacheCalibration(
         steps=6, ratios=(1.0, 2.0, 2.0, 2.0, 2.0, 2.0)))))
     assert torch.equal(pipe(**zoo.call_kwargs("flux", steps=6)).images, stock)
+
+
+@pytest.mark.parametrize("calibrated", [False, True], ids=["default", "calibrated"])
+def test_the_schedule_at_zero_budget_is_bitwise_stock(calibrated: bool) -> None:
+    stock = zoo.tiny_pipeline("flux")(**zoo.call_kwargs("flux", steps=6)).images
+    pipe = zoo.tiny_pipeline("flux")
+    calibration = CacheCalibration(steps=6, gram=random_gram(6, 3)) if calibrated else None
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(rule="schedule", calibration=calibration,
+                                                                     speedup=1.0)))
+    assert torch.equal(pipe(**zoo.call_kwargs("flux", steps=6)).images, stock)
+    assert _steps(handle) == {0: ([0, 1, 2, 3, 4, 5], [])}
 
 
 def test_the_schedule_adds_exactly_the_extrapolation_it_planned_with() -> None:

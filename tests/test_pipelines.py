@@ -259,7 +259,7 @@ def control_loop(model: ControlStub, steps: int, n: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 6], ids=lambda n: f"{n}-samples")
-@pytest.mark.parametrize("fn,bn", [(1, 0), (2, 1)], ids=["F1B0", "F2B1"])
+@pytest.mark.parametrize("fn,bn", [(0, 0), (1, 0), (2, 1)], ids=["F0B0", "F1B0", "F2B1"])
 def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int, bn: int) -> None:
     # Blocks add constants, so an uncached step's output is sum(deltas) + sum(this step's control residuals), and a
     # correct cache reproduces it exactly: the cached residual holds the blocks' deltas, the model adds the controls.
@@ -275,6 +275,23 @@ def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int
     finally:
         handle.remove()
     assert data["branches"][0]["cached"] == [1, 2]
+    for step in range(4):
+        assert torch.equal(got[step], expected[step]), step
+
+
+@pytest.mark.parametrize("n", [1, 6], ids=lambda n: f"{n}-samples")
+def test_controlnet_the_defaults_cached_steps_equal_the_uncached_steps_exactly(n: int) -> None:
+    # DBCache(): 2 of 4 steps planned (0 and 3), every block skipped on steps 1 and 2; the controls counted once
+    model = ControlStub().double()
+    expected = control_loop(model, 4, n)
+    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache()), adapter=CONTROL_ADAPTER)
+    try:
+        with handle.generation(num_steps=4):
+            got = control_loop(model, 4, n)
+        data = handle.summary().features["cache"].data
+    finally:
+        handle.remove()
+    assert (data["branches"][0]["cached"], data["block_calls"]) == ([1, 2], 2 * 6)
     for step in range(4):
         assert torch.equal(got[step], expected[step]), step
 

@@ -108,8 +108,8 @@ class DBCache:
             the k-th one times distance^k / k!. Default None: 2 for "schedule", 1 for the others.
         calibration: a `hookkit.CacheCalibration` (or its dict): "magnitude" needs its ratios, "schedule" plans
             from its gram matrix when given. Default None.
-        speedup: "schedule" only: the speed-up in executed block work to reach (> 1; default 2.0); the computed
-            steps are as many as it allows.
+        speedup: "schedule" only: the speed-up in executed block work to reach (>= 1; default 2.0); the computed
+            steps are as many as it allows (1.0 computes every step: nothing cached).
         spacing: "schedule" without a calibration: the exponent of the computed steps' spacing (default 1.7; 1 is
             even spacing, larger is denser early). None otherwise.
         last_computed: "schedule" without a calibration: where the last computed step falls, as a share of the
@@ -130,7 +130,7 @@ class DBCache:
     taylorseer_order: int | None = attrs.field(default=None, validator=int_field(0, 2, allow_none=True))
     calibration: CacheCalibration | None = attrs.field(
         default=None, converter=as_calibration, validator=instance_of(CacheCalibration, "a hookkit.CacheCalibration"))
-    speedup: float | None = attrs.field(default=None, validator=float_field(1.0, allow_none=True, strict=True))
+    speedup: float | None = attrs.field(default=None, validator=float_field(1.0, allow_none=True))
     spacing: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
     last_computed: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
 
