@@ -229,7 +229,8 @@ def scenario_ulysses() -> dict[str, Any]:
                                                  [0.1, 0.2, 0.9, 1.0]])
     for rule, cache in (("magnitude", hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=0.5,
                                                        warmup_steps=2, max_continuous_cached_steps=1)),
-                        ("schedule", hookkit.DBCache(rule="schedule", calibration=calibration, speedup=1.3)),
+                        ("schedule", hookkit.DBCache(rule="schedule", calibration=calibration, speedup=1.3,
+                                                     taylorseer_order=1)),
                         ("default", hookkit.DBCache(speedup=1.3))):  # calibration-free: 3 of 4 steps, (1, 1, 0, 1)
         res[f"{rule}_single"] = cached_run(hookkit.Spec(cache=cache), "", parallel=False)
         res[f"{rule}_hookkit_first"] = cached_run(hookkit.Spec(cache=cache), "hookkit_first")
