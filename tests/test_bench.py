@@ -30,6 +30,7 @@ SECOND = "hookkit-cache-fast" if "cache" in HAVE else "hookkit"
 TOP_KEYS = {"command", "environment", "model", "runs", "warmup", "memory", "notes", "rows"}
 
 
+@pytest.mark.slow
 def test_bench_two_configurations_writes_a_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -233,6 +233,7 @@ def test_generate_frames_sets_the_length_of_the_video(tmp_path: Path, capsys: py
     assert "- Input: 16x16, 9 frames, 2 steps, batch 1, seed 0" in stdout
 
 
+@pytest.mark.slow
 def test_generate_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "k.png"
     code, stdout, _ = generate(capsys, "flux", "--steps", "2", "--compile", "--out", str(out))

@@ -263,6 +263,7 @@ def run_tiny(name: str, compile_: hookkit.Compile, device: str = "cpu") -> tuple
         handle.remove()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flux", "qwenimage", "wan"])
 def test_compile_fuses_the_query_and_key_of_every_block_graph_of_a_tiny_pipeline(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -400,6 +401,7 @@ def test_each_benchmark_case_compiles_to_two_op_calls_that_match_its_eager_funct
     assert all(torch.equal(a, b) for a, b in zip(fn(*inputs), reference, strict=True))
 
 
+@pytest.mark.slow
 def test_the_coverage_script_finds_flux2s_queries_and_keys_and_their_output_matches_the_unfused_compile(
         benchmark_script: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch) -> None:
     # Flux.2 shares Flux's attention forms: its double and single block graphs each fuse a query and a key

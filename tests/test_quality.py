@@ -185,6 +185,7 @@ def test_block_counter_without_per_block_hooks_counts_transformer_calls_only() -
     assert (counter.calls, counter.block_calls, counter.partial_calls) == (4, None, None)
 
 
+@pytest.mark.slow
 def test_harness_counts_compiled_rows_without_hooks_inside_the_compiled_blocks(untrained_files: tuple[Path, Path]) -> None:
     """Counting hooks inside compiled blocks makes dynamo recompile per block until its limit: a
     compiled row counts transformer calls, and its blocks from hookkit's cache (or all of them without one)."""

@@ -137,6 +137,7 @@ def test_a_quantized_compile_gets_the_pass_beside_torchaos_options() -> None:
     assert options == {"force_fuse_int_mm_with_mul": True, "post_grad_custom_pre_pass": rope}
 
 
+@pytest.mark.slow
 def test_tiny_qwen_image_rewrites_its_four_products_per_block_graph_and_matches_the_complex_compile() -> None:
     def run(compile_: hookkit.Compile) -> tuple[torch.Tensor, dict]:
         torch._dynamo.reset()
