@@ -6,11 +6,10 @@ transformer call and cache decision, and on an SM89+ one (H100/H200, RTX 4090) a
 per-row quantization; elsewhere it says what it would add. That is the fastest combination measured on an
 H200 (BENCHMARKS.md: full-size Flux-dev 1024², 28 steps, 1.14 s against 4.84 s eager).
 
-Random weights rarely cache dynamically at a useful threshold (their residuals change more between steps
-than a trained model's; how much depends on the model: a random-weight LTX cached 20 of 28 steps, Flux and
-Qwen-Image none at 0.12), so the cache runs on the static "fast" step mask (cache-dit's, step for step): 11 of 28 steps computed, the rest reuse the cached residual of
-the middle blocks. With trained weights, use the dynamic default (`hookkit.DBCache()`) and
-`Compile(mode="reduce-overhead")`: a whole-transformer graph needs each decision known before the call.
+The cache runs on the static "fast" step mask (cache-dit's, step for step: 11 of 28 steps computed, the rest reuse
+the cached residual of the middle blocks), the steps BENCHMARKS.md's peer rows compute. The default
+`hookkit.DBCache()` is decided before the call too (half of the steps, every block skipped on the others), so it
+runs under whole-transformer graphs as well; a threshold rule decides at each step and runs as split graphs.
 
     python examples/flux_fast.py [--steps 28]
 """
