@@ -47,6 +47,11 @@ def _check_steps_mask(inst: Any, attr: attrs.Attribute, value: Any) -> None:
         raise field_error(owner(inst), attr.name, value, "a non-empty list of 0 (may cache) / 1 (compute), a policy name, or None")
 
 
+def _check_share(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and value > 1:
+        raise field_error(owner(inst), attr.name, value, "a share of the steps, 0 < x <= 1")
+
+
 @strict_init
 @attrs.frozen(kw_only=True)
 class DBCache:
@@ -132,7 +137,8 @@ class DBCache:
         default=None, converter=as_calibration, validator=instance_of(CacheCalibration, "a hookkit.CacheCalibration"))
     speedup: float | None = attrs.field(default=None, validator=float_field(1.0, allow_none=True))
     spacing: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
-    last_computed: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
+    last_computed: float | None = attrs.field(default=None, validator=[float_field(0.0, allow_none=True, strict=True),
+                                                                       _check_share])
 
     @mask_policy.validator
     def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
@@ -144,8 +150,6 @@ class DBCache:
     def __attrs_post_init__(self) -> None:
         self._resolve_defaults()
         rule = self.rule
-        if self.last_computed is not None and self.last_computed > 1:
-            raise field_error("DBCache", "last_computed", self.last_computed, "a share of the steps, 0 < x <= 1")
         if not (rule == "schedule" and self.calibration is None):
             for name in ("spacing", "last_computed"):
                 if getattr(self, name) is not None:
