@@ -258,22 +258,27 @@ def control_loop(model: ControlStub, steps: int, n: int) -> list[torch.Tensor]:
             for s in range(steps)]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 6], ids=lambda n: f"{n}-samples")
-@pytest.mark.parametrize("fn,bn", [(0, 0), (1, 0), (2, 1)], ids=["F0B0", "F1B0", "F2B1"])
-def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int, bn: int) -> None:
-    # Blocks add constants, so an uncached step's output is sum(deltas) + sum(this step's control residuals), and a
-    # correct cache reproduces it exactly: the cached residual holds the blocks' deltas, the model adds the controls.
+def cached_control_loop(cache: hookkit.DBCache, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, Any]]:
+    """(uncached outputs, outputs with `cache`, the cache summary's data) of 4 steps of the stub with n residuals."""
     model = ControlStub().double()
     expected = control_loop(model, 4, n)
-    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache(
-        fn_blocks=fn, bn_blocks=bn, steps_mask=(1, 0, 0, 1), mask_policy="static", taylorseer_order=0)),
-        adapter=CONTROL_ADAPTER)
+    handle = hookkit.enable(model, hookkit.Spec(cache=cache), adapter=CONTROL_ADAPTER)
     try:
         with handle.generation(num_steps=4):
             got = control_loop(model, 4, n)
         data = handle.summary().features["cache"].data
     finally:
         handle.remove()
+    return expected, got, data
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6], ids=lambda n: f"{n}-samples")
+@pytest.mark.parametrize("fn,bn", [(0, 0), (1, 0), (2, 1)], ids=["F0B0", "F1B0", "F2B1"])
+def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int, bn: int) -> None:
+    # Blocks add constants, so an uncached step's output is sum(deltas) + sum(this step's control residuals), and a
+    # correct cache reproduces it exactly: the cached residual holds the blocks' deltas, the model adds the controls.
+    expected, got, data = cached_control_loop(hookkit.DBCache(
+        fn_blocks=fn, bn_blocks=bn, steps_mask=(1, 0, 0, 1), mask_policy="static", taylorseer_order=0), n)
     assert data["branches"][0]["cached"] == [1, 2]
     for step in range(4):
         assert torch.equal(got[step], expected[step]), step
@@ -282,15 +287,7 @@ def test_controlnet_cached_step_equals_the_uncached_step_exactly(n: int, fn: int
 @pytest.mark.parametrize("n", [1, 6], ids=lambda n: f"{n}-samples")
 def test_controlnet_the_defaults_cached_steps_equal_the_uncached_steps_exactly(n: int) -> None:
     # DBCache(): 2 of 4 steps planned (0 and 3), every block skipped on steps 1 and 2; the controls counted once
-    model = ControlStub().double()
-    expected = control_loop(model, 4, n)
-    handle = hookkit.enable(model, hookkit.Spec(cache=hookkit.DBCache()), adapter=CONTROL_ADAPTER)
-    try:
-        with handle.generation(num_steps=4):
-            got = control_loop(model, 4, n)
-        data = handle.summary().features["cache"].data
-    finally:
-        handle.remove()
+    expected, got, data = cached_control_loop(hookkit.DBCache(), n)
     assert (data["branches"][0]["cached"], data["block_calls"]) == ([1, 2], 2 * 6)
     for step in range(4):
         assert torch.equal(got[step], expected[step]), step
