@@ -1,4 +1,4 @@
-# Sourced (never run) by the GPU scripts, queue.sh, caching_front.sh and video_rows.sh, so that a bare GPU machine,
+# Sourced (never run) by the GPU scripts and queue.sh, so that a bare GPU machine,
 # in this device call or a later one (a fresh shell), imports diffusers, torchao, loguru and cache-dit, and hookkit
 # from the right checkout. Sourcing defines one function; calling it does the work:
 #

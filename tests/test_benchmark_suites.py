@@ -35,7 +35,30 @@ def bash(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> sub
 def test_the_registry_holds_the_suites_that_replace_the_work_log_queues() -> None:
     names = {path.stem for path in SUITES}
     assert {"gpu-tests", "peers-flux-1024-cold", "peers-flux-1024", "peers-flux-512", "peers-flux-256",
-            "peers-qwen-1024", "step-profile", "fp8-rows", "matrix-flux-1024", "context-parallel"} <= names
+            "peers-qwen-1024", "step-profile", "fp8-rows", "matrix-flux-1024", "context-parallel",
+            "caching-fronts", "video-rows"} <= names
+
+
+def test_no_runner_stands_apart_from_the_queue() -> None:
+    """Every shell script of benchmarks/ is the queue, a suite or a sourced library: no runner with its own start."""
+    assert sorted(path.name for path in BENCHMARKS.glob("*.sh")) == ["gpu_env.sh", "queue.sh", "suite_lib.sh"]
+
+
+#: the documents that tell how to run a benchmark
+DOCS = [ROOT / "BENCHMARKS.md", ROOT / "README.md", ROOT / "CONTRIBUTING.md", BENCHMARKS / "results" / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_benchmark_script_and_suite_the_docs_name_exists() -> None:
+    missing = []
+    for doc in (d for d in DOCS if d.is_file()):
+        text = doc.read_text()
+        named = set(re.findall(r"\bbenchmarks/[\w-]+\.(?:sh|py)\b", text))
+        missing += [f"{doc.name}: {path}" for path in sorted(named) if not (ROOT / path).is_file()]
+        for words in re.findall(r"benchmarks/queue\.sh (?:start|run) ([\w -]+)", text):
+            missing += [f"{doc.name}: suite {word}" for word in words.split()
+                        if word != "--" and not (BENCHMARKS / "suites" / f"{word}.sh").is_file()]
+    assert missing == []
 
 
 @pytest.mark.parametrize("suite", SUITES, ids=lambda path: path.stem)
@@ -77,6 +100,48 @@ def test_no_file_in_benchmarks_or_tests_is_named_after_a_work_log_session_run_or
     names = [path.relative_to(ROOT).as_posix() for folder in (BENCHMARKS, ROOT / "tests") for path in folder.rglob("*")
              if "__pycache__" not in path.parts]
     assert names and [n for n in names if WORK_LOG_NAME.search(n)] == []
+
+
+# --- the results index --------------------------------------------------------------------------------------------
+
+RESULTS = BENCHMARKS / "results"
+
+
+def indexed_folders() -> set[str]:
+    """The folders benchmarks/results/README.md's table names: each `folder/` in backticks of a row's first column."""
+    rows = [line for line in (RESULTS / "README.md").read_text().splitlines() if line.startswith("| `")]
+    return {name.rstrip("/") for row in rows for name in re.findall(r"`([^`]+/)`", row.split(" | ")[0])}
+
+
+def test_the_results_index_names_folders_at_the_first_and_second_level() -> None:
+    assert {"cpu", "caching-front-cpu", "vs-cache-dit-h200/wan21-14b-480x832x81"} <= indexed_folders()
+
+
+def test_every_folder_the_results_index_names_exists() -> None:
+    assert sorted(name for name in indexed_folders() if not (RESULTS / name).is_dir()) == []
+
+
+def test_every_results_folder_is_in_the_index() -> None:
+    """A folder directly under benchmarks/results/ is named itself, or is a group whose entries are all named."""
+    indexed = indexed_folders()
+    unindexed = []
+    for folder in sorted(path for path in RESULTS.iterdir() if path.is_dir()):
+        if folder.name in indexed or not any(path.is_file() for path in folder.rglob("*")):
+            continue
+        entries = [path.relative_to(RESULTS).as_posix() for path in sorted(folder.iterdir())]
+        named = [entry for entry in entries if entry in indexed]
+        unindexed += [entry for entry in entries if entry not in indexed] if named else [f"{folder.name}/"]
+    assert unindexed == []
+
+
+def test_every_results_link_of_benchmarks_md_points_into_an_indexed_folder_that_exists() -> None:
+    indexed = indexed_folders()
+    links = re.findall(r"\]\(benchmarks/results/([^)#\s]*)\)", (ROOT / "BENCHMARKS.md").read_text())
+    assert len(links) > 20
+    outside = [link for link in sorted(set(links)) if link not in ("", "README.md")
+               and not any(link.rstrip("/") == name or link.startswith(f"{name}/") for name in indexed)]
+    missing = [link for link in sorted(set(links)) if not (RESULTS / link).exists()]
+    assert (outside, missing) == ([], [])
 
 
 # --- the queue runner --------------------------------------------------------------------------------------------
