@@ -58,7 +58,7 @@ class DBCache:
     """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
     blocks are skipped on cached steps and their stored residual (or its TaylorSeer extrapolation) is added
     instead. `rule` decides which steps are cached; the order in which the threshold rule's checks decide is in
-    `hookkit.techniques.cache.hooks`.
+    `hookkit.techniques.cache.state` (`_CallState.rules`).
 
     `DBCache()` is the planned rule without a calibration: 2x less block work, every block skipped on a cached step,
     the computed steps spaced densely early and sparsely late, TaylorSeer 2. It needs no uncached run, no host read,
