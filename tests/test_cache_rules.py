@@ -282,6 +282,10 @@ def test_the_schedule_at_zero_budget_is_bitwise_stock(calibrated: bool) -> None:
                                                                      speedup=1.0)))
     assert torch.equal(pipe(**zoo.call_kwargs("flux", steps=6)).images, stock)
     assert _steps(handle) == {0: ([0, 1, 2, 3, 4, 5], [])}
+    data = handle.summary().features["cache"].data
+    assert (data["no_cache_reason"], data["no_cache_brief"]) == (
+        "rule 'schedule' plans all 6 steps of this call computed (speedup 1.0). Raise DBCache(speedup=...) above 1 to "
+        "cache.", "the schedule rule computes all 6 steps")
 
 
 def test_the_schedule_adds_exactly_the_extrapolation_it_planned_with() -> None:

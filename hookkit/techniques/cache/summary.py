@@ -45,30 +45,40 @@ def _diff_stats(diffs: list[float]) -> dict[str, float] | None:
     return stats
 
 
-def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
-    """Why no step of this call can be cached, known before it runs (None when some step may be).
-
-    Only what the spec and the step count decide: that the threshold rejected every step is said by
-    `_no_cached_reason` once the call ran.
-    """
+def _no_cache_cause(layout: _Layout, cs: _CallState) -> tuple[str, str] | None:
+    """Why no step of this call can be cached, known before it runs, as (the reason with its fix, a few words);
+    None when some step may be. Only what the spec and the step count decide: that the threshold rejected every
+    step is said by `_no_cached_reason` once the call ran."""
     spec, n = layout.spec, cs.num_steps
     if n is None:
         return None
     if cs.mask is not None and not any(m == 0 for m in cs.mask):
+        if spec.rule != "threshold":
+            return (f"rule {spec.rule!r} plans all {n} steps of this call computed (speedup {spec.speedup}). Raise "
+                    "DBCache(speedup=...) above 1 to cache.", f"the {spec.rule} rule computes all {n} steps")
         return (f"steps_mask computes all {n} steps of this call: no step may be cached. "
-                "Give a mask with 0s (or a named policy).")
+                "Give a mask with 0s (or a named policy).", f"the steps mask computes all {n} steps")
     if cs.static:
         return None
     if spec.threshold <= 0:
-        return f"threshold {spec.threshold} caches no step. Set DBCache(threshold=...) above 0 (default 0.24)."
+        return (f"threshold {spec.threshold} caches no step. Set DBCache(threshold=...) above 0 (default 0.24).",
+                f"threshold {spec.threshold:g} caches no step")
     if spec.max_cached_steps == 0:
-        return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+        return "max_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0.", "max_cached_steps=0"
     if spec.max_continuous_cached_steps == 0:
-        return "max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0."
+        return ("max_continuous_cached_steps=0 caches no step. Set it to -1 (no limit) or above 0.",
+                "max_continuous_cached_steps=0")
     if len(cs.warmup_steps()) >= n:
         return (f"warmup_steps={cs.warmup_given} covers all {n} steps of this call: no step may be cached. "
-                f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).")
+                f"Set DBCache(warmup_steps=...) below {n}, or leave it None (scaled to the step count).",
+                f"warm-up covered all {n} (warmup_steps={cs.warmup_given})")
     return None
+
+
+def _no_cache_reason(layout: _Layout, cs: _CallState) -> str | None:
+    """Why no step of this call can be cached, known before it runs (None when some step may be)."""
+    cause = _no_cache_cause(layout, cs)
+    return None if cause is None else cause[0]
 
 
 def _no_cached_reason(layout: _Layout, cs: _CallState | None) -> str | None:
@@ -118,22 +128,13 @@ def _no_cache_brief(layout: _Layout, cs: _CallState | None) -> str | None:
     "warm-up covered 8, threshold 0.24 never reached (smallest diff 0.31)"."""
     if _no_cached_reason(layout, cs) is None or cs is None:
         return None
-    spec, n = layout.spec, cs.num_steps
-    if n is not None:
-        if cs.mask is not None and not any(m == 0 for m in cs.mask):
-            return f"the steps mask computes all {n} steps"
-        if spec.threshold <= 0:
-            return f"threshold {spec.threshold:g} caches no step"
-        if spec.max_cached_steps == 0:
-            return "max_cached_steps=0"
-        if spec.max_continuous_cached_steps == 0:
-            return "max_continuous_cached_steps=0"
-        if len(cs.warmup_steps()) >= n:
-            return f"warm-up covered all {n} (warmup_steps={cs.warmup_given})"
+    cause = _no_cache_cause(layout, cs)
+    if cause is not None:
+        return cause[1]
     diffs = [d for b in cs.branches.values() for d in b.diffs.values()]
     warmup = len(cs.warmup_steps())
     return (f"warm-up covered {warmup}, " if warmup else "") + \
-        f"threshold {spec.threshold:g} never reached (smallest diff {min(diffs):.3g})"
+        f"threshold {layout.spec.threshold:g} never reached (smallest diff {min(diffs):.3g})"
 
 
 def _summary(layout: _Layout, cs: _CallState | None, generation: int,
