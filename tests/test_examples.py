@@ -13,6 +13,8 @@ import torch
 
 from hookkit.techniques.cache.spec import resolve_steps_mask
 
+pytestmark = pytest.mark.slow  # every example runs as a subprocess
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -171,6 +171,7 @@ def test_the_tuned_spec_reaches_its_speedup_and_beats_fewer_steps_on_held_out_se
     assert sum(psnrs) / len(psnrs) > sum(fewer_psnrs) / len(fewer_psnrs) + 1.0
 
 
+@pytest.mark.slow  # bench runs its rows as subprocesses
 def test_cli_tune_writes_a_spec_that_generate_and_bench_run(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from hookkit.tools import cli
 
