@@ -340,6 +340,12 @@ def _name(cache: DBCache) -> str:
     return f"threshold {cache.threshold:g} F{cache.fn_blocks}{ts}"
 
 
+#: the calibration-free plans `candidates` tries: spacings at a speed-up target (one at a quality target's ladder)
+GENERIC_SPACINGS: tuple[float, ...] = (1.3, 1.5, 1.7, 2.0)
+#: ... and where their last computed step falls
+GENERIC_LASTS: tuple[float, ...] = (1.0, 0.7)
+
+
 def candidates(calibration: CacheCalibration, speedup: float | None = None) -> list[DBCache]:
     """The caching specs `tune` tries, deterministic: the planned schedule (orders 0-2) at the target speed-up (or at
     a ladder of speed-ups for a quality target), planned from the calibration and calibration-free (`spacing` and
@@ -376,12 +382,6 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
         for order in (1, 2):
             out.append(DBCache(steps_mask=mask, mask_policy="static", taylorseer_order=order))
     return out
-
-
-#: the calibration-free plans `candidates` tries: spacings at a speed-up target (one at a quality target's ladder)
-GENERIC_SPACINGS: tuple[float, ...] = (1.3, 1.5, 1.7, 2.0)
-#: ... and where their last computed step falls
-GENERIC_LASTS: tuple[float, ...] = (1.0, 0.7)
 
 
 def _speedup(handle: Handle) -> tuple[int, int]:

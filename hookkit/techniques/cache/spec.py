@@ -314,7 +314,10 @@ def rule_mask(spec: DBCache, num_steps: int, num_blocks: int) -> tuple[int, ...]
     calibration = spec.calibration
     if spec.rule == "threshold":
         raise SpecError(f"rule_mask: expected a DBCache with rule 'magnitude' or 'schedule', got rule={spec.rule!r}.")
-    if spec.rule == "magnitude" and calibration is not None:
+    # DBCache validated and resolved these: magnitude has its calibration and threshold, a calibration-free
+    # schedule its spacing and last_computed, every rule its TaylorSeer order (not user input)
+    if spec.rule == "magnitude":
+        assert calibration is not None and spec.threshold is not None
         retention = (int(MAGNITUDE_RETENTION * num_steps + 0.5) if spec.warmup_steps is None
                      else min(spec.warmup_steps, num_steps))
         return magnitude_mask(calibration.ratios_for(num_steps), spec.threshold, spec.max_continuous_cached_steps,
@@ -322,9 +325,10 @@ def rule_mask(spec: DBCache, num_steps: int, num_blocks: int) -> tuple[int, ...]
     computed = schedule_computed_steps(spec, num_steps, num_blocks)
     forced = 1 if spec.warmup_steps is None else max(1, min(spec.warmup_steps, computed))
     if calibration is None:
-        return generic_schedule(num_steps, computed, float(spec.spacing or GENERIC_SPACING),
-                                float(spec.last_computed or GENERIC_LAST), forced)
-    return plan_schedule(calibration, num_steps, computed, int(spec.taylorseer_order or 0), forced)
+        assert spec.spacing is not None and spec.last_computed is not None
+        return generic_schedule(num_steps, computed, spec.spacing, spec.last_computed, forced)
+    assert spec.taylorseer_order is not None
+    return plan_schedule(calibration, num_steps, computed, spec.taylorseer_order, forced)
 
 
 def schedule_computed_steps(spec: DBCache, num_steps: int, num_blocks: int) -> int:
