@@ -1,0 +1,342 @@
+"""hookkit's fp8 attention kernel (`Attention(low_precision="hookkit_fp8")`): fp8 Q·Kᵀ and fp8 P·V on Hopper's tensor
+cores, in Triton.
+
+Imported on first use (importing triton is slow, and CPU-only installs have none); on the CPU it runs only under
+Triton's interpreter (`TRITON_INTERPRET=1`), which is how the tests check its arithmetic.
+
+Why fp8 for both products: on Hopper, fp8 tensor cores run twice as fast as bf16 ones, and at video lengths
+(32,760 tokens for Wan 2.1 at 480p × 81 frames) attention is most of a step. The int8 kernel (`int8_triton`) halves
+only Q·Kᵀ; P·V stays in fp16 there, so half the work keeps the bf16 rate.
+
+The arithmetic, for `q, k, v` `[batch, heads, tokens, head_dim]` in fp16 or bf16 (any strides):
+
+1. Quantization (one small kernel per tensor, one read of it): Q per block of `BLOCK_M` rows of one head, scaled by
+   its own `amax / 448` (e4m3's largest value); the scale also carries `softmax_scale · log2(e)`, so scores come out
+   in base-2 units. K: first smoothed, `k − mean(k over tokens)` per batch, head and channel (softmax is invariant to
+   the per-query constant `q · mean(k)`; diffusion transformers' keys share a large channel offset that would take
+   most of the range; SageAttention, arXiv 2410.02367, section 4.2), then per block of `BLOCK_N` rows. V: per channel
+   of each head (`amax over tokens / 448`, which P·V can factor out of the sum over keys), stored transposed (tokens
+   contiguous) because Hopper's fp8 tensor-core instructions take both operands contiguous along the summed axis.
+2. The kernel: one program per block of `BLOCK_M` query rows of one head; per block of keys, the fp8 product
+   `q8 · k8ᵀ` accumulates in fp32 and is rescaled by the two blocks' scales; online softmax (running max and sum,
+   flash-attention's rescaling); P is computed as `exp2(s − max + 8)`, i.e. scaled by 256 to use fp8's range (the
+   running sum carries the same factor, so the final division removes it), cast to e4m3 and multiplied with the fp8
+   V block; at the end one multiply by V's channel scales over the running sum, stored in the input's dtype.
+   `exp_f16=True` computes the exponentials two at a time in half precision (`ex2.approx.f16x2`): the exponential
+   unit, not the tensor cores, bounds an fp8 attention tile on Hopper, and P is rounded to fp8 right after anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: the head sizes the kernel takes (fp8 tensor-core products sum over multiples of 32; `tl.arange` needs a power of 2)
+HEAD_DIMS = (32, 64, 128)
+#: the oldest GPU generation with fp8 tensor cores (Ada, sm_89; Hopper is 9.0)
+MIN_CAPABILITY = (8, 9)
+LOG2_E = 1.4426950408889634
+#: e4m3's largest finite value
+FP8_MAX = 448.0
+_FP8_MAX = tl.constexpr(FP8_MAX)
+#: P is computed scaled by 2**P_SHIFT (exact: a power of two) to use more of e4m3's range than [0, 1]
+P_SHIFT = 8.0
+_P_SHIFT = tl.constexpr(P_SHIFT)
+
+Q_MODE, K_MODE, V_MODE = 0, 1, 2
+
+
+@triton.jit
+def _to_fp8(x, INTERPRET: tl.constexpr):
+    """fp32 -> e4m3 with round-to-nearest-even. Under Triton's interpreter the value is first rounded to 3 mantissa
+    bits by integer arithmetic: the interpreter's own conversion drops the carry when rounding reaches the next power
+    of two (1.97 -> 1.0, not 2.0); on a GPU the hardware conversion does it."""
+    if INTERPRET:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, channel_ptr, codes_ptr, scales_ptr, heads, tokens, blocks, stride_b, stride_h, stride_s,
+                     multiplier, D: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, INT8: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """One block of `BLOCK` rows of one head of `x` to e4m3 (int8 with `INT8`, Q and K only). Q_MODE: per-block scale
+    (times `multiplier`); K_MODE: the channel means (`channel_ptr`) subtracted first; V_MODE: divided by the channel
+    scales (`channel_ptr` holds their inverses), stored transposed `[batch * heads, D, blocks * BLOCK]`. Rows past
+    `tokens` are stored as zeros."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    batch, head = bh // heads, bh % heads
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    dims = tl.arange(0, D)
+    valid = rows[:, None] < tokens
+    x = tl.load(x_ptr + batch * stride_b + head * stride_h + rows[:, None] * stride_s + dims[None, :], mask=valid,
+                other=0.0).to(tl.float32)
+    padded = blocks * BLOCK
+    if MODE == 2:
+        x = x * tl.load(channel_ptr + bh * D + dims)[None, :]
+        x = tl.minimum(tl.maximum(x, -_FP8_MAX), _FP8_MAX)
+        tl.store(codes_ptr + bh * D * padded + dims[None, :] * padded + rows[:, None], _to_fp8(x, INTERPRET))
+    else:
+        if MODE == 1:
+            x = tl.where(valid, x - tl.load(channel_ptr + bh * D + dims)[None, :], 0.0)
+        amax = tl.maximum(tl.max(tl.abs(x)), 1e-20)
+        top = 127.0 if INT8 else _FP8_MAX
+        x = tl.minimum(tl.maximum(x * (top / amax), -top), top)
+        if INT8:
+            codes = tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)  # round half away from zero
+        else:
+            codes = _to_fp8(x, INTERPRET)
+        tl.store(codes_ptr + (bh * padded + rows[:, None]) * D + dims[None, :], codes)
+        tl.store(scales_ptr + bh * blocks + blk, amax / top * multiplier)
+
+
+@triton.jit
+def _exp2_f16x2(x):
+    """exp2 of fp16 values, two per instruction (Hopper's `ex2.approx.f16x2`): twice the exponential unit's rate."""
+    return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x], dtype=tl.float16, is_pure=True,
+                                     pack=2)
+
+
+@triton.jit
+def _scores(q, k_src, ks_base, q_scale, row0, block_n, cols, dims, D: tl.constexpr, BLOCK_N: tl.constexpr,
+            QK_INT8: tl.constexpr, TMA: tl.constexpr):
+    """The raw scores of one block of keys (fp32; with QK_INT8 offset by 1.5 * 2**23, see below) and their scale."""
+    if TMA:
+        k = k_src.load([row0 + block_n * BLOCK_N, 0])
+    else:
+        k = tl.load(k_src + (row0 + block_n * BLOCK_N + cols[:, None]) * D + dims[None, :])
+    if QK_INT8:
+        # int32 -> fp32 without the conversion unit (a quarter of the ALU's rate on Hopper): adding 1.5 * 2**23's bit
+        # pattern makes a float whose integer part is the product (exact while |product| < 2**22: 127² · 128 is),
+        # offset by 1.5 * 2**23, which the row max and the shift in `_softmax_pv` take out
+        s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return s, q_scale * tl.load(ks_base + block_n)
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims, D: tl.constexpr,
+                BLOCK_N: tl.constexpr, MASK: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
+                TMA: tl.constexpr, INTERPRET: tl.constexpr):
+    """Online softmax over one block of scores and its P·V into `acc`."""
+    offset = 12582912.0 if QK_INT8 else 0.0
+    if MASK:
+        s = tl.where(block_n * BLOCK_N + cols[None, :] < k_tokens, s, float("-inf"))
+    m_new = tl.maximum(m_i, (tl.max(s, 1) - offset) * scale)
+    x = s * scale - (m_new + offset * scale - _P_SHIFT)[:, None]
+    if EXP_F16:
+        p16 = _exp2_f16x2(x.to(tl.float16))
+        l_ij = tl.sum(p16.to(tl.float32), 1)
+        p8 = p16.to(tl.float8e4nv)
+    else:
+        p = tl.exp2(x)
+        l_ij = tl.sum(p, 1)
+        p8 = _to_fp8(p, INTERPRET)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + l_ij
+    if TMA:
+        vt = v_src.load([v_row0, block_n * BLOCK_N])
+    else:
+        vt = tl.load(v_src + (v_row0 + dims[:, None]) * padded + block_n * BLOCK_N + cols[None, :])
+    acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _exp2_poly(x):
+    """exp2 on the FMA units (a degree-2 polynomial, relative error below 0.3 %, far under e4m3's 6 % step): an fp8
+    attention tile on Hopper is bound by the exponential/conversion unit, so half the tile's exponentials go here.
+    x <= 8 (scores are shifted so); below -125 it returns 2**-125 (flushed to zero by the cast to e4m3)."""
+    x = tl.maximum(x, -125.0)
+    t = x + 12582912.0  # 1.5 * 2**23: the float add rounds x to the nearest integer n, held in t's low bits
+    f = x - (t - 12582912.0)  # in [-0.5, 0.5]
+    p = 1.0008063686 + f * (0.7067171237 + f * 0.2390917277)
+    return (p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, v_row0, padded, block_n, k_tokens,
+                     dims, D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, QK_INT8: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """One block of keys as two halves: the first half's exponentials on the exponential unit, the second's by
+    `_exp2_poly` on the FMA units (two halves, not one tile split in registers: no layout shuffle)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    half = tl.arange(0, HALF)
+    keys_a = block_n * BLOCK_N + half
+    keys_b = keys_a + HALF
+    k_a = tl.load(k_ptr + (k_row0 + keys_a[:, None]).to(tl.int64) * D + dims[None, :])
+    k_b = tl.load(k_ptr + (k_row0 + keys_b[:, None]).to(tl.int64) * D + dims[None, :])
+    scale = q_scale * tl.load(ks_base + block_n)
+    if QK_INT8:
+        s_a = (tl.dot(q, tl.trans(k_a), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+        s_b = (tl.dot(q, tl.trans(k_b), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+        offset = 12582912.0
+    else:
+        s_a = tl.dot(q, tl.trans(k_a))
+        s_b = tl.dot(q, tl.trans(k_b))
+        offset = 0.0
+    if MASK:
+        s_a = tl.where(keys_a[None, :] < k_tokens, s_a, float("-inf"))
+        s_b = tl.where(keys_b[None, :] < k_tokens, s_b, float("-inf"))
+    m_new = tl.maximum(m_i, (tl.maximum(tl.max(s_a, 1), tl.max(s_b, 1)) - offset) * scale)
+    shift = (m_new + offset * scale - _P_SHIFT)[:, None]
+    p_a = tl.exp2(s_a * scale - shift)
+    p_b = _exp2_poly(s_b * scale - shift)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
+    vt_a = tl.load(vt_ptr + (v_row0 + dims[:, None]).to(tl.int64) * padded + keys_a[None, :])
+    vt_b = tl.load(vt_ptr + (v_row0 + dims[:, None]).to(tl.int64) * padded + keys_b[None, :])
+    acc = tl.dot(_to_fp8(p_a, INTERPRET), tl.trans(vt_a), acc * alpha[:, None])
+    acc = tl.dot(_to_fp8(p_b, INTERPRET), tl.trans(vt_b), acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks,
+                          k_blocks, stride_ob, stride_oh, stride_os, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr, LOOP: tl.constexpr,
+                          TMA: tl.constexpr, INTERPRET: tl.constexpr):
+    """LOOP 0: one key block after the other; 1: the next block's Q·Kᵀ issued before this block's softmax (the
+    tensor cores work while the exponentials run); 2: as 0, warp-specialized by Triton; 3: each block as two halves,
+    the second's exponentials by polynomial (`_key_block_split`; pointers only). TMA: blocks loaded by Hopper's
+    tensor-memory accelerator (q_src, k_src, v_src are descriptors), else by pointers."""
+    block_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    batch, head = bh // heads, bh % heads
+    rows = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, D)
+    padded = k_blocks * BLOCK_N
+    q_row0 = (bh * q_blocks * BLOCK_M + block_m * BLOCK_M).to(tl.int32)
+    k_row0 = (bh * padded).to(tl.int32)
+    v_row0 = (bh * D).to(tl.int32)
+    if TMA:
+        q = q_src.load([q_row0, 0])
+    else:
+        q = tl.load(q_src + (q_row0 + tl.arange(0, BLOCK_M)[:, None]).to(tl.int64) * D + dims[None, :])
+    q_scale = tl.load(qs_ptr + bh * q_blocks + block_m)
+    ks_base = ks_ptr + bh * k_blocks
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    last = k_blocks - 1  # only the last block can hold padding: no mask in the loop
+    if LOOP == 3:
+        for block_n in range(0, last):
+            acc, l_i, m_i = _key_block_split(acc, l_i, m_i, q, q_scale, k_src, ks_base, v_src, k_row0, v_row0, padded,
+                                             block_n, k_tokens, dims, D, BLOCK_N, False, QK_INT8, INTERPRET)
+        acc, l_i, m_i = _key_block_split(acc, l_i, m_i, q, q_scale, k_src, ks_base, v_src, k_row0, v_row0, padded,
+                                         last, k_tokens, dims, D, BLOCK_N, True, QK_INT8, INTERPRET)
+    elif LOOP == 1:
+        s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, 0, cols, dims, D, BLOCK_N, QK_INT8, TMA)
+        for block_n in range(0, last):
+            s_next, scale_next = _scores(q, k_src, ks_base, q_scale, k_row0, block_n + 1, cols, dims, D, BLOCK_N,
+                                         QK_INT8, TMA)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
+                                        D, BLOCK_N, False, QK_INT8, EXP_F16, TMA, INTERPRET)
+            s, scale = s_next, scale_next
+    else:
+        for block_n in tl.range(0, last, warp_specialize=LOOP == 2):
+            s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, block_n, cols, dims, D, BLOCK_N, QK_INT8, TMA)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
+                                        D, BLOCK_N, False, QK_INT8, EXP_F16, TMA, INTERPRET)
+        s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, last, cols, dims, D, BLOCK_N, QK_INT8, TMA)
+    if LOOP != 3:
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, last, k_tokens, cols, dims, D,
+                                    BLOCK_N, True, QK_INT8, EXP_F16, TMA, INTERPRET)
+    v_scale = tl.load(vs_ptr + bh * D + dims)
+    out = acc * v_scale[None, :] / l_i[:, None]
+    target = out_ptr + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + dims[None, :]
+    tl.store(target, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_tokens)
+
+
+def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | None, multiplier: float, int8: bool,
+              interpret: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, s, d = x.shape
+    blocks = triton.cdiv(s, block)
+    shape = (b * h, d, blocks * block) if mode == V_MODE else (b * h, blocks * block, d)
+    codes = torch.empty(shape, device=x.device, dtype=torch.int8 if int8 else torch.float8_e4m3fn)
+    scales = torch.empty(b * h, blocks, device=x.device, dtype=torch.float32)
+    dummy = scales if channel is None else channel
+    _quantize_kernel[(blocks, b * h)](x, dummy, codes, scales, h, s, blocks, x.stride(0), x.stride(1), x.stride(2),
+                                      multiplier, D=d, BLOCK=block, MODE=mode, INT8=int8,
+                                      INTERPRET=interpret)
+    return codes, scales
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
+              block_n: int = 128, num_warps: int | None = 8, num_stages: int | None = 3, qk_int8: bool = False,
+              exp_f16: bool | None = None, loop: int = 0, tma: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no mask, no dropout, same heads in q and k/v), by
+    the fp8 kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed
+    `[B, S, H, D]` view in, one out: diffusers' transpose back is then free).
+
+    `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`: the kernel's tiling, Q·Kᵀ's precision (int8
+    codes, SageAttention 2's recipe, instead of e4m3) and exponential, for benchmarks (the defaults are what
+    `Attention` runs; `exp_f16=None` means on a GPU, off in the interpreter)."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    interpret = not q.is_cuda
+    exp_f16 = (not interpret) if exp_f16 is None else exp_f16
+    softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
+        q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
+        k_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d).contiguous()
+        k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
+        v_amax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().clamp_min_(1e-20).reshape(b * h, d)
+        v_codes, _ = _quantize(v, block_n, V_MODE, (FP8_MAX / v_amax).contiguous(), 1.0, False, interpret)
+        v_scales = (v_amax / FP8_MAX).contiguous()
+        out = torch.empty_like(q)
+        grid = (triton.cdiv(sq, block_m), b * h)
+        options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
+        if tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            q_codes = TensorDescriptor.from_tensor(q_codes.view(-1, d), [block_m, d])
+            k_codes = TensorDescriptor.from_tensor(k_codes.view(-1, d), [block_n, d])
+            v_codes = TensorDescriptor.from_tensor(v_codes.view(-1, v_codes.shape[-1]), [d, block_n])
+        _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, out, h, sq, sk,
+                                    q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
+                                    D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8, EXP_F16=exp_f16,
+                                    LOOP=loop, TMA=tma, INTERPRET=interpret,
+                                    **options)
+    return out
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
+              block_n: int = 128, qk_int8: bool = False) -> torch.Tensor:
+    """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
+    V and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
+    running max is the row max, except where P's rounding to fp8 sees a different shift)."""
+    b, h, sq, d = q.shape
+    softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    def blocks_fp8(x: torch.Tensor, block: int) -> torch.Tensor:
+        s = x.shape[2]
+        n = triton.cdiv(s, block)
+        padded = torch.zeros(b, h, n * block, d, dtype=torch.float32, device=x.device)
+        padded[:, :, :s] = x
+        grouped = padded.view(b, h, n, block, d)
+        top = 127.0 if qk_int8 else FP8_MAX
+        step = grouped.abs().amax(dim=(3, 4), keepdim=True).clamp_min(1e-20) / top
+        scaled = (grouped / step).clamp(-top, top)
+        codes = scaled.sign() * (scaled.abs() + 0.5).floor() if qk_int8 else scaled.to(torch.float8_e4m3fn).float()
+        return (codes * step).view(b, h, n * block, d)[:, :, :s]
+
+    qf, kf, vf = q.float(), k.float(), v.float()
+    qd = blocks_fp8(qf, block_m)
+    kd = blocks_fp8(kf - kf.mean(dim=2, keepdim=True), block_n)
+    v_step = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-20) / FP8_MAX
+    vd = (vf / v_step).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * v_step
+    s = qd @ kd.transpose(-1, -2) * (softmax_scale * LOG2_E)
+    p = torch.exp2(s - s.amax(dim=-1, keepdim=True) + P_SHIFT)
+    out = p.to(torch.float8_e4m3fn).float() @ vd / p.sum(dim=-1, keepdim=True)
+    return out.to(q.dtype)
