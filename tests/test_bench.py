@@ -561,8 +561,8 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     configs, notes = bench.select_configs(["video"], torch.device("cuda"))  # only the type is read
     assert [c.name for c in configs] == ["eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
                                          "cache-dit+fp8+compile+sage", "hookkit-fp8+cuda-graphs",
-                                         "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention",
-                                         "hookkit-fp8+cache-fast+int8-attention"]
+                                         "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
+                                         "hookkit-fp8+cache-fast+compile+fp8-attention"]
     assert notes == []
 
 

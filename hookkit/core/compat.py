@@ -91,16 +91,18 @@ RULES: tuple[Rule, ...] = (
             "an Attention. Use one of the two, or choose diffusers' backend with transformer.set_attention_backend."),
     ),
     Rule(
-        # the kernel choice is a torch-function mode around each block: torch.compile traces it into the compiled
-        # blocks, where dynamo fails on diffusers' processors (`Tensor.unflatten` runs `super().unflatten()` under a
-        # mode) and a whole-transformer CUDA graph would replay one phase's kernels at every step
+        # the kernel choice is a torch-function mode around each block, which dynamo traces into each compiled block
+        # (one entry per kernel, chosen again at every call); a whole-transformer CUDA graph would replay one step
+        # phase's kernels at every step, and a whole-model compile would trace the block hooks themselves
         features=("attention", "compile"), outcome="refused",
-        applies=lambda s, a: s.attention is not None and s.compile is not None,
+        applies=lambda s, a: s.attention is not None and s.compile is not None and (
+            s.compile.cuda_graphs == "transformer" or not s.compile.regional),
         message=lambda s, a: (
-            "Spec.compile: expected None with Attention (its kernel choice is a torch-function mode around each block, "
-            "which torch.compile would trace into the compiled blocks and dynamo cannot trace through diffusers' "
-            "processors; CUDA graphs would replay one step phase's kernels at every step), got a Compile. Use "
-            "Attention or Compile, not both, for now."),
+            "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with Attention (its "
+            "kernel choice changes between steps around each block: a whole-transformer CUDA graph would replay one "
+            f"step's kernels at every step, and a whole-model compile would trace the hooks), got "
+            f"Compile(regional={s.compile.regional}, cuda_graphs={s.compile.cuda_graphs!r}). Use "
+            "Compile() (regional; mode='reduce-overhead' captures graphs per block and kernel), or drop Attention."),
     ),
     Rule(
         features=("memo", "compile"), outcome="inactive",

@@ -273,19 +273,18 @@ def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | No
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
-              block_n: int = 128, num_warps: int | None = 8, num_stages: int | None = 3, qk_int8: bool = False,
-              exp_f16: bool | None = None, loop: int = 0, tma: bool = False) -> torch.Tensor:
+              block_n: int = 128, num_warps: int | None = 4, num_stages: int | None = 3, qk_int8: bool = True,
+              exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no mask, no dropout, same heads in q and k/v), by
     the fp8 kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed
     `[B, S, H, D]` view in, one out: diffusers' transpose back is then free).
 
     `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`: the kernel's tiling, Q·Kᵀ's precision (int8
     codes, SageAttention 2's recipe, instead of e4m3) and exponential, for benchmarks (the defaults are what
-    `Attention` runs; `exp_f16=None` means on a GPU, off in the interpreter)."""
+    `Attention` runs; `exp_f16` needs a GPU)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     interpret = not q.is_cuda
-    exp_f16 = (not interpret) if exp_f16 is None else exp_f16
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
@@ -312,7 +311,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
-              block_n: int = 128, qk_int8: bool = False) -> torch.Tensor:
+              block_n: int = 128, qk_int8: bool = True) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
     V and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
     running max is the row max, except where P's rounding to fp8 sees a different shift)."""

@@ -52,17 +52,20 @@ ANY_DEVICE = ("native", "_native_math")
 TAKES_ALL = ("native", "_native_math", "_native_efficient")
 #: the package each kernel imports (module name, pip name)
 PACKAGES = {"flash": ("flash_attn", "flash-attn"), "sage": ("sageattention", "sageattention"),
-            "hookkit_int8": ("triton", "triton")}
+            "hookkit_int8": ("triton", "triton"), "hookkit_fp8": ("triton", "triton")}
 #: kernels that need fp16 or bf16 inputs
-HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8")
-#: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere
+HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8")
+#: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere;
+#: fp8 tensor cores, Ada (8.9) and Hopper
 MIN_CAPABILITY = {"_native_cudnn": (8, 0), "_native_flash": (8, 0), "_native_efficient": (5, 0), "flash": (8, 0),
-                  "sage": (8, 0), "hookkit_int8": (8, 0)}
+                  "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9)}
+#: hookkit's own Triton kernels
+HOOKKIT_KERNELS = ("hookkit_int8", "hookkit_fp8")
 
 
 def head_sizes_ok(kernel: str, dim: int) -> bool:
     """Whether `kernel` takes heads of size `dim`."""
-    if kernel == "hookkit_int8":
+    if kernel in HOOKKIT_KERNELS:
         return dim in (32, 64, 128)
     if kernel == "sage":  # sageattention 1.0.6's kernels
         return dim in (64, 96, 128)
@@ -72,7 +75,8 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
 
 
 def head_size_text(kernel: str) -> str:
-    return {"hookkit_int8": "32, 64 or 128", "sage": "64, 96 or 128"}.get(kernel, "a multiple of 8 up to 256")
+    return {"hookkit_int8": "32, 64 or 128", "hookkit_fp8": "32, 64 or 128",
+            "sage": "64, 96 or 128"}.get(kernel, "a multiple of 8 up to 256")
 
 
 # --- the kernels -------------------------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
         return "grouped-query heads"
-    if a["is_causal"] and kernel == "hookkit_int8":
+    if a["is_causal"] and kernel in HOOKKIT_KERNELS:
         return "causal mask"
     if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         return f"dtype {q.dtype}"
@@ -121,6 +125,20 @@ def int8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 
 @int8_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+@torch.library.custom_op("hookkit::fp8_attention", mutates_args=())
+def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
+                  ) -> torch.Tensor:
+    """hookkit's fp8 kernel (`fp8_triton.attention`: int8 Q·Kᵀ, e4m3 P·V) as one op: torch.compile keeps it opaque."""
+    from hookkit.techniques.attention import fp8_triton  # imports triton: on first use
+
+    return fp8_triton.attention(query, key, value, scale)
+
+
+@fp8_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     return torch.empty_like(query)
 
@@ -155,6 +173,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
     a = _sdpa_args(args, kwargs)
     if kernel == "hookkit_int8":
         return int8_attention(a["query"], a["key"], a["value"], a["scale"])
+    if kernel == "hookkit_fp8":
+        return fp8_attention(a["query"], a["key"], a["value"], a["scale"])
     if kernel == "sage":
         return _sage(a)
     return _flash(a)
@@ -162,7 +182,13 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
 
 class KernelMode(TorchFunctionMode):
     """Answers `F.scaled_dot_product_attention` with one kernel; passes everything else on. One per kernel and
-    handle (stable objects: torch.compile guards on the modes on the stack)."""
+    handle (stable objects: torch.compile guards on the modes on the stack, so a compiled block gets one entry per
+    kernel it runs with, chosen again at every call).
+
+    Under torch.compile dynamo traces this mode into the compiled block: `Tensor.unflatten` (a Python method whose
+    `super()` call dynamo cannot trace under a mode; diffusers' processors split heads with it) is answered by the
+    equivalent `torch.unflatten`, and the bookkeeping (Python counters) is left out of the trace: attention calls and
+    fallbacks are counted in eager blocks only."""
 
     def __init__(self, kernel: str, shared: _Shared) -> None:
         super().__init__()
@@ -172,13 +198,18 @@ class KernelMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.Tensor.unflatten:
+            return torch.unflatten(*args, **kwargs)
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
+        traced = torch.compiler.is_compiling()
         reason = unsupported(self.kernel, _sdpa_args(args, kwargs))
         if reason is not None:
-            self.shared.record("fallback", (self.kernel, reason))
+            if not traced:
+                self.shared.record("fallback", (self.kernel, reason))
             return func(*args, **kwargs)
-        self.shared.record("call", (self.kernel,))
+        if not traced:
+            self.shared.record("call", (self.kernel,))
         return run_kernel(self.kernel, func, args, kwargs)
 
 

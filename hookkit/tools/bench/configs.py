@@ -86,6 +86,13 @@ def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", r
                                 memo=True)
 
 
+def _fp8_attention_every_step() -> Any:
+    """hookkit's fp8 attention kernel on every step and block: a short benchmark run (6 steps) then measures the step
+    the middle of a 50-step run spends (`Attention()`'s default keeps bf16 on the first and last 2 steps; at 50
+    steps those are 4 of 50)."""
+    return hookkit.Attention(low_precision="hookkit_fp8", full_first=0, full_last=0)
+
+
 def _configs() -> dict[str, BenchConfig]:
     S = hookkit.Spec
     rows = [
@@ -213,7 +220,19 @@ def _configs() -> dict[str, BenchConfig]:
                                              attention=hookkit.Attention(low_precision="hookkit_int8"))),
                     fields=frozenset({"cache", "quantize", "attention"}), needs_cuda=True,
                     description="static 'fast' DBCache + fp8 dynamic per-row + int8 attention on the middle steps, "
-                                "eager (Attention does not compose with Compile yet)"),
+                                "eager"),
+        BenchConfig(name="hookkit-fp8+compile+fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step())),
+                    fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    description="fp8 dynamic per-row + regional compile + hookkit's fp8 attention kernel at every "
+                                "step, uncached (the uncached step is its time / steps)"),
+        BenchConfig(name="hookkit-fp8+cache-fast+compile+fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True, attention=_fp8_attention_every_step())),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + hookkit's fp8 "
+                                "attention kernel at every step"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
@@ -229,8 +248,8 @@ CONFIGS: dict[str, BenchConfig] = _configs()
 #: "fast" computed steps. Image-only rows (the modulation variants: Wan has no AdaLN Linears to quantize) stay out.
 ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
-              "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-int8-attention",
-              "hookkit-fp8+cache-fast+int8-attention"),
+              "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
+              "hookkit-fp8+cache-fast+compile+fp8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
