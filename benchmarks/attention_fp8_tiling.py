@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if loop == 3 and (tma or exp_f16):
             continue  # the split loop loads by pointers and has its own exponentials
         for bm, bn, warps, stages in map(tiling, args.tilings):
-            name = f"{'int8' if qk_int8 else 'fp8'}qk {'exp16' if exp_f16 else 'exp32'} loop{loop} {'tma' if tma else 'ptr'} {bm}x{bn} w{warps} s{stages}"
-            run(name, lambda bm=bm, bn=bn, w=warps, s=stages, qi=qk_int8, lp=loop, t=tma, e=exp_f16: fp8_triton.attention(
-                q, k, v, block_m=bm, block_n=bn, num_warps=w, num_stages=s, qk_int8=qi, exp_f16=e, loop=lp,
-                tma=t), block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, qk_int8=qk_int8, loop=loop, tma=tma,
-                exp_f16=exp_f16)
+            name = (f"{'int8' if qk_int8 else 'fp8'}qk {'exp16' if exp_f16 else 'exp32'} loop{loop} "
+                    f"{'tma' if tma else 'ptr'} {bm}x{bn} w{warps} s{stages}")
+            kernel_args = dict(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, qk_int8=qk_int8,
+                               exp_f16=exp_f16, loop=loop, tma=tma)
+            run(name, lambda a=kernel_args: fp8_triton.attention(q, k, v, **a), **kernel_args)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "shape": list(shape),

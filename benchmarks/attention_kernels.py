@@ -1,4 +1,5 @@
-"""Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 kernel.
+"""Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
+kernels.
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
-KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8")
+KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,11 +67,12 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         from hookkit.techniques.attention.hooks import _sage
 
         return lambda q, k, v: _sage({"query": q, "key": k, "value": v, "is_causal": False, "scale": None})
-    from hookkit.techniques.attention import int8_triton
+    from hookkit.techniques.attention import fp8_triton, int8_triton
 
+    module = fp8_triton if name == "hookkit_fp8" else int8_triton
     if not torch.cuda.is_available():  # the interpreter: small tiles keep it quick
-        return lambda q, k, v: int8_triton.attention(q, k, v, block_m=32, block_n=32)
-    return int8_triton.attention
+        return lambda q, k, v: module.attention(q, k, v, block_m=32, block_n=32)
+    return module.attention
 
 
 def _times_ms(fn: Callable[[], Any], repeats: int, warmup: int, device: str, graphs: bool) -> tuple[list[float], str]:

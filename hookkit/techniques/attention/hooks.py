@@ -11,8 +11,9 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
 take (a mask, dropout, grouped-query heads; masks are known only at the call) runs as "native" and is counted as a
 fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
-is refused at enable. `Compile` is refused (`hookkit.core.compat`): torch.compile traces the mode into the compiled
-blocks, and dynamo cannot trace diffusers' processors under a mode (`Tensor.unflatten`'s `super()` call).
+is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
+kernel, chosen again at every call; `KernelMode` says what that takes); whole-transformer CUDA graphs and a whole-model
+compile are refused (`hookkit.core.compat`).
 """
 
 from __future__ import annotations
