@@ -278,7 +278,7 @@ SETTINGS: dict[str, Any] = {
     "attention": hookkit.Attention(),
 }
 #: pairs refused whatever their settings
-REFUSED_PAIRS = ({"attention", "parallel"}, {"attention", "compile"})
+REFUSED_PAIRS = ({"attention", "parallel"},)
 
 #: (adapter, spec fields, expected): "allowed", ("refused", error, message start), ("inactive", feature, reason start)
 COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
@@ -286,10 +286,12 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
       if {a, b} not in REFUSED_PAIRS],
     ("flux", {"attention": SETTINGS["attention"], "parallel": SETTINGS["parallel"]},
      ("refused", SpecError, "Spec.attention: expected None with ContextParallel")),
-    ("flux", {"attention": SETTINGS["attention"], "compile": SETTINGS["compile"]},
-     ("refused", SpecError, "Spec.compile: expected None with Attention")),
     ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS},
-     ("refused", SpecError, "Spec.compile: expected None with Attention")),
+     ("refused", SpecError, "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with "
+                            "Attention")),
+    ("flux", {"attention": SETTINGS["attention"], "compile": WHOLE},
+     ("refused", SpecError, "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with "
+                            "Attention")),
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
     ("flux", {"cache": hookkit.DBCache(threshold=0.24), "compile": GRAPHS},

@@ -1,29 +1,21 @@
-"""hookkit's fp8 attention kernel (`Attention(low_precision="hookkit_fp8")`): fp8 Q·Kᵀ and fp8 P·V on Hopper's tensor
-cores, in Triton.
+"""hookkit's fp8 attention kernel (`Attention(low_precision="hookkit_fp8")`): both products on fp8 tensor cores.
 
-Imported on first use (importing triton is slow, and CPU-only installs have none); on the CPU it runs only under
-Triton's interpreter (`TRITON_INTERPRET=1`), which is how the tests check its arithmetic.
+Imported on first use (importing triton is slow); on the CPU it runs only under Triton's interpreter
+(`TRITON_INTERPRET=1`), which is how the tests check its arithmetic against `reference`, its torch mirror.
 
-Why fp8 for both products: on Hopper, fp8 tensor cores run twice as fast as bf16 ones, and at video lengths
-(32,760 tokens for Wan 2.1 at 480p × 81 frames) attention is most of a step. The int8 kernel (`int8_triton`) halves
-only Q·Kᵀ; P·V stays in fp16 there, so half the work keeps the bf16 rate.
+Why: on Hopper fp8 tensor cores run twice as fast as bf16 ones, and at video lengths attention is most of a step; the
+int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate. For `[B, H, S, D]` fp16/bf16 inputs:
 
-The arithmetic, for `q, k, v` `[batch, heads, tokens, head_dim]` in fp16 or bf16 (any strides):
-
-1. Quantization (one small kernel per tensor, one read of it): Q per block of `BLOCK_M` rows of one head, scaled by
-   its own `amax / 448` (e4m3's largest value); the scale also carries `softmax_scale · log2(e)`, so scores come out
-   in base-2 units. K: first smoothed, `k − mean(k over tokens)` per batch, head and channel (softmax is invariant to
-   the per-query constant `q · mean(k)`; diffusion transformers' keys share a large channel offset that would take
-   most of the range; SageAttention, arXiv 2410.02367, section 4.2), then per block of `BLOCK_N` rows. V: per channel
-   of each head (`amax over tokens / 448`, which P·V can factor out of the sum over keys), stored transposed (tokens
-   contiguous) because Hopper's fp8 tensor-core instructions take both operands contiguous along the summed axis.
-2. The kernel: one program per block of `BLOCK_M` query rows of one head; per block of keys, the fp8 product
-   `q8 · k8ᵀ` accumulates in fp32 and is rescaled by the two blocks' scales; online softmax (running max and sum,
-   flash-attention's rescaling); P is computed as `exp2(s − max + 8)`, i.e. scaled by 256 to use fp8's range (the
-   running sum carries the same factor, so the final division removes it), cast to e4m3 and multiplied with the fp8
-   V block; at the end one multiply by V's channel scales over the running sum, stored in the input's dtype.
-   `exp_f16=True` computes the exponentials two at a time in half precision (`ex2.approx.f16x2`): the exponential
-   unit, not the tensor cores, bounds an fp8 attention tile on Hopper, and P is rounded to fp8 right after anyway.
+1. Quantization (one pass per tensor): Q per block of `BLOCK_M` rows, scaled by its own amax (the scale also carries
+   `softmax_scale · log2(e)`: base-2 scores); K smoothed first (`k − mean over tokens`: softmax ignores the per-query
+   constant `q · mean(k)`, and diffusion keys share a large channel offset; SageAttention, arXiv 2410.02367), then per
+   block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V in e4m3 per channel (P·V factors that scale out of
+   the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along the summed axis.
+2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly (int32)
+   and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
+   `exp2(s − max + 8)`, i.e. scaled by 256 into e4m3's range (the running sum carries the factor), times the e4m3 V
+   block into fp32; at the end V's channel scales over the running sum. The `loop`, `tma` and `exp_f16` variants
+   (benchmarks/attention_fp8_tiling.py compares them; none is faster on an H200) are kept to be measured again.
 """
 
 from __future__ import annotations
