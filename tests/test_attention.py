@@ -405,6 +405,29 @@ def test_the_fp8_kernel_matches_its_torch_mirror_and_stays_within_fp8_error_in_t
         assert mean_rel < (0.07 if name == "e4m3 q.k" else 0.05), (name, result[name])
 
 
+OPS_INTERPRETED = """
+import json
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from hookkit.techniques.attention import fp8_triton, hooks, int8_triton
+
+q = torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+with FakeTensorMode() as mode:
+    fake = mode.from_tensor(q)
+    fake_shapes = [list(torch.ops.hookkit.fp8_attention(fake, fake, fake).shape),
+                   list(torch.ops.hookkit.int8_attention(fake, fake, fake).shape)]
+compiled = torch.compile(lambda a: hooks.fp8_attention(a, a, a), backend="eager", fullgraph=True)
+print(json.dumps({"fp8 op is the kernel": torch.equal(hooks.fp8_attention(q, q, q), fp8_triton.attention(q, q, q)),
+                  "int8 op is the kernel": torch.equal(hooks.int8_attention(q, q, q), int8_triton.attention(q, q, q)),
+                  "fake shapes": fake_shapes, "traced whole": torch.equal(compiled(q), fp8_triton.attention(q, q, q))}))
+"""
+
+
+def test_the_triton_kernels_are_opaque_ops_that_dynamo_traces_whole(interpreted: Callable[[str], Any]) -> None:
+    assert interpreted(OPS_INTERPRETED) == {"fp8 op is the kernel": True, "int8 op is the kernel": True,
+                                            "fake shapes": [[1, 2, 40, 32], [1, 2, 40, 32]], "traced whole": True}
+
+
 # --- the benchmark script ----------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ compile are refused (`hookkit.core.compat`).
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import importlib.util
 import sys
 from collections import Counter
@@ -116,32 +117,26 @@ _SDPA_BACKENDS = {"_native_cudnn": "CUDNN_ATTENTION", "_native_flash": "FLASH_AT
                   "_native_efficient": "EFFICIENT_ATTENTION", "_native_math": "MATH"}
 
 
-@torch.library.custom_op("hookkit::int8_attention", mutates_args=())
-def int8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
-                   ) -> torch.Tensor:
-    """hookkit's int8 kernel (`int8_triton.attention`) as one op: torch.compile keeps it opaque."""
-    from hookkit.techniques.attention import int8_triton  # imports triton: on first use
+def _triton_op(name: str, module: str, what: str) -> Any:
+    """hookkit's Triton kernel `module.attention` as the op `hookkit::name`: torch.compile keeps it opaque (its fake
+    output is q's shape); the module (and triton) is imported at the first call."""
 
-    return int8_triton.attention(query, key, value, scale)
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
+               ) -> torch.Tensor:
+        return importlib.import_module(f"hookkit.techniques.attention.{module}").attention(query, key, value, scale)
 
+    kernel.__doc__ = what
+    op = torch.library.custom_op(f"hookkit::{name}", kernel, mutates_args=())
 
-@int8_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    return torch.empty_like(query)
+    @op.register_fake
+    def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        return torch.empty_like(query)
 
-
-@torch.library.custom_op("hookkit::fp8_attention", mutates_args=())
-def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
-                  ) -> torch.Tensor:
-    """hookkit's fp8 kernel (`fp8_triton.attention`: int8 Q·Kᵀ, e4m3 P·V) as one op: torch.compile keeps it opaque."""
-    from hookkit.techniques.attention import fp8_triton  # imports triton: on first use
-
-    return fp8_triton.attention(query, key, value, scale)
+    return op
 
 
-@fp8_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    return torch.empty_like(query)
+int8_attention = _triton_op("int8_attention", "int8_triton", "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V)")
+fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V)")
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
