@@ -98,21 +98,25 @@ def _exp2_f16x2(x):
 
 
 @triton.jit
+def _raw_scores(q, k, QK_INT8: tl.constexpr):
+    """`q · kᵀ` of one block of keys in fp32; with QK_INT8 offset by 1.5 * 2**23, which the row max and the shift of
+    the softmax take out. Why the offset: int32 -> fp32 without the conversion unit (a quarter of the ALU's rate on
+    Hopper): adding 1.5 * 2**23's bit pattern makes a float whose integer part is the product (exact while
+    |product| < 2**22: 127² · 128 is)."""
+    if QK_INT8:
+        return (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
 def _scores(q, k_src, ks_base, q_scale, row0, block_n, cols, dims, D: tl.constexpr, BLOCK_N: tl.constexpr,
             QK_INT8: tl.constexpr, TMA: tl.constexpr):
-    """The raw scores of one block of keys (fp32; with QK_INT8 offset by 1.5 * 2**23, see below) and their scale."""
+    """The raw scores of one block of keys (`_raw_scores`) and their scale."""
     if TMA:
         k = k_src.load([row0 + block_n * BLOCK_N, 0])
     else:
         k = tl.load(k_src + (row0 + block_n * BLOCK_N + cols[:, None]) * D + dims[None, :])
-    if QK_INT8:
-        # int32 -> fp32 without the conversion unit (a quarter of the ALU's rate on Hopper): adding 1.5 * 2**23's bit
-        # pattern makes a float whose integer part is the product (exact while |product| < 2**22: 127² · 128 is),
-        # offset by 1.5 * 2**23, which the row max and the shift in `_softmax_pv` take out
-        s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
-    else:
-        s = tl.dot(q, tl.trans(k))
-    return s, q_scale * tl.load(ks_base + block_n)
+    return _raw_scores(q, k, QK_INT8), q_scale * tl.load(ks_base + block_n)
 
 
 @triton.jit
@@ -168,14 +172,9 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
     k_a = tl.load(k_ptr + (k_row0 + keys_a[:, None]).to(tl.int64) * D + dims[None, :])
     k_b = tl.load(k_ptr + (k_row0 + keys_b[:, None]).to(tl.int64) * D + dims[None, :])
     scale = q_scale * tl.load(ks_base + block_n)
-    if QK_INT8:
-        s_a = (tl.dot(q, tl.trans(k_a), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
-        s_b = (tl.dot(q, tl.trans(k_b), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
-        offset = 12582912.0
-    else:
-        s_a = tl.dot(q, tl.trans(k_a))
-        s_b = tl.dot(q, tl.trans(k_b))
-        offset = 0.0
+    s_a = _raw_scores(q, k_a, QK_INT8)
+    s_b = _raw_scores(q, k_b, QK_INT8)
+    offset = 12582912.0 if QK_INT8 else 0.0
     if MASK:
         s_a = tl.where(keys_a[None, :] < k_tokens, s_a, float("-inf"))
         s_b = tl.where(keys_b[None, :] < k_tokens, s_b, float("-inf"))
@@ -264,6 +263,22 @@ def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | No
     return codes, scales
 
 
+def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                    block_m: int = 128, block_n: int = 128, qk_int8: bool = True) -> tuple[torch.Tensor, ...]:
+    """The kernel's inputs (step 1 of the module docstring): Q and smoothed K codes with their per-block scales
+    (Q's times `scale · log2(e)`), V's transposed e4m3 codes and per-channel scales, each `[batch * heads, ...]`.
+    The arguments are `attention`'s."""
+    b, h, _, d = q.shape
+    interpret = not q.is_cuda
+    softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
+    k_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d).contiguous()
+    k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
+    v_amax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().clamp_min_(1e-20).reshape(b * h, d)
+    v_codes, _ = _quantize(v, block_n, V_MODE, (FP8_MAX / v_amax).contiguous(), 1.0, False, interpret)
+    return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous()
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
               block_n: int = 128, num_warps: int | None = 4, num_stages: int | None = 3, qk_int8: bool = True,
               exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
@@ -277,14 +292,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     b, h, sq, d = q.shape
     sk = k.shape[2]
     interpret = not q.is_cuda
-    softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
-        q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
-        k_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d).contiguous()
-        k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
-        v_amax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().clamp_min_(1e-20).reshape(b * h, d)
-        v_codes, _ = _quantize(v, block_n, V_MODE, (FP8_MAX / v_amax).contiguous(), 1.0, False, interpret)
-        v_scales = (v_amax / FP8_MAX).contiguous()
+        q_codes, q_scales, k_codes, k_scales, v_codes, v_scales = quantize_inputs(q, k, v, scale, block_m, block_n,
+                                                                                  qk_int8)
         out = torch.empty_like(q)
         grid = (triton.cdiv(sq, block_m), b * h)
         options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}

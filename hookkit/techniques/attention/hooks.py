@@ -77,8 +77,9 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
 
 
 def head_size_text(kernel: str) -> str:
-    return {"hookkit_int8": "32, 64 or 128", "hookkit_fp8": "32, 64 or 128",
-            "sage": "64, 96 or 128"}.get(kernel, "a multiple of 8 up to 256")
+    if kernel in HOOKKIT_KERNELS:
+        return "32, 64 or 128"
+    return "64, 96 or 128" if kernel == "sage" else "a multiple of 8 up to 256"
 
 
 # --- the kernels -------------------------------------------------------------------------------------------------
@@ -167,10 +168,9 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
         with sdpa_kernel([getattr(SDPBackend, _SDPA_BACKENDS[kernel])]):
             return func(*args, **kwargs)
     a = _sdpa_args(args, kwargs)
-    if kernel == "hookkit_int8":
-        return int8_attention(a["query"], a["key"], a["value"], a["scale"])
-    if kernel == "hookkit_fp8":
-        return fp8_attention(a["query"], a["key"], a["value"], a["scale"])
+    if kernel in HOOKKIT_KERNELS:
+        op = int8_attention if kernel == "hookkit_int8" else fp8_attention
+        return op(a["query"], a["key"], a["value"], a["scale"])
     if kernel == "sage":
         return _sage(a)
     return _flash(a)
