@@ -103,9 +103,11 @@ def _raw_scores(q, k, QK_INT8: tl.constexpr):
     the softmax take out. Why the offset: int32 -> fp32 without the conversion unit (a quarter of the ALU's rate on
     Hopper): adding 1.5 * 2**23's bit pattern makes a float whose integer part is the product (exact while
     |product| < 2**22: 127² · 128 is)."""
-    if QK_INT8:
-        return (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
-    return tl.dot(q, tl.trans(k))
+    if QK_INT8:  # one return: Triton types a return after a constexpr `if` that returned, with this branch's inputs
+        s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return s
 
 
 @triton.jit
