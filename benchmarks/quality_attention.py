@@ -1,0 +1,170 @@
+"""Image quality of the low-precision attention kernels on hookkit's trained models, against the bf16 reference.
+
+Runs `hookkit.tools.quality.run_quality` in bfloat16 on the GPU for the tiny and the deep trained Flux (6 and 4 heads
+of 32): the reference is the uncached bf16 pipeline with torch's SDPA; each row reports PSNR / SSIM of the final
+images against it and the fraction the shipped classifier still recognises. Seeds 100.. by default: no default of
+`Attention` (its kernels, `full_first=2`, `full_last=2`) was chosen on them. Rows:
+
+  int8-every-step       Attention(low_precision="hookkit_int8", full_first=0, full_last=0): int8 Q·Kᵀ at every step
+  int8                  the same with the default schedule (bf16 on the first and last 2 steps)
+  fp8-every-step        Attention(low_precision="hookkit_fp8", full_first=0, full_last=0): int8 Q·Kᵀ, e4m3 P·V
+  fp8                   the same with the default schedule
+  gemm-fp8              hookkit.Quantize("fp8_row") alone: what fp8 GEMMs cost, for scale
+  gemm-fp8+fp8-every-step  fp8 GEMMs and fp8 attention at every step (what the video rows run)
+  sage-every-step       sageattention's `sageattn` at every step (sageattention 1.0.6 takes heads of 64, 96 or 128:
+                        a skipped row on these models, with its reason)
+
+Besides the images, `attention_error.json` holds each kernel's output error on the trained models' own attention
+inputs: Q, K and V recorded at every SDPA call of one denoising run (class 0, the first seed), each kernel against
+fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls).
+
+    python benchmarks/quality_attention.py                 # GPU (SM89+ for fp8): both models, 10 classes x 4 seeds
+    python benchmarks/quality_attention.py --quick         # CPU check: 2 classes x 1 seed, 6 steps, tiny model;
+                                                           # the CUDA kernels become "_native_math" (script checked,
+                                                           # not the numbers)
+
+Writes $OUT/quality_attention/{tiny,deep}/{quality.md,quality.json} and attention_error.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import hookkit  # noqa: E402
+from hookkit.tools import quality  # noqa: E402
+
+
+def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.QualityConfig]:
+    """The rows; `low` maps each kernel name to what runs it here (itself on a GPU, "_native_math" in --quick)."""
+    S, QC, A = hookkit.Spec, quality.QualityConfig, hookkit.Attention
+
+    def every(kernel: str) -> hookkit.Attention:
+        return A(low_precision=low[kernel], full_first=0, full_last=0)
+
+    return [
+        QC(name="int8-every-step", family="int8", spec=S(attention=every("hookkit_int8")), x="every",
+           description="hookkit_int8 at every step"),
+        QC(name="int8", family="int8", spec=S(attention=A(low_precision=low["hookkit_int8"])), x="default",
+           description="hookkit_int8, bf16 SDPA on the first and last 2 steps"),
+        QC(name="fp8-every-step", family="fp8", spec=S(attention=every("hookkit_fp8")), x="every",
+           description="hookkit_fp8 at every step"),
+        QC(name="fp8", family="fp8", spec=S(attention=A(low_precision=low["hookkit_fp8"])), x="default",
+           description="hookkit_fp8, bf16 SDPA on the first and last 2 steps"),
+        QC(name="gemm-fp8", family="gemm", spec=S(quantize=quantize), x="gemm",
+           description=f"Quantize({quantize.scheme!r}) alone"),
+        QC(name="gemm-fp8+fp8-every-step", family="gemm", spec=S(quantize=quantize, attention=every("hookkit_fp8")),
+           x="gemm+attention", description=f"Quantize({quantize.scheme!r}) + hookkit_fp8 at every step"),
+        QC(name="sage-every-step", family="sage", spec=S(attention=every("sage")), requires="sageattention",
+           x="every", description="sageattention's sageattn at every step",
+           unsupported="sageattention 1.0.6 takes heads of 64, 96 or 128; the trained models' heads are 32"),
+    ]
+
+
+class _RecordSDPA(TorchFunctionMode):
+    """Keeps a float32 copy of (q, k, v, scale) of every SDPA call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = {**dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args)),
+                     **kwargs}
+            q, k, v = (bound[n].detach().float().clone() for n in ("query", "key", "value"))
+            self.calls.append((q, k, v, bound.get("scale")))
+        return func(*args, **kwargs)
+
+
+def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, device: str) -> dict[str, Any]:
+    """Each kernel's output error against fp32 SDPA on the attention inputs of one denoising run of `model`;
+    `kernels` maps each name reported to the kernel that runs it."""
+    from hookkit.techniques.attention.hooks import run_kernel, unsupported
+    from hookkit.tools import trained
+
+    pipe = trained.load_pipeline(model=model, device=device, dtype=torch.bfloat16)
+    recorder = _RecordSDPA()
+    with recorder, torch.no_grad():
+        pipe(**trained.call_kwargs([0], [seed], steps=steps, device=device, dtype=torch.bfloat16, model=model))
+    out: dict[str, Any] = {"model": model, "calls": len(recorder.calls),
+                           "shape": list(recorder.calls[0][0].shape) if recorder.calls else None}
+    for name, kernel in kernels.items():
+        rel, worst = [], []
+        reason = None
+        for q, k, v, scale in recorder.calls:
+            ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            args = (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16))
+            kwargs = {"scale": scale}
+            reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
+                                          "dropout_p": 0.0, "is_causal": False, "scale": scale, "enable_gqa": False})
+            if reason is not None:
+                break
+            got = run_kernel(kernel, F.scaled_dot_product_attention, args, kwargs).float()
+            rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
+            worst.append((got - ref).abs().max().item())
+        out[name] = ({"unsupported": reason} if reason is not None else
+                       {"mean_rel_median": statistics.median(rel), "mean_rel_worst": max(rel),
+                        "max_abs_median": statistics.median(worst), "max_abs_worst": max(worst)})
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--seeds", type=int, default=4, help="how many seeds (default 4)")
+    p.add_argument("--first-seed", type=int, default=100, help="the first seed (default 100: held out)")
+    p.add_argument("--models", default="tiny,deep", help="comma-separated trained models (default tiny,deep)")
+    p.add_argument("--quick", action="store_true", help="CPU check: tiny model, 2 classes x 1 seed, 6 steps")
+    p.add_argument("--only", default=None, help="comma-separated row names (default: every row)")
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "quality_attention"))
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    if not args.quick and not cuda:
+        raise SystemExit("quality_attention.py: hookkit's attention kernels need a CUDA GPU (fp8: SM89+); --quick "
+                         "checks the script on the CPU.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # before any model runs: a bad --out fails now
+    on_gpu = cuda and not args.quick
+    steps = 6 if args.quick else args.steps
+    classes = [0, 5] if args.quick else None
+    seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
+    models = ["tiny"] if args.quick else args.models.split(",")
+    names = ("hookkit_int8", "hookkit_fp8", "sage")
+    low = {k: (k if on_gpu else "_native_math") for k in names}
+    quantize = hookkit.Quantize(scheme="fp8_row" if on_gpu else "fp8_weight_only", keep_original="device")
+    rows = configs(low, quantize)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {r.name for r in rows}
+        if unknown:
+            raise SystemExit(f"quality_attention.py --only: unknown rows {sorted(unknown)}; known: "
+                             f"{[r.name for r in rows]}")
+        rows = [r for r in rows if r.name in wanted]
+    errors = []
+    for model in models:
+        report = quality.run_quality(rows, classes=classes, seeds=seeds, steps=steps,
+                                     device="cuda" if on_gpu else "cpu", dtype=torch.bfloat16, model=model,
+                                     log=lambda m: print(m, file=sys.stderr, flush=True))
+        report.write(out / model, plot=False)
+        print(f"## {model}\n\n{report.markdown()}\n")
+        errors.append(attention_error(model, {k: low[k] for k in names[:2]}, steps, seeds[0],
+                                      "cuda" if on_gpu else "cpu"))
+    (out / "attention_error.json").write_text(json.dumps(errors, indent=1))
+    print(json.dumps(errors, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
