@@ -797,6 +797,67 @@ def test_save_pretrained_while_quantized_is_refused_and_writes_nothing(tmp_path)
     assert (tmp_path / "after" / "config.json").exists()
 
 
+def _int8_wan22() -> tuple[Any, dict[str, dict[str, torch.Tensor]]]:
+    """The tiny two-expert Wan 2.2 pipeline and both experts' weights before enable."""
+    pipe = zoo.tiny_variant("wan22")
+    before = {name: {k: v.clone() for k, v in getattr(pipe, name).state_dict().items()}
+              for name in ("transformer", "transformer_2")}
+    return pipe, before
+
+
+def test_quantize_on_a_two_expert_pipeline_quantizes_both_and_disable_restores_both() -> None:
+    pipe, before = _int8_wan22()
+    handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only",
+                                                                         keep_original="cpu")))
+    for name in before:
+        weight = getattr(pipe, name).blocks[0].ffn.net[2].weight
+        assert type(weight).__name__ == "Int8Tensor"  # torchao's
+    handle.remove()
+    for name, saved in before.items():
+        now = getattr(pipe, name).state_dict()
+        assert all(type(now[k]) is torch.Tensor and torch.equal(now[k], v) for k, v in saved.items())
+    assert "save_pretrained" not in pipe.__dict__ and "fuse_lora" not in pipe.__dict__
+
+
+def test_pipeline_save_pretrained_of_two_quantized_experts_is_refused_naming_both(tmp_path) -> None:
+    pipe, _ = _int8_wan22()
+    handle = hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only",
+                                                                         keep_original="cpu")))
+    count = handle.summary().features["quantize"].data["quantized"]
+    with pytest.raises(HookError, match=rf"^WanPipeline.save_pretrained: expected a model with its original weights, "
+                                        rf"got WanTransformer3DModel with {count} and WanTransformer3DModel with {count} "
+                                        r"Linear layers hookkit quantized in place"):
+        pipe.save_pretrained(tmp_path / "pipe")
+    with pytest.raises(HookError, match=rf"^WanTransformer3DModel.save_pretrained: expected a model with its original "
+                                        rf"weights, got WanTransformer3DModel with {count} Linear layers"):
+        pipe.transformer_2.save_pretrained(tmp_path / "expert")
+    assert not (tmp_path / "pipe").exists() and not (tmp_path / "expert").exists()
+    handle.remove()
+
+
+def test_a_failed_second_expert_attach_raises_its_own_error_and_leaves_neither_expert_hooked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first expert's rollback runs without the removal check: quantized in place without kept originals, its
+    layers stay quantized (as a failed single enable leaves them), but no hook and no patch stays, and the error is
+    the one that failed the enable, not the removal's refusal."""
+    from hookkit.techniques.quantize import torchao as quantize_module
+
+    pipe, _ = _int8_wan22()
+    original = quantize_module.QuantizedLayer.__init__
+
+    def fail_on_the_second_expert(self, module, path, config, keep_original, model=None) -> None:
+        if model is pipe.transformer_2:
+            raise HookError("second expert refused")
+        original(self, module, path, config, keep_original, model=model)
+
+    monkeypatch.setattr(quantize_module.QuantizedLayer, "__init__", fail_on_the_second_expert)
+    with pytest.raises(HookError, match="^second expert refused$"):
+        hookkit.enable(pipe, hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only")))
+    assert hookkit.handle_of(pipe.transformer) is None and hookkit.handle_of(pipe.transformer_2) is None
+    assert "save_pretrained" not in pipe.__dict__ and "fuse_lora" not in pipe.__dict__
+    assert "save_pretrained" not in pipe.transformer.__dict__
+
+
 def test_fuse_lora_while_quantized_is_refused_before_any_lora_layer_is_scaled() -> None:
     pytest.importorskip("peft")
     from peft import LoraConfig

@@ -248,6 +248,12 @@ class AttachContext:
         """What `keep` stored, or None."""
         return self._handle._slots.get(self.feature)
 
+    @property
+    def owns_pipeline(self) -> bool:
+        """Whether this handle owns the pipeline-level patches: a single transformer's handle, or the pipeline's first
+        transformer's (a pipeline method can be patched once: a companion's feature joins the owner's patch)."""
+        return self._handle.primary is self._handle
+
     def owner_kept(self) -> Any | None:
         """What this feature keeps on the handle owning the scheduler patches: the pipeline's first transformer's
         (Wan 2.2's `transformer` for `transformer_2`; this handle's own for a single transformer), or None."""

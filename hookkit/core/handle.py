@@ -627,6 +627,11 @@ class Handle:
         for member in self.group:  # a feature may refuse (weights it cannot restore) before anything goes
             for name, feature in member._enabled():
                 feature.check_removable(member._context(name))
+        self._detach_group()
+
+    def _detach_group(self) -> None:
+        """Detach the companions, then this handle, each in reverse order, and release them (a failed enable's
+        rollback: no removability check, what cannot be restored stays as it is, as in `_attach`'s)."""
         errors: list[BaseException] = []
         for member in reversed(self.companions):
             try:
@@ -794,8 +799,12 @@ def _enable_pipeline(pipeline: Any, spec: AnySpec, adapter: AdapterSpec | None, 
             companion._clock.calls_per_step = None  # the pipeline's scheduler counts its steps
             companion._attach()  # rolls itself back if it fails
             primary.companions.append(companion)
-    except BaseException:
-        primary.remove()
+    except BaseException as exc:  # undo the transformers attached so far, as a failed `_attach` undoes its own
+        try:
+            primary._detach_group()
+        except BaseException as cleanup:  # the cause is `exc`: keep it, note what rollback could not undo
+            exc.add_note(f"hookkit: undoing the other transformers' attach also failed: {type(cleanup).__name__}: "
+                         f"{cleanup}")
         raise
     for name, module, plan in plans:
         where = f" (pipe.{name})" if len(plans) > 1 else ""

@@ -497,8 +497,13 @@ class QuantizedGuard(Removal):
       has scaled every LoRA layer by `lora_scale`, and that scale stays): patched on the instances.
     """
 
-    def __init__(self, transformer: torch.nn.Module, paths: list[str], pipeline: Any | None = None) -> None:
+    def __init__(self, transformer: torch.nn.Module, paths: list[str], pipeline: Any | None = None,
+                 joins: QuantizedGuard | None = None) -> None:
         self._removals: list[Any] = []
+        #: the guards of the pipeline's other quantized transformers (Wan 2.2's `transformer_2`), which join this one's
+        #: pipeline patches: a pipeline method can be patched once, and it must refuse for every transformer
+        self.partners: list[QuantizedGuard] = []
+        self._joined = joins
         self.count = len(paths)
         self._class = type(transformer).__name__
         self._transformer = transformer
@@ -519,7 +524,8 @@ class QuantizedGuard(Removal):
 
             for owner in (transformer, pipeline):
                 if owner is not None and callable(getattr(owner, "save_pretrained", None)):
-                    self._removals.append(MethodPatch(owner, "save_pretrained", self._refuse_save(type(owner).__name__)))
+                    self._removals.append(MethodPatch(owner, "save_pretrained",
+                                                      self._refuse_save(type(owner).__name__, owner is pipeline)))
             if callable(getattr(transformer, "fuse_lora", None)):
                 self._removals.append(MethodPatch(transformer, "fuse_lora", self._check_fuse(None)))
             if pipeline is not None and callable(getattr(pipeline, "fuse_lora", None)):
@@ -527,6 +533,8 @@ class QuantizedGuard(Removal):
         except BaseException:
             self._undo()
             raise
+        if joins is not None:
+            joins.partners.append(self)
 
     def _load_check(self, keys: tuple[str, ...]) -> Callable[..., None]:
         def check(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -541,12 +549,14 @@ class QuantizedGuard(Removal):
                 )
         return check
 
-    def _refuse_save(self, owner: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _refuse_save(self, owner: str, whole_pipeline: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def save_pretrained(*args: Any, **kwargs: Any) -> Any:
+                guards = [self, *self.partners] if whole_pipeline else [self]
+                got = " and ".join(f"{g._class} with {g.count}" for g in guards)
                 raise HookError(
-                    f"{owner}.save_pretrained: expected a model with its original weights, got {self._class} with "
-                    f"{self.count} Linear layers hookkit quantized in place (torchao): saving would write torchao "
+                    f"{owner}.save_pretrained: expected a model with its original weights, got {got} "
+                    "Linear layers hookkit quantized in place (torchao): saving would write torchao "
                     "tensors without a quantization config, or fail midway and leave a half-written folder; nothing "
                     "was written. Call hookkit.disable(...) first (Quantize(keep_original='cpu') restores the "
                     "original weights), save, then enable again."
@@ -566,8 +576,10 @@ class QuantizedGuard(Removal):
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def fuse_lora(*args: Any, **kwargs: Any) -> Any:
-                if pipeline is None or self._fuses_transformer(pipeline, original, args, kwargs):
-                    lora = self._lora_over_quantized()
+                for guard in [self] if pipeline is None else [self, *self.partners]:
+                    if pipeline is not None and not guard._fuses_transformer(pipeline, original, args, kwargs):
+                        continue
+                    lora = guard._lora_over_quantized()
                     if lora:
                         raise HookError(
                             f"{owner}.fuse_lora: expected LoRA layers over full-precision weights, got {len(lora)} "
@@ -597,6 +609,8 @@ class QuantizedGuard(Removal):
     def _undo(self) -> None:
         while self._removals:
             self._removals.pop().remove()
+        if self._joined is not None and self in self._joined.partners:
+            self._joined.partners.remove(self)
         self._transformer = None
         self._quantized = {}
 
@@ -706,6 +720,8 @@ class _Session:
 
     report: QuantizeReport
     config: Any
+    #: the handle's guard (`QuantizedGuard`), once attached: a companion transformer's guard joins the owner's
+    guard: QuantizedGuard | None = None
 
 
 def _few(paths: list[str], limit: int = 6) -> str:
@@ -755,10 +771,14 @@ class _QuantizeFeature(BaseFeature):
         return session
 
     def attach(self, ctx: AttachContext, attachment: Attachment) -> QuantizedLayer | QuantizedGuard:
+        session = self._session(ctx)
         if attachment.name == GUARD:
             paths = [a.target for a in ctx.attachments() if a.name == QUANTIZE_HOOK]
-            return QuantizedGuard(ctx.transformer, paths, ctx.pipeline)
-        session = self._session(ctx)
+            owner: _Session | None = None if ctx.owns_pipeline else ctx.owner_kept()
+            joins = owner.guard if owner is not None else None
+            session.guard = QuantizedGuard(ctx.transformer, paths, None if joins is not None else ctx.pipeline,
+                                           joins=joins)
+            return session.guard
         module = module_at(ctx.transformer, attachment.target)
         return QuantizedLayer(module, attachment.target, session.config, ctx.spec.quantize.keep_original,
                               model=ctx.transformer)
