@@ -286,12 +286,14 @@ COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
       if {a, b} not in REFUSED_PAIRS],
     ("flux", {"attention": SETTINGS["attention"], "parallel": SETTINGS["parallel"]},
      ("refused", SpecError, "Spec.attention: expected None with ContextParallel")),
-    ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS},
-     ("refused", SpecError, "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with "
-                            "Attention")),
+    ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS}, "allowed"),  # graphs keyed by the step's kernel
+    ("flux", {"attention": SETTINGS["attention"], "cache": STATIC, "compile": GRAPHS}, "allowed"),
     ("flux", {"attention": SETTINGS["attention"], "compile": WHOLE},
-     ("refused", SpecError, "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with "
-                            "Attention")),
+     ("refused", SpecError, "Spec.compile: expected Compile(regional=True) with Attention")),
+    ("flux", {"attention": SETTINGS["attention"], "cache": hookkit.DBCache(threshold=0.2, taylorseer_order=0),
+              "compile": GRAPHS},
+     ("refused", SpecError, "Spec.attention: expected None with Compile(cuda_graphs='transformer') and a DBCache "
+                            "threshold decided at each call")),
     ("flux", {"cache": SETTINGS["cache"], "compile": WHOLE},
      ("refused", SpecError, "Compile.regional: expected True with DBCache")),
     ("flux", {"cache": hookkit.DBCache(threshold=0.24), "compile": GRAPHS},
@@ -419,14 +421,14 @@ def test_feature_state_lives_in_the_handle_slot_and_is_dropped_at_removal() -> N
 def test_one_name_per_technique_for_spec_field_feature_hooks_and_summary() -> None:
     pipe = zoo.tiny_pipeline("flux")
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="int8_weight_only", keep_original="cpu"), memo=True,
-                        sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"))
+                        sync_free=True, cache=STATIC, compile=hookkit.Compile(backend="eager"),
+                        attention=hookkit.Attention(low_precision="_native_math"))
     with hookkit.enable(pipe, spec) as handle:
         summary = handle.summary()
-        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it), and
-        # attention, refused with compile (tests/test_attention.py checks its names)
+        # every feature but context parallelism, which needs a process group (tests/test_parallel.py runs it)
         fields = {f.name for f in attrs.fields(hookkit.Spec)}
-        assert set(summary.features) == set(FEATURES) - {"parallel", "attention"} == fields - {"parallel", "attention"}
-        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel", "attention"}
+        assert set(summary.features) == set(FEATURES) - {"parallel"} == fields - {"parallel"}
+        assert {a.feature for a in handle.plan.attachments} == {"core", *FEATURES} - {"memo", "parallel"}
         assert [a.name for a in handle.plan.attachments if a.feature != "core"
                 and not a.name.startswith(f"hookkit.{a.feature}")] == []
 

@@ -1,5 +1,5 @@
 """The attention technique: which kernel each block runs at each step, refusals at enable, exact removal, composition
-with DBCache (and the refusal of Compile), and the int8 kernel's arithmetic in Triton's CPU interpreter.
+with DBCache, regional Compile and whole-transformer graphs (a stand-in backend on the CPU), and the int8 kernel's arithmetic in Triton's CPU interpreter.
 
 On the CPU the selection runs with real kernels that the CPU has: "native" (torch's SDPA as it is) and "_native_math"
 (SDPA restricted to its math backend) stand in for the full- and low-precision kernels; the counts are the same as a
@@ -229,16 +229,34 @@ def test_with_dbcache_a_cached_step_runs_and_counts_only_the_blocks_the_cache_co
     assert handle.summary().features["cache"].data["block_calls"] == 18
 
 
-@pytest.mark.parametrize("compile_", [hookkit.Compile(cuda_graphs="transformer"), hookkit.Compile(regional=False)],
-                         ids=["whole-transformer graphs", "whole-model compile"])
-def test_compile_with_whole_transformer_graphs_or_of_the_whole_model_is_refused(compile_: hookkit.Compile) -> None:
+def test_a_whole_model_compile_is_refused() -> None:
     with pytest.raises(SpecError) as err:
-        hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(attention=MATH, compile=compile_))
-    assert str(err.value).startswith("Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' "
-                                     f"with Attention (its kernel choice changes between steps around each block: a "
-                                     "whole-transformer CUDA graph would replay one step's kernels at every step, and a "
-                                     "whole-model compile would trace the hooks), got Compile(regional="
-                                     f"{compile_.regional}, cuda_graphs={compile_.cuda_graphs!r}).")
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(attention=MATH, compile=hookkit.Compile(
+            regional=False)))
+    assert str(err.value) == (
+        "Spec.compile: expected Compile(regional=True) with Attention (its kernel choice changes between steps around "
+        "each block, and a whole-model compile would trace the hooks), got Compile(regional=False). Use Compile() "
+        "(regional; cuda_graphs='transformer' keys its graphs by the step's kernel), or drop Attention.")
+
+
+def test_whole_transformer_graphs_split_at_a_dynamic_cache_decision_are_refused() -> None:
+    spec = hookkit.Spec(attention=MATH, cache=hookkit.DBCache(threshold=0.2, taylorseer_order=0),
+                        compile=hookkit.Compile(cuda_graphs="transformer"))
+    with pytest.raises(SpecError) as err:
+        hookkit.build_plan(zoo.tiny_pipeline("flux"), spec)
+    assert str(err.value).startswith(
+        "Spec.attention: expected None with Compile(cuda_graphs='transformer') and a DBCache threshold decided at each "
+        "call (graphs split at that decision are keyed by it alone, so they would replay one step's attention kernels "
+        "at every step), got an Attention.")
+
+
+def test_no_rule_refuses_whole_transformer_graphs_with_a_static_cache_mask() -> None:
+    from hookkit.core import compat
+
+    cache = hookkit.DBCache(fn_blocks=1, steps_mask=(1, 1, 0, 1, 0, 0), mask_policy="static", taylorseer_order=0)
+    spec = hookkit.Spec(attention=MATH, cache=cache, compile=hookkit.Compile(cuda_graphs="transformer"))
+    adapter = hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec()).adapter
+    assert [rule.features for rule, _ in compat.outcome(spec, adapter) if rule.outcome == "refused"] == []
 
 
 @torch.library.custom_op("hookkit_test::sdpa_plus_one", mutates_args=())
@@ -297,6 +315,88 @@ def test_under_regional_compile_a_second_call_reuses_the_compiled_entries(monkey
     second = run(pipe)
     assert torch.equal(first, second)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompilation on the second call
+
+
+# --- under whole-transformer CUDA graphs (the stand-in backend: capture runs the call, a replay re-runs it with the
+# captured decisions forced and nothing counted, as a replayed graph runs the captured kernels and no hook) -------
+
+
+class ForcedReplayBackend:
+    """Stands in for CUDA graph capture: a replay re-runs the captured call with the decisions forced at capture
+    (the attention kernel, and the cache's computed or cached step) forced again."""
+
+    def __init__(self, deciders: list[Any]) -> None:
+        self.deciders = deciders
+        self.captures = 0
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        self.captures += 1
+        forced = [d.forced for d in self.deciders]
+        out = fn()
+
+        def replay() -> None:
+            for decider, value in zip(self.deciders, forced):
+                decider.forced = value
+            try:
+                fresh = fn()
+            finally:
+                for decider in self.deciders:
+                    decider.forced = None
+            for static, new in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(fresh)):
+                static.copy_(new)
+
+        return replay, out
+
+
+def _graphed(spec: hookkit.Spec) -> tuple[Any, hookkit.Handle, ForcedReplayBackend]:
+    """A pipeline with `spec` and a GraphHook as Compile(cuda_graphs="transformer") attaches it (CUDA capture is
+    GPU-only: the stand-in backend captures here)."""
+    from hookkit.core.graphs import EagerCalls, GraphDecisions
+    from hookkit.core.registry import HookRegistry
+    from hookkit.techniques.compile.cuda_graphs import GraphRunner
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook
+
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, spec)
+    decisions = handle.service(GraphDecisions)
+    parts = getattr(decisions, "parts", [decisions])
+    backend = ForcedReplayBackend(parts)
+    HookRegistry.of(pipe.transformer).register(GRAPH, GraphHook(GraphRunner(backend), decisions,
+                                                                eager=handle.service(EagerCalls)))
+    return pipe, handle, backend
+
+
+def test_under_whole_transformer_graphs_each_step_replays_the_graph_of_its_phase_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _marking_kernel(monkeypatch)
+    eager_pipe = zoo.tiny_pipeline("flux")
+    eager = hookkit.enable(eager_pipe, hookkit.Spec(attention=MATH))
+    expected = run(eager_pipe)
+    pipe, handle, backend = _graphed(hookkit.Spec(attention=MATH))
+    for _ in range(2):  # the second call is served by replays only
+        assert torch.equal(run(pipe), expected)
+        assert phases(handle) == phases(eager)
+    assert backend.captures == 2  # one graph per kernel: "native" (first and last steps), "_native_math" (middle)
+
+
+def test_under_whole_transformer_graphs_with_a_static_cache_mask_the_key_holds_both_decisions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _marking_kernel(monkeypatch)
+    cache = hookkit.DBCache(fn_blocks=1, bn_blocks=0, steps_mask=(1, 1, 0, 1, 0, 0), mask_policy="static",
+                            taylorseer_order=0)
+    spec = hookkit.Spec(cache=cache, attention=MATH)
+    eager_pipe = zoo.tiny_pipeline("flux")
+    eager = hookkit.enable(eager_pipe, spec)
+    expected = run(eager_pipe)
+    pipe, handle, backend = _graphed(spec)
+    for _ in range(2):
+        assert torch.equal(run(pipe), expected)
+        assert phases(handle) == phases(eager)  # a cached step's graph counts block 0 only, as eager mode does
+        assert handle.summary().features["cache"].data["block_calls"] == \
+            eager.summary().features["cache"].data["block_calls"]
+    # steps 1 (computed, native), 2 and 4 (cached, math), 3 (computed, math), 5 (cached, native); step 0 of the first
+    # call ran eagerly (the first-call check), and the second call's step 0 captured (computed, native)
+    assert backend.captures == 4
 
 
 def test_hooks_and_summary_carry_the_feature_name() -> None:
@@ -503,6 +603,35 @@ def test_gpu_fp8_attention_under_regional_compile_matches_eager_attention() -> N
     out, expected = call(compiled), call(eager)
     assert torch.allclose(out.float(), expected.float(), atol=2e-2)
     assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_attention_under_whole_transformer_graphs_matches_eager_attention() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability 8.9")
+    spec = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_last=1)
+
+    def pipe() -> Any:
+        return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
+
+    eager = pipe()
+    hookkit.enable(eager, hookkit.Spec(attention=spec))
+    graphed = pipe()
+    handle = hookkit.enable(graphed, hookkit.Spec(attention=spec, compile=hookkit.Compile(
+        cuda_graphs="transformer")))
+
+    def call(p: Any) -> torch.Tensor:
+        kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                  for k, v in zoo.call_kwargs("flux", steps=4).items()}
+        return p(**kwargs).images
+
+    expected = call(eager)
+    for _ in range(2):  # the second call replays only
+        assert torch.allclose(call(graphed).float(), expected.float(), atol=2e-2)
+        assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
+    # step 0 of the first call runs eagerly (the first-call check); steps 1-2 replay the fp8 graph, step 3 (and the
+    # second call's step 0) the native one
+    assert handle.summary().features["compile"].data["graphs_captured"] == 2
 
 
 @pytest.mark.gpu

@@ -92,17 +92,24 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         # the kernel choice is a torch-function mode around each block, which dynamo traces into each compiled block
-        # (one entry per kernel, chosen again at every call); a whole-transformer CUDA graph would replay one step
-        # phase's kernels at every step, and a whole-model compile would trace the block hooks themselves
+        # (one entry per kernel, chosen again at every call); a whole-model compile would trace the block hooks
         features=("attention", "compile"), outcome="refused",
-        applies=lambda s, a: s.attention is not None and s.compile is not None and (
-            s.compile.cuda_graphs == "transformer" or not s.compile.regional),
+        applies=lambda s, a: s.attention is not None and s.compile is not None and not s.compile.regional,
         message=lambda s, a: (
-            "Spec.compile: expected Compile(regional=True) without cuda_graphs='transformer' with Attention (its "
-            "kernel choice changes between steps around each block: a whole-transformer CUDA graph would replay one "
-            f"step's kernels at every step, and a whole-model compile would trace the hooks), got "
-            f"Compile(regional={s.compile.regional}, cuda_graphs={s.compile.cuda_graphs!r}). Use "
-            "Compile() (regional; mode='reduce-overhead' captures graphs per block and kernel), or drop Attention."),
+            "Spec.compile: expected Compile(regional=True) with Attention (its kernel choice changes between steps "
+            "around each block, and a whole-model compile would trace the hooks), got Compile(regional=False). Use "
+            "Compile() (regional; cuda_graphs='transformer' keys its graphs by the step's kernel), or drop Attention."),
+    ),
+    Rule(
+        # whole-transformer graphs key each graph by every feature's decision known before the call (the attention
+        # kernel of the step's phase among them); graphs split at a threshold's decision have no key for it
+        features=("attention", "compile"), outcome="refused",
+        applies=lambda s, a: s.attention is not None and _whole_graphs(s) and _dynamic_cache(s),
+        message=lambda s, a: (
+            "Spec.attention: expected None with Compile(cuda_graphs='transformer') and a DBCache threshold decided at "
+            "each call (graphs split at that decision are keyed by it alone, so they would replay one step's "
+            "attention kernels at every step), got an Attention. Use a static mask (DBCache(steps_mask=..., "
+            "mask_policy='static')) or rule='magnitude'/'schedule', or cuda_graphs='none' (regional compile)."),
     ),
     Rule(
         features=("memo", "compile"), outcome="inactive",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 
 import attrs
 
+from hookkit.core.graphs import combine
 from hookkit.core.listeners import SchedulerListener
 from hookkit.core.removal import Removable, Removal
 from hookkit.errors import HookError
@@ -187,6 +188,7 @@ class HandleView(Protocol):
     scheduler_listeners: list[SchedulerListener]
     first_call_listeners: list[Callable[[Any], None]]
     _slots: dict[str, Any]
+    #: protocol -> [factories in the order provided, the instance once requested]
     _services: dict[type, list[Any]]
 
 
@@ -275,14 +277,20 @@ class AttachContext:
         return _ListenerRemoval(listeners, listener)
 
     def provide(self, protocol: type[T], factory: Callable[[], T]) -> None:
-        """Offer a service to later features; `factory` runs once, at the first `request`."""
-        self._handle._services[protocol] = [factory, None]
+        """Offer a service to later features; `factory` runs once, at the first `request`. Several features may
+        provide one protocol when the core combines it (`hookkit.core.graphs.combine`: `GraphDecisions`)."""
+        entry = self._handle._services.setdefault(protocol, [[], None])
+        if entry[1] is not None:
+            raise HookError(f"{self.feature}: provides {protocol.__name__} after a feature requested it; providers "
+                            "attach before the features that request them (hookkit's feature order).")
+        entry[0].append(factory)
 
     def request(self, protocol: type[T]) -> T | None:
-        """The service an earlier feature provides for `protocol`, or None when none does."""
+        """The service earlier features provide for `protocol` (the core's combination when several do), or None
+        when none does."""
         entry = self._handle._services.get(protocol)
         if entry is None:
             return None
         if entry[1] is None:
-            entry[1] = entry[0]()
+            entry[1] = combine(protocol, [factory() for factory in entry[0]])
         return entry[1]

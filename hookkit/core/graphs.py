@@ -4,13 +4,20 @@ A replayed graph runs no Python, so hooks inside the transformer cannot decide a
 feature whose hooks change what a call computes provides `GraphDecisions` through its attach context;
 the graph runner then asks it *before* each call which graph to run, forces that decision while a graph
 is being warmed up and captured, and reports every replayed call back so that statistics stay right.
+When several features decide (the cache's computed or cached step, the attention kernel of the step's
+phase), `combine` makes them one: the graph key holds every feature's decision.
 The core provides `EagerCalls`: the calls the first-call check of the adapter observes run uncaptured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any, ContextManager, Protocol, runtime_checkable
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, ContextManager, Protocol, TypeVar, runtime_checkable
+
+from hookkit.errors import HookError
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -28,8 +35,11 @@ class GraphDecisions(Protocol):
         """Make the hooks take `decision` (and record nothing) while a graph is warmed up and captured."""
         ...
 
-    def replayed(self, decision: Hashable, shapes: Hashable = None) -> None:
-        """Account for one transformer call served by a graph with `decision`."""
+    def replayed(self, decision: Hashable, shapes: Hashable = None, graph: Hashable = None) -> None:
+        """Account for one transformer call served by a graph with `decision`.
+
+        `graph`: the graph's whole decision key (every deciding feature's decision, `combine`; None when this
+        feature alone decides): for a feature whose accounting depends on what the others decided."""
         ...
 
     def adopted(self, shapes: Hashable = None) -> None:
@@ -90,3 +100,40 @@ class EagerCalls(Protocol):
     def eager(self) -> bool:
         """Whether the transformer call now running must run eagerly (True only inside it)."""
         ...
+
+
+class CombinedDecisions:
+    """Several features' `GraphDecisions` as one: the decision is the tuple of theirs (in attach order), forcing
+    forces each feature's part, and each replayed or adopted call is reported to every feature."""
+
+    def __init__(self, parts: list[GraphDecisions]) -> None:
+        self.parts = parts
+
+    def decision(self, shapes: Hashable = None) -> tuple[Hashable, ...]:
+        return tuple(part.decision(shapes) for part in self.parts)
+
+    @contextlib.contextmanager
+    def forcing(self, decision: tuple[Hashable, ...]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for part, value in zip(self.parts, decision, strict=True):
+                stack.enter_context(part.forcing(value))
+            yield
+
+    def replayed(self, decision: tuple[Hashable, ...], shapes: Hashable = None, graph: Hashable = None) -> None:
+        for part, value in zip(self.parts, decision, strict=True):
+            part.replayed(value, shapes, graph=decision)
+
+    def adopted(self, shapes: Hashable = None) -> None:
+        for part in self.parts:
+            part.adopted(shapes)
+
+
+def combine(protocol: type[T], services: list[T]) -> T:
+    """The one service of `protocol` that `services` (each a feature's, in attach order) make: the only one, or
+    their `CombinedDecisions` for `GraphDecisions`; other protocols have one provider."""
+    if len(services) == 1:
+        return services[0]
+    if protocol is GraphDecisions:
+        return CombinedDecisions(services)  # type: ignore[return-value]
+    raise HookError(f"{protocol.__name__}: expected one feature to provide it, got {len(services)}; the core combines "
+                    "only GraphDecisions. Report this to hookkit.")

@@ -12,18 +12,21 @@ A block call counts once per kernel and step phase ("first", "middle", "last"). 
 take (a mask, dropout, grouped-query heads; masks are known only at the call) runs as "native" and is counted as a
 fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
 is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
-kernel, chosen again at every call; `KernelMode` says what that takes); whole-transformer CUDA graphs and a whole-model
-compile are refused (`hookkit.core.compat`).
+kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
+of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph
+per kernel, each replay counted as its capture ran). A whole-model compile, and graphs split at a dynamic cache
+decision, are refused (`hookkit.core.compat`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import importlib.util
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -33,6 +36,7 @@ from loguru import logger
 from torch.overrides import TorchFunctionMode
 
 from hookkit.core.feature import AttachContext, BaseFeature
+from hookkit.core.graphs import GraphDecisions
 from hookkit.core.modes import push_mode, remove_mode
 from hookkit.core.plan import Attachment, PlanContext, add_hook, flat_blocks, module_at
 from hookkit.core.registry import Args, Kwargs, ModelHook
@@ -231,6 +235,8 @@ class _Shared:
         self.ctx = ctx
         self.spec = spec
         self.modes = {k: KernelMode(k, self) for k in spec.kernels() if k != "native"}
+        #: the graph side, once whole-transformer CUDA graphs requested it
+        self.graphs: AttentionGraphs | None = None
 
     def phase(self, state: CallState) -> str:
         spec = self.spec
@@ -240,11 +246,22 @@ class _Shared:
             return "last"
         return "middle"
 
+    def step_kernel(self) -> str:
+        """The kernel of the blocks `full_blocks` does not keep at `kernel`, at the current step."""
+        spec = self.spec
+        if spec.low_precision is None or self.phase(self.ctx.state) != "middle":
+            return spec.kernel
+        return spec.low_precision
+
     def calls(self) -> _Calls:
         return self.ctx.state.feature(NAME, _Calls)
 
     def record(self, kind: str, what: tuple[str, ...]) -> None:
-        """Count one block call (`kind="block"`, what = (kernel,)), attention call or fallback in the current phase."""
+        """Count one block call (`kind="block"`, what = (kernel,)), attention call or fallback in the current phase;
+        while a graph is warmed up and captured, note it for the graph's replays instead."""
+        if self.graphs is not None and self.graphs.forced is not None:
+            self.graphs.note(kind, what)
+            return
         state = self.ctx.state
         self._count(kind, (self.phase(state), *what), state.step, 1)
 
@@ -259,26 +276,92 @@ class _Shared:
             calls.fallbacks[key] += n  # type: ignore[index]
 
 
+class AttentionGraphs:
+    """The kernel choice under whole-transformer CUDA graphs (`hookkit.core.graphs.GraphDecisions`).
+
+    A replayed graph runs the kernels its capture ran and no hook, so the kernel of the step's phase (`step_kernel`)
+    is part of the graph key: one graph per kernel. While a graph is warmed up and captured the hooks run the forced
+    kernel and note, per block, what they ran (block calls, attention calls, fallbacks) instead of counting it; each
+    call a graph serves then counts what its capture noted, in the step's phase, so the summary reads as in eager mode
+    (a block the cache skips in that graph counts nothing there either).
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        self.shared = shared
+        #: the kernel forced while a graph is warmed up and captured, else None
+        self.forced: str | None = None
+        #: while forced: the block running now (its index in execution order) and what each block ran (warm-up runs
+        #: and the capture run the same blocks: each block's entry is rewritten, never added to)
+        self.block: int | None = None
+        self.blocks: dict[int, Counter[tuple[str, tuple[str, ...]]]] = {}
+        #: what the last forced run noted, until the call it served is reported (`replayed`)
+        self.pending: dict[int, Counter[tuple[str, tuple[str, ...]]]] | None = None
+        #: what each captured graph runs, by its whole decision key and input shapes
+        self.ran: dict[Hashable, Counter[tuple[str, tuple[str, ...]]]] = {}
+
+    def decision(self, shapes: Hashable = None) -> str:
+        return self.shared.step_kernel()
+
+    @contextlib.contextmanager
+    def forcing(self, decision: str) -> Iterator[None]:
+        self.forced, self.blocks = decision, {}
+        try:
+            yield
+        finally:
+            self.forced, self.block = None, None
+            self.pending, self.blocks = self.blocks, {}
+
+    def enter_block(self, index: int) -> None:
+        """A block starts while forced: what it runs replaces what an earlier forced run of it noted."""
+        self.block = index
+        self.blocks[index] = Counter()
+
+    def note(self, kind: str, what: tuple[str, ...]) -> None:
+        if self.block is not None:
+            self.blocks[self.block][(kind, what)] += 1
+
+    def replayed(self, decision: str, shapes: Hashable = None, graph: Hashable = None) -> None:
+        key = (decision if graph is None else graph, shapes)
+        if self.pending is not None:  # this call captured its graph: what the capture ran is what it replays
+            total: Counter[tuple[str, tuple[str, ...]]] = Counter()
+            for noted in self.pending.values():
+                total.update(noted)
+            self.ran[key], self.pending = total, None
+        state = self.shared.ctx.state
+        phase = self.shared.phase(state)
+        for (kind, what), n in self.ran.get(key, Counter()).items():
+            self.shared._count(kind, (phase, *what), state.step, n)
+
+    def adopted(self, shapes: Hashable = None) -> None:
+        """A call run eagerly (the first-call check's): the hooks chose and counted as in eager mode."""
+
+
 class AttentionBlockHook(ModelHook):
     """On each block: runs it under the mode of the kernel chosen for this block at this step."""
 
     replaces_forward = True
 
-    def __init__(self, shared: _Shared, full: bool) -> None:
+    def __init__(self, shared: _Shared, full: bool, index: int) -> None:
         self.shared = shared
         #: the block runs `kernel` at every step (`full_blocks`)
         self.full = full
+        #: the block's place in execution order
+        self.index = index
 
     def kernel(self) -> str:
         shared = self.shared
-        spec = shared.spec
-        if self.full or spec.low_precision is None or shared.phase(shared.ctx.state) != "middle":
-            return spec.kernel
-        return spec.low_precision
+        if self.full:
+            return shared.spec.kernel
+        graphs = shared.graphs
+        if graphs is not None and graphs.forced is not None:
+            return graphs.forced
+        return shared.step_kernel()
 
     def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
         shared = self.shared
         kernel = self.kernel()
+        if shared.graphs is not None and shared.graphs.forced is not None:
+            shared.graphs.enter_block(self.index)
         shared.record("block", (kernel,))
         mode = shared.modes.get(kernel)
         if mode is None:  # "native": torch's SDPA as it is
@@ -288,6 +371,12 @@ class AttentionBlockHook(ModelHook):
             return call_next(*args, **kwargs)
         finally:
             remove_mode(mode)
+
+
+def _install_graphs(shared: _Shared) -> AttentionGraphs:
+    if shared.graphs is None:
+        shared.graphs = AttentionGraphs(shared)
+    return shared.graphs
 
 
 # --- enable-time checks ------------------------------------------------------------------------------------------
@@ -419,18 +508,19 @@ class _AttentionFeature(BaseFeature):
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         full = _block_full(spec, blocks, type(ctx.transformer).__name__)
         check_kernels(spec, ctx.transformer, blocks, full)
-        return [Attachment(feature=NAME, target=path, name=BLOCK_HOOK, params=(("full", kept),))
-                for (path, _, _), kept in zip(blocks, full)]
+        return [Attachment(feature=NAME, target=path, name=BLOCK_HOOK, params=(("full", kept), ("index", i)))
+                for i, ((path, _, _), kept) in enumerate(zip(blocks, full))]
 
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         shared: _Shared | None = ctx.kept()
         if shared is None:
             spec: Attention = ctx.spec.attention  # type: ignore[assignment]
             shared = ctx.keep(_Shared(ctx, spec))
+            ctx.provide(GraphDecisions, lambda: _install_graphs(shared))
             logger.info("attention: {} on the first {} and last {} steps, {} between, on {} blocks",
                         spec.kernel, spec.full_first, spec.full_last, spec.low_precision or spec.kernel,
                         len(ctx.attachments()))
-        hook = AttentionBlockHook(shared, full=attachment.param("full"))
+        hook = AttentionBlockHook(shared, full=attachment.param("full"), index=attachment.param("index"))
         return add_hook(module_at(ctx.transformer, attachment.target), BLOCK_HOOK, hook)
 
     def summarize(self, ctx: AttachContext) -> FeatureSummary | None:

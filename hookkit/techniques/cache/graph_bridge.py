@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from hookkit.core.feature import AttachContext
-from hookkit.core.graphs import GraphDecisions
+from hookkit.core.graphs import SplitDecisions
 from hookkit.errors import HookError, UnsupportedError
 from hookkit.techniques.cache.state import _Branch, _CallState, _Layout, relative_l1
 
@@ -225,7 +225,7 @@ class GraphBridge:
             # the slot is the reference from now on (pair-served computed steps rewrite it): no second copy is held
             branch.fn_ref = ref.copy_(residual)
 
-    def replayed(self, decision: tuple[int, bool], shapes: Hashable = None) -> None:
+    def replayed(self, decision: tuple[int, bool], shapes: Hashable = None, graph: Hashable = None) -> None:
         """Account for one transformer call served by a graph (statistics, and which residuals exist)."""
         index, cached = decision
         state = self.shared.handle.state
@@ -242,8 +242,9 @@ class GraphBridge:
 
 
 def graph_bridge(handle: Any) -> GraphBridge | None:
-    """Install (once) and return the bridge of a `hookkit.Handle` with DBCache, or None without DBCache."""
-    return handle.service(GraphDecisions)
+    """Install (once) and return the bridge of a `hookkit.Handle` with DBCache, or None without DBCache (read as the
+    `SplitDecisions` service, which DBCache alone provides; `GraphDecisions` may combine it with others')."""
+    return handle.service(SplitDecisions)
 
 
 def _install_bridge(shared: _Shared) -> GraphBridge:
