@@ -320,8 +320,11 @@ class AdapterSpec:
     diffusers_metadata: str = "check"
     #: arguments of the transformer's `forward` whose tensors the model adds into the streams *between* blocks
     #: (Flux's `controlnet_block_samples` / `controlnet_single_block_samples`, Qwen-Image's
-    #: `controlnet_block_samples`). On a call where any is given, DBCache keeps only the blocks' own contribution
-    #: in its cached residual, so a cached step adds the current step's ControlNet residuals once.
+    #: `controlnet_block_samples`; Wan VACE's `control_hidden_states`, from which its `vace_blocks` make the hints
+    #: added after the blocks in `vace_layers`). On a call where any is given, DBCache keeps only the blocks' own
+    #: contribution in its cached residual, so a cached step adds the current step's residuals or hints once. Name
+    #: an argument only if what the model adds from it does not depend on the blocks DBCache skips (both of these
+    #: are computed before the first block, from the call's inputs).
     between_block_args: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     cp_plan: tuple[CPPlanEntry, ...] = attrs.field(default=(), converter=_tuple)
     cp_plan_override: bool = False

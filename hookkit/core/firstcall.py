@@ -10,7 +10,8 @@ call, with observer hooks that the clock hook puts on every block for that call 
 - the chain: each block's hidden input is the previous block's hidden output. A shape change in between is an
   `AdapterError` (the lists before it are a stage of their own: `[left_out]`); other values of the same shape (VACE
   hints, WanAnimate's face adapter, ControlNet residuals) are reported to the first-call listeners
-  (`AttachContext.add_first_call_listener`), so that DBCache can refuse a split whose middle blocks they cut.
+  (`AttachContext.add_first_call_listener`), so that DBCache can refuse a split whose middle blocks they cut
+  (unless the adapter names them in `between_block_args`).
 
 A disagreement raises at the block where it shows, naming the block, what was found and the TOML to write, and the
 check stays armed. Only the previous block's hidden output is held, never a call's activations. With a

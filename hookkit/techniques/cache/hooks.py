@@ -5,7 +5,7 @@ residual is the change detector), M (the middle blocks, skipped on cached steps)
 run). On a computed step the middle blocks run and their residuals (output minus input, per stream) are stored; on a
 cached step every middle block returns its inputs untouched and the last one adds the stored residual (or, with
 `taylorseer_order`, its extrapolation). Hooks run around the block's compiled callable (`HookRegistry.set_inner`), so
-a decision never becomes a graph break. ControlNet residuals the model adds between blocks (adapter
+a decision never becomes a graph break. ControlNet residuals and VACE hints the model adds between blocks (adapter
 `between_block_args`) count once: `DBCacheBetweenHook`.
 
 This module holds the hooks and `FEATURE`; the parts live beside it and none imports this module (no import cycle):
@@ -191,13 +191,15 @@ class DBCacheBetweenHook(ModelHook):
     """On the transformer, when the adapter names `between_block_args`: marks a call given any of them.
 
     Why: Flux (`controlnet_block_samples`, `controlnet_single_block_samples`) and Qwen-Image
-    (`controlnet_block_samples`) add ControlNet residuals into the hidden stream after blocks. On a cached step the
-    middle blocks return their inputs and the model still adds the *current* step's residuals between them, so a
-    stored residual that contained the computed step's residuals would count them twice. On a computed step of a
-    marked call the middle hooks measure what the model added between consecutive middle blocks (the next block's
-    input minus the previous block's output: exact whatever the model adds, `controlnet_blocks_repeat` or several
-    ControlNets summed) and subtract it from the stored residual. A cached step then returns Fn output + the current
-    residuals + the blocks' cached contribution, as an uncached step adds them: once. Unmarked calls pay nothing.
+    (`controlnet_block_samples`) add ControlNet residuals into the hidden stream after blocks; Wan VACE
+    (`control_hidden_states`) adds `hint * scale` after each block in `vace_layers`, its hints made by `vace_blocks`
+    before the first block runs. On a cached step the middle blocks return their inputs and the model still adds the
+    *current* step's residuals between them, so a stored residual that contained the computed step's residuals
+    would count them twice. On a computed step of a marked call the middle hooks measure what the model added
+    between consecutive middle blocks (the next block's input minus the previous block's output: whatever the model
+    adds, `controlnet_blocks_repeat`, several ControlNets summed or VACE's per-layer scales) and subtract it from the
+    stored residual. A cached step then returns Fn output + the current residuals + the blocks' cached contribution,
+    as an uncached step adds them: once. Unmarked calls pay nothing.
     """
 
     def __init__(self, shared: _Shared, names: tuple[str, ...], positions: tuple[int, ...]) -> None:
@@ -294,7 +296,7 @@ class DBCacheMiddleHook(ModelHook):
         if encoder_out is not None and isinstance(encoder_in, torch.Tensor) and encoder_in.shape == encoder_out.shape:
             encoder_res = encoder_out - encoder_in
         residuals = (hidden_out - hidden_in, encoder_res)
-        if cs.track_between:  # keep the blocks' own contribution: the model adds the ControlNet residuals itself
+        if cs.track_between:  # keep the blocks' own contribution: the model adds the residuals and hints itself
             between = cs.between
             residuals = tuple(r if r is None or between[s] is None else r.sub_(between[s])  # type: ignore[assignment]
                               for s, r in enumerate(residuals))
@@ -432,8 +434,9 @@ def _refuse_split_across_changes(ctx: AttachContext, report: Any) -> None:
     spec = ctx.spec.cache
     cs: _CallState | None = ctx.state.features.get(NAME)
     if ctx.adapter.between_block_args and cs is not None and cs.between_call >= 0:
-        # the call passed ControlNet residuals: what the forward added between middle blocks was measured and is
-        # kept out of the stored residual (`DBCacheBetweenHook`), so a cached step adds the current ones once
+        # the call passed ControlNet residuals or VACE control: what the forward added between middle blocks was
+        # measured and is kept out of the stored residual (`DBCacheBetweenHook`), so a cached step adds the current
+        # ones once
         return
     model = type(ctx.transformer).__name__
     last = len(report.paths) - spec.bn_blocks - 1
@@ -445,7 +448,9 @@ def _refuse_split_across_changes(ctx: AttachContext, report: Any) -> None:
             f"({report.paths[spec.fn_blocks]} .. {report.paths[last]}) to pass the hidden stream straight from one to "
             f"the next, got {model}.forward changing it between {report.paths[i]} and {report.paths[i + 1]} at the "
             f"first call (a hint, adapter or residual added there); a cached step would add it twice. Raise "
-            f"fn_blocks to {i + 1} or bn_blocks so that no middle block follows such a point, or leave cache off."
+            f"fn_blocks to {i + 1} or bn_blocks so that no middle block follows such a point, or leave cache off "
+            f"(or, if what is added there is computed from the call's inputs before the first block, name that forward "
+            f"argument in the adapter's between_block_args)."
         )
 
 

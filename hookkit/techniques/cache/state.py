@@ -190,9 +190,9 @@ class _CallState:
         #: under whole-transformer graphs: input shapes of each branch's last computed step
         self.graph_shapes: dict[int, Hashable] = {}
         self.middle_in: tuple[torch.Tensor, Any] = (None, None)  # type: ignore[assignment]
-        #: the transformer call given ControlNet residuals (an adapter `between_block_args` argument), and on a
-        #: computed step of such a call: the last middle block's (hidden, encoder) output and what the model added
-        #: between middle blocks since the first one, per stream
+        #: the transformer call given ControlNet residuals or VACE control (an adapter `between_block_args`
+        #: argument), and on a computed step of such a call: the last middle block's (hidden, encoder) output and
+        #: what the model added between middle blocks since the first one, per stream
         self.between_call = -1
         self.track_between = False
         self.prev_out: tuple[Any, Any] = (None, None)
