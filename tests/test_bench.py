@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import hookkit
-from hookkit.tools import bench, cli
+from hookkit.tools import bench, cli, zoo
 from hookkit.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +105,23 @@ def test_a_graph_compiled_during_the_timed_runs_is_flagged_in_the_table(tmp_path
     row = _compile_row(tmp_path, warmup=0)
     assert (row["compiled_graphs"], row["graphs_compiled_while_timed"]) == (3, 3)
     assert "3 graph(s) compiled during the timed runs: add warm-up" in bench.markdown_table([row])
+
+
+def test_a_two_expert_rows_table_names_each_experts_cached_steps() -> None:
+    """Each expert of Wan 2.2 keeps its own residuals: the second one computes its first step whatever the mask."""
+    from hookkit.tools.bench.runner import _companion_data, _summary_data
+
+    pipe = zoo.tiny_variant("wan22")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask=(1, 0, 0, 0, 0, 1), mask_policy="static",
+        taylorseer_order=0)))
+    pipe(**zoo.call_kwargs("wan", steps=6))  # boundary 0.8: steps 0-2 on transformer, 3-5 on transformer_2
+    row = _timed_row("hookkit-cache", [1.0, 1.0, 1.0])
+    row.update(features=_summary_data(handle), companion_features=_companion_data(handle))
+    assert list(row["companion_features"]) == ["transformer_2"]
+    # per transformer call (CFG: two a step): transformer caches steps 1 and 2; transformer_2 computes step 3 (the
+    # mask's 0: no residual of its own yet), caches 4 and computes 5
+    assert "cached 4/6 steps; transformer_2: cached 2/6 steps" in bench.markdown_table([row])
 
 
 def test_a_configuration_that_cannot_run_here_becomes_a_skipped_row_without_a_process(tmp_path: Path) -> None:

@@ -78,6 +78,10 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         cached = _cached_steps(row.get("features") or {})
         if cached:
             notes.append(cached)
+        for component, features in (row.get("companion_features") or {}).items():
+            cached = _cached_steps(features)
+            if cached:
+                notes.append(f"{component}: {cached}")
         if ok and row.get("cold") is not None and row.get("time_to_first_image_s") is not None:
             notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):

@@ -56,7 +56,7 @@ class BenchConfig:
 
 ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
             "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
-            "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold",
+            "companion_features", "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold",
             "timing_caveat")
 
 
@@ -64,5 +64,5 @@ def _empty_row(config: BenchConfig, status: str, note: str) -> dict[str, Any]:
     """A row with no measurement: `status` "skipped" or "failed", `note` says why."""
     row: dict[str, Any] = {key: None for key in ROW_KEYS}
     row.update(config=config.name, kind=config.kind, description=config.description, status=status,
-               note=note[:300], latencies_s=[], identical=False, features={})
+               note=note[:300], latencies_s=[], identical=False, features={}, companion_features={})
     return row

@@ -41,6 +41,15 @@ def _summary_data(handle: Any) -> dict[str, Any]:
     return {name: feature.data for name, feature in summary.features.items()}
 
 
+def _companion_data(handle: Any) -> dict[str, dict[str, Any]]:
+    """Per further transformer of a several-transformer pipeline (Wan 2.2's `transformer_2`): its features' data, by
+    component name. Why: its cache decides its own steps (its first step has no residual of its own to reuse)."""
+    if handle is None:
+        return {}
+    return {c.component: {name: feature.data for name, feature in c.features.items()}
+            for c in handle.summary().companions}
+
+
 def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out_dir: Path) -> dict[str, Any]:
     """Build a fresh pipeline, set `config` up, warm up, time `runs` calls; save the last output as .pt."""
     device = resolve_device(opts.device)
@@ -90,6 +99,7 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
         row["features"] = _summary_data(ctx.handle) if ctx.features is None else ctx.features()
+        row["companion_features"] = _companion_data(ctx.handle) if ctx.features is None else {}
         torch.save(output.detach().float().cpu(), out_dir / f"{config.name}.pt")
     except Exception as exc:  # a failing configuration is a result, not a crash
         traceback.print_exc(file=sys.stderr)
