@@ -583,6 +583,21 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     assert notes == []
 
 
+def test_the_fastest_image_row_with_fp8_attention_runs_it_under_transformer_graphs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.core import compat
+
+    from types import SimpleNamespace
+
+    seen: dict[str, hookkit.Spec] = {}
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: seen.setdefault("spec", spec))
+    bench.CONFIGS["hookkit-fp8-mod+cache-fast+cuda-graphs+fp8-attention"].setup(SimpleNamespace(pipe=None, handle=None))
+    spec = seen["spec"]
+    assert spec.attention == hookkit.Attention(low_precision="hookkit_fp8")
+    assert spec.compile.cuda_graphs == "transformer" and spec.cache.mask_policy == "static"
+    assert [r.features for r, _ in compat.outcome(spec, hookkit.get_adapter("flux")) if r.outcome == "refused"] == []
+
+
 def test_a_row_needing_several_packages_names_the_first_one_missing() -> None:
     row = bench.CONFIGS["cache-dit+fp8+compile+sage"]
     assert row.needs_module == ("cache_dit", "sageattention")

@@ -76,14 +76,14 @@ def _compile(mode: str | None = None, cuda_graphs: str = "none", fuse_fp8_rows: 
 
 
 def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", real_rope: bool = True,
-                         cached: bool = True) -> Callable[[], Any]:
+                         cached: bool = True, attention: hookkit.Attention | None = None) -> Callable[[], Any]:
     """The spec of the fastest row (static 'fast' DBCache, fp8 incl. modulation, transformer graphs) and its
-    variants: a compile mode, another `fuse_fp8_rows`, complex RoPE left to inductor, no cache."""
+    variants: a compile mode, another `fuse_fp8_rows`, complex RoPE left to inductor, no cache, an attention kernel."""
     return lambda: hookkit.Spec(cache=_cache_fast() if cached else None,
                                 quantize=hookkit.Quantize(scheme="fp8_row", include_modulation=True),
                                 compile=_compile(mode, cuda_graphs="transformer", fuse_fp8_rows=fuse_fp8_rows,
                                                  real_rope=real_rope),
-                                memo=True)
+                                memo=True, attention=attention)
 
 
 def _fp8_attention_every_step() -> Any:
@@ -210,6 +210,11 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
                     description="as hookkit-fp8-mod+cache-fast+cuda-graphs, regions compiled with "
                                 "mode='max-autotune-no-cudagraphs' (autotuned GEMM templates; long warm-up)"),
+        BenchConfig(name="hookkit-fp8-mod+cache-fast+cuda-graphs+fp8-attention", kind="hookkit",
+                    setup=_hookkit(_fp8_mod_fast_graphs(attention=hookkit.Attention(low_precision="hookkit_fp8"))),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    description="as hookkit-fp8-mod+cache-fast+cuda-graphs with hookkit's fp8 attention kernel on the "
+                                "middle steps (bf16 SDPA on the first and last 2): the graphs keyed by the kernel"),
         BenchConfig(name="hookkit-int8-attention", kind="hookkit",
                     setup=_hookkit(lambda: S(attention=hookkit.Attention(low_precision="hookkit_int8"))),
                     fields=frozenset({"attention"}), needs_cuda=True,
