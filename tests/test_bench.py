@@ -124,6 +124,25 @@ def test_a_two_expert_rows_table_names_each_experts_cached_steps() -> None:
     assert "cached 4/6 steps; transformer_2: cached 2/6 steps" in bench.markdown_table([row])
 
 
+def test_the_step_mask_restarts_at_each_experts_first_step_as_cache_dit_counts_them() -> None:
+    from hookkit.tools.bench.peers import expert_steps_mask
+
+    # the tiny Wan 2.2 (boundary 0.8) runs steps 0-2 on transformer and 3-5 on transformer_2
+    assert expert_steps_mask(zoo.tiny_variant("wan22"), (1, 0, 0, 1, 0, 1), 6) == (1, 0, 0, 1, 0, 0)
+    assert expert_steps_mask(zoo.tiny_pipeline("wan"), (1, 0, 0, 1, 0, 1), 6) is None  # one transformer
+
+
+def test_a_hookkit_row_on_a_two_expert_pipeline_computes_the_steps_the_peer_computes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    seen: dict[str, hookkit.Spec] = {}
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: seen.setdefault("spec", spec))
+    ctx = SimpleNamespace(pipe=zoo.tiny_variant("wan22"), opts=SimpleNamespace(num_steps=lambda: 6), handle=None)
+    bench.CONFIGS["hookkit-cache-fast"].setup(ctx)
+    assert seen["spec"].cache.steps_mask == (1, 0, 0, 1, 0, 0)
+
+
 def test_a_configuration_that_cannot_run_here_becomes_a_skipped_row_without_a_process(tmp_path: Path) -> None:
     device = torch.device("cpu")
     configs, notes = bench.select_configs(["full-compile-ro"], device)

@@ -119,6 +119,9 @@ def _cache_dit(ctx: RunContext, quant_type: str | None = None, mask: Sequence[in
         steps_computation_policy="static",
     ), **extra)
     ctx.features = lambda: {"cache": cache_dit_steps(cache_dit.summary(ctx.pipe, logging=False))}
+    if getattr(ctx.pipe, "transformer_2", None) is not None:  # Wan 2.2: the second entry is transformer_2's blocks
+        ctx.companion_features = lambda: {"transformer_2": {"cache": cache_dit_steps(
+            cache_dit.summary(ctx.pipe, logging=False)[1:2])}}
 
 
 def _cache_dit_compile(ctx: RunContext) -> None:
@@ -153,9 +156,35 @@ def _cache_dit_fp8_compile_2x(ctx: RunContext) -> None:
     _stock_regional_compile(None)(ctx)
 
 
+def expert_steps_mask(pipe: Any, mask: Sequence[int], steps: int) -> tuple[int, ...] | None:
+    """`mask` restarted at each expert's first step of a two-expert pipeline (Wan 2.2: `transformer` on the timesteps
+    at or above `boundary_ratio * num_train_timesteps`, `transformer_2` below), or None for a one-transformer pipeline.
+
+    Why: cache-dit counts the steps of each expert's blocks from 0 and indexes its step mask with that count, while
+    hookkit's mask is indexed by the pipeline step. Given this mask, hookkit's rows compute the steps cache-dit's
+    rows compute (at 6 steps, "fast" (1, 0, 0, 1, 0, 1) with experts on steps 0-1 and 2-5 becomes (1, 0, 1, 0, 0, 1)).
+    """
+    import copy
+
+    ratio = getattr(getattr(pipe, "config", None), "boundary_ratio", None)
+    if getattr(pipe, "transformer_2", None) is None or ratio is None:
+        return None
+    scheduler = copy.deepcopy(pipe.scheduler)  # set_timesteps writes into the scheduler
+    scheduler.set_timesteps(steps, device="cpu")
+    boundary = ratio * scheduler.config.num_train_timesteps
+    experts = [0 if float(t) >= boundary else 1 for t in scheduler.timesteps]
+    out, start = [], 0
+    for i, expert in enumerate(experts):
+        if i and expert != experts[i - 1]:
+            start = i
+        out.append(int(mask[i - start]))
+    return tuple(out)
+
+
 def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
     """cache-dit's `CacheStats` of the last call in the shape of hookkit's DBCache summary data (cached and
-    computed step indices per CFG branch), so that the table's notes read the same for both."""
+    computed step indices per CFG branch), so that the table's notes read the same for both. The indices are of the
+    stats' own blocks (Wan 2.2's `transformer_2` counts its steps from 0)."""
     branches: dict[str, dict[str, list[int]]] = {}
     for stat in stats[:1]:  # one entry per cached block list; the first carries the step decisions
         for name, cached, executed in (("cond", stat.cached_steps, stat.accumulated_executed_steps),

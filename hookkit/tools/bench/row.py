@@ -21,6 +21,8 @@ class RunContext:
     handle: Any = None
     #: feature data of a configuration that is not hookkit's, read after the timed runs (cache-dit's steps)
     features: Callable[[], dict[str, Any]] | None = None
+    #: the same per further transformer of the pipeline (Wan 2.2's `transformer_2`), by component name
+    companion_features: Callable[[], dict[str, dict[str, Any]]] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -99,7 +99,10 @@ def measure(config: BenchConfig, opts: ModelOptions, runs: int, warmup: int, out
         row["latency_s"] = statistics.median(latencies)
         row["peak_memory_gb"], row["memory_kind"] = _peak_memory_gb(device)
         row["features"] = _summary_data(ctx.handle) if ctx.features is None else ctx.features()
-        row["companion_features"] = _companion_data(ctx.handle) if ctx.features is None else {}
+        if ctx.features is None:
+            row["companion_features"] = _companion_data(ctx.handle)
+        else:
+            row["companion_features"] = ctx.companion_features() if ctx.companion_features is not None else {}
         torch.save(output.detach().float().cpu(), out_dir / f"{config.name}.pt")
     except Exception as exc:  # a failing configuration is a result, not a crash
         traceback.print_exc(file=sys.stderr)
