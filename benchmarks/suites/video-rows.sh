@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The video rows of `hookkit bench`: full-size Wan 2.1 14B, 480x832, 81 frames, --configs video, each row a process.
+# The video rows of `hookkit bench`: full-size Wan 2.1 14B (or MODEL, ARCH), 480x832, 81 frames, --configs video, each row a process.
 # Random weights, bf16, random prompt embeddings, CFG 5.0 (two transformer calls per step), latents out, no VAE decode,
 # 32,760 latent tokens at the defaults. `--configs video`: eager, stock regional compile, diffusers FirstBlockCache and
 # MagCache, cache-dit + its fp8 + regional compile and hookkit's fastest (fp8 + DBCache + whole-transformer CUDA
@@ -8,13 +8,16 @@
 # calls) so that the matrix fits one lease: ~12 GPU minutes on one H200 (about 2 a row: process start and the 14B
 # build ~30 s, eager ~30 s a call, compiled rows ~1.5 min of compilation and capture).
 # Writes video_rows.md (the table), video_rows.json (`hookkit bench --json`), bench.err and rows/ (every row's JSON
-# and stderr log). Settings: ARCH (wan2.1-14b; wan2.1-1.3b, wan2.2-a14b), HEIGHT/WIDTH (480/832; 720/1280 for 720p),
+# and stderr log). Settings: MODEL (wan; hunyuanvideo15), ARCH (wan2.1-14b for wan; wan2.1-1.3b, wan2.2-a14b;
+# hunyuanvideo1.5-480p for hunyuanvideo15), HEIGHT/WIDTH (480/832; 720/1280 for 720p),
 # FRAMES (81), STEPS (6), CONFIGS (video, or comma-separated rows), RUNS (here "--runs 2 --warmup 1"), ROW_TIMEOUT
-# (here 600 s a row). QUICK=1: the tiny Wan on the CPU, 5 frames, through the same matrix (the CUDA-only rows are
+# (here 600 s a row). QUICK=1: the tiny model of MODEL on the CPU, 5 frames, through the same matrix (the CUDA-only rows are
 # skipped rows that say so).
 video_runs=${RUNS:-"--runs 2 --warmup 1"} video_row_timeout=${ROW_TIMEOUT:-600}  # before the shared defaults
 source "$(dirname "$0")/../suite_lib.sh"
-ARCH=${ARCH:-wan2.1-14b} HEIGHT=${HEIGHT:-480} WIDTH=${WIDTH:-832} FRAMES=${FRAMES:-81} STEPS=${STEPS:-6}
+MODEL=${MODEL:-wan}
+if [ "$MODEL" = wan ]; then ARCH=${ARCH:-wan2.1-14b}; else ARCH=${ARCH:-hunyuanvideo1.5-480p}; fi
+HEIGHT=${HEIGHT:-480} WIDTH=${WIDTH:-832} FRAMES=${FRAMES:-81} STEPS=${STEPS:-6}
 CONFIGS=${CONFIGS:-video}
 if [ "$QUICK" = 1 ]; then
   model_args=(--device cpu) FRAMES=5
@@ -22,9 +25,9 @@ else
   model_args=(--full --arch "$ARCH" --height "$HEIGHT" --width "$WIDTH")
 fi
 mkdir -p "$OUT/rows"
-note "bench start: $CONFIGS ${model_args[*]}, $FRAMES frames, $STEPS steps"
+note "bench start: $MODEL $CONFIGS ${model_args[*]}, $FRAMES frames, $STEPS steps"
 # shellcheck disable=SC2086 # video_runs is a word list
-python3 -m hookkit bench --model wan --configs "$CONFIGS" $video_runs --steps "$STEPS" --frames "$FRAMES" \
+python3 -m hookkit bench --model "$MODEL" --configs "$CONFIGS" $video_runs --steps "$STEPS" --frames "$FRAMES" \
   "${model_args[@]}" --timeout "$video_row_timeout" --out-dir "$OUT/rows" --json "$OUT/video_rows.json" \
   > "$OUT/video_rows.md" 2> "$OUT/bench.err"
 note "bench exit $?"
