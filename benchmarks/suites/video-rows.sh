@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The video rows of `hookkit bench`: full-size Wan 2.1 14B (or MODEL, ARCH), 480x832, 81 frames, --configs video, each row a process.
+# The video rows of `hookkit bench`: full-size Wan 2.1 14B (or MODEL), 480x832, 81 frames, one process a row.
 # Random weights, bf16, random prompt embeddings, CFG 5.0 (two transformer calls per step), latents out, no VAE decode,
 # 32,760 latent tokens at the defaults. `--configs video`: eager, stock regional compile, diffusers FirstBlockCache and
 # MagCache, cache-dit + its fp8 + regional compile and hookkit's fastest (fp8 + DBCache + whole-transformer CUDA
