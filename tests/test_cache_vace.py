@@ -228,3 +228,54 @@ def test_the_shipped_adapter_names_control_hidden_states_between_blocks() -> Non
     adapter = hookkit.resolve_adapter(model)
     assert (adapter.name, adapter.between_block_args) == ("wan_vace", ("control_hidden_states",))
     assert [p for p, _, _ in flat_blocks(adapter, model)] == [f"blocks.{i}" for i in range(6)]
+
+
+class _ForcedReplay:
+    """Stands in for CUDA graph capture (capture is GPU-only): a replay re-runs the captured call with the cache
+    decision forced at capture forced again, as a replayed graph runs the captured computed or cached step."""
+
+    def __init__(self, bridge: Any) -> None:
+        self.bridge = bridge
+        self.captures = 0
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+        self.captures += 1
+        forced = self.bridge.forced
+        out = fn()
+
+        def replay() -> None:
+            self.bridge.forced = forced
+            try:
+                fresh = fn()
+            finally:
+                self.bridge.forced = None
+            for static, new in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(fresh)):
+                static.copy_(new)
+
+        return replay, out
+
+
+def test_under_whole_transformer_graphs_dbcache_on_wan_vace_equals_eager_dbcache_bitwise() -> None:
+    """The hints measured between middle blocks on a computed step are subtracted inside the captured graph, and a
+    cached-step graph lets the forward add this step's hints: replayed graphs give eager DBCache's outputs."""
+    from hookkit.core.graphs import EagerCalls
+    from hookkit.core.registry import HookRegistry
+    from hookkit.techniques.cache.hooks import graph_bridge
+    from hookkit.techniques.compile.cuda_graphs import GraphRunner
+    from hookkit.techniques.compile.hooks import GRAPH, GraphHook
+
+    mask = [1, 0, 1, 0, 0]
+    expected, _ = cached_generation(tiny_vace(), mask)
+    model = tiny_vace()
+    handle = hookkit.enable(model, hookkit.Spec(cache=f1b0(mask)))
+    bridge = graph_bridge(handle)
+    backend = _ForcedReplay(bridge)
+    HookRegistry.of(model).register(GRAPH, GraphHook(GraphRunner(backend), bridge, eager=handle.service(EagerCalls)))
+    try:
+        for _ in range(2):  # the second generation is served by replays only
+            with handle.generation(num_steps=len(mask), calls_per_step=1):
+                outputs = [run(model, step_inputs(s)) for s in range(len(mask))]
+            assert all(torch.equal(a, b) for a, b in zip(outputs, expected))
+        assert backend.captures == 2  # one computed-step graph, one cached-step graph
+    finally:
+        handle.remove()
