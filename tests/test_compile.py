@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from torch._dynamo.utils import counters
 
 import hookkit
 from hookkit.tools import zoo
-from hookkit.errors import EnableError, SpecError, UnsupportedError
+from hookkit.errors import EnableError, HookError, SpecError, UnsupportedError
 from hookkit.core.graphs import EagerCalls
 from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.techniques.compile.hooks import (
@@ -705,3 +707,72 @@ def test_dbcache_under_transformer_graphs_computes_a_step_whose_batch_changed_wi
     assert torch.equal(out, reference)
     assert _cache_stats(handle) == _cache_stats(eager)
     assert _cache_stats(handle)[1] == {0: ([0, 1, 2, 3, 4, 5, 7, 9], [6, 8])}
+
+
+# --- several features deciding per call: the core combines their GraphDecisions --------------------------------
+
+
+class _Decider:
+    """A GraphDecisions that records what the combination asks of it."""
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name, self.value = name, value
+        self.events: list[tuple[Any, ...]] = []
+
+    def decision(self, shapes=None) -> str:
+        return self.value
+
+    @contextlib.contextmanager
+    def forcing(self, decision):
+        self.events.append(("enter", decision))
+        yield
+        self.events.append(("exit", decision))
+
+    def replayed(self, decision, shapes=None, graph=None) -> None:
+        self.events.append(("replayed", decision, shapes, graph))
+
+    def adopted(self, shapes=None) -> None:
+        self.events.append(("adopted", shapes))
+
+
+def test_one_provider_is_its_own_combination() -> None:
+    from hookkit.core.graphs import GraphDecisions, combine
+
+    only = _Decider("cache", "computed")
+    assert combine(GraphDecisions, [only]) is only
+
+
+def test_two_providers_decide_as_one_key_forced_and_told_together() -> None:
+    from hookkit.core.graphs import GraphDecisions, combine
+
+    cache, attention = _Decider("cache", (0, True)), _Decider("attention", "hookkit_fp8")
+    both = combine(GraphDecisions, [cache, attention])
+    key = both.decision(((2, 3),))
+    assert key == ((0, True), "hookkit_fp8")
+    with both.forcing(key):
+        assert cache.events == [("enter", (0, True))] and attention.events == [("enter", "hookkit_fp8")]
+    both.replayed(key, ((2, 3),))
+    both.adopted(((2, 3),))
+    assert cache.events[1:] == [("exit", (0, True)), ("replayed", (0, True), ((2, 3),), key), ("adopted", ((2, 3),))]
+    assert attention.events[1:] == [("exit", "hookkit_fp8"), ("replayed", "hookkit_fp8", ((2, 3),), key),
+                                    ("adopted", ((2, 3),))]
+
+
+def test_two_providers_of_a_protocol_the_core_does_not_combine_are_refused() -> None:
+    from hookkit.core.graphs import EagerCalls, combine
+
+    with pytest.raises(HookError, match=r"^EagerCalls: expected one feature to provide it, got 2; the core combines "
+                                        r"only GraphDecisions\."):
+        combine(EagerCalls, [object(), object()])
+
+
+def test_a_provider_after_the_first_request_is_refused() -> None:
+    from hookkit.core.graphs import GraphDecisions
+
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask=MASK, mask_policy="static",
+                                                                     taylorseer_order=0)))
+    ctx = handle._context("late")
+    assert handle.service(GraphDecisions) is not None
+    with pytest.raises(HookError, match=r"^late: provides GraphDecisions after a feature requested it"):
+        ctx.provide(GraphDecisions, lambda: _Decider("late", "x"))
