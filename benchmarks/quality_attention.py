@@ -144,14 +144,7 @@ def main() -> int:
     names = ("hookkit_int8", "hookkit_fp8", "sage")
     low = {k: (k if on_gpu else "_native_math") for k in names}
     quantize = hookkit.Quantize(scheme="fp8_row" if on_gpu else "fp8_weight_only", keep_original="device")
-    rows = configs(low, quantize)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {r.name for r in rows}
-        if unknown:
-            raise SystemExit(f"quality_attention.py --only: unknown rows {sorted(unknown)}; known: "
-                             f"{[r.name for r in rows]}")
-        rows = [r for r in rows if r.name in wanted]
+    rows = quality.only_rows(configs(low, quantize), args.only, "quality_attention.py")
     errors = []
     for model in models:
         report = quality.run_quality(rows, classes=classes, seeds=seeds, steps=steps,

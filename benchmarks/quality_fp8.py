@@ -113,13 +113,7 @@ def main() -> int:
     seeds = range(1 if args.quick else args.seeds)
     on_gpu = cuda and not args.quick
     scheme, cache_dit_type = ("fp8_row", "float8_per_row") if on_gpu else ("fp8_weight_only", "float8_weight_only")
-    rows = configs(scheme, cache_dit_type, steps, compiled=on_gpu)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {r.name for r in rows}
-        if unknown:
-            raise SystemExit(f"quality_fp8.py --only: unknown rows {sorted(unknown)}; known: {[r.name for r in rows]}")
-        rows = [r for r in rows if r.name in wanted]
+    rows = quality.only_rows(configs(scheme, cache_dit_type, steps, compiled=on_gpu), args.only, "quality_fp8.py")
     report = quality.run_quality(rows, classes=classes, seeds=seeds, steps=steps,
                                  device="cuda" if on_gpu else "cpu", dtype=torch.bfloat16,
                                  log=lambda m: print(m, file=sys.stderr, flush=True))

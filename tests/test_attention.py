@@ -1,5 +1,6 @@
 """The attention technique: which kernel each block runs at each step, refusals at enable, exact removal, composition
-with DBCache, regional Compile and whole-transformer graphs (a stand-in backend on the CPU), and the int8 kernel's arithmetic in Triton's CPU interpreter.
+with DBCache, regional Compile and whole-transformer graphs (a stand-in backend on the CPU), and the kernels'
+arithmetic in Triton's CPU interpreter.
 
 On the CPU the selection runs with real kernels that the CPU has: "native" (torch's SDPA as it is) and "_native_math"
 (SDPA restricted to its math backend) stand in for the full- and low-precision kernels; the counts are the same as a
@@ -581,26 +582,30 @@ def test_gpu_fp8_kernel_against_its_mirror_and_bf16_sdpa_at_wan_shape() -> None:
     assert ((out.float() - ref).abs().mean() / ref.abs().mean()) < 0.05
 
 
+#: hookkit's fp8 kernel on the middle steps of a 4-step call
+FP8_MIDDLE = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_last=1)
+
+
+def _bf16_flux_head64() -> Any:
+    """The tiny Flux pipeline with heads of 64 (a size the fp8 kernel takes), bf16 on the GPU."""
+    return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
+
+
+def _call_bf16(pipe: Any) -> torch.Tensor:
+    kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+              for k, v in zoo.call_kwargs("flux", steps=4).items()}
+    return pipe(**kwargs).images
+
+
 @pytest.mark.gpu
 def test_gpu_fp8_attention_under_regional_compile_matches_eager_attention() -> None:
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability 8.9")
-    spec = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_last=1)
-
-    def pipe() -> Any:
-        return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
-
-    eager = pipe()
-    hookkit.enable(eager, hookkit.Spec(attention=spec))
-    compiled = pipe()
-    handle = hookkit.enable(compiled, hookkit.Spec(attention=spec, compile=hookkit.Compile()))
-
-    def call(p: Any) -> torch.Tensor:
-        kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                  for k, v in zoo.call_kwargs("flux", steps=4).items()}
-        return p(**kwargs).images
-
-    out, expected = call(compiled), call(eager)
+    eager = _bf16_flux_head64()
+    hookkit.enable(eager, hookkit.Spec(attention=FP8_MIDDLE))
+    compiled = _bf16_flux_head64()
+    handle = hookkit.enable(compiled, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile()))
+    out, expected = _call_bf16(compiled), _call_bf16(eager)
     assert torch.allclose(out.float(), expected.float(), atol=2e-2)
     assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
 
@@ -609,25 +614,14 @@ def test_gpu_fp8_attention_under_regional_compile_matches_eager_attention() -> N
 def test_gpu_fp8_attention_under_whole_transformer_graphs_matches_eager_attention() -> None:
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability 8.9")
-    spec = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_last=1)
-
-    def pipe() -> Any:
-        return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
-
-    eager = pipe()
-    hookkit.enable(eager, hookkit.Spec(attention=spec))
-    graphed = pipe()
-    handle = hookkit.enable(graphed, hookkit.Spec(attention=spec, compile=hookkit.Compile(
+    eager = _bf16_flux_head64()
+    hookkit.enable(eager, hookkit.Spec(attention=FP8_MIDDLE))
+    graphed = _bf16_flux_head64()
+    handle = hookkit.enable(graphed, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile(
         cuda_graphs="transformer")))
-
-    def call(p: Any) -> torch.Tensor:
-        kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                  for k, v in zoo.call_kwargs("flux", steps=4).items()}
-        return p(**kwargs).images
-
-    expected = call(eager)
+    expected = _call_bf16(eager)
     for _ in range(2):  # the second call replays only
-        assert torch.allclose(call(graphed).float(), expected.float(), atol=2e-2)
+        assert torch.allclose(_call_bf16(graphed).float(), expected.float(), atol=2e-2)
         assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
     # step 0 of the first call runs eagerly (the first-call check); steps 1-2 replay the fp8 graph, step 3 (and the
     # second call's step 0) the native one

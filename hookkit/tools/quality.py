@@ -733,6 +733,18 @@ def _times(value: int | None, n: int) -> int | None:
     return None if value is None else value * n
 
 
+def only_rows(configs: list[QualityConfig], only: str | None, script: str) -> list[QualityConfig]:
+    """The rows of `configs` named in `only` (comma-separated; None or "": all), in their order. A name that is no
+    row ends the script (`script`: its name in the message) with the known names."""
+    if not only:
+        return configs
+    wanted = set(only.split(","))
+    unknown = wanted - {c.name for c in configs}
+    if unknown:
+        raise SystemExit(f"{script} --only: unknown rows {sorted(unknown)}; known: {[c.name for c in configs]}")
+    return [c for c in configs if c.name in wanted]
+
+
 def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] | None = None,
                 seeds: Iterable[int] = (0, 1, 2, 3), steps: int = 28, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, cfg_scale: float = 1.0, weights: str | Path | None = None,
