@@ -316,6 +316,32 @@ def test_cache_dit_with_regional_compile_caches_the_mask_inside_compiled_blocks(
     assert row["features"]["cache"]["branches"]["cond"]["cached"] == [i for i, m in enumerate(mask) if m == 0]
 
 
+def test_cache_dit_counts_each_experts_steps_from_0_and_the_per_expert_mask_computes_its_steps() -> None:
+    """What `expert_steps_mask` assumes of cache-dit, checked on the tiny Wan 2.2 (steps 0-2 on `transformer`, 3-5 on
+    `transformer_2`): on the same "fast" mask, hookkit's rows compute the steps cache-dit's rows compute."""
+    cache_dit = pytest.importorskip("cache_dit")
+    from hookkit.tools.bench.peers import cache_dit_steps, expert_steps_mask
+
+    mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
+    peer = zoo.tiny_variant("wan22")
+    cache_dit.enable_cache(peer, cache_config=cache_dit.DBCacheConfig(
+        Fn_compute_blocks=1, Bn_compute_blocks=0, residual_diff_threshold=0.12, max_warmup_steps=0,
+        enable_separate_cfg=True, steps_computation_mask=list(mask), steps_computation_policy="static"))
+    peer(**zoo.call_kwargs("wan", steps=6))
+    stats = cache_dit.summary(peer, logging=False)
+    # each expert's own step count: transformer_2's 0 is the pipeline's step 3
+    assert [cache_dit_steps(stats[i:i + 1])["branches"]["cond"] for i in (0, 1)] == [
+        {"cached": [1, 2], "computed": [0]}, {"cached": [1, 2], "computed": [0]}]
+    pipe = zoo.tiny_variant("wan22")
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(
+        fn_blocks=1, bn_blocks=0, warmup_steps=0, steps_mask=expert_steps_mask(pipe, mask, 6), mask_policy="static",
+        taylorseer_order=0)))
+    pipe(**zoo.call_kwargs("wan", steps=6))
+    summary = handle.summary()
+    assert [(s.features["cache"].data["branches"][0]["computed"], s.features["cache"].data["branches"][0]["cached"])
+            for s in (summary, *summary.companions)] == [([0], [1, 2]), ([3], [4, 5])]
+
+
 def test_psnr() -> None:
     ref = torch.zeros(2, 3, 4, 4)
     assert bench.psnr(ref, ref.clone(), peak=1.0) == math.inf
