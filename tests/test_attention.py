@@ -90,6 +90,20 @@ def test_a_mask_the_kernel_cannot_take_runs_as_native_and_is_counted_as_a_fallba
     assert probe.events == [("fallback", ("hookkit_int8", "attention mask"))]
 
 
+@pytest.mark.parametrize("kernel,mask,reason", [
+    ("hookkit_fp8", torch.ones(1, 1, 8, 8, dtype=torch.bool), "not on CUDA"),  # the mask taken: the next check speaks
+    ("hookkit_fp8", torch.ones(8, dtype=torch.bool), "not on CUDA"),  # a key-padding mask, broadcast
+    ("hookkit_fp8", torch.zeros(1, 1, 8, 8), "attention mask (torch.float32, (1, 1, 8, 8))"),  # additive: not taken
+    ("hookkit_fp8", torch.ones(3, 1, 8, 8, dtype=torch.bool), "attention mask (torch.bool, (3, 1, 8, 8))"),
+    ("hookkit_int8", torch.ones(1, 1, 8, 8, dtype=torch.bool), "attention mask"),
+])
+def test_hookkit_fp8_takes_boolean_masks_and_refuses_others(kernel: str, mask: torch.Tensor, reason: str) -> None:
+    from hookkit.techniques.attention.hooks import _sdpa_args, unsupported
+
+    q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
+    assert unsupported(kernel, _sdpa_args((q, q, q), {"attn_mask": mask})) == reason
+
+
 def test_the_summary_names_kernels_steps_and_block_calls_per_phase() -> None:
     pipe = zoo.tiny_pipeline("flux")
     handle = hookkit.enable(pipe, hookkit.Spec(attention=MATH))
@@ -506,6 +520,62 @@ def test_the_fp8_kernel_matches_its_torch_mirror_and_stays_within_fp8_error_in_t
         assert mean_rel < (0.07 if name == "e4m3 q.k" else 0.05), (name, result[name])
 
 
+FP8_MASKED_INTERPRETED = """
+import json
+import torch
+import torch.nn.functional as F
+from hookkit.techniques.attention import fp8_triton
+
+g = torch.Generator().manual_seed(0)
+
+def qkv(b, sq, sk, d=32):
+    return [torch.randn(b, 2, n, d, generator=g).to(torch.bfloat16) for n in (sq, sk, sk)]
+
+def case(q, k, v, mask):
+    out = fp8_triton.attention(q, k, v, mask=mask, block_m=32, block_n=32)
+    mirror = fp8_triton.reference(q, k, v, mask=mask, block_m=32, block_n=32)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    err = (out.float() - ref).abs()
+    return out, [(out.float() - mirror.float()).abs().max().item(), (err.mean() / ref.abs().mean()).item()]
+
+result = {}
+# HunyuanVideo 1.5's form: valid tokens first, mask[i, j] = valid[i] and valid[j]; 70 valid of 100
+valid = torch.arange(100) < 70
+padding = (valid[:, None] & valid[None, :])[None, None]
+result["tiles"] = fp8_triton.mask_tiles(padding, 100, 100, 32, 32).tolist()
+out, result["padding"] = case(*qkv(1, 100, 100), padding)
+result["padding rows"] = out[:, :, 70:].abs().max().item()
+# a key-padding mask of cross-attention, another length per batch entry
+keys = torch.ones(2, 1, 1, 90, dtype=torch.bool)
+keys[0, ..., 50:] = False
+keys[1, ..., 80:] = False
+result["key padding"] = case(*qkv(2, 40, 90), keys)[1]
+# any mask, per head, with a row that allows no key
+anything = torch.rand(1, 2, 64, 64, generator=g) > 0.5
+anything[:, :, 5] = False
+out, result["any mask"] = case(*qkv(1, 64, 64), anything)
+result["row with no key"] = out[:, :, 5].abs().max().item()
+q, k, v = qkv(1, 100, 100)
+result["all true is unmasked"] = torch.equal(
+    fp8_triton.attention(q, k, v, mask=torch.ones(100, 100, dtype=torch.bool), block_m=32, block_n=32),
+    fp8_triton.attention(q, k, v, block_m=32, block_n=32))
+print(json.dumps(result))
+"""
+
+
+def test_the_fp8_kernel_takes_boolean_masks_skipping_what_they_mask_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    result = interpreted(FP8_MASKED_INTERPRETED)
+    # per 32 x 32 tile: 1 every pair allowed (run unmasked), 2 some (the mask tile is read), 0 none (skipped); the
+    # last query block holds rows 96-99 only, all padding
+    assert result["tiles"] == [[[[1, 1, 2, 0], [1, 1, 2, 0], [2, 2, 2, 0], [0, 0, 0, 0]]]]
+    for name in ("padding", "key padding", "any mask"):
+        off_mirror, mean_rel = result[name]
+        assert off_mirror < 0.03 and mean_rel < 0.05, (name, result[name])  # as the unmasked kernel's bounds
+    assert result["padding rows"] == 0.0 and result["row with no key"] == 0.0  # as SDPA's: no allowed key, 0
+    assert result["all true is unmasked"] is True
+
+
 OPS_INTERPRETED = """
 import json
 import torch
@@ -518,15 +588,22 @@ with FakeTensorMode() as mode:
     fake_shapes = [list(torch.ops.hookkit.fp8_attention(fake, fake, fake).shape),
                    list(torch.ops.hookkit.int8_attention(fake, fake, fake).shape)]
 compiled = torch.compile(lambda a: hooks.fp8_attention(a, a, a), backend="eager", fullgraph=True)
+mask = (torch.arange(40) < 30)[None, :] & (torch.arange(40) < 30)[:, None]
+masked = fp8_triton.attention(q, q, q, mask=mask)
+sdpa = torch.nn.functional.scaled_dot_product_attention
 print(json.dumps({"fp8 op is the kernel": torch.equal(hooks.fp8_attention(q, q, q), fp8_triton.attention(q, q, q)),
                   "int8 op is the kernel": torch.equal(hooks.int8_attention(q, q, q), int8_triton.attention(q, q, q)),
-                  "fake shapes": fake_shapes, "traced whole": torch.equal(compiled(q), fp8_triton.attention(q, q, q))}))
+                  "fake shapes": fake_shapes, "traced whole": torch.equal(compiled(q), fp8_triton.attention(q, q, q)),
+                  "fp8 op takes the mask": torch.equal(hooks.fp8_attention(q, q, q, None, mask), masked),
+                  "SDPA's mask reaches the kernel": torch.equal(
+                      hooks.run_kernel("hookkit_fp8", sdpa, (q, q, q), {"attn_mask": mask}), masked)}))
 """
 
 
 def test_the_triton_kernels_are_opaque_ops_that_dynamo_traces_whole(interpreted: Callable[[str], Any]) -> None:
     assert interpreted(OPS_INTERPRETED) == {"fp8 op is the kernel": True, "int8 op is the kernel": True,
-                                            "fake shapes": [[1, 2, 40, 32], [1, 2, 40, 32]], "traced whole": True}
+                                            "fake shapes": [[1, 2, 40, 32], [1, 2, 40, 32]], "traced whole": True,
+                                            "fp8 op takes the mask": True, "SDPA's mask reaches the kernel": True}
 
 
 # --- the benchmark script ----------------------------------------------------------------------------------------
@@ -584,6 +661,50 @@ def test_gpu_fp8_kernel_against_its_mirror_and_bf16_sdpa_at_wan_shape() -> None:
 
 #: hookkit's fp8 kernel on the middle steps of a 4-step call
 FP8_MIDDLE = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_last=1)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_kernel_under_hunyuanvideo15s_padding_mask_matches_sdpa_on_the_valid_rows() -> None:
+    from hookkit.techniques.attention import fp8_triton
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability 8.9")
+    q, k, v = _video_qkv(heads=4, tokens=8000)
+    valid = torch.arange(8000, device="cuda") < 7700  # padding last, as HunyuanVideo 1.5 orders its tokens
+    mask = (valid[:, None] & valid[None, :])[None, None]
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, :7700].float(), k[:, :, :7700].float(),
+                                                           v[:, :, :7700].float())
+    out = fp8_triton.attention(q, k, v, mask=mask)
+    err = (out[:, :, :7700].float() - ref).abs()
+    assert err.mean() / ref.abs().mean() < 0.05  # the unmasked kernel's bound at Wan's shape
+    assert out[:, :, 7700:].abs().max().item() == 0.0
+
+
+def _bf16_hunyuanvideo15_head32() -> Any:
+    """The tiny HunyuanVideo 1.5 pipeline with heads of 32 (a size the fp8 kernel takes), bf16 on the GPU: its
+    processor hands SDPA a boolean padding mask."""
+    return zoo.tiny_pipeline("hunyuanvideo15", attention_head_dim=32, rope_axes_dim=(8, 12, 12)).to(
+        "cuda", torch.bfloat16)
+
+
+def _call_hunyuanvideo15_bf16(pipe: Any) -> torch.Tensor:
+    kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+              for k, v in zoo.call_kwargs("hunyuanvideo15", steps=4).items()}
+    return pipe(**kwargs).frames
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_attention_runs_under_hunyuanvideo15s_padding_mask_eagerly_and_compiled() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability 8.9")
+    eager = _bf16_hunyuanvideo15_head32()
+    handle = hookkit.enable(eager, hookkit.Spec(attention=FP8_MIDDLE))
+    compiled = _bf16_hunyuanvideo15_head32()
+    hookkit.enable(compiled, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile()))
+    expected = _call_hunyuanvideo15_bf16(eager)
+    assert set(phases(handle)["middle"]["attention_calls"]) == {"hookkit_fp8"}
+    assert handle.summary().features["attention"].data["fallbacks"] == {}
+    assert torch.allclose(_call_hunyuanvideo15_bf16(compiled).float(), expected.float(), atol=2e-2)
 
 
 def _bf16_flux_head64() -> Any:

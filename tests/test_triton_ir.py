@@ -9,6 +9,7 @@ runs without a GPU: what it refuses here, a GPU would refuse at the first call.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -55,27 +56,51 @@ def _typed(names: str, kinds: list[str]) -> dict[str, str]:
 
 
 FP8_ATTENTION_ARGS = "q_src k_src v_src qs_ptr ks_ptr vs_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks " \
-                     "stride_ob stride_oh stride_os"
+                     "stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb stride_mh stride_mq " \
+                     "stride_mk stride_cb stride_ch stride_cq"
+#: the mask arguments as an unmasked launch passes them (a float32 tensor for each pointer, zeros for the strides)
+UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
 
 
 @pytest.mark.parametrize("loop", [0, 1, 2, 3])
 @pytest.mark.parametrize("qk_int8", [True, False])
 def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(loop: int, qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
-    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8)
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+                   + UNMASKED)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=loop, TMA=False,
-                          INTERPRET=False))
+                          INTERPRET=False, MASKED=False))
     assert "tt.dot" in text
+    assert not re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)  # no SAFE softmax without a mask
+
+
+@pytest.mark.parametrize("qk_int8", [True, False])
+def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: bool) -> None:
+    codes = "*i8" if qk_int8 else "*fp8e4nv"
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+                   + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
+    text = triton_ir(fp8_triton._fp8_attention_kernel, types,
+                     dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
+                          INTERPRET=False, MASKED=True))
+    # the some-pairs loop runs the softmax with SAFE (its last constexpr): rows that saw no allowed key yet
+    assert re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)
+
+
+def test_mask_tiles_kernel_builds_for_hopper() -> None:
+    types = _typed("mask_ptr states_ptr mask_rows k_tokens q_blocks k_blocks heads stride_mb stride_mh stride_mq "
+                   "stride_mk", ["*u8", "*i8"] + ["i32"] * 9)
+    text = triton_ir(fp8_triton._mask_tiles_kernel, types, dict(BLOCK_M=128, BLOCK_N=128))
+    assert "tt.store" in text
 
 
 def test_fp8_attention_kernel_builds_for_hopper_with_tma_descriptors_and_f16_exponentials() -> None:
     desc = "tensordesc<i8[128, 128]>"
     types = _typed(FP8_ATTENTION_ARGS, [desc, desc, "tensordesc<fp8e4nv[128, 128]>", "*fp32", "*fp32", "*fp32",
-                                        "*bf16"] + ["i32"] * 8)
+                                        "*bf16"] + ["i32"] * 8 + UNMASKED)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=True, EXP_F16=True, LOOP=0, TMA=True,
-                          INTERPRET=False))
+                          INTERPRET=False, MASKED=False))
     assert "ex2.approx.f16x2" in text
 
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from hookkit.techniques.attention import hooks
 
 #: the head sizes the kernel takes (fp8 tensor-core products sum over multiples of 32; `tl.arange` needs a power of 2)
 HEAD_DIMS = (32, 64, 128)
@@ -124,13 +127,17 @@ def _scores(q, k_src, ks_base, q_scale, row0, block_n, cols, dims, D: tl.constex
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims, D: tl.constexpr,
                 BLOCK_N: tl.constexpr, MASK: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
-                TMA: tl.constexpr, INTERPRET: tl.constexpr):
-    """Online softmax over one block of scores and its P·V into `acc`."""
+                TMA: tl.constexpr, INTERPRET: tl.constexpr, SAFE: tl.constexpr = False):
+    """Online softmax over one block of scores and its P·V into `acc`. SAFE: a row may have had every key so far
+    masked (its running max still -inf); its shift is then 0, not -inf - -inf (NaN), and it adds nothing."""
     offset = 12582912.0 if QK_INT8 else 0.0
     if MASK:
         s = tl.where(block_n * BLOCK_N + cols[None, :] < k_tokens, s, float("-inf"))
     m_new = tl.maximum(m_i, (tl.max(s, 1) - offset) * scale)
-    x = s * scale - (m_new + offset * scale - _P_SHIFT)[:, None]
+    m_use = m_new
+    if SAFE:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    x = s * scale - (m_use + offset * scale - _P_SHIFT)[:, None]
     if EXP_F16:
         p16 = _exp2_f16x2(x.to(tl.float16))
         l_ij = tl.sum(p16.to(tl.float32), 1)
@@ -139,7 +146,7 @@ def _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_token
         p = tl.exp2(x)
         l_ij = tl.sum(p, 1)
         p8 = _to_fp8(p, INTERPRET)
-    alpha = tl.exp2(m_i - m_new)
+    alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + l_ij
     if TMA:
         vt = v_src.load([v_row0, block_n * BLOCK_N])
@@ -194,14 +201,44 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
 
 
 @triton.jit
+def _mask_tiles_kernel(mask_ptr, states_ptr, mask_rows, k_tokens, q_blocks, k_blocks, heads, stride_mb, stride_mh,
+                       stride_mq, stride_mk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What one `BLOCK_M` x `BLOCK_N` tile of a boolean mask allows: 0 no pair, 1 every pair, 2 some. Rows past
+    `mask_rows` (the last block's padding queries, stored nowhere) allow everything; keys past `k_tokens` nothing, so
+    the last key block of a length that is no multiple of `BLOCK_N` is never "every pair". `states_ptr` is
+    `[mask batch, mask heads, q_blocks, k_blocks]` int8; the mask is read through its strides (0 where it broadcasts),
+    once."""
+    block_n = tl.program_id(0)
+    block_m = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    batch, head = bh // heads, bh % heads
+    rows = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    keys = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside = (rows[:, None] < mask_rows) & (keys[None, :] < k_tokens)
+    allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
+                      + keys[None, :] * stride_mk, mask=inside, other=0).to(tl.int32)
+    some = tl.max(tl.max(allowed, 1), 0)
+    every = tl.min(tl.min(tl.where(rows[:, None] < mask_rows, allowed, 1), 1), 0)
+    state = tl.where(some == 0, 0, tl.where(every == 1, 1, 2))
+    tl.store(states_ptr + (bh * q_blocks + block_m) * k_blocks + block_n, state.to(tl.int8))
+
+
+@triton.jit
 def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks,
-                          k_blocks, stride_ob, stride_oh, stride_os, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr, LOOP: tl.constexpr,
-                          TMA: tl.constexpr, INTERPRET: tl.constexpr):
+                          k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr, stride_mb,
+                          stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
+                          LOOP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr):
     """LOOP 0: one key block after the other; 1: the next block's Q·Kᵀ issued before this block's softmax (the
     tensor cores work while the exponentials run); 2: as 0, warp-specialized by Triton; 3: each block as two halves,
     the second's exponentials by polynomial (`_key_block_split`; pointers only). TMA: blocks loaded by Hopper's
-    tensor-memory accelerator (q_src, k_src, v_src are descriptors), else by pointers."""
+    tensor-memory accelerator (q_src, k_src, v_src are descriptors), else by pointers.
+
+    MASKED (LOOP 0, pointers): a boolean mask (`mask_ptr`, read through its strides) says which pairs attend. The
+    query block visits only the key blocks `order_ptr` lists for it (`key_block_order`: `counts_ptr` holds how many
+    allow every pair, which come first and run as unmasked blocks, and how many allow some, which load their mask
+    tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as torch's SDPA gives
+    them. `stride_c*`: the block lists' row strides per batch, head and query block (0 where the mask broadcasts)."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -222,7 +259,28 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     last = k_blocks - 1  # only the last block can hold padding: no mask in the loop
-    if LOOP == 3:
+    if MASKED:
+        crow = batch * stride_cb + head * stride_ch + block_m * stride_cq
+        n_every = tl.load(counts_ptr + crow * 2)
+        n_some = tl.load(counts_ptr + crow * 2 + 1)
+        order = order_ptr + crow * k_blocks
+        for t in range(0, n_every):
+            block_n = tl.load(order + t)
+            s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, block_n, cols, dims, D, BLOCK_N, QK_INT8, False)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
+                                        D, BLOCK_N, False, QK_INT8, EXP_F16, False, INTERPRET)
+        for t in range(n_every, n_every + n_some):
+            block_n = tl.load(order + t)
+            s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, block_n, cols, dims, D, BLOCK_N, QK_INT8, False)
+            keys = block_n * BLOCK_N + cols
+            allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
+                              + keys[None, :] * stride_mk, mask=(rows[:, None] < q_tokens) & (keys[None, :] < k_tokens),
+                              other=0)
+            s = tl.where(allowed != 0, s, float("-inf"))
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
+                                        D, BLOCK_N, False, QK_INT8, EXP_F16, False, INTERPRET, True)
+        l_i = tl.where(l_i > 0, l_i, float("inf"))  # no allowed key: acc is 0, the row comes out 0
+    elif LOOP == 3:
         for block_n in range(0, last):
             acc, l_i, m_i = _key_block_split(acc, l_i, m_i, q, q_scale, k_src, ks_base, v_src, k_row0, v_row0, padded,
                                              block_n, k_tokens, dims, D, BLOCK_N, False, QK_INT8, INTERPRET)
@@ -242,7 +300,7 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
                                         D, BLOCK_N, False, QK_INT8, EXP_F16, TMA, INTERPRET)
         s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, last, cols, dims, D, BLOCK_N, QK_INT8, TMA)
-    if LOOP != 3:
+    if LOOP != 3 and not MASKED:
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, last, k_tokens, cols, dims, D,
                                     BLOCK_N, True, QK_INT8, EXP_F16, TMA, INTERPRET)
     v_scale = tl.load(vs_ptr + bh * D + dims)
@@ -281,19 +339,52 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
-              block_n: int = 128, num_warps: int | None = 4, num_stages: int | None = 3, qk_int8: bool = True,
-              exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no mask, no dropout, same heads in q and k/v), by
-    the fp8 kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed
-    `[B, S, H, D]` view in, one out: diffusers' transpose back is then free).
+def mask_tiles(mask: torch.Tensor, q_tokens: int, k_tokens: int, block_m: int = 128,
+               block_n: int = 128) -> torch.Tensor:
+    """What each `block_m` x `block_n` tile of a boolean mask (4 dimensions, `hooks.fp8_mask_ok`) allows: int8
+    `[mask batch, mask heads, query blocks, key blocks]`, 0 no pair, 1 every pair, 2 some (`_mask_tiles_kernel`). A
+    mask that broadcasts over queries has one query block."""
+    mb, mh, mq, _ = mask.shape
+    q_blocks = 1 if mq == 1 else triton.cdiv(q_tokens, block_m)
+    k_blocks = triton.cdiv(k_tokens, block_n)
+    states = torch.empty(mb, mh, q_blocks, k_blocks, device=mask.device, dtype=torch.int8)
+    strides = [0 if n == 1 else s for n, s in zip(mask.shape, mask.stride(), strict=True)]
+    _mask_tiles_kernel[(k_blocks, q_blocks, mb * mh)](mask.view(torch.uint8), states, mq, k_tokens, q_blocks, k_blocks,
+                                                      mh, *strides, BLOCK_M=block_m, BLOCK_N=block_n)
+    return states
 
-    `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`: the kernel's tiling, Q·Kᵀ's precision (int8
-    codes, SageAttention 2's recipe, instead of e4m3) and exponential, for benchmarks (the defaults are what
-    `Attention` runs; `exp_f16` needs a GPU)."""
+
+def key_block_order(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query block, the key blocks to visit: int32 `[..., key blocks]`, those that allow every pair first, then
+    those that allow some, each in ascending order (the rest after them, never read); and int32 `[..., 2]`, how many
+    of each. On the device, without a host sync (CUDA-graph safe)."""
+    k_blocks = states.shape[-1]
+    rank = torch.where(states == 1, 0, torch.where(states == 2, 1, 2)).to(torch.int32)
+    index = torch.arange(k_blocks, device=states.device, dtype=torch.int32)
+    order = torch.argsort(rank * k_blocks + index, dim=-1).to(torch.int32).contiguous()
+    counts = torch.stack([(states == 1).sum(-1), (states == 2).sum(-1)], dim=-1).to(torch.int32).contiguous()
+    return order, counts
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = 4,
+              num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
+              tma: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the fp8
+    kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed `[B, S, H, D]` view
+    in, one out: diffusers' transpose back is then free).
+
+    `mask`: None, or a boolean mask as SDPA takes it (True: the pair attends; boolean, each dimension the size of SDPA's `[B, H, Sq, Sk]` or 1). Key blocks it masks
+    whole are skipped, so a padding mask costs what the valid tokens cost; a row with no allowed key is 0, as in SDPA.
+    `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`, `loop`, `tma`: the kernel's tiling, Q·Kᵀ's
+    precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
+    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA)."""
     b, h, sq, d = q.shape
     sk = k.shape[2]
     interpret = not q.is_cuda
+    if mask is not None and (loop != 0 or tma or not hooks.fp8_mask_ok(mask, q, k)):
+        raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
+                         f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         q_codes, q_scales, k_codes, k_scales, v_codes, v_scales = quantize_inputs(q, k, v, scale, block_m, block_n,
                                                                                   qk_int8)
@@ -306,16 +397,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
             q_codes = TensorDescriptor.from_tensor(q_codes.view(-1, d), [block_m, d])
             k_codes = TensorDescriptor.from_tensor(k_codes.view(-1, d), [block_n, d])
             v_codes = TensorDescriptor.from_tensor(v_codes.view(-1, v_codes.shape[-1]), [d, block_n])
+        masked: list[Any] = [q_scales] * 3 + [0] * 7  # unused without a mask
+        if mask is not None:
+            mask4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            order, counts = key_block_order(mask_tiles(mask4, sq, sk, block_m, block_n))
+            mask_strides = [0 if n == 1 else s for n, s in zip(mask4.shape, mask4.stride(), strict=True)]
+            rows = [0 if n == 1 else s // order.shape[-1] for n, s in zip(order.shape[:3], order.stride()[:3],
+                                                                          strict=True)]
+            masked = [mask4.view(torch.uint8), order, counts, *mask_strides, *rows]
         _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, out, h, sq, sk,
                                     q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
-                                    D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8, EXP_F16=exp_f16,
-                                    LOOP=loop, TMA=tma, INTERPRET=interpret,
-                                    **options)
+                                    *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8,
+                                    EXP_F16=exp_f16, LOOP=loop, TMA=tma, INTERPRET=interpret,
+                                    MASKED=mask is not None, **options)
     return out
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
-              block_n: int = 128, qk_int8: bool = True) -> torch.Tensor:
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
+              qk_int8: bool = True) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
     V and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
     running max is the row max, except where P's rounding to fp8 sees a different shift)."""
@@ -340,6 +440,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     v_step = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-20) / FP8_MAX
     vd = (vf / v_step).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * v_step
     s = qd @ kd.transpose(-1, -2) * (softmax_scale * LOG2_E)
-    p = torch.exp2(s - s.amax(dim=-1, keepdim=True) + P_SHIFT)
-    out = p.to(torch.float8_e4m3fn).float() @ vd / p.sum(dim=-1, keepdim=True)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    top = s.amax(dim=-1, keepdim=True)
+    p = torch.exp2(s - torch.where(top == float("-inf"), 0.0, top) + P_SHIFT)
+    total = p.sum(dim=-1, keepdim=True)
+    out = p.to(torch.float8_e4m3fn).float() @ vd / torch.where(total > 0, total, float("inf"))
     return out.to(q.dtype)

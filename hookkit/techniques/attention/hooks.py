@@ -9,8 +9,8 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
-take (a mask, dropout, grouped-query heads; masks are known only at the call) runs as "native" and is counted as a
-fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
+take (a mask, except a boolean one for hookkit_fp8; dropout, grouped-query heads; masks are known only at the call)
+runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
 is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
 kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
 of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph
@@ -101,8 +101,9 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
     if kernel in TAKES_ALL:
         return None
     q, k, v = a["query"], a["key"], a["value"]
-    if a["attn_mask"] is not None:
-        return "attention mask"
+    mask = a["attn_mask"]
+    if mask is not None and not (kernel == "hookkit_fp8" and fp8_mask_ok(mask, q, k)):
+        return "attention mask" if kernel != "hookkit_fp8" else f"attention mask ({mask.dtype}, {tuple(mask.shape)})"
     if a["dropout_p"]:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
@@ -118,6 +119,17 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
     return None
 
 
+def fp8_mask_ok(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether hookkit_fp8 takes this SDPA mask for `[B, H, Sq, D]` q and `[B, H, Sk, D]` k: boolean, at most 4
+    dimensions, each the size of SDPA's `[B, H, Sq, Sk]` or 1 (broadcast), the last one Sk. Here, not in
+    `fp8_triton`, so that `unsupported` decides without importing triton."""
+    if mask.dtype != torch.bool or not 0 < mask.dim() <= 4 or q.dim() != 4:
+        return False
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return shape[3] == full[3] and all(n in (1, f) for n, f in zip(shape[:3], full[:3], strict=True))
+
+
 _SDPA_BACKENDS = {"_native_cudnn": "CUDNN_ATTENTION", "_native_flash": "FLASH_ATTENTION",
                   "_native_efficient": "EFFICIENT_ATTENTION", "_native_math": "MATH"}
 
@@ -126,22 +138,24 @@ def _triton_op(name: str, module: str, what: str) -> Any:
     """hookkit's Triton kernel `module.attention` as the op `hookkit::name`: torch.compile keeps it opaque (its fake
     output is q's shape); the module (and triton) is imported at the first call."""
 
-    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None
-               ) -> torch.Tensor:
-        return importlib.import_module(f"hookkit.techniques.attention.{module}").attention(query, key, value, scale)
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        attention = importlib.import_module(f"hookkit.techniques.attention.{module}").attention
+        return attention(query, key, value, scale) if mask is None else attention(query, key, value, scale, mask)
 
     kernel.__doc__ = what
     op = torch.library.custom_op(f"hookkit::{name}", kernel, mutates_args=())
 
     @op.register_fake
-    def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+          mask: torch.Tensor | None = None) -> torch.Tensor:
         return torch.empty_like(query)
 
     return op
 
 
 int8_attention = _triton_op("int8_attention", "int8_triton", "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V)")
-fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V)")
+fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
@@ -173,8 +187,9 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
             return func(*args, **kwargs)
     a = _sdpa_args(args, kwargs)
     if kernel in HOOKKIT_KERNELS:
-        op = int8_attention if kernel == "hookkit_int8" else fp8_attention
-        return op(a["query"], a["key"], a["value"], a["scale"])
+        if kernel == "hookkit_int8":
+            return int8_attention(a["query"], a["key"], a["value"], a["scale"])
+        return fp8_attention(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
     if kernel == "sage":
         return _sage(a)
     return _flash(a)
