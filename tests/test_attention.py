@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -318,6 +319,44 @@ def test_under_regional_compile_each_step_runs_the_kernel_of_its_phase(monkeypat
         "first": {"native": 10}, "middle": {"_native_math": 15}, "last": {"native": 5}}
     # attention calls inside compiled blocks are not counted (the mode's bookkeeping stays out of the trace)
     assert phases(handle)["middle"]["attention_calls"] == {}
+
+
+def test_under_regional_compile_the_summary_counts_the_call_sites_traced_per_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _marking_kernel(monkeypatch)
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(attention=MATH, compile=hookkit.Compile(backend="eager")))
+    torch._dynamo.reset()
+    run(pipe)
+    run(pipe)  # no new trace: the compiled entries are reused
+    # one SDPA call site in each of Flux's two block classes, traced once with the middle steps' kernel
+    assert handle.summary().features["attention"].data["compiled_call_sites"] == {"_native_math": 2}
+
+
+def test_a_compiled_call_site_that_falls_back_is_noted_once_with_its_reason() -> None:
+    from hookkit.techniques.attention import hooks
+
+    class Probe:  # the shared state's counters, without a pipeline
+        def __init__(self) -> None:
+            self.key = id(self)
+            self.traced: Counter[tuple[str, str]] = Counter()
+            self.events: list[tuple[str, tuple[str, ...]]] = []
+
+        def record(self, kind: str, what: tuple[str, ...]) -> None:
+            self.events.append((kind, what))
+
+    probe = Probe()
+    hooks._TRACING[probe.key] = probe  # type: ignore[assignment]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    compiled = torch.compile(lambda q: sdpa(sdpa(q, q, q, attn_mask=mask), q, q), backend="aot_eager", fullgraph=True)
+    q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with hooks.KernelMode("hookkit_int8", probe):  # type: ignore[arg-type]
+        for _ in range(3):
+            compiled(q)
+    assert probe.traced == {("hookkit_int8", "attention mask"): 1, ("hookkit_int8", "not on CUDA"): 1}
+    assert probe.events == []  # the compiled calls count nothing per call
 
 
 def test_under_regional_compile_a_second_call_reuses_the_compiled_entries(monkeypatch: pytest.MonkeyPatch) -> None:

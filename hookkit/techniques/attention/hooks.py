@@ -25,6 +25,7 @@ import fnmatch
 import importlib
 import importlib.util
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 from loguru import logger
+from torch._dynamo.comptime import comptime
 from torch.overrides import TorchFunctionMode
 
 from hookkit.core.feature import AttachContext, BaseFeature
@@ -202,8 +204,10 @@ class KernelMode(TorchFunctionMode):
 
     Under torch.compile dynamo traces this mode into the compiled block: `Tensor.unflatten` (a Python method whose
     `super()` call dynamo cannot trace under a mode; diffusers' processors split heads with it) is answered by the
-    equivalent `torch.unflatten`, and the bookkeeping (Python counters) is left out of the trace: attention calls and
-    fallbacks are counted in eager blocks only."""
+    equivalent `torch.unflatten`, and the per-call bookkeeping (Python counters) is left out of the trace: attention
+    calls and fallbacks are counted per call in eager blocks only. What a trace decides is noted once, while dynamo
+    traces (`_note_traced`, run by `comptime` at compile time, never by the compiled code): per kernel, the call sites
+    it answers and those that fall back with their reason, which the summary shows as the compiled blocks' calls."""
 
     def __init__(self, kernel: str, shared: _Shared) -> None:
         super().__init__()
@@ -219,6 +223,9 @@ class KernelMode(TorchFunctionMode):
             return func(*args, **kwargs)
         traced = torch.compiler.is_compiling()
         reason = unsupported(self.kernel, _sdpa_args(args, kwargs))
+        if traced:  # the locals `_note_traced` reads (constants while dynamo traces)
+            shared_key, kernel, outcome = self.shared.key, self.kernel, reason or ""  # noqa: F841
+            comptime(_note_traced)
         if reason is not None:
             if not traced:
                 self.shared.record("fallback", (self.kernel, reason))
@@ -226,6 +233,19 @@ class KernelMode(TorchFunctionMode):
         if not traced:
             self.shared.record("call", (self.kernel,))
         return run_kernel(self.kernel, func, args, kwargs)
+
+
+#: the handles' shared states by `_Shared.key`, for `_note_traced` (which gets constants, not objects, from dynamo)
+_TRACING: weakref.WeakValueDictionary[int, _Shared] = weakref.WeakValueDictionary()
+
+
+def _note_traced(ctx: Any) -> None:
+    """At compile time (`comptime`), inside `KernelMode.__torch_function__` while dynamo traces it: count one SDPA
+    call site of a compiled block, answered by the kernel (outcome "") or falling back (outcome: the reason)."""
+    shared = _TRACING.get(ctx.get_local("shared_key").as_python_constant())
+    if shared is not None:
+        shared.traced[(ctx.get_local("kernel").as_python_constant(),
+                       ctx.get_local("outcome").as_python_constant())] += 1
 
 
 # --- per-call state and the hooks ---------------------------------------------------------------------------
@@ -249,6 +269,12 @@ class _Shared:
     def __init__(self, ctx: AttachContext, spec: Attention) -> None:
         self.ctx = ctx
         self.spec = spec
+        #: this handle's key in `_TRACING`
+        self.key = id(self)
+        _TRACING[self.key] = self
+        #: SDPA call sites traced into compiled blocks, per (kernel, reason it falls back or "" where it answers);
+        #: for the handle's life (compiled code outlives a pipeline call)
+        self.traced: Counter[tuple[str, str]] = Counter()
         self.modes = {k: KernelMode(k, self) for k in spec.kernels() if k != "native"}
         #: the graph side, once whole-transformer CUDA graphs requested it
         self.graphs: AttentionGraphs | None = None
@@ -553,13 +579,18 @@ class _AttentionFeature(BaseFeature):
             rows += [[phase, _steps_text(steps), k, n, answered.get(k, "-" if k == "native" else 0)]
                      for k, n in kernels.items()]
         fallbacks = {f"{p}/{k}/{r}": n for (p, k, r), n in sorted(calls.fallbacks.items())}
+        shared: _Shared | None = ctx.kept()
+        traced = {f"{k}/{r}" if r else k: n for (k, r), n in sorted(shared.traced.items())} if shared else {}
         data = {"kernel": spec.kernel, "low_precision": spec.low_precision, "full_first": spec.full_first,
                 "full_last": spec.full_last, "full_blocks": len([a for a in ctx.attachments() if a.param("full")]),
-                "phases": phases, "fallbacks": fallbacks}
+                "phases": phases, "fallbacks": fallbacks, "compiled_call_sites": traced}
         text = table(["phase", "steps", "kernel", "block calls", "attention calls"], rows)
         if fallbacks:
             text += "\n" + table(["phase/kernel/reason (ran as 'native')", "attention calls"],
                                  [[k, n] for k, n in fallbacks.items()])
+        if traced:
+            text += "\n" + table(["compiled blocks: kernel, or kernel/reason (ran as 'native')", "call sites traced"],
+                                 [[k, n] for k, n in traced.items()])
         return FeatureSummary(name=NAME, data=data, text=text)
 
 
