@@ -6,13 +6,16 @@ Hooks inside the transformer do not run on replay, so a feature that decides per
 `hookkit.core.graphs.GraphDecisions` (the cache with a static mask: the decision becomes part of the graph key).
 Before every call `ModelWatch` compares what the graphs captured with the model now: on a change they are captured
 anew; a model moved off CUDA is refused. The call the first-call check of the adapter observes runs eagerly
-(`hookkit.core.graphs.EagerCalls`): captures start at the next call.
+(`hookkit.core.graphs.EagerCalls`): captures start at the next call. A capture that fails because the forward does
+what no graph can hold (a host sync) is refused with an `UnsupportedError` naming the line (`uncapturable`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, ContextManager
@@ -61,6 +64,24 @@ class CapturedCall:
     memory_bytes: int = 0
 
 
+#: the error torch raises where a CUDA operation waits for the host in sync debug mode "error"
+#: (`torch.cuda.set_sync_debug_mode("error")`, set by the user: then the warm-up before a capture raises it)
+SYNC_ERROR = "called a synchronizing CUDA operation"
+#: what torch's and CUDA's errors say when stream capture refuses an operation (CUDA's `cudaErrorStreamCapture*` and
+#: `cudaErrorCapturedEvent` texts, torch's own "... during CUDA graph capture" checks)
+CAPTURE_REFUSALS = (
+    "when stream is capturing",  # cudaErrorStreamCaptureUnsupported: a sync, a pageable copy, a blocking call
+    "error during capture",  # cudaErrorStreamCaptureInvalidated: what capture_end says after such an error
+    "in a capturing stream",  # cudaErrorCapturedEvent
+    "capturing blocking stream",  # cudaErrorStreamCaptureImplicit
+    "cudaErrorStreamCapture",  # the enum name torch appends ("Search for `cudaErrorStreamCapture...'")
+    "during CUDA graph capture",  # torch: "... during CUDA graph capture. If you need this call to be captured ..."
+)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_HOOKKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_MODE_FRAMES = frozenset({"__torch_function__", "__torch_dispatch__"})
+
+
 def warm_on_side_stream(fn: Callable[[], Any], times: int) -> None:
     """Run `fn` `times` times on a side stream, as torch's CUDA-graph recipe asks before a capture (lazy
     initialisation and autotuning happen outside the graph), then make the current stream wait for it."""
@@ -70,6 +91,54 @@ def warm_on_side_stream(fn: Callable[[], Any], times: int) -> None:
         for _ in range(times):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def _refusal(error: BaseException) -> BaseException | None:
+    """The first-raised error of `error`'s chain (its causes and contexts) that says capture refused an operation:
+    where it happened is in its traceback (a failed capture raises again at its end, from inside torch)."""
+    found, seen, current = None, set(), error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if SYNC_ERROR in text or any(marker in text for marker in CAPTURE_REFUSALS):
+            found = current
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _model_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of `error`'s traceback outside torch, hookkit and the pass-through of torch's modes
+    (`__torch_function__`, `__torch_dispatch__`): the line of model or user code."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((_TORCH_DIR, _HOOKKIT_DIR)) and frame.name not in _MODE_FRAMES:
+            return frame
+    return None
+
+
+def uncapturable(error: BaseException, module: torch.nn.Module) -> UnsupportedError | None:
+    """The hookkit error for a capture of `module` that failed because its forward did something no CUDA graph can
+    hold, or None when `error` is not that (it is then raised as it is)."""
+    refusal = _refusal(error)
+    if refusal is None:
+        return None
+    frame = _model_frame(refusal)
+    where = (f"at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+             if frame is not None else "(no frame of the traceback is outside torch and hookkit)")
+    if SYNC_ERROR in str(refusal):
+        what = (f"a host synchronization {where} (a Python branch on a device tensor, .item(), .cpu(), .tolist() and "
+                "nonzero wait for the GPU, which no graph can record)")
+    else:
+        torch_says = str(refusal).strip().splitlines()[0]
+        what = (f"an operation that stream capture refuses {where}, most often a host synchronization (a Python branch "
+                "on a device tensor, .item(), .cpu(), .tolist(), nonzero, torch.cuda.synchronize(), a pageable host "
+                f"copy; torch: {torch_says!r})")
+    return UnsupportedError(
+        f"Compile.cuda_graphs='transformer': expected the forward of {type(module).__name__} (the transformer) to run "
+        f"on the device alone, so that one CUDA graph can hold the whole call, got {what}. No graph was kept. Use "
+        "Compile(cuda_graphs='none'): the blocks are still compiled regionally and the forward between them runs "
+        "eagerly."
+    )
 
 
 class _GraphPool:
@@ -85,11 +154,14 @@ class _GraphPool:
         return self._pool
 
     def release_pool(self) -> None:
-        """Forget the pool once no captured graph holds it (after an invalidation or the last eviction).
+        """Forget the pool once no captured graph holds it (after an invalidation or the last eviction), or after a
+        failed capture.
 
         A pool whose graphs are all gone may still own blocks that live tensors hold; capturing into it again
         trips an internal assert of the CUDA caching allocator (`use_count > 0`), so the next capture starts a
-        new pool and the old one is freed with its last block."""
+        new pool and the old one is freed with its last block. A capture that failed may leave the allocator still
+        recording into its pool (torch before 2.12 skips that bookkeeping when the capture's end raises), and the
+        next capture into it would fail ("already recording to mempool_id"): the graphs kept hold the old pool."""
         self._pool = None
 
 
@@ -110,8 +182,14 @@ class CudaGraphBackend(_GraphPool):
         pool = self.pool()
         warm_on_side_stream(fn, self.warmup)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            output = fn()
+        stream = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                output = fn()
+        finally:
+            # when the capture's end raises, `torch.cuda.graph` leaves its capture stream current: every later kernel
+            # would run there, and the caching allocator would hand its memory to the wrong stream
+            torch.cuda.set_stream(stream)
         return graph.replay, output
 
 
@@ -157,8 +235,13 @@ class GraphRunner:
             before = memory() if memory is not None else 0
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             static_args, static_kwargs = pytree.tree_unflatten(static, spec)
-            with capturing():
-                replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
+            try:
+                with capturing():
+                    replay, output = self.backend.capture(lambda: fn(*static_args, **static_kwargs))
+            except BaseException:
+                if hasattr(self.backend, "release_pool"):
+                    self.backend.release_pool()  # nothing is captured into a failed capture's pool again
+                raise
             used = max(0, memory() - before) if memory is not None else 0
             entry = self.captured[key] = CapturedCall(static_leaves=static, replay=replay, static_output=output,
                                                       memory_bytes=used)
@@ -216,6 +299,10 @@ class GraphHook(ModelHook):
     `require_cuda`: before the eager call and whenever the watch sees a change, check that the model is wholly on
     CUDA with `device_check` (default `check_on_cuda`; the feature passes the one it found when it attached, so
     that a CPU test's stand-in reaches the hooks it attaches).
+
+    A capture that fails because the forward does what no graph can hold (a host sync: HunyuanVideo 1.5 branches
+    on `torch.all(image_embeds == 0)`) raises `uncapturable`'s `UnsupportedError`, naming the line, instead of
+    torch's error; the runner keeps nothing of it, and the watch stays as it was, so the next call tries again.
     """
 
     replaces_forward = True
@@ -239,16 +326,26 @@ class GraphHook(ModelHook):
             if self.runner.captured:
                 self.runner.invalidate(reason)
         captured = len(self.runner.captured)
-        if self.cache is None:
-            output = self.runner(call_next, args, kwargs)
-        else:
-            shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-            decision = self.cache.decision(shapes)
-            output = self.runner(call_next, args, kwargs, extra_key=decision,
-                                 capturing=lambda: self.cache.forcing(decision))
-            self.cache.replayed(decision, shapes)
+        try:
+            output = self._run(call_next, args, kwargs)
+        except RuntimeError as error:
+            refused = uncapturable(error, module)
+            if refused is None:
+                raise
+            raise refused from error
         if reason is not None or len(self.runner.captured) != captured:
             self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
+        return output
+
+    def _run(self, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """The call from its graph (captured first when new), keyed and forced by the cache's decision if any."""
+        if self.cache is None:
+            return self.runner(call_next, args, kwargs)
+        shapes = tuple(v.shape for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+        decision = self.cache.decision(shapes)
+        output = self.runner(call_next, args, kwargs, extra_key=decision,
+                             capturing=lambda: self.cache.forcing(decision))
+        self.cache.replayed(decision, shapes)
         return output
 
     def _eager_call(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Any, kwargs: Any) -> Any:

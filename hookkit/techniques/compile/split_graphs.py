@@ -19,6 +19,7 @@ from hookkit.techniques.compile.cuda_graphs import (
     check_on_cuda,
     release_pool_if_empty,
     signature,
+    uncapturable,
     warm_on_side_stream,
 )
 from hookkit.techniques.compile.model_watch import ModelWatch
@@ -136,7 +137,13 @@ class SplitGraphHook(ModelHook):
                 self.captured.clear()
                 self.invalidations.append(reason)
         pairs = len(self.captured)
-        output = self._call(module, call_next, args, kwargs)
+        try:
+            output = self._call(module, call_next, args, kwargs)
+        except RuntimeError as error:
+            refused = uncapturable(error, module)  # what `GraphHook` raises for a forward no graph can hold
+            if refused is None:
+                raise
+            raise refused from error
         if reason is not None or len(self.captured) != pairs:
             self.watch.arm(module)  # after a capture: what the capture itself did is part of what it captured
         return output
@@ -172,7 +179,12 @@ class SplitGraphHook(ModelHook):
         pair = self.captured.get((sig, branch, cached))
         if pair is None:
             release_pool_if_empty(self.captured, self.backend)
-            pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
+            try:
+                pair = self.captured[(sig, branch, cached)] = self._capture(call_next, leaves, spec, branch, cached)
+            except BaseException:
+                if hasattr(self.backend, "release_pool"):
+                    self.backend.release_pool()  # nothing is captured into a failed capture's pool again
+                raise
             self.captures += 1
         self._load(pair, leaves)
         if head:
