@@ -9,6 +9,7 @@ GPU's. The tiny Flux has 2 double-stream and 3 single-stream blocks, one attenti
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -82,13 +83,13 @@ def test_a_mask_the_kernel_cannot_take_runs_as_native_and_is_counted_as_a_fallba
             self.events.append((kind, what))
 
     q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
-    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    mask = torch.zeros(8, 8, dtype=torch.bfloat16)  # additive: hookkit's kernels take boolean masks only
     probe = Probe()
     mode = KernelMode("hookkit_int8", probe)  # type: ignore[arg-type]
     with mode:
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
-    assert probe.events == [("fallback", ("hookkit_int8", "attention mask"))]
+    assert probe.events == [("fallback", ("hookkit_int8", "attention mask (torch.bfloat16, (8, 8))"))]
 
 
 @pytest.mark.parametrize("kernel,mask,reason", [
@@ -96,9 +97,12 @@ def test_a_mask_the_kernel_cannot_take_runs_as_native_and_is_counted_as_a_fallba
     ("hookkit_fp8", torch.ones(8, dtype=torch.bool), "not on CUDA"),  # a key-padding mask, broadcast
     ("hookkit_fp8", torch.zeros(1, 1, 8, 8), "attention mask (torch.float32, (1, 1, 8, 8))"),  # additive: not taken
     ("hookkit_fp8", torch.ones(3, 1, 8, 8, dtype=torch.bool), "attention mask (torch.bool, (3, 1, 8, 8))"),
-    ("hookkit_int8", torch.ones(1, 1, 8, 8, dtype=torch.bool), "attention mask"),
+    ("hookkit_int8", torch.ones(1, 1, 8, 8, dtype=torch.bool), "not on CUDA"),
+    ("_native_efficient", torch.ones(1, 1, 8, 8, dtype=torch.bool), None),  # SDPA's own kernels take every mask
+    ("sage", torch.ones(1, 1, 8, 8, dtype=torch.bool), "attention mask"),
 ])
-def test_hookkit_fp8_takes_boolean_masks_and_refuses_others(kernel: str, mask: torch.Tensor, reason: str) -> None:
+def test_hookkits_kernels_take_boolean_masks_and_refuse_others(kernel: str, mask: torch.Tensor,
+                                                                reason: str | None) -> None:
     from hookkit.techniques.attention.hooks import _sdpa_args, unsupported
 
     q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
@@ -348,14 +352,15 @@ def test_a_compiled_call_site_that_falls_back_is_noted_once_with_its_reason() ->
     probe = Probe()
     hooks._TRACING[probe.key] = probe  # type: ignore[assignment]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    mask = torch.zeros(8, 8, dtype=torch.bfloat16)  # additive: not taken
     compiled = torch.compile(lambda q: sdpa(sdpa(q, q, q, attn_mask=mask), q, q), backend="aot_eager", fullgraph=True)
     q = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
     torch._dynamo.reset()
     with hooks.KernelMode("hookkit_int8", probe):  # type: ignore[arg-type]
         for _ in range(3):
             compiled(q)
-    assert probe.traced == {("hookkit_int8", "attention mask"): 1, ("hookkit_int8", "not on CUDA"): 1}
+    assert probe.traced == {("hookkit_int8", "attention mask (torch.bfloat16, (8, 8))"): 1,
+                            ("hookkit_int8", "not on CUDA"): 1}
     assert probe.events == []  # the compiled calls count nothing per call
 
 
@@ -563,7 +568,7 @@ FP8_MASKED_INTERPRETED = """
 import json
 import torch
 import torch.nn.functional as F
-from hookkit.techniques.attention import fp8_triton
+from hookkit.techniques.attention import fp8_triton, int8_triton, mask_tiles
 
 g = torch.Generator().manual_seed(0)
 
@@ -581,7 +586,7 @@ result = {}
 # HunyuanVideo 1.5's form: valid tokens first, mask[i, j] = valid[i] and valid[j]; 70 valid of 100
 valid = torch.arange(100) < 70
 padding = (valid[:, None] & valid[None, :])[None, None]
-result["tiles"] = fp8_triton.mask_tiles(padding, 100, 100, 32, 32).tolist()
+result["tiles"] = mask_tiles.mask_tiles(padding, 100, 100, 32, 32).tolist()
 out, result["padding"] = case(*qkv(1, 100, 100), padding)
 result["padding rows"] = out[:, :, 70:].abs().max().item()
 # a key-padding mask of cross-attention, another length per batch entry
@@ -595,6 +600,13 @@ anything[:, :, 5] = False
 out, result["any mask"] = case(*qkv(1, 64, 64), anything)
 result["row with no key"] = out[:, :, 5].abs().max().item()
 q, k, v = qkv(1, 100, 100)
+int8_out = int8_triton.attention(q, k, v, mask=padding, block_m=32, block_n=32)
+ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=padding)
+result["int8 padding"] = ((int8_out.float() - ref).abs().mean() / ref.abs().mean()).item()
+result["int8 padding rows"] = int8_out[:, :, 70:].abs().max().item()
+result["int8 all true is unmasked"] = torch.equal(
+    int8_triton.attention(q, k, v, mask=torch.ones(100, 100, dtype=torch.bool), block_m=32, block_n=32),
+    int8_triton.attention(q, k, v, block_m=32, block_n=32))
 result["all true is unmasked"] = torch.equal(
     fp8_triton.attention(q, k, v, mask=torch.ones(100, 100, dtype=torch.bool), block_m=32, block_n=32),
     fp8_triton.attention(q, k, v, block_m=32, block_n=32))
@@ -602,7 +614,7 @@ print(json.dumps(result))
 """
 
 
-def test_the_fp8_kernel_takes_boolean_masks_skipping_what_they_mask_in_tritons_interpreter(
+def test_hookkits_kernels_take_boolean_masks_skipping_what_they_mask_in_tritons_interpreter(
         interpreted: Callable[[str], Any]) -> None:
     result = interpreted(FP8_MASKED_INTERPRETED)
     # per 32 x 32 tile: 1 every pair allowed (run unmasked), 2 some (the mask tile is read), 0 none (skipped); the
@@ -613,6 +625,9 @@ def test_the_fp8_kernel_takes_boolean_masks_skipping_what_they_mask_in_tritons_i
         assert off_mirror < 0.03 and mean_rel < 0.05, (name, result[name])  # as the unmasked kernel's bounds
     assert result["padding rows"] == 0.0 and result["row with no key"] == 0.0  # as SDPA's: no allowed key, 0
     assert result["all true is unmasked"] is True
+    # the int8 kernel (fp16 P·V) takes the same lists: within its unmasked bound (1.5 %), padding rows 0
+    assert result["int8 padding"] < 0.015 and result["int8 padding rows"] == 0.0
+    assert result["int8 all true is unmasked"] is True
 
 
 OPS_INTERPRETED = """
@@ -703,19 +718,19 @@ FP8_MIDDLE = hookkit.Attention(low_precision="hookkit_fp8", full_first=1, full_l
 
 
 @pytest.mark.gpu
-def test_gpu_fp8_kernel_under_hunyuanvideo15s_padding_mask_matches_sdpa_on_the_valid_rows() -> None:
-    from hookkit.techniques.attention import fp8_triton
-
-    if torch.cuda.get_device_capability() < (8, 9):
+@pytest.mark.parametrize("kernel", ["fp8_triton", "int8_triton"])
+def test_gpu_kernel_under_hunyuanvideo15s_padding_mask_matches_sdpa_on_the_valid_rows(kernel: str) -> None:
+    module = importlib.import_module(f"hookkit.techniques.attention.{kernel}")
+    if kernel == "fp8_triton" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability 8.9")
     q, k, v = _video_qkv(heads=4, tokens=8000)
     valid = torch.arange(8000, device="cuda") < 7700  # padding last, as HunyuanVideo 1.5 orders its tokens
     mask = (valid[:, None] & valid[None, :])[None, None]
     ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, :7700].float(), k[:, :, :7700].float(),
                                                            v[:, :, :7700].float())
-    out = fp8_triton.attention(q, k, v, mask=mask)
+    out = module.attention(q, k, v, mask=mask)
     err = (out[:, :, :7700].float() - ref).abs()
-    assert err.mean() / ref.abs().mean() < 0.05  # the unmasked kernel's bound at Wan's shape
+    assert err.mean() / ref.abs().mean() < 0.05  # the unmasked kernels' bound at Wan's shape
     assert out[:, :, 7700:].abs().max().item() == 0.0
 
 

@@ -23,7 +23,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"):
     pytest.skip("TRITON_INTERPRET is set: the kernels are interpreted functions, not compiled ones",
                 allow_module_level=True)
 
-from hookkit.techniques.attention import fp8_triton, int8_triton  # noqa: E402
+from hookkit.techniques.attention import fp8_triton, int8_triton, mask_tiles  # noqa: E402
 from hookkit.techniques.compile import fp8_rows_triton, norm_rope_triton  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -90,7 +90,7 @@ def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: boo
 def test_mask_tiles_kernel_builds_for_hopper() -> None:
     types = _typed("mask_ptr states_ptr mask_rows k_tokens q_blocks k_blocks heads stride_mb stride_mh stride_mq "
                    "stride_mk", ["*u8", "*i8"] + ["i32"] * 9)
-    text = triton_ir(fp8_triton._mask_tiles_kernel, types, dict(BLOCK_M=128, BLOCK_N=128))
+    text = triton_ir(mask_tiles._mask_tiles_kernel, types, dict(BLOCK_M=128, BLOCK_N=128))
     assert "tt.store" in text
 
 
@@ -115,11 +115,15 @@ def test_fp8_quantize_kernel_builds_for_hopper_in_every_mode(mode: int, int8: bo
     assert "tt.store" in text
 
 
-def test_int8_attention_kernel_builds_for_hopper() -> None:
+@pytest.mark.parametrize("masked", [False, True])
+def test_int8_attention_kernel_builds_for_hopper(masked: bool) -> None:
     types = _typed("q_ptr k_ptr v_ptr qs_ptr ks_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks stride_vb "
-                   "stride_vh stride_vs stride_ob stride_oh stride_os",
-                   ["*i8", "*i8", "*bf16", "*fp32", "*fp32", "*bf16"] + ["i32"] * 11)
-    assert "tt.dot" in triton_ir(int8_triton._int8_attention_kernel, types, dict(D=128, BLOCK_M=128, BLOCK_N=64))
+                   "stride_vh stride_vs stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb "
+                   "stride_mh stride_mq stride_mk stride_cb stride_ch stride_cq",
+                   ["*i8", "*i8", "*bf16", "*fp32", "*fp32", "*bf16"] + ["i32"] * 11
+                   + (["*u8", "*i32", "*i32"] + ["i32"] * 7 if masked else UNMASKED))
+    assert "tt.dot" in triton_ir(int8_triton._int8_attention_kernel, types,
+                                 dict(D=128, BLOCK_M=128, BLOCK_N=64, MASKED=masked))
 
 
 @pytest.mark.parametrize("two,gelu,fast", [(False, False, False), (True, True, True)])

@@ -23,13 +23,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from hookkit.techniques.attention import hooks
+from hookkit.techniques.attention import hooks, mask_tiles
 
 #: the head sizes the kernel takes (fp8 tensor-core products sum over multiples of 32; `tl.arange` needs a power of 2)
 HEAD_DIMS = (32, 64, 128)
@@ -201,29 +200,6 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
 
 
 @triton.jit
-def _mask_tiles_kernel(mask_ptr, states_ptr, mask_rows, k_tokens, q_blocks, k_blocks, heads, stride_mb, stride_mh,
-                       stride_mq, stride_mk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """What one `BLOCK_M` x `BLOCK_N` tile of a boolean mask allows: 0 no pair, 1 every pair, 2 some. Rows past
-    `mask_rows` (the last block's padding queries, stored nowhere) allow everything; keys past `k_tokens` nothing, so
-    the last key block of a length that is no multiple of `BLOCK_N` is never "every pair". `states_ptr` is
-    `[mask batch, mask heads, q_blocks, k_blocks]` int8; the mask is read through its strides (0 where it broadcasts),
-    once."""
-    block_n = tl.program_id(0)
-    block_m = tl.program_id(1)
-    bh = tl.program_id(2).to(tl.int64)
-    batch, head = bh // heads, bh % heads
-    rows = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    keys = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = (rows[:, None] < mask_rows) & (keys[None, :] < k_tokens)
-    allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
-                      + keys[None, :] * stride_mk, mask=inside, other=0).to(tl.int32)
-    some = tl.max(tl.max(allowed, 1), 0)
-    every = tl.min(tl.min(tl.where(rows[:, None] < mask_rows, allowed, 1), 1), 0)
-    state = tl.where(some == 0, 0, tl.where(every == 1, 1, 2))
-    tl.store(states_ptr + (bh * q_blocks + block_m) * k_blocks + block_n, state.to(tl.int8))
-
-
-@triton.jit
 def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks,
                           k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr, stride_mb,
                           stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
@@ -235,9 +211,9 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
     tensor-memory accelerator (q_src, k_src, v_src are descriptors), else by pointers.
 
     MASKED (LOOP 0, pointers): a boolean mask (`mask_ptr`, read through its strides) says which pairs attend. The
-    query block visits only the key blocks `order_ptr` lists for it (`key_block_order`: `counts_ptr` holds how many
-    allow every pair, which come first and run as unmasked blocks, and how many allow some, which load their mask
-    tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as torch's SDPA gives
+    query block visits only the key blocks `order_ptr` lists for it (`mask_tiles.key_block_order`: `counts_ptr` holds
+    how many allow every pair, which come first and run as unmasked blocks, and how many allow some, which load their
+    mask tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as torch's SDPA gives
     them. `stride_c*`: the block lists' row strides per batch, head and query block (0 where the mask broadcasts)."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -339,33 +315,6 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous()
 
 
-def mask_tiles(mask: torch.Tensor, q_tokens: int, k_tokens: int, block_m: int = 128,
-               block_n: int = 128) -> torch.Tensor:
-    """What each `block_m` x `block_n` tile of a boolean mask (4 dimensions, `hooks.fp8_mask_ok`) allows: int8
-    `[mask batch, mask heads, query blocks, key blocks]`, 0 no pair, 1 every pair, 2 some (`_mask_tiles_kernel`). A
-    mask that broadcasts over queries has one query block."""
-    mb, mh, mq, _ = mask.shape
-    q_blocks = 1 if mq == 1 else triton.cdiv(q_tokens, block_m)
-    k_blocks = triton.cdiv(k_tokens, block_n)
-    states = torch.empty(mb, mh, q_blocks, k_blocks, device=mask.device, dtype=torch.int8)
-    strides = [0 if n == 1 else s for n, s in zip(mask.shape, mask.stride(), strict=True)]
-    _mask_tiles_kernel[(k_blocks, q_blocks, mb * mh)](mask.view(torch.uint8), states, mq, k_tokens, q_blocks, k_blocks,
-                                                      mh, *strides, BLOCK_M=block_m, BLOCK_N=block_n)
-    return states
-
-
-def key_block_order(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query block, the key blocks to visit: int32 `[..., key blocks]`, those that allow every pair first, then
-    those that allow some, each in ascending order (the rest after them, never read); and int32 `[..., 2]`, how many
-    of each. On the device, without a host sync (CUDA-graph safe)."""
-    k_blocks = states.shape[-1]
-    rank = torch.where(states == 1, 0, torch.where(states == 2, 1, 2)).to(torch.int32)
-    index = torch.arange(k_blocks, device=states.device, dtype=torch.int32)
-    order = torch.argsort(rank * k_blocks + index, dim=-1).to(torch.int32).contiguous()
-    counts = torch.stack([(states == 1).sum(-1), (states == 2).sum(-1)], dim=-1).to(torch.int32).contiguous()
-    return order, counts
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = 4,
               num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
@@ -382,7 +331,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     b, h, sq, d = q.shape
     sk = k.shape[2]
     interpret = not q.is_cuda
-    if mask is not None and (loop != 0 or tma or not hooks.fp8_mask_ok(mask, q, k)):
+    if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
@@ -397,14 +346,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
             q_codes = TensorDescriptor.from_tensor(q_codes.view(-1, d), [block_m, d])
             k_codes = TensorDescriptor.from_tensor(k_codes.view(-1, d), [block_n, d])
             v_codes = TensorDescriptor.from_tensor(v_codes.view(-1, v_codes.shape[-1]), [d, block_n])
-        masked: list[Any] = [q_scales] * 3 + [0] * 7  # unused without a mask
-        if mask is not None:
-            mask4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            order, counts = key_block_order(mask_tiles(mask4, sq, sk, block_m, block_n))
-            mask_strides = [0 if n == 1 else s for n, s in zip(mask4.shape, mask4.stride(), strict=True)]
-            rows = [0 if n == 1 else s // order.shape[-1] for n, s in zip(order.shape[:3], order.stride()[:3],
-                                                                          strict=True)]
-            masked = [mask4.view(torch.uint8), order, counts, *mask_strides, *rows]
+        masked = mask_tiles.kernel_args(mask, sq, sk, block_m, block_n, q_scales)
         _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, out, h, sq, sk,
                                     q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
                                     *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8,

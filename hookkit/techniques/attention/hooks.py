@@ -9,7 +9,7 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
-take (a mask, except a boolean one for hookkit_fp8; dropout, grouped-query heads; masks are known only at the call)
+take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the call)
 runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
 is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
 kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
@@ -104,8 +104,8 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return None
     q, k, v = a["query"], a["key"], a["value"]
     mask = a["attn_mask"]
-    if mask is not None and not (kernel == "hookkit_fp8" and fp8_mask_ok(mask, q, k)):
-        return "attention mask" if kernel != "hookkit_fp8" else f"attention mask ({mask.dtype}, {tuple(mask.shape)})"
+    if mask is not None and not (kernel in HOOKKIT_KERNELS and mask_ok(mask, q, k)):
+        return f"attention mask ({mask.dtype}, {tuple(mask.shape)})" if kernel in HOOKKIT_KERNELS else "attention mask"
     if a["dropout_p"]:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
@@ -121,8 +121,8 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
     return None
 
 
-def fp8_mask_ok(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether hookkit_fp8 takes this SDPA mask for `[B, H, Sq, D]` q and `[B, H, Sk, D]` k: boolean, at most 4
+def mask_ok(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether hookkit's kernels take this SDPA mask for `[B, H, Sq, D]` q and `[B, H, Sk, D]` k: boolean, at most 4
     dimensions, each the size of SDPA's `[B, H, Sq, Sk]` or 1 (broadcast), the last one Sk. Here, not in
     `fp8_triton`, so that `unsupported` decides without importing triton."""
     if mask.dtype != torch.bool or not 0 < mask.dim() <= 4 or q.dim() != 4:
@@ -156,7 +156,7 @@ def _triton_op(name: str, module: str, what: str) -> Any:
     return op
 
 
-int8_attention = _triton_op("int8_attention", "int8_triton", "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V)")
+int8_attention = _triton_op("int8_attention", "int8_triton", "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks)")
 fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 
@@ -189,9 +189,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
             return func(*args, **kwargs)
     a = _sdpa_args(args, kwargs)
     if kernel in HOOKKIT_KERNELS:
-        if kernel == "hookkit_int8":
-            return int8_attention(a["query"], a["key"], a["value"], a["scale"])
-        return fp8_attention(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
+        op = int8_attention if kernel == "hookkit_int8" else fp8_attention
+        return op(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
     if kernel == "sage":
         return _sage(a)
     return _flash(a)

@@ -27,15 +27,41 @@ import torch
 import triton
 import triton.language as tl
 
+from hookkit.techniques.attention import hooks, mask_tiles
+
 #: the head sizes the kernel takes (one block of the head dimension in registers; `tl.arange` needs a power of two)
 HEAD_DIMS = (32, 64, 128)
 LOG2_E = 1.4426950408889634
 
 
 @triton.jit
+def _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n, allowed, cols, dims,
+                    stride_vs, k_tokens, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over one block of keys and its P·V into `acc`; `allowed` (broadcast to the scores) masks pairs
+    out. A row that has seen no allowed key yet (its running max still -inf) shifts by 0, not -inf - -inf (NaN), and
+    adds nothing."""
+    keys = block_n * BLOCK_N + cols
+    k = tl.load(k_ptr + (bh * k_blocks * BLOCK_N + keys[:, None]) * D + dims[None, :])
+    k_scale = tl.load(ks_ptr + bh * k_blocks + block_n)
+    scores = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (q_scale * k_scale)
+    scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + keys[:, None] * stride_vs + dims[None, :], mask=keys[:, None] < k_tokens, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float32)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _int8_attention_kernel(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks, k_blocks,
-                           stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                           stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr,
+                           counts_ptr, stride_mb, stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq,
+                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """MASKED: a boolean mask, visited by the key block lists of `mask_tiles` (as `fp8_triton`'s kernel does: blocks
+    that allow every pair unmasked, then those that allow some with their mask tile; a row with no allowed key is 0)."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -49,19 +75,29 @@ def _int8_attention_kernel(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, out_ptr, heads, 
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     v_base = v_ptr + batch * stride_vb + head * stride_vh
-    for block_n in range(0, k_blocks):
-        keys = block_n * BLOCK_N + cols
-        k = tl.load(k_ptr + (bh * k_blocks * BLOCK_N + keys[:, None]) * D + dims[None, :])
-        k_scale = tl.load(ks_ptr + bh * k_blocks + block_n)
-        scores = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (q_scale * k_scale)
-        scores = tl.where(keys[None, :] < k_tokens, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + keys[:, None] * stride_vs + dims[None, :], mask=keys[:, None] < k_tokens, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16), out_dtype=tl.float32)
-        m_i = m_new
+    if MASKED:
+        crow = batch * stride_cb + head * stride_ch + block_m * stride_cq
+        n_every = tl.load(counts_ptr + crow * 2)
+        n_some = tl.load(counts_ptr + crow * 2 + 1)
+        order = order_ptr + crow * k_blocks
+        for t in range(0, n_every):
+            block_n = tl.load(order + t)
+            acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
+                                            (cols >= 0)[None, :], cols, dims, stride_vs, k_tokens, D, BLOCK_N)
+        for t in range(n_every, n_every + n_some):
+            block_n = tl.load(order + t)
+            keys = block_n * BLOCK_N + cols
+            allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
+                              + keys[None, :] * stride_mk, mask=(rows[:, None] < q_tokens) & (keys[None, :] < k_tokens),
+                              other=0) != 0
+            acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
+                                            allowed, cols, dims, stride_vs, k_tokens, D, BLOCK_N)
+        l_i = tl.where(l_i > 0, l_i, float("inf"))  # no allowed key: acc is 0, the row comes out 0
+    else:
+        for block_n in range(0, k_blocks):
+            acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
+                                            (block_n * BLOCK_N + cols < k_tokens)[None, :], cols, dims, stride_vs,
+                                            k_tokens, D, BLOCK_N)
     out = acc / l_i[:, None]
     target = out_ptr + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + dims[None, :]
     tl.store(target, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_tokens)
@@ -81,14 +117,19 @@ def quantize_blocks(x: torch.Tensor, block: int, scale: float = 1.0) -> tuple[to
     return codes.view(b * h, blocks * block, d), (step * scale).contiguous()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, block_m: int = 128,
-              block_n: int = 64, num_warps: int | None = None, num_stages: int | None = None,
-              smooth_k: bool = True) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no mask, no dropout, same heads in q and k/v), by
-    the int8 kernel; `scale` defaults to `1 / sqrt(D)`. `block_m`, `block_n`, `num_warps`, `num_stages`: the kernel's
-    tiling, for benchmarks (the defaults are what `Attention` runs); `smooth_k=False` skips K smoothing (to measure
-    what it buys: tests, benchmarks)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 64, num_warps: int | None = None,
+              num_stages: int | None = None, smooth_k: bool = True) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the int8
+    kernel; `scale` defaults to `1 / sqrt(D)`. `mask`: None, or a boolean mask as SDPA takes it (True: the pair
+    attends; each dimension SDPA's size or 1): key blocks it masks whole are skipped (`mask_tiles`), a row with no
+    allowed key is 0, as in SDPA. `block_m`, `block_n`, `num_warps`, `num_stages`: the kernel's tiling, for benchmarks
+    (the defaults are what `Attention` runs); `smooth_k=False` skips K smoothing (to measure what it buys: tests,
+    benchmarks)."""
     b, h, sq, d = q.shape
+    if mask is not None and not hooks.mask_ok(mask, q, k):
+        raise ValueError(f"int8_triton.attention: expected a boolean mask broadcastable to {(b, h, sq, k.shape[2])}, "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
     sk = k.shape[2]
     v = v if v.stride(-1) == 1 else v.contiguous()
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -98,7 +139,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     grid = (triton.cdiv(sq, block_m), b * h)
     options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
+        masked = mask_tiles.kernel_args(mask, sq, sk, block_m, block_n, q_scales)
         _int8_attention_kernel[grid](q_codes, k_codes, v, q_scales, k_scales, out, h, sq, sk, q_scales.shape[1],
                                      k_scales.shape[1], v.stride(0), v.stride(1), v.stride(2), out.stride(0),
-                                     out.stride(1), out.stride(2), D=d, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+                                     out.stride(1), out.stride(2), *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n,
+                                     MASKED=mask is not None, **options)
     return out
