@@ -189,6 +189,37 @@ def module_state(pipe: Any) -> dict[str, Any]:
             "active_backend": str(_AttentionBackendRegistry._active_backend)}
 
 
+def attention_under_ulysses() -> dict[str, Any]:
+    """hookkit's kernel choice (`Attention`, the middle steps on "_native_math") with `ContextParallel(ulysses=2)`:
+    the SDPA shapes its kernel answered (recorded around `hooks.run_kernel`), the summary's middle steps, and the
+    output against the same Attention in one process."""
+    import hookkit
+    from hookkit.techniques.attention import hooks
+
+    attention = hookkit.Attention(low_precision="_native_math", full_first=1, full_last=1)
+    single = pipeline()
+    hookkit.enable(single, hookkit.Spec(attention=attention))
+    expected = call(single)
+    shapes: list[tuple[int, ...]] = []
+    real = hooks.run_kernel
+
+    def recording(kernel: str, func: Any, args: Any, kwargs: Any) -> torch.Tensor:
+        shapes.append(tuple(hooks._sdpa_args(args, kwargs)["query"].shape))
+        return real(kernel, func, args, kwargs)
+
+    hooks.run_kernel = recording
+    try:
+        pipe = pipeline()
+        with one_accelerator_slot():
+            handle = hookkit.enable(pipe, hookkit.Spec(attention=attention,
+                                                       parallel=hookkit.ContextParallel(ulysses=2)))
+        out = call(pipe)
+    finally:
+        hooks.run_kernel = real
+    return {"max_abs_vs_single": (out - expected).abs().max().item(), "digest": digest(out),
+            "shapes": sorted(set(shapes)), "middle": handle.summary().features["attention"].data["phases"]["middle"]}
+
+
 def scenario_ulysses() -> dict[str, Any]:
     import hookkit
 
@@ -215,6 +246,8 @@ def scenario_ulysses() -> dict[str, Any]:
     res["spec_empty_equal"] = torch.equal(call(pipe), cp)
     handle.remove()
     res["after_disable_equal"] = torch.equal(call(pipe), cp)
+
+    res["attention"] = attention_under_ulysses()
 
     # static mask: no statistic, no collective; both orders
     static = hookkit.Spec(cache=hookkit.DBCache(steps_mask=[1, 1, 0, 1], mask_policy="static"))

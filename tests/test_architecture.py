@@ -278,14 +278,19 @@ SETTINGS: dict[str, Any] = {
     "attention": hookkit.Attention(),
 }
 #: pairs refused whatever their settings
-REFUSED_PAIRS = ({"attention", "parallel"},)
+REFUSED_PAIRS: tuple[set[str], ...] = ()
 
 #: (adapter, spec fields, expected): "allowed", ("refused", error, message start), ("inactive", feature, reason start)
 COMPAT_CASES: list[tuple[str, dict[str, Any], Any]] = [
     *[("flux", {a: SETTINGS[a], b: SETTINGS[b]}, "allowed") for a, b in itertools.combinations(SETTINGS, 2)
       if {a, b} not in REFUSED_PAIRS],
-    ("flux", {"attention": SETTINGS["attention"], "parallel": SETTINGS["parallel"]},
-     ("refused", SpecError, "Spec.attention: expected None with ContextParallel")),
+    ("flux", {"attention": SETTINGS["attention"], "parallel": hookkit.ContextParallel(ring=2)},
+     ("refused", SpecError, "Spec.attention: expected ContextParallel with ring=1 and attention_backend None or "
+                            "'native'")),
+    ("flux", {"attention": SETTINGS["attention"], "parallel": hookkit.ContextParallel(
+        ulysses=2, attention_backend="_native_cudnn")},
+     ("refused", SpecError, "Spec.attention: expected ContextParallel with ring=1 and attention_backend None or "
+                            "'native'")),
     ("flux", {"attention": SETTINGS["attention"], "compile": GRAPHS}, "allowed"),  # graphs keyed by the step's kernel
     ("flux", {"attention": SETTINGS["attention"], "cache": STATIC, "compile": GRAPHS}, "allowed"),
     ("flux", {"attention": SETTINGS["attention"], "compile": WHOLE},

@@ -190,11 +190,15 @@ def test_a_low_precision_kernel_as_the_full_kernel_is_a_spec_error() -> None:
     assert str(err.value).startswith("Attention.kernel: expected one of ('native', '_native_cudnn',")
 
 
-def test_context_parallelism_is_refused() -> None:
+def test_ring_attention_is_refused_and_names_ulysses() -> None:
     with pytest.raises(SpecError) as err:
         hookkit.build_plan(zoo.tiny_pipeline("flux"), hookkit.Spec(attention=MATH,
-                                                                    parallel=hookkit.ContextParallel(ulysses=2)))
-    assert str(err.value).startswith("Spec.attention: expected None with ContextParallel")
+                                                                    parallel=hookkit.ContextParallel(ring=2)))
+    assert str(err.value) == (
+        "Spec.attention: expected ContextParallel with ring=1 and attention_backend None or 'native' (Ulysses alone: "
+        "hookkit's kernel then answers the SDPA call diffusers' all-to-all makes on the whole sequence), got "
+        "ContextParallel(ulysses=1, ring=2, attention_backend=None). Use ContextParallel(ulysses=N), or drop Attention "
+        "and choose diffusers' backend with ContextParallel(attention_backend=...).")
 
 
 # --- removal --------------------------------------------------------------------------------------------------

@@ -211,6 +211,18 @@ def test_spec_parallel_refused_on_a_transformer_diffusers_already_parallelised(u
 
 
 @pytest.mark.slow
+def test_attention_under_ulysses_answers_the_whole_sequence_of_each_ranks_heads(ulysses: list[dict[str, Any]]) -> None:
+    for r in ulysses:
+        # tiny Flux: 2 heads of 8, 64 image + 8 text tokens; after diffusers' all-to-all each rank attends with 1 head
+        # over all 72 tokens, and hookkit's kernel choice answers that call
+        assert [tuple(s) for s in r["attention"]["shapes"]] == [(1, 1, 72, 8)]
+        assert r["attention"]["middle"] == {"steps": [1, 2], "block_calls": {"_native_math": 10},
+                                            "attention_calls": {"_native_math": 10}}
+        assert r["attention"]["max_abs_vs_single"] < 1e-5
+    assert ulysses[0]["attention"]["digest"] == ulysses[1]["attention"]["digest"]
+
+
+@pytest.mark.slow
 def test_empty_spec_leaves_cp_output_bitwise_and_disable_leaves_cp_working(ulysses: list[dict[str, Any]]) -> None:
     assert [(r["spec_empty_equal"], r["after_disable_equal"]) for r in ulysses] == [(True, True), (True, True)]
 

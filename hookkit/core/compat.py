@@ -81,14 +81,19 @@ RULES: tuple[Rule, ...] = (
             "Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."),
     ),
     Rule(
-        # diffusers' context-parallel attention runs through its backends' `_parallel_config` (ring / Ulysses); the
-        # kernel hookkit chooses at torch's SDPA call would see one rank's shard and bypass that exchange
+        # diffusers' Ulysses attention exchanges heads for sequence (all-to-all), then runs its backend's forward op on
+        # the whole sequence: the "native" op calls torch's SDPA there, where hookkit's kernel choice answers it.
+        # Ring attention merges per-shard partial results by their log-sum-exp, which no kernel hookkit chooses at
+        # an SDPA call returns (and diffusers' "native" op refuses it); another backend never reaches torch's SDPA
         features=("attention", "parallel"), outcome="refused",
-        applies=lambda s, a: s.attention is not None and s.parallel is not None,
+        applies=lambda s, a: (s.attention is not None and s.parallel is not None
+                              and (s.parallel.ring > 1 or s.parallel.attention_backend not in (None, "native"))),
         message=lambda s, a: (
-            "Spec.attention: expected None with ContextParallel (diffusers' context-parallel attention exchanges keys "
-            "and values inside its own backends, which hookkit's kernel choice at torch's SDPA call would bypass), got "
-            "an Attention. Use one of the two, or choose diffusers' backend with transformer.set_attention_backend."),
+            "Spec.attention: expected ContextParallel with ring=1 and attention_backend None or 'native' (Ulysses "
+            "alone: hookkit's kernel then answers the SDPA call diffusers' all-to-all makes on the whole sequence), got "
+            f"ContextParallel(ulysses={s.parallel.ulysses}, ring={s.parallel.ring}, "
+            f"attention_backend={s.parallel.attention_backend!r}). Use ContextParallel(ulysses=N), or drop "
+            "Attention and choose diffusers' backend with ContextParallel(attention_backend=...)."),
     ),
     Rule(
         # the kernel choice is a torch-function mode around each block, which dynamo traces into each compiled block

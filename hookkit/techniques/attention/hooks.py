@@ -14,8 +14,9 @@ runs as "native" and is counted as a fallback with its reason. What a kernel can
 is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
 kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
 of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph
-per kernel, each replay counted as its capture ran). A whole-model compile, and graphs split at a dynamic cache
-decision, are refused (`hookkit.core.compat`).
+per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op calls
+SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
+compile, graphs split at a dynamic cache decision, and ring attention are refused (`hookkit.core.compat`).
 """
 
 from __future__ import annotations
