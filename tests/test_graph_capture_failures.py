@@ -1,9 +1,10 @@
 """A transformer whose forward no CUDA graph can hold, under `Compile(cuda_graphs="transformer")`.
 
 HunyuanVideo 1.5's forward branches in Python on `torch.all(image_embeds == 0)`: a host sync, which stream capture
-refuses. hookkit turns the capture's failure into an `UnsupportedError` that names the transformer, the line of the
-model that did it and the fix; nothing of the failed capture is kept, a next call is refused alike, and removal
-restores the model.
+refuses. Its adapter declares it (`host_syncs`), so enable refuses whole-transformer graphs up front; without the
+declaration (how these tests check it is true) hookkit turns the capture's failure into an `UnsupportedError` that
+names the transformer, the line of the model that did it and the fix; nothing of the failed capture is kept, a next
+call is refused alike, and removal restores the model.
 
 CUDA capture is GPU-only, so the CPU tests use stand-ins for the capture backend that raise torch's own errors where
 the GPU raises them: a host read of a tensor's value (aten's `_local_scalar_dense`: `bool()`, `.item()`) inside the
@@ -223,6 +224,26 @@ def graph_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hooks, "check_on_cuda", lambda transformer: None)
 
 
+def undeclared() -> Any:
+    """HunyuanVideo 1.5's adapter without its `host_syncs`, which refuse whole-transformer graphs at enable: so the
+    capture itself meets them (the check that what the adapter declares is what the model does)."""
+    import attrs
+
+    from hookkit.adapters import get_adapter
+
+    return attrs.evolve(get_adapter("hunyuanvideo15"), host_syncs=())
+
+
+def test_hunyuanvideo15_with_whole_transformer_graphs_is_refused_at_enable_naming_its_host_syncs() -> None:
+    with pytest.raises(hookkit.errors.SpecError) as err:
+        hookkit.enable(zoo.tiny_pipeline("hunyuanvideo15"), hookkit.Spec(compile=CPU_GRAPHS))
+    assert str(err.value) == (
+        "Compile.cuda_graphs: expected 'none' on 'hunyuanvideo15', whose forward waits for the host outside its blocks "
+        "(a Python branch on torch.all(image_embeds == 0) (`if is_t2v:`); boolean-mask indexing that moves the valid "
+        "text and image tokens first (`image[image_mask]`, ...)): no CUDA graph can capture that; got 'transformer'. "
+        "Use Compile(cuda_graphs='none'): its blocks are still compiled regionally.")
+
+
 def hunyuanvideo15_refusal(pipe: Any) -> UnsupportedError:
     with pytest.raises(UnsupportedError) as err:
         pipe(**zoo.call_kwargs("hunyuanvideo15", steps=2))
@@ -233,7 +254,7 @@ def test_hunyuanvideo15_is_refused_at_its_host_sync(graph_stand_in: None) -> Non
     from diffusers.models.transformers import transformer_hunyuan_video15 as model_file
 
     pipe = zoo.tiny_pipeline("hunyuanvideo15")
-    hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS))
+    hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS), adapter=undeclared())
     error = hunyuanvideo15_refusal(pipe)
     line = line_of(model_file.HunyuanVideo15Transformer3DModel.forward, "if is_t2v:")
     where = f"transformer_hunyuan_video15.py:{line}"
@@ -245,7 +266,7 @@ def test_hunyuanvideo15_is_refused_at_its_host_sync(graph_stand_in: None) -> Non
 
 def test_hunyuanvideo15_after_the_refusal_keeps_no_graph_and_is_refused_again(graph_stand_in: None) -> None:
     pipe = zoo.tiny_pipeline("hunyuanvideo15")
-    handle = hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS))
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS), adapter=undeclared())
     first = hunyuanvideo15_refusal(pipe)
     assert str(hunyuanvideo15_refusal(pipe)) == str(first)
     data = handle.summary().features["compile"].data
@@ -256,7 +277,7 @@ def test_hunyuanvideo15_after_the_refusal_is_restored_exactly_by_remove(graph_st
     pipe = zoo.tiny_pipeline("hunyuanvideo15")
     reference = pipe(**zoo.call_kwargs("hunyuanvideo15", steps=2)).frames
     before = {path: set(m.__dict__) for path, m in pipe.transformer.named_modules()}
-    handle = hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS))
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=CPU_GRAPHS), adapter=undeclared())
     hunyuanvideo15_refusal(pipe)
     handle.remove()
     assert {path: set(m.__dict__) for path, m in pipe.transformer.named_modules()} == before
@@ -300,7 +321,7 @@ def test_hunyuanvideo15_under_graphs_split_at_a_dbcache_threshold_is_refused_ali
     monkeypatch.setattr(hooks, "CudaSegmentBackend", SplitStandInBackend)
     pipe = zoo.tiny_pipeline("hunyuanvideo15")
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(threshold=0.1, taylorseer_order=0),
-                                               compile=CPU_GRAPHS))
+                                               compile=CPU_GRAPHS), adapter=undeclared())
     error = hunyuanvideo15_refusal(pipe)
     assert "HunyuanVideo15Transformer3DModel (the transformer)" in str(error)
     assert "got an operation that stream capture refuses at transformer_hunyuan_video15.py:" in str(error)
@@ -364,7 +385,8 @@ def test_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() 
 
     pipe = zoo.tiny_pipeline("hunyuanvideo15").to("cuda", torch.bfloat16)
     reference = call(pipe)
-    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer", backend="eager")))
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(cuda_graphs="transformer", backend="eager")),
+                            adapter=undeclared())
     with pytest.raises(UnsupportedError) as err:
         call(pipe)
     line = line_of(model_file.HunyuanVideo15Transformer3DModel.forward, "if is_t2v:")

@@ -546,6 +546,8 @@ def adapter_toml(adapter: AdapterSpec) -> str:
         lines.append(f"diffusers_metadata = {value(adapter.diffusers_metadata)}")
     if adapter.cp_plan_override:
         lines.append("cp_plan_override = true")
+    if adapter.host_syncs:
+        lines.append(f"host_syncs = {value(adapter.host_syncs)}")
     for block in adapter.blocks:
         lines += ["", "[[blocks]]", f"attr = {value(block.attr)}",
                   f"class = {value(block.classes[0] if len(block.classes) == 1 else block.classes)}",

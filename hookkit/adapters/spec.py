@@ -302,6 +302,10 @@ class AdapterSpec:
             checked against the model when the adapter is matched.
         cp_plan_override: False (default): where the class has its own `_cp_plan`, diffusers' plan is used and
             `cp_plan` is not; True: `cp_plan` is used even then (say why in `notes`).
+        host_syncs: where the transformer's own forward, outside its blocks, waits for the host (a Python branch
+            on a tensor's value, boolean-mask indexing, `.item()`), one line each: no CUDA graph can capture that,
+            so `Compile(cuda_graphs="transformer")` is refused at enable, naming them, instead of failing at its
+            first capture after a whole eager call. Tests check each declared model against the capture.
     """
 
     name: str
@@ -328,6 +332,7 @@ class AdapterSpec:
     between_block_args: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     cp_plan: tuple[CPPlanEntry, ...] = attrs.field(default=(), converter=_tuple)
     cp_plan_override: bool = False
+    host_syncs: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     source: str = "python"
 
     def __attrs_post_init__(self) -> None:
@@ -344,6 +349,7 @@ class AdapterSpec:
         _strings(where, "quant_modulation", self.quant_modulation)
         _strings(where, "pipelines", self.pipelines)
         _strings(where, "between_block_args", self.between_block_args)
+        _strings(where, "host_syncs", self.host_syncs)
         if self.cfg not in CFG_STYLES:
             raise _fail(where, "cfg", self.cfg, f"one of {CFG_STYLES} (one batched call per step, or one call per CFG branch)")
         if self.memo_scope not in MEMO_SCOPES:

@@ -81,6 +81,16 @@ RULES: tuple[Rule, ...] = (
             "Spec(memo=True, compile=Compile(cuda_graphs='transformer'))."),
     ),
     Rule(
+        # a host sync in the transformer's own forward (the adapter's `host_syncs`) makes every capture fail; refused
+        # at enable, before the first call runs eagerly for nothing
+        features=("compile",), outcome="refused",
+        applies=lambda s, a: _whole_graphs(s) and bool(a.host_syncs),
+        message=lambda s, a: (
+            f"Compile.cuda_graphs: expected 'none' on {a.name!r}, whose forward waits for the host outside its blocks "
+            f"({'; '.join(a.host_syncs)}): no CUDA graph can capture that; got 'transformer'. Use "
+            "Compile(cuda_graphs='none'): its blocks are still compiled regionally."),
+    ),
+    Rule(
         # diffusers' Ulysses attention exchanges heads for sequence (all-to-all), then runs its backend's forward op on
         # the whole sequence: the "native" op calls torch's SDPA there, where hookkit's kernel choice answers it.
         # Ring attention merges per-shard partial results by their log-sum-exp, which no kernel hookkit chooses at
