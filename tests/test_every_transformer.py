@@ -291,3 +291,41 @@ def test_every_stored_config_is_from_diffusers_tests() -> None:
     """The data names where each config comes from (diffusers' test file and config class)."""
     assert len({entry(n)["class"] for n in NAMES}) == 60
     assert all(entry(n)["test"].startswith("tests/models/transformers/test_") for n in NAMES)
+
+
+#: the models whose attention takes an additive (float) mask, which hookkit's kernels leave to SDPA ("native"); every
+#: other mask diffusers' transformers pass is boolean
+ADDITIVE_MASKS = {"AceStepTransformer1DModel", "CosmosTransformer", "CosmosTransformerVideoToWorld", "LTX2Transformer",
+                  "LTXTransformer", "OmniGenTransformer"}
+
+
+class _SDPAMasks(torch.overrides.TorchFunctionMode):
+    """Records the (mask, query, key) of every SDPA call that has a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            from hookkit.techniques.attention.hooks import _sdpa_args
+
+            a = _sdpa_args(args, kwargs)
+            if a["attn_mask"] is not None:
+                self.calls.append((a["attn_mask"], a["query"], a["key"]))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hookkits_attention_kernels_take_every_boolean_mask_the_model_passes(name: str) -> None:
+    from hookkit.techniques.attention.hooks import mask_ok
+
+    recorder = _SDPAMasks()
+    model = build(name)
+    with recorder:
+        call(model, name)
+    additive = [m for m, _, _ in recorder.calls if m.dtype != torch.bool]
+    assert bool(additive) == (name in ADDITIVE_MASKS)
+    assert all(mask_ok(m, q, k) for m, q, k in recorder.calls if m.dtype == torch.bool)
