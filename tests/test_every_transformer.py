@@ -9,7 +9,9 @@ hookkit must enable with a shipped or derived adapter, and then:
   (the block's own `__call__` still runs when hookkit replaces its forward, so the leaf is what is counted);
 - `memo=True` is bitwise equal; regional compile (backend "eager": Dynamo tracing without codegen, to keep this
   fast on a CPU) is close to eager; `Quantize(scheme="int8_weight_only")` runs;
-- disable restores every module's `__dict__` and the output bitwise.
+- disable restores every module's `__dict__` and the output bitwise;
+- every boolean mask its attention hands SDPA is one hookkit's attention kernels take (six models pass additive masks,
+  which stay with SDPA).
 
 A model whose adapter has one block gets DBCache's clear error; every other runs DBCache's default F1B0 split (Wan VACE
 too: its hints, added between middle blocks, are named in the adapter's `between_block_args` and counted once, as
