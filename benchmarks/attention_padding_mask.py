@@ -20,10 +20,14 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import summary, time_calls  # noqa: E402
 
 if len(sys.argv) < 2 or not torch.cuda.is_available():
     raise SystemExit("usage: python benchmarks/attention_padding_mask.py OUT.json (needs a CUDA GPU)")
@@ -47,19 +51,8 @@ def build_mask() -> torch.Tensor:
 
 
 def timeit(fn: Callable[[], Any], flops: float | None = None, n: int = 10) -> dict[str, float]:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    row = {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1]}
+    """Median and min-max ms of `n` plain calls after 2 (`benchmarks.timing`), with TFLOP/s when `flops` is given."""
+    row = summary(time_calls(fn, repeats=n, warmup=2))
     if flops:
         row["tflops"] = flops / row["median_ms"] / 1e9
     return row

@@ -236,10 +236,8 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     last = k_blocks - 1  # only the last block can hold padding: no mask in the loop
     if MASKED:
-        crow = batch * stride_cb + head * stride_ch + block_m * stride_cq
-        n_every = tl.load(counts_ptr + crow * 2)
-        n_some = tl.load(counts_ptr + crow * 2 + 1)
-        order = order_ptr + crow * k_blocks
+        order, n_every, n_some = mask_tiles.key_block_list(order_ptr, counts_ptr, batch, head, block_m, k_blocks,
+                                                           stride_cb, stride_ch, stride_cq)
         for t in range(0, n_every):
             block_n = tl.load(order + t)
             s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, block_n, cols, dims, D, BLOCK_N, QK_INT8, False)
@@ -248,11 +246,9 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
         for t in range(n_every, n_every + n_some):
             block_n = tl.load(order + t)
             s, scale = _scores(q, k_src, ks_base, q_scale, k_row0, block_n, cols, dims, D, BLOCK_N, QK_INT8, False)
-            keys = block_n * BLOCK_N + cols
-            allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
-                              + keys[None, :] * stride_mk, mask=(rows[:, None] < q_tokens) & (keys[None, :] < k_tokens),
-                              other=0)
-            s = tl.where(allowed != 0, s, float("-inf"))
+            allowed = mask_tiles.mask_tile(mask_ptr, batch, head, rows, block_n * BLOCK_N + cols, q_tokens, k_tokens,
+                                           stride_mb, stride_mh, stride_mq, stride_mk)
+            s = tl.where(allowed, s, float("-inf"))
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, block_n, k_tokens, cols, dims,
                                         D, BLOCK_N, False, QK_INT8, EXP_F16, False, INTERPRET, True)
         l_i = tl.where(l_i > 0, l_i, float("inf"))  # no allowed key: acc is 0, the row comes out 0

@@ -76,20 +76,16 @@ def _int8_attention_kernel(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, out_ptr, heads, 
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     v_base = v_ptr + batch * stride_vb + head * stride_vh
     if MASKED:
-        crow = batch * stride_cb + head * stride_ch + block_m * stride_cq
-        n_every = tl.load(counts_ptr + crow * 2)
-        n_some = tl.load(counts_ptr + crow * 2 + 1)
-        order = order_ptr + crow * k_blocks
+        order, n_every, n_some = mask_tiles.key_block_list(order_ptr, counts_ptr, batch, head, block_m, k_blocks,
+                                                           stride_cb, stride_ch, stride_cq)
         for t in range(0, n_every):
             block_n = tl.load(order + t)
             acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
                                             (cols >= 0)[None, :], cols, dims, stride_vs, k_tokens, D, BLOCK_N)
         for t in range(n_every, n_every + n_some):
             block_n = tl.load(order + t)
-            keys = block_n * BLOCK_N + cols
-            allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
-                              + keys[None, :] * stride_mk, mask=(rows[:, None] < q_tokens) & (keys[None, :] < k_tokens),
-                              other=0) != 0
+            allowed = mask_tiles.mask_tile(mask_ptr, batch, head, rows, block_n * BLOCK_N + cols, q_tokens, k_tokens,
+                                           stride_mb, stride_mh, stride_mq, stride_mk)
             acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
                                             allowed, cols, dims, stride_vs, k_tokens, D, BLOCK_N)
         l_i = tl.where(l_i > 0, l_i, float("inf"))  # no allowed key: acc is 0, the row comes out 0

@@ -41,6 +41,23 @@ def _mask_tiles_kernel(mask_ptr, states_ptr, mask_rows, k_tokens, q_blocks, k_bl
     tl.store(states_ptr + (bh * q_blocks + block_m) * k_blocks + block_n, state.to(tl.int8))
 
 
+@triton.jit
+def key_block_list(order_ptr, counts_ptr, batch, head, block_m, k_blocks, stride_cb, stride_ch, stride_cq):
+    """In a kernel: this query block's list of key blocks (`key_block_order`) and how many of them allow every pair
+    and how many some; `stride_c*` are the lists' row strides (`kernel_args`)."""
+    crow = batch * stride_cb + head * stride_ch + block_m * stride_cq
+    return order_ptr + crow * k_blocks, tl.load(counts_ptr + crow * 2), tl.load(counts_ptr + crow * 2 + 1)
+
+
+@triton.jit
+def mask_tile(mask_ptr, batch, head, rows, keys, q_tokens, k_tokens, stride_mb, stride_mh, stride_mq, stride_mk):
+    """In a kernel: the mask's `rows` x `keys` tile as booleans, False outside the queries and keys."""
+    allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
+                      + keys[None, :] * stride_mk, mask=(rows[:, None] < q_tokens) & (keys[None, :] < k_tokens),
+                      other=0)
+    return allowed != 0
+
+
 def mask_tiles(mask: torch.Tensor, q_tokens: int, k_tokens: int, block_m: int = 128,
                block_n: int = 128) -> torch.Tensor:
     """What each `block_m` x `block_n` tile of a boolean mask (4 dimensions, `hooks.mask_ok`) allows: int8
