@@ -107,6 +107,21 @@ def test_a_graph_compiled_during_the_timed_runs_is_flagged_in_the_table(tmp_path
     assert "3 graph(s) compiled during the timed runs: add warm-up" in bench.markdown_table([row])
 
 
+def test_a_row_whose_attention_fell_back_to_sdpa_says_so_with_the_reasons() -> None:
+    row = _timed_row("hookkit-fp8+compile+fp8-attention", [1.0, 1.0, 1.0])
+    row["features"] = {"attention": {
+        "fallbacks": {"middle/hookkit_fp8/dropout": 4},  # eager blocks, per call
+        "compiled_call_sites": {"hookkit_fp8": 1, "hookkit_fp8/attention mask (torch.float32, (1, 1, 8, 8))": 2}}}
+    assert ("attention fell back to SDPA: attention mask (torch.float32, (1, 1, 8, 8)) (2x), dropout (4x)"
+            in bench.markdown_table([row]))
+
+
+def test_a_row_whose_attention_kernel_answered_every_call_has_no_fallback_note() -> None:
+    row = _timed_row("hookkit-fp8+compile+fp8-attention", [1.0, 1.0, 1.0])
+    row["features"] = {"attention": {"fallbacks": {}, "compiled_call_sites": {"hookkit_fp8": 2}}}
+    assert "fell back" not in bench.markdown_table([row])
+
+
 def test_a_two_expert_rows_table_names_each_experts_cached_steps() -> None:
     """Each expert of Wan 2.2 keeps its own residuals: the second one computes its first step whatever the mask."""
     from hookkit.tools.bench.runner import _companion_data, _summary_data

@@ -35,6 +35,26 @@ def _cached_steps(features: dict[str, Any]) -> str | None:
     return None if stats is None else f"cached {stats[0]}/{stats[1]} steps"
 
 
+def attention_fallbacks(features: dict[str, Any]) -> str | None:
+    """A note when the row's attention kernel left SDPA calls to "native": per-call fallbacks (eager blocks) and call
+    sites traced into compiled blocks that fall back, each with its reason. A row that claims a kernel must say
+    where it did not run."""
+    data = features.get("attention")
+    if not isinstance(data, dict):
+        return None
+    reasons: dict[str, int] = {}
+    for key, n in (data.get("fallbacks") or {}).items():  # "phase/kernel/reason"
+        reason = key.split("/", 2)[-1]
+        reasons[reason] = reasons.get(reason, 0) + n
+    for key, n in (data.get("compiled_call_sites") or {}).items():  # "kernel" or "kernel/reason"
+        if "/" in key:
+            reason = key.split("/", 1)[1]
+            reasons[reason] = reasons.get(reason, 0) + n
+    if not reasons:
+        return None
+    return "attention fell back to SDPA: " + ", ".join(f"{r} ({n}x)" for r, n in sorted(reasons.items()))
+
+
 def spread(row: dict[str, Any]) -> tuple[float, float] | None:
     """(min, max) of a row's timed runs, None without them (a skipped row, or an older JSON)."""
     latencies = row.get("latencies_s") or []
@@ -82,6 +102,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             cached = _cached_steps(features)
             if cached:
                 notes.append(f"{component}: {cached}")
+        fallbacks = attention_fallbacks(row.get("features") or {})
+        if fallbacks:
+            notes.append(fallbacks)
         if ok and row.get("cold") is not None and row.get("time_to_first_image_s") is not None:
             notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):
