@@ -72,7 +72,8 @@ def compare(o: torch.Tensor) -> dict[str, Any]:
     valid = o[:, :, :VALID].float()
     pad = o[:, :, VALID:].float()
     return {"max_abs_vs_prefix": (valid - reference.float()).abs().max().item(),
-            "padding_rows_nan": int(pad.isnan().sum().item()), "padding_rows_abs_max": pad.nan_to_num().abs().max().item()}
+            "padding_rows_nan": int(pad.isnan().sum().item()),
+            "padding_rows_abs_max": pad.nan_to_num().abs().max().item()}
 
 
 def run(name: str, fn: Callable[[], torch.Tensor], flops: float) -> None:

@@ -9,9 +9,9 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
-take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the call)
-runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old)
-is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
+take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the
+call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
+dtype, head size, no CUDA device or one too old) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
 kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
 of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph
 per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op calls
@@ -157,7 +157,8 @@ def _triton_op(name: str, module: str, what: str) -> Any:
     return op
 
 
-int8_attention = _triton_op("int8_attention", "int8_triton", "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks)")
+int8_attention = _triton_op("int8_attention", "int8_triton",
+                            "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks)")
 fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 

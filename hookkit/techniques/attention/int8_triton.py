@@ -116,8 +116,8 @@ def quantize_blocks(x: torch.Tensor, block: int, scale: float = 1.0) -> tuple[to
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 64, num_warps: int | None = None,
               num_stages: int | None = None, smooth_k: bool = True) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the int8
-    kernel; `scale` defaults to `1 / sqrt(D)`. `mask`: None, or a boolean mask as SDPA takes it (True: the pair
+    """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the
+    int8 kernel; `scale` defaults to `1 / sqrt(D)`. `mask`: None, or a boolean mask as SDPA takes it (True: the pair
     attends; each dimension SDPA's size or 1): key blocks it masks whole are skipped (`mask_tiles`), a row with no
     allowed key is 0, as in SDPA. `block_m`, `block_n`, `num_warps`, `num_stages`: the kernel's tiling, for benchmarks
     (the defaults are what `Attention` runs); `smooth_k=False` skips K smoothing (to measure what it buys: tests,
