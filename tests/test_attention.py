@@ -98,6 +98,9 @@ def test_a_mask_the_kernel_cannot_take_runs_as_native_and_is_counted_as_a_fallba
     ("hookkit_fp8", torch.zeros(1, 1, 8, 8), "attention mask (torch.float32, (1, 1, 8, 8))"),  # additive: not taken
     ("hookkit_fp8", torch.ones(3, 1, 8, 8, dtype=torch.bool), "attention mask (torch.bool, (3, 1, 8, 8))"),
     ("hookkit_int8", torch.ones(1, 1, 8, 8, dtype=torch.bool), "not on CUDA"),
+    # on another device than q: left to SDPA, which names the mismatch
+    ("hookkit_fp8", torch.ones(1, 1, 8, 8, dtype=torch.bool, device="meta"),
+     "attention mask (torch.bool, (1, 1, 8, 8), on meta)"),
     ("_native_efficient", torch.ones(1, 1, 8, 8, dtype=torch.bool), None),  # SDPA's own kernels take every mask
     ("sage", torch.ones(1, 1, 8, 8, dtype=torch.bool), "attention mask"),
 ])

@@ -106,7 +106,10 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
     q, k, v = a["query"], a["key"], a["value"]
     mask = a["attn_mask"]
     if mask is not None and not (kernel in HOOKKIT_KERNELS and mask_ok(mask, q, k)):
-        return f"attention mask ({mask.dtype}, {tuple(mask.shape)})" if kernel in HOOKKIT_KERNELS else "attention mask"
+        if kernel not in HOOKKIT_KERNELS:
+            return "attention mask"
+        elsewhere = f", on {mask.device}" if mask.device != q.device else ""
+        return f"attention mask ({mask.dtype}, {tuple(mask.shape)}{elsewhere})"
     if a["dropout_p"]:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
@@ -123,10 +126,11 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
 
 
 def mask_ok(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether hookkit's kernels take this SDPA mask for `[B, H, Sq, D]` q and `[B, H, Sk, D]` k: boolean, at most 4
-    dimensions, each the size of SDPA's `[B, H, Sq, Sk]` or 1 (broadcast), the last one Sk. Here, not in
-    `fp8_triton`, so that `unsupported` decides without importing triton."""
-    if mask.dtype != torch.bool or not 0 < mask.dim() <= 4 or q.dim() != 4:
+    """Whether hookkit's kernels take this SDPA mask for `[B, H, Sq, D]` q and `[B, H, Sk, D]` k: boolean, on q's
+    device (the kernel reads it there; SDPA itself names a mismatch), at most 4 dimensions, each the size of SDPA's
+    `[B, H, Sq, Sk]` or 1 (broadcast), the last one Sk. Here, not in `fp8_triton`, so that `unsupported` decides
+    without importing triton."""
+    if mask.dtype != torch.bool or mask.device != q.device or not 0 < mask.dim() <= 4 or q.dim() != 4:
         return False
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
