@@ -371,6 +371,23 @@ def test_a_compiled_call_site_that_falls_back_is_noted_once_with_its_reason() ->
     assert probe.events == []  # the compiled calls count nothing per call
 
 
+def test_a_compile_time_note_that_cannot_read_its_locals_leaves_the_compile_alone() -> None:
+    from hookkit.techniques.attention import hooks
+
+    class Unreadable:  # a comptime context whose locals cannot be read
+        def get_local(self, name: str) -> Any:
+            raise KeyError(name)
+
+    class Probe:
+        def __init__(self) -> None:
+            self.traced: Counter[tuple[str, str]] = Counter()
+
+    probe = Probe()
+    hooks._TRACING[id(probe)] = probe  # type: ignore[assignment]
+    hooks._note_traced(Unreadable())  # raises nothing into dynamo's trace
+    assert probe.traced == Counter()  # and counts no call site it cannot place
+
+
 def test_under_regional_compile_a_second_call_reuses_the_compiled_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     _marking_kernel(monkeypatch)
     pipe = zoo.tiny_pipeline("flux")

@@ -11,10 +11,11 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
 take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the
 call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
-dtype, head size, no CUDA device or one too old) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled entry per
-kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel
-of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph
-per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op calls
+dtype, head size, no CUDA device or one too old) is refused at enable. Under regional `Compile` dynamo traces the
+mode into each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that
+takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key
+(`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph per kernel, each replay counted as its
+capture ran). Under Ulysses context parallelism diffusers' "native" op calls
 SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
 compile, graphs split at a dynamic cache decision, and ring attention are refused (`hookkit.core.compat`).
 """
@@ -163,7 +164,8 @@ def _triton_op(name: str, module: str, what: str) -> Any:
 
 int8_attention = _triton_op("int8_attention", "int8_triton",
                             "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks)")
-fp8_attention = _triton_op("fp8_attention", "fp8_triton", "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
+fp8_attention = _triton_op("fp8_attention", "fp8_triton",
+                           "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
@@ -246,11 +248,18 @@ _TRACING: weakref.WeakValueDictionary[int, _Shared] = weakref.WeakValueDictionar
 
 def _note_traced(ctx: Any) -> None:
     """At compile time (`comptime`), inside `KernelMode.__torch_function__` while dynamo traces it: count one SDPA
-    call site of a compiled block, answered by the kernel (outcome "") or falling back (outcome: the reason)."""
-    shared = _TRACING.get(ctx.get_local("shared_key").as_python_constant())
+    call site of a compiled block, answered by the kernel (outcome "") or falling back (outcome: the reason). Its own
+    failure (a dynamo whose `comptime` context reads locals otherwise) must not fail the user's compile: it is logged
+    (once per trace, never per call) and the call site goes uncounted."""
+    try:
+        key, kernel, outcome = (ctx.get_local(name).as_python_constant()
+                                for name in ("shared_key", "kernel", "outcome"))
+    except Exception as exc:  # noqa: BLE001 - bookkeeping only: the compile goes on
+        logger.warning("attention: a compiled call site was not counted ({}: {})", type(exc).__name__, exc)
+        return
+    shared = _TRACING.get(key)
     if shared is not None:
-        shared.traced[(ctx.get_local("kernel").as_python_constant(),
-                       ctx.get_local("outcome").as_python_constant())] += 1
+        shared.traced[(kernel, outcome)] += 1
 
 
 # --- per-call state and the hooks ---------------------------------------------------------------------------
