@@ -107,6 +107,15 @@ def test_a_graph_compiled_during_the_timed_runs_is_flagged_in_the_table(tmp_path
     assert "3 graph(s) compiled during the timed runs: add warm-up" in bench.markdown_table([row])
 
 
+def test_a_hookkit_row_the_compat_table_refuses_for_the_model_is_skipped_before_its_process() -> None:
+    config = bench.CONFIGS["hookkit-fp8+cache-fast+cuda-graphs"]  # whole-transformer graphs
+    reason = config.unavailable(torch.device("cuda"), bench.available_fields(), hookkit.get_adapter("hunyuanvideo15"))
+    assert reason is not None and reason.startswith(
+        "refused on hunyuanvideo15: Compile.cuda_graphs: expected 'none' on 'hunyuanvideo15', whose forward waits for "
+        "the host outside its blocks")
+    assert config.unavailable(torch.device("cuda"), bench.available_fields(), hookkit.get_adapter("wan")) is None
+
+
 def test_a_row_whose_attention_fell_back_to_sdpa_says_so_with_the_reasons() -> None:
     row = _timed_row("hookkit-fp8+compile+fp8-attention", [1.0, 1.0, 1.0])
     row["features"] = {"attention": {

@@ -8,14 +8,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 import hookkit
 from hookkit.errors import SpecError
 from hookkit.tools.bench.models import available_fields
 from hookkit.tools.bench.peers import (
-    expert_steps_mask,
     _cache_dit,
     _cache_dit_compile,
     _cache_dit_fp8_compile,
@@ -27,7 +25,7 @@ from hookkit.tools.bench.peers import (
     _stock_full_compile,
     _stock_regional_compile,
 )
-from hookkit.tools.bench.row import BenchConfig, RunContext
+from hookkit.tools.bench.row import BenchConfig, HookkitSetup
 
 
 def _cache_2x(steps: int = 28) -> Any:
@@ -40,20 +38,8 @@ def _cache_2x(steps: int = 28) -> Any:
                            taylorseer_order=2)
 
 
-def _hookkit(make_spec: Callable[[], Any]) -> Callable[[RunContext], None]:
-    def setup(ctx: RunContext) -> None:
-        spec = make_spec()
-        cache = spec.cache
-        two_experts = getattr(ctx.pipe, "transformer_2", None) is not None
-        if two_experts and cache is not None and cache.steps_mask == "fast":  # the peer's computed steps
-            from hookkit.techniques.cache.spec import resolve_steps_mask
-
-            steps = ctx.opts.num_steps()
-            per_expert = expert_steps_mask(ctx.pipe, resolve_steps_mask("fast", steps), steps)
-            if per_expert is not None:
-                spec = attrs.evolve(spec, cache=attrs.evolve(cache, steps_mask=per_expert))
-        ctx.handle = hookkit.enable(ctx.pipe, spec)
-    return setup
+def _hookkit(make_spec: Callable[[], Any]) -> HookkitSetup:
+    return HookkitSetup(make_spec)
 
 
 def _cache_fast() -> Any:

@@ -25,6 +25,35 @@ class RunContext:
     companion_features: Callable[[], dict[str, dict[str, Any]]] | None = None
 
 
+@attrs.frozen
+class HookkitSetup:
+    """A hookkit row's setup: `hookkit.enable(pipe, make_spec())`. On a two-expert pipeline (Wan 2.2) a static
+    "fast" cache mask restarts at each expert's first step, as cache-dit counts steps, so both compute the same ones.
+    The Spec factory is kept so that a row the compat table refuses for the model is skipped before its process
+    starts (`BenchConfig.unavailable`).
+
+    Args:
+        make_spec: builds the row's `hookkit.Spec`.
+    """
+
+    make_spec: Callable[[], Any]
+
+    def __call__(self, ctx: RunContext) -> None:
+        import hookkit
+        from hookkit.techniques.cache.spec import resolve_steps_mask
+        from hookkit.tools.bench.peers import expert_steps_mask
+
+        spec = self.make_spec()
+        cache = spec.cache
+        two_experts = getattr(ctx.pipe, "transformer_2", None) is not None
+        if two_experts and cache is not None and cache.steps_mask == "fast":  # the peer's computed steps
+            steps = ctx.opts.num_steps()
+            per_expert = expert_steps_mask(ctx.pipe, resolve_steps_mask("fast", steps), steps)
+            if per_expert is not None:
+                spec = attrs.evolve(spec, cache=attrs.evolve(cache, steps_mask=per_expert))
+        ctx.handle = hookkit.enable(ctx.pipe, spec)
+
+
 @attrs.frozen(kw_only=True)
 class BenchConfig:
     """One row of the matrix: how to set a freshly built pipeline up, and what it needs."""
@@ -37,8 +66,10 @@ class BenchConfig:
     needs_cuda: bool = False
     needs_module: str | tuple[str, ...] | None = None  # a package the row imports (or several)
 
-    def unavailable(self, device: torch.device, have: frozenset[str]) -> str | None:
-        """Why this configuration cannot run here, or None when it can."""
+    def unavailable(self, device: torch.device, have: frozenset[str], adapter: Any = None) -> str | None:
+        """Why this configuration cannot run here, or None when it can; with the model's `adapter`, a hookkit row
+        whose Spec the compat table refuses for it (`hookkit.core.compat`) is named with the refusal, before any
+        process builds the model."""
         missing = sorted(self.fields - have)
         if missing:
             return f"hookkit has no feature for Spec.{missing[0]} in this installation"
@@ -51,6 +82,14 @@ class BenchConfig:
             for name in names:
                 if importlib.util.find_spec(name) is None:
                     return f"{name} is not installed"
+        if adapter is not None and isinstance(self.setup, HookkitSetup):
+            from hookkit.core import compat
+            from hookkit.errors import SpecError
+
+            try:
+                compat.check(self.setup.make_spec(), adapter)
+            except SpecError as exc:
+                return f"refused on {adapter.name}: {exc}"
         return None
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+import hookkit
 from hookkit.errors import SpecError
 from hookkit.tools.bench.metrics import _dynamo_graphs, _peak_memory_gb, psnr, synchronize, timed, timing_caveat
 from hookkit.tools.bench.models import (
@@ -175,9 +176,10 @@ def run_matrix(configs: Sequence[BenchConfig], opts: ModelOptions, runs: int, wa
             out_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hookkit-bench-")))
         out_dir.mkdir(parents=True, exist_ok=True)
         device, have = resolve_device(opts.device), available_fields()
+        adapter = hookkit.get_adapter(opts.name)
         for i, config in enumerate(configs, 1):
             log(f"[{i}/{len(configs)}] {config.name}: {config.description}")
-            reason = config.unavailable(device, have)
+            reason = config.unavailable(device, have, adapter)
             rows.append(_run_child(config, opts, runs, warmup, timeout_s, out_dir, cold) if reason is None
                         else _empty_row(config, "skipped", reason))
             log(f"[{i}/{len(configs)}] {config.name}: {_status_line(rows[-1])}")
