@@ -149,7 +149,7 @@ def test_a_two_expert_rows_table_names_each_experts_cached_steps() -> None:
 
 
 def test_the_step_mask_restarts_at_each_experts_first_step_as_cache_dit_counts_them() -> None:
-    from hookkit.tools.bench.peers import expert_steps_mask
+    from hookkit.tools.bench.row import expert_steps_mask
 
     # the tiny Wan 2.2 (boundary 0.8) runs steps 0-2 on transformer and 3-5 on transformer_2
     assert expert_steps_mask(zoo.tiny_variant("wan22"), (1, 0, 0, 1, 0, 1), 6) == (1, 0, 0, 1, 0, 0)
@@ -344,7 +344,8 @@ def test_cache_dit_counts_each_experts_steps_from_0_and_the_per_expert_mask_comp
     """What `expert_steps_mask` assumes of cache-dit, checked on the tiny Wan 2.2 (steps 0-2 on `transformer`, 3-5 on
     `transformer_2`): on the same "fast" mask, hookkit's rows compute the steps cache-dit's rows compute."""
     cache_dit = pytest.importorskip("cache_dit")
-    from hookkit.tools.bench.peers import cache_dit_steps, expert_steps_mask
+    from hookkit.tools.bench.peers import cache_dit_steps
+    from hookkit.tools.bench.row import expert_steps_mask
 
     mask = hookkit.techniques.cache.spec.resolve_steps_mask("fast", 6)
     peer = zoo.tiny_variant("wan22")

@@ -156,31 +156,6 @@ def _cache_dit_fp8_compile_2x(ctx: RunContext) -> None:
     _stock_regional_compile(None)(ctx)
 
 
-def expert_steps_mask(pipe: Any, mask: Sequence[int], steps: int) -> tuple[int, ...] | None:
-    """`mask` restarted at each expert's first step of a two-expert pipeline (Wan 2.2: `transformer` on the timesteps
-    at or above `boundary_ratio * num_train_timesteps`, `transformer_2` below), or None for a one-transformer pipeline.
-
-    Why: cache-dit counts the steps of each expert's blocks from 0 and indexes its step mask with that count, while
-    hookkit's mask is indexed by the pipeline step. Given this mask, hookkit's rows compute the steps cache-dit's
-    rows compute (at 6 steps, "fast" (1, 0, 0, 1, 0, 1) with experts on steps 0-1 and 2-5 becomes (1, 0, 1, 0, 0, 1)).
-    """
-    import copy
-
-    ratio = getattr(getattr(pipe, "config", None), "boundary_ratio", None)
-    if getattr(pipe, "transformer_2", None) is None or ratio is None:
-        return None
-    scheduler = copy.deepcopy(pipe.scheduler)  # set_timesteps writes into the scheduler
-    scheduler.set_timesteps(steps, device="cpu")
-    boundary = ratio * scheduler.config.num_train_timesteps
-    experts = [0 if float(t) >= boundary else 1 for t in scheduler.timesteps]
-    out, start = [], 0
-    for i, expert in enumerate(experts):
-        if i and expert != experts[i - 1]:
-            start = i
-        out.append(int(mask[i - start]))
-    return tuple(out)
-
-
 def cache_dit_steps(stats: Sequence[Any]) -> dict[str, Any]:
     """cache-dit's `CacheStats` of the last call in the shape of hookkit's DBCache summary data (cached and
     computed step indices per CFG branch), so that the table's notes read the same for both. The indices are of the

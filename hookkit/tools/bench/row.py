@@ -3,7 +3,7 @@ and what that needs), the `RunContext` the setup sees, and the keys of the resul
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -25,6 +25,31 @@ class RunContext:
     companion_features: Callable[[], dict[str, dict[str, Any]]] | None = None
 
 
+def expert_steps_mask(pipe: Any, mask: Sequence[int], steps: int) -> tuple[int, ...] | None:
+    """`mask` restarted at each expert's first step of a two-expert pipeline (Wan 2.2: `transformer` on the timesteps
+    at or above `boundary_ratio * num_train_timesteps`, `transformer_2` below), or None for a one-transformer pipeline.
+
+    Why: cache-dit counts the steps of each expert's blocks from 0 and indexes its step mask with that count, while
+    hookkit's mask is indexed by the pipeline step. Given this mask, hookkit's rows compute the steps cache-dit's
+    rows compute (at 6 steps, "fast" (1, 0, 0, 1, 0, 1) with experts on steps 0-1 and 2-5 becomes (1, 0, 1, 0, 0, 1)).
+    """
+    import copy
+
+    ratio = getattr(getattr(pipe, "config", None), "boundary_ratio", None)
+    if getattr(pipe, "transformer_2", None) is None or ratio is None:
+        return None
+    scheduler = copy.deepcopy(pipe.scheduler)  # set_timesteps writes into the scheduler
+    scheduler.set_timesteps(steps, device="cpu")
+    boundary = ratio * scheduler.config.num_train_timesteps
+    experts = [0 if float(t) >= boundary else 1 for t in scheduler.timesteps]
+    out, start = [], 0
+    for i, expert in enumerate(experts):
+        if i and expert != experts[i - 1]:
+            start = i
+        out.append(int(mask[i - start]))
+    return tuple(out)
+
+
 @attrs.frozen
 class HookkitSetup:
     """A hookkit row's setup: `hookkit.enable(pipe, make_spec())`. On a two-expert pipeline (Wan 2.2) a static
@@ -41,7 +66,6 @@ class HookkitSetup:
     def __call__(self, ctx: RunContext) -> None:
         import hookkit
         from hookkit.techniques.cache.spec import resolve_steps_mask
-        from hookkit.tools.bench.peers import expert_steps_mask
 
         spec = self.make_spec()
         cache = spec.cache
