@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -330,6 +333,17 @@ def test_hunyuanvideo15_under_graphs_split_at_a_dbcache_threshold_is_refused_ali
 
 
 # --- on a GPU ------------------------------------------------------------------------------------------------------
+# Each runs in a fresh Python (`in_own_process`): a refused capture can leave torch's caching allocator recording into
+# the failed capture's pool (torch before 2.12), which must not reach the GPU tests that run after it in one process.
+
+
+def in_own_process(body: Callable[[], None]) -> None:
+    """Run `body`, a function of this file, in a fresh Python; fail with its stderr."""
+    here = Path(__file__).resolve()
+    script = f"import sys; sys.path.insert(0, {str(here.parent)!r}); import {here.stem} as t; t.{body.__name__}()"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=here.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def cuda_refusal(module: torch.nn.Module, backend: Any) -> UnsupportedError:
@@ -337,8 +351,7 @@ def cuda_refusal(module: torch.nn.Module, backend: Any) -> UnsupportedError:
     return refusal_of(module, torch.ones(2, 4, device="cuda"), torch.zeros(2, 4, device="cuda"))
 
 
-@pytest.mark.gpu
-def test_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line() -> None:
+def _gpu_a_host_sync_in_the_capture_is_refused_naming_its_line() -> None:
     from hookkit.techniques.compile.cuda_graphs import CudaGraphBackend
 
     error = cuda_refusal(BranchesOnAValue().cuda(), CudaGraphBackend())
@@ -348,8 +361,7 @@ def test_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line() -> None:
     assert "torch: 'CUDA error: operation not permitted when stream is capturing'" in str(error)
 
 
-@pytest.mark.gpu
-def test_gpu_a_refused_capture_leaves_the_callers_stream_current() -> None:
+def _gpu_a_refused_capture_leaves_the_callers_stream_current() -> None:
     # torch.cuda.graph leaves its capture stream current when the capture's end raises
     from hookkit.techniques.compile.cuda_graphs import CudaGraphBackend
 
@@ -357,8 +369,7 @@ def test_gpu_a_refused_capture_leaves_the_callers_stream_current() -> None:
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
-@pytest.mark.gpu
-def test_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right() -> None:
+def _gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right() -> None:
     # the next capture starts a new pool: torch < 2.12 may still be recording into the refused capture's pool
     from hookkit.techniques.compile.cuda_graphs import CudaGraphBackend
 
@@ -374,8 +385,7 @@ def test_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_rig
     assert (runner.captures, len(runner.captured)) == (2, 2)
 
 
-@pytest.mark.gpu
-def test_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() -> None:
+def _gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() -> None:
     from diffusers.models.transformers import transformer_hunyuan_video15 as model_file
 
     def call(pipe: Any) -> torch.Tensor:
@@ -394,3 +404,23 @@ def test_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() 
     assert f"got an operation that stream capture refuses at {where}, most often a host" in str(err.value)
     handle.remove()
     assert torch.equal(call(pipe), reference)
+
+
+@pytest.mark.gpu
+def test_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line() -> None:
+    in_own_process(_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line)
+
+
+@pytest.mark.gpu
+def test_gpu_a_refused_capture_leaves_the_callers_stream_current() -> None:
+    in_own_process(_gpu_a_refused_capture_leaves_the_callers_stream_current)
+
+
+@pytest.mark.gpu
+def test_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right() -> None:
+    in_own_process(_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right)
+
+
+@pytest.mark.gpu
+def test_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() -> None:
+    in_own_process(_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove)
