@@ -406,21 +406,13 @@ def _gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() -> N
     assert torch.equal(call(pipe), reference)
 
 
-@pytest.mark.gpu
-def test_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line() -> None:
-    in_own_process(_gpu_a_host_sync_in_the_capture_is_refused_naming_its_line)
-
 
 @pytest.mark.gpu
-def test_gpu_a_refused_capture_leaves_the_callers_stream_current() -> None:
-    in_own_process(_gpu_a_refused_capture_leaves_the_callers_stream_current)
-
-
-@pytest.mark.gpu
-def test_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right() -> None:
-    in_own_process(_gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right)
-
-
-@pytest.mark.gpu
-def test_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove() -> None:
-    in_own_process(_gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove)
+@pytest.mark.parametrize("body", [
+    _gpu_a_host_sync_in_the_capture_is_refused_naming_its_line,
+    _gpu_a_refused_capture_leaves_the_callers_stream_current,
+    _gpu_after_a_refused_capture_the_kept_graph_and_a_new_capture_replay_right,
+    _gpu_hunyuanvideo15_is_refused_at_its_host_sync_and_runs_after_remove,
+], ids=lambda body: body.__name__.removeprefix("_gpu_"))
+def test_gpu_refused_captures_each_in_its_own_process(body: Callable[[], None]) -> None:
+    in_own_process(body)

@@ -9,6 +9,10 @@ from typing import Any
 import attrs
 import torch
 
+import hookkit
+from hookkit.core import compat
+from hookkit.errors import SpecError
+from hookkit.techniques.cache.spec import resolve_steps_mask
 from hookkit.tools.bench.models import ModelOptions
 
 
@@ -64,9 +68,6 @@ class HookkitSetup:
     make_spec: Callable[[], Any]
 
     def __call__(self, ctx: RunContext) -> None:
-        import hookkit
-        from hookkit.techniques.cache.spec import resolve_steps_mask
-
         spec = self.make_spec()
         cache = spec.cache
         two_experts = getattr(ctx.pipe, "transformer_2", None) is not None
@@ -107,9 +108,6 @@ class BenchConfig:
                 if importlib.util.find_spec(name) is None:
                     return f"{name} is not installed"
         if adapter is not None and isinstance(self.setup, HookkitSetup):
-            from hookkit.core import compat
-            from hookkit.errors import SpecError
-
             try:
                 compat.check(self.setup.make_spec(), adapter)
             except SpecError as exc:
