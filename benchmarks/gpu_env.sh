@@ -4,26 +4,35 @@
 #
 #   source benchmarks/gpu_env.sh && gpu_env [REPO] || exit 1
 #
-# `gpu_env` exports PYTHONPATH=/tmp/site:REPO (REPO: the checkout to import hookkit from, default the one holding
-# this file; a queue passes its snapshot) and PYTHONUNBUFFERED=1. When one of the four packages does not import, installs the
-# wheels of $WHL (default: .whl of the checkout holding this file; carry it in the device call) into /tmp/site,
-# which stays for the machine's later calls. Returns 1, saying why, when they neither import nor install.
+# `gpu_env` exports PYTHONPATH=SITE:REPO (SITE: $GPU_SITE, default /tmp/site; REPO: the checkout to import hookkit
+# from, default the one holding this file; a queue passes its snapshot) and PYTHONUNBUFFERED=1. When one of the four
+# packages does not import, installs the wheels of $WHL (default: .whl of the checkout holding this file; carry it in
+# the device call) into SITE, which stays for the machine's later calls. Returns 1, saying why, when they neither
+# import nor install. When $WHL holds flashinfer-site.tar.gz (benchmarks/flashinfer_site.py builds it) and SITE has
+# no flashinfer yet, unpacks it there first: FlashInfer's package and the sources its JIT compiles.
 
 gpu_env() {  # gpu_env [REPO]
-  local here repo whl
+  local here repo whl site
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   repo=${1:-$here}
-  export PYTHONPATH="/tmp/site:$repo" PYTHONUNBUFFERED=1
-  python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
+  site=${GPU_SITE:-/tmp/site}
   whl=${WHL:-$here/.whl}
+  export PYTHONPATH="$site:$repo" PYTHONUNBUFFERED=1
+  if [ -f "$whl/flashinfer-site.tar.gz" ] && [ ! -d "$site/flashinfer" ]; then
+    mkdir -p "$site" && tar xzf "$whl/flashinfer-site.tar.gz" -C "$site" || {
+      echo "gpu_env.sh: could not unpack $whl/flashinfer-site.tar.gz into $site" >&2
+      return 1
+    }
+  fi
+  python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
   if ! ls "$whl"/*.whl > /dev/null 2>&1; then
     echo "gpu_env.sh: diffusers, torchao, loguru and cache_dit do not all import and $whl holds no wheels;" \
       "carry .whl (or set WHL to a folder of wheels)" >&2
     return 1
   fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl"/*.whl || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$whl"/*.whl || return 1
   python3 -c "import diffusers, torchao, loguru, cache_dit" || {
-    echo "gpu_env.sh: installed the wheels of $whl into /tmp/site, but the packages still do not import" >&2
+    echo "gpu_env.sh: installed the wheels of $whl into $site, but the packages still do not import" >&2
     return 1
   }
 }

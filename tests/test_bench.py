@@ -302,11 +302,14 @@ def test_bench_full_without_a_gpu_is_refused_up_front() -> None:
     assert elapsed < 60  # the interpreter start and the import only (seconds; a loaded CI host is slower)
 
 
-def test_hookkit_rows_run_exactly_when_their_features_are_installed() -> None:
+def test_hookkit_rows_run_exactly_when_their_features_and_packages_are_installed() -> None:
     cuda = torch.device("cuda")  # only compared, never used
     for config in bench.CONFIGS.values():
         if config.kind == "hookkit":
-            assert (config.unavailable(cuda, HAVE) is None) == (config.fields <= HAVE), config.name
+            needs = config.needs_module
+            modules = (needs,) if isinstance(needs, str) else (needs or ())
+            installed = all(importlib.util.find_spec(m) is not None for m in modules)
+            assert (config.unavailable(cuda, HAVE) is None) == (config.fields <= HAVE and installed), config.name
 
 
 def test_each_hookkit_row_declares_exactly_the_spec_fields_it_turns_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -649,7 +652,9 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
     assert [c.name for c in configs] == ["eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile",
                                          "cache-dit+fp8+compile+sage", "hookkit-fp8+cuda-graphs",
                                          "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
-                                         "hookkit-fp8+cache-fast+compile+fp8-attention"]
+                                         "hookkit-fp8+cache-fast+compile+fp8-attention",
+                                         "hookkit-fp8+compile+flashinfer-attention",
+                                         "hookkit-fp8+cache-fast+compile+flashinfer-attention"]
     assert notes == []
 
 

@@ -225,6 +225,23 @@ def test_gpu_env_puts_the_site_folder_and_the_given_checkout_on_the_python_path(
     assert done.returncode == 0 and done.stdout == "/tmp/site:/snap/repo 1\n"
 
 
+def test_gpu_env_unpacks_the_flashinfer_site_archive_into_the_site_folder_once(tmp_path: Path) -> None:
+    whl, package = tmp_path / "whl", tmp_path / "src" / "flashinfer"
+    (package / "data" / "include").mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '0.2.14'\n")
+    whl.mkdir()
+    with tarfile.open(whl / "flashinfer-site.tar.gz", "w:gz") as tar:
+        tar.add(package, arcname="flashinfer")
+    env = {**fake_python(tmp_path, imports=True), "WHL": str(whl), "GPU_SITE": str(tmp_path / "site")}
+    done = bash("-c", 'source benchmarks/gpu_env.sh && gpu_env /snap/repo && echo "$PYTHONPATH"', env=env)
+    assert done.returncode == 0 and done.stdout == f"{tmp_path / 'site'}:/snap/repo\n"
+    unpacked = tmp_path / "site" / "flashinfer" / "__init__.py"
+    assert unpacked.read_text() == "__version__ = '0.2.14'\n"
+    unpacked.write_text("kept\n")  # a later call leaves what is there
+    assert bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env).returncode == 0
+    assert unpacked.read_text() == "kept\n"
+
+
 def test_gpu_env_without_the_packages_or_wheels_fails_saying_what_to_carry(tmp_path: Path) -> None:
     env = {**fake_python(tmp_path, imports=False), "WHL": str(tmp_path / "no-wheels")}
     done = bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env)

@@ -47,6 +47,7 @@ from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
 from hookkit.errors import SpecError, UnsupportedError
+from hookkit.techniques.attention import flashinfer_fp8
 from hookkit.techniques.attention.spec import Attention
 
 if TYPE_CHECKING:
@@ -62,13 +63,17 @@ ANY_DEVICE = ("native", "_native_math")
 TAKES_ALL = ("native", "_native_math", "_native_efficient")
 #: the package each kernel imports (module name, pip name)
 PACKAGES = {"flash": ("flash_attn", "flash-attn"), "sage": ("sageattention", "sageattention"),
-            "hookkit_int8": ("triton", "triton"), "hookkit_fp8": ("triton", "triton")}
+            "hookkit_int8": ("triton", "triton"), "hookkit_fp8": ("triton", "triton"),
+            "flashinfer_fp8": ("flashinfer", "flashinfer-python")}
 #: kernels that need fp16 or bf16 inputs
-HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8")
+HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8", "flashinfer_fp8")
 #: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere;
 #: fp8 tensor cores, Ada (8.9) and Hopper
 MIN_CAPABILITY = {"_native_cudnn": (8, 0), "_native_flash": (8, 0), "_native_efficient": (5, 0), "flash": (8, 0),
-                  "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9)}
+                  "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9), "flashinfer_fp8": (9, 0)}
+#: kernels built for one GPU generation only (compute capability major): FlashInfer's FA3 kernel is sm_90a code
+#: (Hopper's warpgroup MMA and TMA), which no other generation runs
+ONLY_MAJOR = {"flashinfer_fp8": 9}
 #: hookkit's own Triton kernels
 HOOKKIT_KERNELS = ("hookkit_int8", "hookkit_fp8")
 
@@ -77,6 +82,8 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
     """Whether `kernel` takes heads of size `dim`."""
     if kernel in HOOKKIT_KERNELS:
         return dim in (32, 64, 128)
+    if kernel == "flashinfer_fp8":
+        return dim in (64, 128, 256)
     if kernel == "sage":  # sageattention 1.0.6's kernels
         return dim in (64, 96, 128)
     if kernel in ("_native_cudnn", "_native_flash", "flash"):
@@ -87,6 +94,8 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
 def head_size_text(kernel: str) -> str:
     if kernel in HOOKKIT_KERNELS:
         return "32, 64 or 128"
+    if kernel == "flashinfer_fp8":
+        return "64, 128 or 256"
     return "64, 96 or 128" if kernel == "sage" else "a multiple of 8 up to 256"
 
 
@@ -115,7 +124,7 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
         return "grouped-query heads"
-    if a["is_causal"] and kernel in HOOKKIT_KERNELS:
+    if a["is_causal"] and kernel in HOOKKIT_KERNELS:  # FlashInfer's kernel has a causal mode
         return "causal mask"
     if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         return f"dtype {q.dtype}"
@@ -168,6 +177,30 @@ fp8_attention = _triton_op("fp8_attention", "fp8_triton",
                            "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 
+@torch.library.custom_op("hookkit::flashinfer_fp8_attention", mutates_args=())
+def flashinfer_fp8_attention(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor,
+                             k_scale: torch.Tensor, v_scale: torch.Tensor, sm_scale: float, causal: bool,
+                             out_dtype: torch.dtype) -> torch.Tensor:
+    """FlashInfer's fp8 kernel on inputs `flashinfer_fp8.quantize` made, as an op torch.compile keeps opaque (the
+    quantization before it is traced and fused); flashinfer is imported at the first call."""
+    return flashinfer_fp8.run(q8, k8, v8, q_scale, k_scale, v_scale, sm_scale, causal, out_dtype)
+
+
+@flashinfer_fp8_attention.register_fake
+def _(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+      v_scale: torch.Tensor, sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    b, h, n, d = q8.shape  # the real output's layout: a [B, H, N, D] view of [B, N, H, D]
+    return q8.new_empty((b, n, h, d), dtype=out_dtype).transpose(1, 2)
+
+
+def _flashinfer_fp8(a: dict[str, Any]) -> torch.Tensor:
+    """Quantization (traced under compile) and FlashInfer's kernel (opaque)."""
+    query = a["query"]
+    scale = a["scale"] if a["scale"] is not None else query.shape[-1] ** -0.5
+    return flashinfer_fp8_attention(*flashinfer_fp8.quantize(query, a["key"], a["value"]), float(scale),
+                                    bool(a["is_causal"]), query.dtype)
+
+
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
 def _sage(a: dict[str, Any]) -> torch.Tensor:
     from sageattention import sageattn
@@ -201,6 +234,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
         return op(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
     if kernel == "sage":
         return _sage(a)
+    if kernel == "flashinfer_fp8":
+        return _flashinfer_fp8(a)
     return _flash(a)
 
 
@@ -508,6 +543,8 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
         if package is not None and importlib.util.find_spec(package[0]) is None:
             raise UnsupportedError(f"Attention.{where}: {kernel!r} needs the {package[0]!r} package, which is not "
                                    f"installed. `pip install {package[1]}`, or choose another kernel.")
+        if kernel == "flashinfer_fp8":
+            _check_flashinfer_version(where)
         if kernel in HALF_ONLY:
             dtype = _model_dtype(transformer)
             if dtype not in (torch.float16, torch.bfloat16):
@@ -534,12 +571,35 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                                    f"{', '.join(devices)}. Move the pipeline first (pipe.to(\"cuda\")), then call "
                                    "hookkit.enable.")
         device = next(transformer.parameters()).device
-        capability = torch.cuda.get_device_capability(device)
-        if capability < MIN_CAPABILITY[kernel]:
-            need = ".".join(map(str, MIN_CAPABILITY[kernel]))
-            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected a GPU of compute capability >= {need}, got "
-                                   f"{capability[0]}.{capability[1]} ({torch.cuda.get_device_name(device)}). Choose "
-                                   "kernel='native' or '_native_efficient'.")
+        refusal = capability_refusal(kernel, where, torch.cuda.get_device_capability(device),
+                                     torch.cuda.get_device_name(device))
+        if refusal is not None:
+            raise UnsupportedError(refusal)
+
+
+def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:
+    """Why `kernel` cannot run on a GPU of this compute capability (the refusal's message), or None."""
+    got = f"{capability[0]}.{capability[1]} ({device_name})"
+    if capability < MIN_CAPABILITY[kernel]:
+        need = ".".join(map(str, MIN_CAPABILITY[kernel]))
+        return (f"Attention.{where}: {kernel!r} expected a GPU of compute capability >= {need}, got {got}. Choose "
+                "kernel='native' or '_native_efficient'.")
+    if kernel in ONLY_MAJOR and capability[0] != ONLY_MAJOR[kernel]:
+        return (f"Attention.{where}: {kernel!r} expected a Hopper GPU (compute capability {ONLY_MAJOR[kernel]}.x: its "
+                f"kernel is sm_90a code), got {got}. Choose 'hookkit_fp8' (compute capability 8.9 and newer) or "
+                "'hookkit_int8'.")
+    return None
+
+
+def _check_flashinfer_version(where: str) -> None:
+    """Refuse a FlashInfer older than the API `flashinfer_fp8` calls (fp8 inputs with per-head scales on FA3)."""
+    flashinfer = importlib.import_module("flashinfer")
+    version = str(getattr(flashinfer, "__version__", "unknown"))
+    if not flashinfer_fp8.version_ok(version):
+        need = ".".join(map(str, flashinfer_fp8.MIN_VERSION))
+        raise UnsupportedError(f"Attention.{where}: 'flashinfer_fp8' expected flashinfer-python >= {need} (fp8 "
+                               f"inputs with per-head scales on its FA3 backend), got {version}. "
+                               f"`pip install -U flashinfer-python`, or choose 'hookkit_fp8'.")
 
 
 # --- the feature -------------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from hookkit.errors import field_error
 
 #: diffusers' backend names of the full-precision kernels hookkit can choose (`diffusers.models.attention_dispatch`)
 FULL_KERNELS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math", "flash")
-#: the low-precision kernels: hookkit's Triton kernels (int8 Q·Kᵀ with fp16 P·V; int8 Q·Kᵀ with e4m3 P·V), and
-#: SageAttention's (the `sageattention` package)
-LOW_KERNELS = ("hookkit_int8", "hookkit_fp8", "sage")
+#: the low-precision kernels: hookkit's Triton kernels (int8 Q·Kᵀ with fp16 P·V; int8 Q·Kᵀ with e4m3 P·V),
+#: SageAttention's (the `sageattention` package) and FlashInfer's FA3 fp8 kernel (the `flashinfer-python` package)
+LOW_KERNELS = ("hookkit_int8", "hookkit_fp8", "sage", "flashinfer_fp8")
 KERNELS = FULL_KERNELS + LOW_KERNELS
 
 
@@ -43,9 +43,11 @@ class Attention:
         low_precision: the kernel of the steps and blocks in between (default "hookkit_int8": hookkit's Triton kernel,
             int8 Q·Kᵀ with per-block scales and K smoothing, P·V in fp16, any GPU from Ampere on); "hookkit_fp8"
             (hookkit's Hopper/Ada kernel: int8 Q·Kᵀ as above, P·V in e4m3 with V scaled per channel, fp8 tensor
-            cores, compute capability 8.9 or newer; the fastest at video lengths, with more error); "sage" (the
-            `sageattention` package's `sageattn`, K smoothed by hookkit, out of place); any full-precision name (to
-            compare kernels); None runs `kernel` everywhere.
+            cores, compute capability 8.9 or newer; with more error); "sage" (the `sageattention` package's
+            `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only:
+            Q, smoothed K and V in e4m3 with a scale per head, both products on fp8 tensor cores; the
+            `flashinfer-python` package, which compiles the kernel with nvcc at its first call); any full-precision
+            name (to compare kernels); None runs `kernel` everywhere.
         full_first: how many of the first denoising steps run `kernel` in every block (default 2).
         full_last: how many of the last steps run `kernel` in every block (default 2; needs the number of steps: a
             pipeline call, or `handle.generation(num_steps=...)`; without it no step counts as one of the last).

@@ -84,11 +84,11 @@ def _fp8_mod_fast_graphs(mode: str | None = None, fuse_fp8_rows: str = "fast", r
                                 memo=True, attention=attention)
 
 
-def _fp8_attention_every_step() -> Any:
-    """hookkit's fp8 attention kernel on every step and block: a short benchmark run (6 steps) then measures the step
-    the middle of a 50-step run spends (`Attention()`'s default keeps bf16 on the first and last 2 steps; at 50
-    steps those are 4 of 50)."""
-    return hookkit.Attention(low_precision="hookkit_fp8", full_first=0, full_last=0)
+def _fp8_attention_every_step(kernel: str = "hookkit_fp8") -> Any:
+    """An fp8 attention kernel (hookkit's, or FlashInfer's) on every step and block: a short benchmark run (6 steps)
+    then measures the step the middle of a 50-step run spends (`Attention()`'s default keeps bf16 on the first and
+    last 2 steps; at 50 steps those are 4 of 50)."""
+    return hookkit.Attention(low_precision=kernel, full_first=0, full_last=0)
 
 
 def _configs() -> dict[str, BenchConfig]:
@@ -236,6 +236,22 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
                     description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + hookkit's fp8 "
                                 "attention kernel at every step"),
+        BenchConfig(name="hookkit-fp8+compile+flashinfer-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step("flashinfer_fp8"))),
+                    fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flashinfer",
+                    description="fp8 dynamic per-row + regional compile + FlashInfer's fp8 attention kernel at every "
+                                "step, uncached (needs the flashinfer-python package and a Hopper GPU)"),
+        BenchConfig(name="hookkit-fp8+cache-fast+compile+flashinfer-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step("flashinfer_fp8"))),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flashinfer",
+                    description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + FlashInfer's fp8 "
+                                "attention kernel at every step (needs the flashinfer-python package and a Hopper "
+                                "GPU)"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
@@ -252,7 +268,8 @@ CONFIGS: dict[str, BenchConfig] = _configs()
 ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
               "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
-              "hookkit-fp8+cache-fast+compile+fp8-attention"),
+              "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+compile+flashinfer-attention",
+              "hookkit-fp8+cache-fast+compile+flashinfer-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)

@@ -1,0 +1,281 @@
+"""FlashInfer's fp8 attention as `Attention(low_precision="flashinfer_fp8")`: hookkit's quantization (per-head e4m3
+scales, K smoothed), the calls it makes to FlashInfer, the op under torch.compile, and the refusals at enable.
+
+On the CPU a stand-in `flashinfer` module computes what FlashInfer documents for `single_prefill_with_kv_cache` with
+fp8 inputs (each head's Q, K and V times its scale, then attention in float32) and records each call, so the tests
+check hookkit's side of the contract: layouts, scales, one call per batch element, the output's layout. The kernel
+itself runs in the GPU tests, which need the package and a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hookkit
+from hookkit.errors import UnsupportedError
+from hookkit.techniques.attention import flashinfer_fp8
+from hookkit.techniques.attention.hooks import _sdpa_args, capability_refusal, head_sizes_ok, run_kernel, unsupported
+from hookkit.tools import zoo
+
+FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+
+
+def _qkv(batch: int = 2, heads: int = 3, tokens: int = 40, dim: int = 64, offset: float = 0.0,
+         dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, tokens, dim, generator=g) for _ in range(3))
+    return q.to(dtype), (k + offset).to(dtype), v.to(dtype)
+
+
+class StandIn(types.ModuleType):
+    """A `flashinfer` module for the CPU: FlashInfer's documented fp8 semantics, each call recorded."""
+
+    def __init__(self, version: str = "0.2.14.post1") -> None:
+        super().__init__("flashinfer")
+        self.__version__ = version
+        self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+        self.calls: list[dict[str, Any]] = []
+
+    def single_prefill_with_kv_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                     scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor,
+                                     o_dtype: torch.dtype, causal: bool, sm_scale: float, kv_layout: str,
+                                     backend: str) -> torch.Tensor:
+        self.calls.append({"shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape)), "dtype": q.dtype,
+                           "scales": (tuple(scale_q.shape), tuple(scale_k.shape), tuple(scale_v.shape)),
+                           "o_dtype": o_dtype, "causal": causal, "sm_scale": sm_scale, "kv_layout": kv_layout,
+                           "backend": backend})
+        qf, kf, vf = (t.float() * s[None, :, None] for t, s in ((q, scale_q), (k, scale_k), (v, scale_v)))
+        out = F.scaled_dot_product_attention(qf.transpose(0, 1), kf.transpose(0, 1), vf.transpose(0, 1),
+                                             is_causal=causal, scale=sm_scale)
+        return out.transpose(0, 1).contiguous().to(o_dtype)  # [N, H, D], as FlashInfer allocates it
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> StandIn:
+    module = StandIn()
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    return module
+
+
+def _dequantized(q8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return q8.float() * scales[:, :, None, None]
+
+
+# --- quantization ------------------------------------------------------------------------------------------------
+
+
+def test_scales_are_each_heads_amax_over_448() -> None:
+    q, _, _ = _qkv()
+    amax = q.float().abs().amax(dim=(2, 3))
+    assert torch.equal(flashinfer_fp8.head_scales(q), amax / 448.0)
+
+
+def test_quantized_values_are_within_half_an_e4m3_step_of_the_inputs() -> None:
+    q, k, v = _qkv()
+    q8, _, v8, q_scale, _, v_scale = flashinfer_fp8.quantize(q, k, v)
+    assert q8.dtype == v8.dtype == torch.float8_e4m3fn and q8.shape == q.shape
+    for t, t8, s in ((q, q8, q_scale), (v, v8, v_scale)):
+        x = t.float()
+        step = torch.maximum(x.abs() * 2.0 ** -4, s[:, :, None, None] * 2.0 ** -10)  # normals: 3 mantissa bits
+        assert ((_dequantized(t8, s) - x).abs() <= step * (1 + 1e-6)).all()
+
+
+def test_the_largest_value_of_each_head_maps_to_448() -> None:
+    q, k, v = _qkv()
+    q8 = flashinfer_fp8.quantize(q, k, v)[0]
+    assert torch.equal(q8.float().abs().amax(dim=(2, 3)), torch.full((2, 3), 448.0))
+
+
+def test_keys_are_smoothed_by_their_mean_over_the_tokens_before_quantization() -> None:
+    q, k, v = _qkv(offset=6.0)  # a channel offset every token shares: smoothing takes it out of K's range
+    _, k8, _, _, k_scale, _ = flashinfer_fp8.quantize(q, k, v)
+    smoothed = (k - k.mean(dim=2, keepdim=True)).float()
+    assert torch.allclose(_dequantized(k8, k_scale), smoothed, rtol=2.0 ** -4, atol=float(k_scale.max()) * 2.0 ** -9)
+    assert float(k_scale.max()) < float(flashinfer_fp8.head_scales(k).min())  # a finer scale than K's own
+
+
+def test_an_all_zero_head_quantizes_to_zeros_with_a_finite_scale() -> None:
+    q, k, v = _qkv()
+    q[0, 1] = 0
+    q8, *_, = flashinfer_fp8.quantize(q, k, v)
+    scales = flashinfer_fp8.head_scales(q)
+    assert scales[0, 1] > 0 and torch.isfinite(scales).all()
+    assert torch.equal(q8[0, 1].float(), torch.zeros(40, 64))
+
+
+# --- the calls to FlashInfer -------------------------------------------------------------------------------------
+
+
+def test_one_fa3_call_per_batch_element_on_nhd_views_with_per_head_scales(stand_in: StandIn) -> None:
+    q, k, v = _qkv(batch=2, heads=3, tokens=40, dim=64)
+    flashinfer_fp8.attention(q, k, v)
+    assert stand_in.calls == [{"shapes": ((40, 3, 64),) * 3, "dtype": torch.float8_e4m3fn,
+                               "scales": ((3,),) * 3, "o_dtype": torch.bfloat16, "causal": False,
+                               "sm_scale": 64 ** -0.5, "kv_layout": "NHD", "backend": "fa3"}] * 2
+
+
+def test_the_output_is_sdpas_layout_and_matches_it_within_fp8_error(stand_in: StandIn) -> None:
+    q, k, v = _qkv(offset=3.0)
+    out = flashinfer_fp8.attention(q, k, v)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert out.stride() == (40 * 3 * 64, 64, 3 * 64, 1)  # a [B, H, N, D] view of [B, N, H, D]
+    assert ((out.float() - ref).abs().mean() / ref.abs().mean()).item() < 0.05
+
+
+def test_a_causal_call_and_an_explicit_scale_reach_the_kernel(stand_in: StandIn) -> None:
+    q, k, v = _qkv(batch=1)
+    out = flashinfer_fp8.attention(q, k, v, scale=0.2, causal=True)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=0.2)
+    assert (stand_in.calls[0]["causal"], stand_in.calls[0]["sm_scale"]) == (True, 0.2)
+    assert ((out.float() - ref).abs().mean() / ref.abs().mean()).item() < 0.05
+
+
+def test_the_sdpa_call_runs_through_hookkits_op(stand_in: StandIn) -> None:
+    q, k, v = _qkv()
+    out = run_kernel("flashinfer_fp8", F.scaled_dot_product_attention, (q, k, v), {})
+    assert torch.equal(out, flashinfer_fp8.attention(q, k, v))
+    assert len(stand_in.calls) == 4  # two batch elements, two calls
+
+
+def test_the_ops_traced_output_has_the_layout_of_its_real_output(stand_in: StandIn) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = _qkv()
+    args = (*flashinfer_fp8.quantize(q, k, v), 0.125, False, torch.bfloat16)
+    real = torch.ops.hookkit.flashinfer_fp8_attention(*args)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.hookkit.flashinfer_fp8_attention(
+            *(mode.from_tensor(a) if torch.is_tensor(a) else a for a in args))
+    assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
+
+
+def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(stand_in: StandIn) -> None:
+    q, k, v = _qkv()
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = run_kernel("flashinfer_fp8", F.scaled_dot_product_attention, (q, k, v), {})
+        return out.transpose(1, 2).flatten(2, 3) * 2  # what a diffusers processor does next
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(q, k, v), block(q, k, v))
+
+
+# --- what the kernel takes, and refusals -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    ({"attn_mask": torch.ones(1, 1, 40, 40, dtype=torch.bool)}, "attention mask"),
+    ({"is_causal": True}, "not on CUDA"),  # causal taken: the next check speaks
+    ({"dropout_p": 0.1}, "dropout"),
+])
+def test_masks_and_dropout_run_as_native_and_a_causal_call_is_taken(kwargs: dict[str, Any], reason: str) -> None:
+    q, k, v = _qkv()
+    assert unsupported("flashinfer_fp8", _sdpa_args((q, k, v), kwargs)) == reason
+
+
+@pytest.mark.parametrize("dim,ok", [(32, False), (64, True), (96, False), (128, True), (256, True)])
+def test_head_sizes_are_those_flashinfer_builds(dim: int, ok: bool) -> None:
+    assert head_sizes_ok("flashinfer_fp8", dim) is ok
+
+
+@pytest.mark.parametrize("version,ok", [("0.2.14.post1", True), ("0.2.14", True), ("0.7.4", True),
+                                        ("0.2.9", False), ("0.2.13", False), ("1.0.0rc1", True), ("unknown", False)])
+def test_flashinfer_versions_from_0_2_14_are_taken(version: str, ok: bool) -> None:
+    assert flashinfer_fp8.version_ok(version) is ok
+
+
+@pytest.mark.parametrize("capability,refusal", [
+    ((9, 0), None),
+    ((8, 9), "Attention.low_precision: 'flashinfer_fp8' expected a GPU of compute capability >= 9.0, got 8.9 (GPU). "
+             "Choose kernel='native' or '_native_efficient'."),
+    ((10, 0), "Attention.low_precision: 'flashinfer_fp8' expected a Hopper GPU (compute capability 9.x: its kernel "
+              "is sm_90a code), got 10.0 (GPU). Choose 'hookkit_fp8' (compute capability 8.9 and newer) or "
+              "'hookkit_int8'."),
+])
+def test_only_hopper_gpus_run_flashinfers_kernel(capability: tuple[int, int], refusal: str | None) -> None:
+    assert capability_refusal("flashinfer_fp8", "low_precision", capability, "GPU") == refusal
+
+
+@pytest.mark.skipif(FLASHINFER, reason="flashinfer is installed")
+def test_flashinfer_fp8_without_the_package_is_refused() -> None:
+    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)
+    with pytest.raises(UnsupportedError) as err:
+        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision="flashinfer_fp8")))
+    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' needs the 'flashinfer' package, which is not "
+                              "installed. `pip install flashinfer-python`, or choose another kernel.")
+
+
+def test_a_flashinfer_older_than_the_fp8_api_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flashinfer", StandIn(version="0.2.9"))
+    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)
+    with pytest.raises(UnsupportedError) as err:
+        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision="flashinfer_fp8")))
+    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected flashinfer-python >= 0.2.14 (fp8 "
+                              "inputs with per-head scales on its FA3 backend), got 0.2.9. `pip install -U "
+                              "flashinfer-python`, or choose 'hookkit_fp8'.")
+
+
+def test_a_head_size_flashinfer_has_no_kernel_for_is_refused(stand_in: StandIn) -> None:
+    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)  # heads of 8
+    with pytest.raises(UnsupportedError) as err:
+        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision="flashinfer_fp8")))
+    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected heads of size 64, 128 or 256, got 8 "
+                              "at transformer_blocks.0.attn. Choose another kernel, or keep the block at `kernel` "
+                              "(Attention.full_blocks).")
+
+
+# --- GPU: the kernel -----------------------------------------------------------------------------------------------
+
+needs_hopper_and_flashinfer = pytest.mark.skipif(
+    not (FLASHINFER and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+    reason="needs flashinfer and a Hopper GPU")
+
+
+@pytest.mark.gpu
+@needs_hopper_and_flashinfer
+def test_gpu_flashinfer_fp8_matches_attention_of_its_quantized_inputs_and_bf16_sdpa() -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 8192, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    k = k + 2.0  # a shared channel offset, as real keys have
+    q8, k8, v8, qs, ks, vs = flashinfer_fp8.quantize(q, k, v)
+    exact = F.scaled_dot_product_attention(_dequantized(q8, qs), _dequantized(k8, ks), _dequantized(v8, vs))
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    out = flashinfer_fp8.attention(q, k, v).float()
+    assert ((out - exact).abs().mean() / exact.abs().mean()).item() < 0.05  # P in e4m3, fp32 accumulation
+    assert ((out - ref).abs().mean() / ref.abs().mean()).item() < 0.1
+
+
+def _bf16_flux_head64() -> Any:
+    return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
+
+
+def _call_bf16(pipe: Any) -> torch.Tensor:
+    kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+              for k, v in zoo.call_kwargs("flux", steps=4).items()}
+    return pipe(**kwargs).images
+
+
+@pytest.mark.gpu
+@needs_hopper_and_flashinfer
+@pytest.mark.parametrize("compile_spec", [hookkit.Compile(), hookkit.Compile(cuda_graphs="transformer")],
+                         ids=["regional-compile", "whole-transformer-graphs"])
+def test_gpu_flashinfer_fp8_under_compile_matches_eager_attention(compile_spec: hookkit.Compile) -> None:
+    middle = hookkit.Attention(low_precision="flashinfer_fp8", full_first=1, full_last=1)
+    eager = _bf16_flux_head64()
+    handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
+    fast = _bf16_flux_head64()
+    hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
+    expected = _call_bf16(eager)
+    assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {
+        "flashinfer_fp8": 10}
+    for _ in range(2):
+        assert torch.allclose(_call_bf16(fast).float(), expected.float(), atol=2e-2)
