@@ -233,6 +233,31 @@ def test_a_head_size_flashinfer_has_no_kernel_for_is_refused(stand_in: StandIn) 
                               "(Attention.full_blocks).")
 
 
+def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: StandIn) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    build_flashinfer("low_precision", [64, 128], torch.bfloat16, torch.device("cpu"))
+    assert [(c["shapes"][0], c["o_dtype"]) for c in stand_in.calls] == [((16, 1, 64), torch.bfloat16),
+                                                                         ((16, 1, 128), torch.bfloat16)]
+
+
+def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    def no_compiler(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("Ninja build failed: nvcc: not found\nmore lines")
+
+    module = StandIn()
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", no_compiler)
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    with pytest.raises(UnsupportedError) as err:
+        build_flashinfer("low_precision", [128], torch.bfloat16, torch.device("cpu"))
+    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer to build and run its "
+                              "kernel for heads of 128 (torch.bfloat16), got RuntimeError: Ninja build failed: nvcc: "
+                              "not found. FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler "
+                              "on PATH (or set CUDA_HOME), or choose 'hookkit_fp8'.")
+
+
 # --- GPU: the kernel -----------------------------------------------------------------------------------------------
 
 needs_hopper_and_flashinfer = pytest.mark.skipif(

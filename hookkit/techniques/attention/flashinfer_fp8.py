@@ -75,6 +75,14 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     return run(*quantize(query, key, value), sm_scale, causal, query.dtype)
 
 
+def build(head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Run the kernel once on a few tokens of one head: FlashInfer builds (nvcc) and caches its module for this head
+    size and output dtype at its first call, which then happens at `enable`, where a failure is a refusal, not in
+    the first denoising step."""
+    q = torch.ones(1, 1, 16, head_dim, device=device, dtype=dtype)
+    attention(q, q, q)
+
+
 def version_ok(version: str) -> bool:
     """Whether a FlashInfer version string ("0.2.14.post1", "0.7.4") is `MIN_VERSION` or newer."""
     parts: list[int] = []

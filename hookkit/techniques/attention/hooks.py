@@ -11,7 +11,8 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
 take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the
 call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
-dtype, head size, no CUDA device or one too old) is refused at enable. Under regional `Compile` dynamo traces the
+dtype, head size, no CUDA device or one too old; FlashInfer's kernel where it does not build, which `enable` has it
+do) is refused at enable. Under regional `Compile` dynamo traces the
 mode into each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that
 takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key
 (`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph per kernel, each replay counted as its
@@ -575,6 +576,26 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                                      torch.cuda.get_device_name(device))
         if refusal is not None:
             raise UnsupportedError(refusal)
+        if kernel == "flashinfer_fp8":
+            sizes = {_head_size(module) for (_, _, block), kept in zip(blocks, full) if not kept
+                     for _, module in _attention_modules(block)}
+            build_flashinfer(where, sorted(s for s in sizes if s is not None), _model_dtype(transformer), device)
+
+
+def build_flashinfer(where: str, sizes: list[int], dtype: torch.dtype | None, device: torch.device) -> None:
+    """Have FlashInfer build its fp8 kernel for each head size now (`flashinfer_fp8.build`): its first call compiles
+    with nvcc, and a missing compiler or a failed build is then a refusal at enable, with the fix."""
+    for size in sizes:
+        logger.info("attention: FlashInfer's fp8 kernel for heads of {} ({}); its first use compiles it with nvcc "
+                    "(minutes, cached under ~/.cache/flashinfer)", size, dtype)
+        try:
+            flashinfer_fp8.build(size, dtype or torch.bfloat16, device)
+        except Exception as exc:  # noqa: BLE001 - any failure of FlashInfer's build or call is the refusal's reason
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise UnsupportedError(f"Attention.{where}: 'flashinfer_fp8' expected FlashInfer to build and run its "
+                                   f"kernel for heads of {size} ({dtype}), got {type(exc).__name__}: {reason}. "
+                                   "FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler on PATH "
+                                   "(or set CUDA_HOME), or choose 'hookkit_fp8'.") from exc
 
 
 def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:
