@@ -1,6 +1,6 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
-kernels, FlashInfer's FA3 fp8 kernel (if importable: `flashinfer_fp8` with hookkit's quantization,
-`flashinfer_fp8_kernel` alone on inputs quantized once).
+kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
+quantization, `flashinfer_fp8_kernel` alone on inputs quantized once).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
-KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_fp8",
-           "flashinfer_fp8_kernel")
+KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
+           "flashinfer_fp8", "flashinfer_fp8_kernel")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,19 +69,19 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         from hookkit.techniques.attention.hooks import _sage
 
         return lambda q, k, v: _sage({"query": q, "key": k, "value": v, "is_causal": False, "scale": None})
-    if name in ("flashinfer_fp8", "flashinfer_fp8_kernel"):
-        from hookkit.techniques.attention import flashinfer_fp8
+    if name.startswith("flashinfer"):
+        from hookkit.techniques.attention import flashinfer_fa3
 
-        if name == "flashinfer_fp8":
-            return flashinfer_fp8.attention
+        if name != "flashinfer_fp8_kernel":
+            return lambda q, k, v: flashinfer_fa3.attention(q, k, v, fp8=name == "flashinfer_fp8")
         quantized: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
 
         def kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             key = (id(q), id(k), id(v))
             if key not in quantized:
                 quantized.clear()
-                quantized[key] = flashinfer_fp8.quantize(q, k, v)
-            return flashinfer_fp8.run(*quantized[key], q.shape[-1] ** -0.5, False, q.dtype)
+                quantized[key] = flashinfer_fa3.quantize(q, k, v)
+            return flashinfer_fa3.run_fp8(*quantized[key], q.shape[-1] ** -0.5, False, q.dtype)
         return kernel_only
     from hookkit.techniques.attention import fp8_triton, int8_triton
 

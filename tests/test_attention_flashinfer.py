@@ -1,8 +1,9 @@
-"""FlashInfer's fp8 attention as `Attention(low_precision="flashinfer_fp8")`: hookkit's quantization (per-head e4m3
-scales, K smoothed), the calls it makes to FlashInfer, the op under torch.compile, and the refusals at enable.
+"""FlashInfer's FA3 attention as `Attention(kernel="flashinfer")` (bf16/fp16) and
+`Attention(low_precision="flashinfer_fp8")`: hookkit's quantization (per-head e4m3 scales, K smoothed), the calls it
+makes to FlashInfer, the ops under torch.compile, the build at enable, and the refusals.
 
-On the CPU a stand-in `flashinfer` module computes what FlashInfer documents for `single_prefill_with_kv_cache` with
-fp8 inputs (each head's Q, K and V times its scale, then attention in float32) and records each call, so the tests
+On the CPU a stand-in `flashinfer` module computes what FlashInfer documents for `single_prefill_with_kv_cache` (with
+fp8 inputs: each head's Q, K and V times its scale; then attention in float32) and records each call, so the tests
 check hookkit's side of the contract: layouts, scales, one call per batch element, the output's layout. The kernel
 itself runs in the GPU tests, which need the package and a Hopper GPU.
 """
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 import hookkit
 from hookkit.errors import UnsupportedError
-from hookkit.techniques.attention import flashinfer_fp8
+from hookkit.techniques.attention import flashinfer_fa3
 from hookkit.techniques.attention.hooks import _sdpa_args, capability_refusal, head_sizes_ok, run_kernel, unsupported
 from hookkit.tools import zoo
 
@@ -45,14 +46,16 @@ class StandIn(types.ModuleType):
         self.calls: list[dict[str, Any]] = []
 
     def single_prefill_with_kv_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                                     scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor,
-                                     o_dtype: torch.dtype, causal: bool, sm_scale: float, kv_layout: str,
-                                     backend: str) -> torch.Tensor:
+                                     o_dtype: torch.dtype, causal: bool, sm_scale: float, kv_layout: str, backend: str,
+                                     scale_q: torch.Tensor | None = None, scale_k: torch.Tensor | None = None,
+                                     scale_v: torch.Tensor | None = None) -> torch.Tensor:
+        scales = (scale_q, scale_k, scale_v)
         self.calls.append({"shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape)), "dtype": q.dtype,
-                           "scales": (tuple(scale_q.shape), tuple(scale_k.shape), tuple(scale_v.shape)),
+                           "scales": None if scale_q is None else tuple(tuple(s.shape) for s in scales),
                            "o_dtype": o_dtype, "causal": causal, "sm_scale": sm_scale, "kv_layout": kv_layout,
                            "backend": backend})
-        qf, kf, vf = (t.float() * s[None, :, None] for t, s in ((q, scale_q), (k, scale_k), (v, scale_v)))
+        ones = torch.ones(q.shape[1])
+        qf, kf, vf = (t.float() * (ones if s is None else s)[None, :, None] for t, s in zip((q, k, v), scales))
         out = F.scaled_dot_product_attention(qf.transpose(0, 1), kf.transpose(0, 1), vf.transpose(0, 1),
                                              is_causal=causal, scale=sm_scale)
         return out.transpose(0, 1).contiguous().to(o_dtype)  # [N, H, D], as FlashInfer allocates it
@@ -75,12 +78,12 @@ def _dequantized(q8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def test_scales_are_each_heads_amax_over_448() -> None:
     q, _, _ = _qkv()
     amax = q.float().abs().amax(dim=(2, 3))
-    assert torch.equal(flashinfer_fp8.head_scales(q), amax / 448.0)
+    assert torch.equal(flashinfer_fa3.head_scales(q), amax / 448.0)
 
 
 def test_quantized_values_are_within_half_an_e4m3_step_of_the_inputs() -> None:
     q, k, v = _qkv()
-    q8, _, v8, q_scale, _, v_scale = flashinfer_fp8.quantize(q, k, v)
+    q8, _, v8, q_scale, _, v_scale = flashinfer_fa3.quantize(q, k, v)
     assert q8.dtype == v8.dtype == torch.float8_e4m3fn and q8.shape == q.shape
     for t, t8, s in ((q, q8, q_scale), (v, v8, v_scale)):
         x = t.float()
@@ -90,23 +93,23 @@ def test_quantized_values_are_within_half_an_e4m3_step_of_the_inputs() -> None:
 
 def test_the_largest_value_of_each_head_maps_to_448() -> None:
     q, k, v = _qkv()
-    q8 = flashinfer_fp8.quantize(q, k, v)[0]
+    q8 = flashinfer_fa3.quantize(q, k, v)[0]
     assert torch.equal(q8.float().abs().amax(dim=(2, 3)), torch.full((2, 3), 448.0))
 
 
 def test_keys_are_smoothed_by_their_mean_over_the_tokens_before_quantization() -> None:
     q, k, v = _qkv(offset=6.0)  # a channel offset every token shares: smoothing takes it out of K's range
-    _, k8, _, _, k_scale, _ = flashinfer_fp8.quantize(q, k, v)
+    _, k8, _, _, k_scale, _ = flashinfer_fa3.quantize(q, k, v)
     smoothed = (k - k.mean(dim=2, keepdim=True)).float()
     assert torch.allclose(_dequantized(k8, k_scale), smoothed, rtol=2.0 ** -4, atol=float(k_scale.max()) * 2.0 ** -9)
-    assert float(k_scale.max()) < float(flashinfer_fp8.head_scales(k).min())  # a finer scale than K's own
+    assert float(k_scale.max()) < float(flashinfer_fa3.head_scales(k).min())  # a finer scale than K's own
 
 
 def test_an_all_zero_head_quantizes_to_zeros_with_a_finite_scale() -> None:
     q, k, v = _qkv()
     q[0, 1] = 0
-    q8, *_, = flashinfer_fp8.quantize(q, k, v)
-    scales = flashinfer_fp8.head_scales(q)
+    q8, *_, = flashinfer_fa3.quantize(q, k, v)
+    scales = flashinfer_fa3.head_scales(q)
     assert scales[0, 1] > 0 and torch.isfinite(scales).all()
     assert torch.equal(q8[0, 1].float(), torch.zeros(40, 64))
 
@@ -116,7 +119,7 @@ def test_an_all_zero_head_quantizes_to_zeros_with_a_finite_scale() -> None:
 
 def test_one_fa3_call_per_batch_element_on_nhd_views_with_per_head_scales(stand_in: StandIn) -> None:
     q, k, v = _qkv(batch=2, heads=3, tokens=40, dim=64)
-    flashinfer_fp8.attention(q, k, v)
+    flashinfer_fa3.attention(q, k, v)
     assert stand_in.calls == [{"shapes": ((40, 3, 64),) * 3, "dtype": torch.float8_e4m3fn,
                                "scales": ((3,),) * 3, "o_dtype": torch.bfloat16, "causal": False,
                                "sm_scale": 64 ** -0.5, "kv_layout": "NHD", "backend": "fa3"}] * 2
@@ -124,7 +127,7 @@ def test_one_fa3_call_per_batch_element_on_nhd_views_with_per_head_scales(stand_
 
 def test_the_output_is_sdpas_layout_and_matches_it_within_fp8_error(stand_in: StandIn) -> None:
     q, k, v = _qkv(offset=3.0)
-    out = flashinfer_fp8.attention(q, k, v)
+    out = flashinfer_fa3.attention(q, k, v)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert out.stride() == (40 * 3 * 64, 64, 3 * 64, 1)  # a [B, H, N, D] view of [B, N, H, D]
@@ -133,36 +136,53 @@ def test_the_output_is_sdpas_layout_and_matches_it_within_fp8_error(stand_in: St
 
 def test_a_causal_call_and_an_explicit_scale_reach_the_kernel(stand_in: StandIn) -> None:
     q, k, v = _qkv(batch=1)
-    out = flashinfer_fp8.attention(q, k, v, scale=0.2, causal=True)
+    out = flashinfer_fa3.attention(q, k, v, scale=0.2, causal=True)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=0.2)
     assert (stand_in.calls[0]["causal"], stand_in.calls[0]["sm_scale"]) == (True, 0.2)
     assert ((out.float() - ref).abs().mean() / ref.abs().mean()).item() < 0.05
 
 
-def test_the_sdpa_call_runs_through_hookkits_op(stand_in: StandIn) -> None:
+def test_the_bf16_kernel_gets_the_inputs_as_they_come(stand_in: StandIn) -> None:
+    q, k, v = _qkv(batch=1)
+    out = flashinfer_fa3.attention(q, k, v, fp8=False)
+    assert stand_in.calls == [{"shapes": ((40, 3, 64),) * 3, "dtype": torch.bfloat16, "scales": None,
+                               "o_dtype": torch.bfloat16, "causal": False, "sm_scale": 64 ** -0.5,
+                               "kv_layout": "NHD", "backend": "fa3"}]
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, rtol=2.0 ** -8, atol=1e-6)  # float32 attention rounded once to bf16
+
+
+@pytest.mark.parametrize("kernel,fp8", [("flashinfer_fp8", True), ("flashinfer", False)])
+def test_the_sdpa_call_runs_through_hookkits_op(stand_in: StandIn, kernel: str, fp8: bool) -> None:
     q, k, v = _qkv()
-    out = run_kernel("flashinfer_fp8", F.scaled_dot_product_attention, (q, k, v), {})
-    assert torch.equal(out, flashinfer_fp8.attention(q, k, v))
+    out = run_kernel(kernel, F.scaled_dot_product_attention, (q, k, v), {})
+    assert torch.equal(out, flashinfer_fa3.attention(q, k, v, fp8=fp8))
     assert len(stand_in.calls) == 4  # two batch elements, two calls
 
 
-def test_the_ops_traced_output_has_the_layout_of_its_real_output(stand_in: StandIn) -> None:
+def _quantized_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Any, ...]:
+    return (*flashinfer_fa3.quantize(q, k, v), 0.125, False, torch.bfloat16)
+
+
+@pytest.mark.parametrize("op,args", [("flashinfer_fp8_attention", _quantized_args),
+                                     ("flashinfer_attention", lambda q, k, v: (q, k, v, 0.125, False))])
+def test_the_ops_traced_output_has_the_layout_of_its_real_output(stand_in: StandIn, op: str, args: Any) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    q, k, v = _qkv()
-    args = (*flashinfer_fp8.quantize(q, k, v), 0.125, False, torch.bfloat16)
-    real = torch.ops.hookkit.flashinfer_fp8_attention(*args)
+    values = args(*_qkv())
+    real = getattr(torch.ops.hookkit, op)(*values)
     with FakeTensorMode() as mode:
-        fake = torch.ops.hookkit.flashinfer_fp8_attention(
-            *(mode.from_tensor(a) if torch.is_tensor(a) else a for a in args))
+        fake = getattr(torch.ops.hookkit, op)(*(mode.from_tensor(a) if torch.is_tensor(a) else a for a in values))
     assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
 
 
-def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(stand_in: StandIn) -> None:
+@pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
+def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(stand_in: StandIn, kernel: str) -> None:
     q, k, v = _qkv()
 
     def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = run_kernel("flashinfer_fp8", F.scaled_dot_product_attention, (q, k, v), {})
+        out = run_kernel(kernel, F.scaled_dot_product_attention, (q, k, v), {})
         return out.transpose(1, 2).flatten(2, 3) * 2  # what a diffusers processor does next
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
@@ -177,20 +197,23 @@ def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(st
     ({"is_causal": True}, "not on CUDA"),  # causal taken: the next check speaks
     ({"dropout_p": 0.1}, "dropout"),
 ])
-def test_masks_and_dropout_run_as_native_and_a_causal_call_is_taken(kwargs: dict[str, Any], reason: str) -> None:
+@pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
+def test_masks_and_dropout_run_as_native_and_a_causal_call_is_taken(kwargs: dict[str, Any], reason: str,
+                                                                    kernel: str) -> None:
     q, k, v = _qkv()
-    assert unsupported("flashinfer_fp8", _sdpa_args((q, k, v), kwargs)) == reason
+    assert unsupported(kernel, _sdpa_args((q, k, v), kwargs)) == reason
 
 
 @pytest.mark.parametrize("dim,ok", [(32, False), (64, True), (96, False), (128, True), (256, True)])
-def test_head_sizes_are_those_flashinfer_builds(dim: int, ok: bool) -> None:
-    assert head_sizes_ok("flashinfer_fp8", dim) is ok
+@pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
+def test_head_sizes_are_those_flashinfer_builds(dim: int, ok: bool, kernel: str) -> None:
+    assert head_sizes_ok(kernel, dim) is ok
 
 
 @pytest.mark.parametrize("version,ok", [("0.2.14.post1", True), ("0.2.14", True), ("0.7.4", True),
                                         ("0.2.9", False), ("0.2.13", False), ("1.0.0rc1", True), ("unknown", False)])
 def test_flashinfer_versions_from_0_2_14_are_taken(version: str, ok: bool) -> None:
-    assert flashinfer_fp8.version_ok(version) is ok
+    assert flashinfer_fa3.version_ok(version) is ok
 
 
 @pytest.mark.parametrize("capability,refusal", [
@@ -201,8 +224,15 @@ def test_flashinfer_versions_from_0_2_14_are_taken(version: str, ok: bool) -> No
               "is sm_90a code), got 10.0 (GPU). Choose 'hookkit_fp8' (compute capability 8.9 and newer) or "
               "'hookkit_int8'."),
 ])
-def test_only_hopper_gpus_run_flashinfers_kernel(capability: tuple[int, int], refusal: str | None) -> None:
+def test_only_hopper_gpus_run_flashinfers_fp8_kernel(capability: tuple[int, int], refusal: str | None) -> None:
     assert capability_refusal("flashinfer_fp8", "low_precision", capability, "GPU") == refusal
+
+
+def test_only_hopper_gpus_run_flashinfers_bf16_kernel() -> None:
+    assert capability_refusal("flashinfer", "kernel", (9, 0), "H200") is None
+    assert capability_refusal("flashinfer", "kernel", (10, 0), "B200") == (
+        "Attention.kernel: 'flashinfer' expected a Hopper GPU (compute capability 9.x: its kernel is sm_90a code), got "
+        "10.0 (B200). Choose 'hookkit_fp8' (compute capability 8.9 and newer) or 'hookkit_int8'.")
 
 
 @pytest.mark.skipif(FLASHINFER, reason="flashinfer is installed")
@@ -219,26 +249,28 @@ def test_a_flashinfer_older_than_the_fp8_api_is_refused(monkeypatch: pytest.Monk
     pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)
     with pytest.raises(UnsupportedError) as err:
         hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision="flashinfer_fp8")))
-    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected flashinfer-python >= 0.2.14 (fp8 "
-                              "inputs with per-head scales on its FA3 backend), got 0.2.9. `pip install -U "
-                              "flashinfer-python`, or choose 'hookkit_fp8'.")
+    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected flashinfer-python >= 0.2.14 (its "
+                              "FA3 backend with fp8 inputs and per-head scales), got 0.2.9. `pip install -U "
+                              "flashinfer-python`, or choose another kernel.")
 
 
 def test_a_head_size_flashinfer_has_no_kernel_for_is_refused(stand_in: StandIn) -> None:
     pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)  # heads of 8
     with pytest.raises(UnsupportedError) as err:
-        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision="flashinfer_fp8")))
-    assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected heads of size 64, 128 or 256, got 8 "
-                              "at transformer_blocks.0.attn. Choose another kernel, or keep the block at `kernel` "
+        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(kernel="flashinfer", low_precision=None)))
+    assert str(err.value) == ("Attention.kernel: 'flashinfer' expected heads of size 64, 128 or 256, got 8 at "
+                              "transformer_blocks.0.attn. Choose another kernel, or keep the block at `kernel` "
                               "(Attention.full_blocks).")
 
 
 def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: StandIn) -> None:
     from hookkit.techniques.attention.hooks import build_flashinfer
 
-    build_flashinfer("low_precision", [64, 128], torch.bfloat16, torch.device("cpu"))
-    assert [(c["shapes"][0], c["o_dtype"]) for c in stand_in.calls] == [((16, 1, 64), torch.bfloat16),
-                                                                         ((16, 1, 128), torch.bfloat16)]
+    build_flashinfer("flashinfer_fp8", "low_precision", [64, 128], torch.bfloat16, torch.device("cpu"))
+    build_flashinfer("flashinfer", "kernel", [128], torch.float16, torch.device("cpu"))
+    assert [(c["shapes"][0], c["dtype"], c["o_dtype"]) for c in stand_in.calls] == [
+        ((16, 1, 64), torch.float8_e4m3fn, torch.bfloat16), ((16, 1, 128), torch.float8_e4m3fn, torch.bfloat16),
+        ((16, 1, 128), torch.float16, torch.float16)]
 
 
 def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,7 +283,7 @@ def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch
     monkeypatch.setattr(module, "single_prefill_with_kv_cache", no_compiler)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError) as err:
-        build_flashinfer("low_precision", [128], torch.bfloat16, torch.device("cpu"))
+        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
     assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer to build and run its "
                               "kernel for heads of 128 (torch.bfloat16), got RuntimeError: Ninja build failed: nvcc: "
                               "not found. FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler "
@@ -271,12 +303,23 @@ def test_gpu_flashinfer_fp8_matches_attention_of_its_quantized_inputs_and_bf16_s
     g = torch.Generator("cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 4, 8192, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     k = k + 2.0  # a shared channel offset, as real keys have
-    q8, k8, v8, qs, ks, vs = flashinfer_fp8.quantize(q, k, v)
+    q8, k8, v8, qs, ks, vs = flashinfer_fa3.quantize(q, k, v)
     exact = F.scaled_dot_product_attention(_dequantized(q8, qs), _dequantized(k8, ks), _dequantized(v8, vs))
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    out = flashinfer_fp8.attention(q, k, v).float()
+    out = flashinfer_fa3.attention(q, k, v).float()
     assert ((out - exact).abs().mean() / exact.abs().mean()).item() < 0.05  # P in e4m3, fp32 accumulation
     assert ((out - ref).abs().mean() / ref.abs().mean()).item() < 0.1
+
+
+@pytest.mark.gpu
+@needs_hopper_and_flashinfer
+def test_gpu_flashinfer_bf16_is_as_close_to_float32_attention_as_sdpa() -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 8192, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    sdpa = (F.scaled_dot_product_attention(q, k, v).float() - ref).abs().mean()
+    out = flashinfer_fa3.attention(q, k, v, fp8=False).float()
+    assert (out - ref).abs().mean().item() < 2 * sdpa.item()
 
 
 def _bf16_flux_head64() -> Any:
@@ -293,14 +336,14 @@ def _call_bf16(pipe: Any) -> torch.Tensor:
 @needs_hopper_and_flashinfer
 @pytest.mark.parametrize("compile_spec", [hookkit.Compile(), hookkit.Compile(cuda_graphs="transformer")],
                          ids=["regional-compile", "whole-transformer-graphs"])
-def test_gpu_flashinfer_fp8_under_compile_matches_eager_attention(compile_spec: hookkit.Compile) -> None:
-    middle = hookkit.Attention(low_precision="flashinfer_fp8", full_first=1, full_last=1)
+@pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
+def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hookkit.Compile, kernel: str) -> None:
+    middle = hookkit.Attention(low_precision=kernel, full_first=1, full_last=1)
     eager = _bf16_flux_head64()
     handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
     fast = _bf16_flux_head64()
     hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
     expected = _call_bf16(eager)
-    assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {
-        "flashinfer_fp8": 10}
+    assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {kernel: 10}
     for _ in range(2):
         assert torch.allclose(_call_bf16(fast).float(), expected.float(), atol=2e-2)

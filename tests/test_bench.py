@@ -654,7 +654,8 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
                                          "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
                                          "hookkit-fp8+cache-fast+compile+fp8-attention",
                                          "hookkit-fp8+compile+flashinfer-attention",
-                                         "hookkit-fp8+cache-fast+compile+flashinfer-attention"]
+                                         "hookkit-fp8+compile+flashinfer-fp8-attention",
+                                         "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"]
     assert notes == []
 
 

@@ -11,14 +11,13 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
 take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the
 call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
-dtype, head size, no CUDA device or one too old; FlashInfer's kernel where it does not build, which `enable` has it
-do) is refused at enable. Under regional `Compile` dynamo traces the
-mode into each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that
-takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key
-(`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph per kernel, each replay counted as its
-capture ran). Under Ulysses context parallelism diffusers' "native" op calls
-SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
-compile, graphs split at a dynamic cache decision, and ring attention are refused (`hookkit.core.compat`).
+dtype, head size, no CUDA device or one too old; FlashInfer's kernels where they do not build, which `enable` has
+them do) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled
+entry per kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs
+the kernel of the step's phase is part of the graph key (`AttentionGraphs`, the `GraphDecisions` this feature
+provides: one graph per kernel, each replay counted as its capture ran). Under Ulysses context parallelism
+diffusers' "native" op calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers
+that call. A whole-model compile, graphs split at a dynamic cache decision, and ring attention are refused.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.techniques.attention import flashinfer_fp8
+from hookkit.techniques.attention import flashinfer_fa3
 from hookkit.techniques.attention.spec import Attention
 
 if TYPE_CHECKING:
@@ -65,16 +64,20 @@ TAKES_ALL = ("native", "_native_math", "_native_efficient")
 #: the package each kernel imports (module name, pip name)
 PACKAGES = {"flash": ("flash_attn", "flash-attn"), "sage": ("sageattention", "sageattention"),
             "hookkit_int8": ("triton", "triton"), "hookkit_fp8": ("triton", "triton"),
-            "flashinfer_fp8": ("flashinfer", "flashinfer-python")}
+            "flashinfer": ("flashinfer", "flashinfer-python"), "flashinfer_fp8": ("flashinfer", "flashinfer-python")}
 #: kernels that need fp16 or bf16 inputs
-HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8", "flashinfer_fp8")
+HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8", "flashinfer",
+             "flashinfer_fp8")
 #: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere;
 #: fp8 tensor cores, Ada (8.9) and Hopper
 MIN_CAPABILITY = {"_native_cudnn": (8, 0), "_native_flash": (8, 0), "_native_efficient": (5, 0), "flash": (8, 0),
-                  "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9), "flashinfer_fp8": (9, 0)}
+                  "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9), "flashinfer": (9, 0),
+                  "flashinfer_fp8": (9, 0)}
 #: kernels built for one GPU generation only (compute capability major): FlashInfer's FA3 kernel is sm_90a code
 #: (Hopper's warpgroup MMA and TMA), which no other generation runs
-ONLY_MAJOR = {"flashinfer_fp8": 9}
+ONLY_MAJOR = {"flashinfer": 9, "flashinfer_fp8": 9}
+#: FlashInfer's FA3 kernels (`flashinfer_fa3`)
+FLASHINFER_KERNELS = ("flashinfer", "flashinfer_fp8")
 #: hookkit's own Triton kernels
 HOOKKIT_KERNELS = ("hookkit_int8", "hookkit_fp8")
 
@@ -83,8 +86,8 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
     """Whether `kernel` takes heads of size `dim`."""
     if kernel in HOOKKIT_KERNELS:
         return dim in (32, 64, 128)
-    if kernel == "flashinfer_fp8":
-        return dim in (64, 128, 256)
+    if kernel in FLASHINFER_KERNELS:
+        return dim in flashinfer_fa3.HEAD_SIZES
     if kernel == "sage":  # sageattention 1.0.6's kernels
         return dim in (64, 96, 128)
     if kernel in ("_native_cudnn", "_native_flash", "flash"):
@@ -95,7 +98,7 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
 def head_size_text(kernel: str) -> str:
     if kernel in HOOKKIT_KERNELS:
         return "32, 64 or 128"
-    if kernel == "flashinfer_fp8":
+    if kernel in FLASHINFER_KERNELS:
         return "64, 128 or 256"
     return "64, 96 or 128" if kernel == "sage" else "a multiple of 8 up to 256"
 
@@ -182,9 +185,9 @@ fp8_attention = _triton_op("fp8_attention", "fp8_triton",
 def flashinfer_fp8_attention(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor,
                              k_scale: torch.Tensor, v_scale: torch.Tensor, sm_scale: float, causal: bool,
                              out_dtype: torch.dtype) -> torch.Tensor:
-    """FlashInfer's fp8 kernel on inputs `flashinfer_fp8.quantize` made, as an op torch.compile keeps opaque (the
+    """FlashInfer's fp8 kernel on inputs `flashinfer_fa3.quantize` made, as an op torch.compile keeps opaque (the
     quantization before it is traced and fused); flashinfer is imported at the first call."""
-    return flashinfer_fp8.run(q8, k8, v8, q_scale, k_scale, v_scale, sm_scale, causal, out_dtype)
+    return flashinfer_fa3.run_fp8(q8, k8, v8, q_scale, k_scale, v_scale, sm_scale, causal, out_dtype)
 
 
 @flashinfer_fp8_attention.register_fake
@@ -194,11 +197,30 @@ def _(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tenso
     return q8.new_empty((b, n, h, d), dtype=out_dtype).transpose(1, 2)
 
 
+@torch.library.custom_op("hookkit::flashinfer_attention", mutates_args=())
+def flashinfer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: float,
+                         causal: bool) -> torch.Tensor:
+    """FlashInfer's bf16/fp16 kernel as an op torch.compile keeps opaque; flashinfer is imported at the first call."""
+    return flashinfer_fa3.run_half(query, key, value, sm_scale, causal)
+
+
+@flashinfer_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: float, causal: bool) -> torch.Tensor:
+    b, h, n, d = query.shape  # the real output's layout: a [B, H, N, D] view of [B, N, H, D]
+    return query.new_empty((b, n, h, d)).transpose(1, 2)
+
+
+def _flashinfer(a: dict[str, Any]) -> torch.Tensor:
+    query = a["query"]
+    scale = a["scale"] if a["scale"] is not None else query.shape[-1] ** -0.5
+    return flashinfer_attention(query, a["key"], a["value"], float(scale), bool(a["is_causal"]))
+
+
 def _flashinfer_fp8(a: dict[str, Any]) -> torch.Tensor:
     """Quantization (traced under compile) and FlashInfer's kernel (opaque)."""
     query = a["query"]
     scale = a["scale"] if a["scale"] is not None else query.shape[-1] ** -0.5
-    return flashinfer_fp8_attention(*flashinfer_fp8.quantize(query, a["key"], a["value"]), float(scale),
+    return flashinfer_fp8_attention(*flashinfer_fa3.quantize(query, a["key"], a["value"]), float(scale),
                                     bool(a["is_causal"]), query.dtype)
 
 
@@ -237,6 +259,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
         return _sage(a)
     if kernel == "flashinfer_fp8":
         return _flashinfer_fp8(a)
+    if kernel == "flashinfer":
+        return _flashinfer(a)
     return _flash(a)
 
 
@@ -544,8 +568,8 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
         if package is not None and importlib.util.find_spec(package[0]) is None:
             raise UnsupportedError(f"Attention.{where}: {kernel!r} needs the {package[0]!r} package, which is not "
                                    f"installed. `pip install {package[1]}`, or choose another kernel.")
-        if kernel == "flashinfer_fp8":
-            _check_flashinfer_version(where)
+        if kernel in FLASHINFER_KERNELS:
+            _check_flashinfer_version(kernel, where)
         if kernel in HALF_ONLY:
             dtype = _model_dtype(transformer)
             if dtype not in (torch.float16, torch.bfloat16):
@@ -576,26 +600,30 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                                      torch.cuda.get_device_name(device))
         if refusal is not None:
             raise UnsupportedError(refusal)
-        if kernel == "flashinfer_fp8":
-            sizes = {_head_size(module) for (_, _, block), kept in zip(blocks, full) if not kept
+        if kernel in FLASHINFER_KERNELS:
+            sizes = {_head_size(module) for (_, _, block), kept in zip(blocks, full) if not kept or where == "kernel"
                      for _, module in _attention_modules(block)}
-            build_flashinfer(where, sorted(s for s in sizes if s is not None), _model_dtype(transformer), device)
+            build_flashinfer(kernel, where, sorted(s for s in sizes if s is not None), _model_dtype(transformer),
+                             device)
 
 
-def build_flashinfer(where: str, sizes: list[int], dtype: torch.dtype | None, device: torch.device) -> None:
-    """Have FlashInfer build its fp8 kernel for each head size now (`flashinfer_fp8.build`): its first call compiles
-    with nvcc, and a missing compiler or a failed build is then a refusal at enable, with the fix."""
+def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dtype | None,
+                     device: torch.device) -> None:
+    """Have FlashInfer build `kernel` ("flashinfer" or "flashinfer_fp8") for each head size now
+    (`flashinfer_fa3.build`): its first call compiles with nvcc, and a missing compiler or a failed build is then a
+    refusal at enable, with the fix."""
     for size in sizes:
-        logger.info("attention: FlashInfer's fp8 kernel for heads of {} ({}); its first use compiles it with nvcc "
-                    "(minutes, cached under ~/.cache/flashinfer)", size, dtype)
+        logger.info("attention: FlashInfer's {} kernel for heads of {} ({}); its first use compiles it with nvcc "
+                    "(minutes, cached under ~/.cache/flashinfer)", kernel, size, dtype)
         try:
-            flashinfer_fp8.build(size, dtype or torch.bfloat16, device)
+            flashinfer_fa3.build(size, dtype or torch.bfloat16, device, fp8=kernel == "flashinfer_fp8")
         except Exception as exc:  # noqa: BLE001 - any failure of FlashInfer's build or call is the refusal's reason
             reason = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise UnsupportedError(f"Attention.{where}: 'flashinfer_fp8' expected FlashInfer to build and run its "
+            other = "'hookkit_fp8'" if kernel == "flashinfer_fp8" else "'_native_cudnn'"
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer to build and run its "
                                    f"kernel for heads of {size} ({dtype}), got {type(exc).__name__}: {reason}. "
                                    "FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler on PATH "
-                                   "(or set CUDA_HOME), or choose 'hookkit_fp8'.") from exc
+                                   f"(or set CUDA_HOME), or choose {other}.") from exc
 
 
 def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:
@@ -612,15 +640,16 @@ def capability_refusal(kernel: str, where: str, capability: tuple[int, int], dev
     return None
 
 
-def _check_flashinfer_version(where: str) -> None:
-    """Refuse a FlashInfer older than the API `flashinfer_fp8` calls (fp8 inputs with per-head scales on FA3)."""
+def _check_flashinfer_version(kernel: str, where: str) -> None:
+    """Refuse a FlashInfer older than the API `flashinfer_fa3` calls (its FA3 backend's single-sequence call, with fp8
+    inputs and per-head scales)."""
     flashinfer = importlib.import_module("flashinfer")
     version = str(getattr(flashinfer, "__version__", "unknown"))
-    if not flashinfer_fp8.version_ok(version):
-        need = ".".join(map(str, flashinfer_fp8.MIN_VERSION))
-        raise UnsupportedError(f"Attention.{where}: 'flashinfer_fp8' expected flashinfer-python >= {need} (fp8 "
-                               f"inputs with per-head scales on its FA3 backend), got {version}. "
-                               f"`pip install -U flashinfer-python`, or choose 'hookkit_fp8'.")
+    if not flashinfer_fa3.version_ok(version):
+        need = ".".join(map(str, flashinfer_fa3.MIN_VERSION))
+        raise UnsupportedError(f"Attention.{where}: {kernel!r} expected flashinfer-python >= {need} (its FA3 "
+                               f"backend with fp8 inputs and per-head scales), got {version}. "
+                               "`pip install -U flashinfer-python`, or choose another kernel.")
 
 
 # --- the feature -------------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ import attrs
 from hookkit.core.validate import choice, int_field, owner, strict_init, to_tuple
 from hookkit.errors import field_error
 
-#: diffusers' backend names of the full-precision kernels hookkit can choose (`diffusers.models.attention_dispatch`)
-FULL_KERNELS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math", "flash")
+#: the full-precision kernels hookkit can choose: diffusers' backend names (`diffusers.models.attention_dispatch`) and
+#: "flashinfer" (FlashInfer's FA3 kernel, the `flashinfer-python` package)
+FULL_KERNELS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math", "flash",
+                "flashinfer")
 #: the low-precision kernels: hookkit's Triton kernels (int8 Q·Kᵀ with fp16 P·V; int8 Q·Kᵀ with e4m3 P·V),
 #: SageAttention's (the `sageattention` package) and FlashInfer's FA3 fp8 kernel (the `flashinfer-python` package)
 LOW_KERNELS = ("hookkit_int8", "hookkit_fp8", "sage", "flashinfer_fp8")
@@ -39,7 +41,9 @@ class Attention:
     Args:
         kernel: the full-precision kernel, by diffusers' backend name (default "native": torch's SDPA with its own
             choice): one of "native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math" (torch's
-            SDPA restricted to that backend) or "flash" (the `flash-attn` package).
+            SDPA restricted to that backend), "flash" (the `flash-attn` package) or "flashinfer" (FlashInfer's FA3
+            kernel in bf16/fp16, Hopper only; the `flashinfer-python` package, which compiles it with nvcc at its
+            first use: at `enable`).
         low_precision: the kernel of the steps and blocks in between (default "hookkit_int8": hookkit's Triton kernel,
             int8 Q·Kᵀ with per-block scales and K smoothing, P·V in fp16, any GPU from Ampere on); "hookkit_fp8"
             (hookkit's Hopper/Ada kernel: int8 Q·Kᵀ as above, P·V in e4m3 with V scaled per channel, fp8 tensor

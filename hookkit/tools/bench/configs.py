@@ -238,12 +238,20 @@ def _configs() -> dict[str, BenchConfig]:
                                 "attention kernel at every step"),
         BenchConfig(name="hookkit-fp8+compile+flashinfer-attention", kind="hookkit",
                     setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
+                                             attention=hookkit.Attention(kernel="flashinfer", low_precision=None))),
+                    fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flashinfer",
+                    description="fp8 dynamic per-row + regional compile + FlashInfer's bf16 attention kernel at every "
+                                "step, uncached: full-precision attention (needs the flashinfer-python package and a "
+                                "Hopper GPU)"),
+        BenchConfig(name="hookkit-fp8+compile+flashinfer-fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
                                              attention=_fp8_attention_every_step("flashinfer_fp8"))),
                     fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
                     needs_module="flashinfer",
                     description="fp8 dynamic per-row + regional compile + FlashInfer's fp8 attention kernel at every "
                                 "step, uncached (needs the flashinfer-python package and a Hopper GPU)"),
-        BenchConfig(name="hookkit-fp8+cache-fast+compile+flashinfer-attention", kind="hookkit",
+        BenchConfig(name="hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
                                              compile=_compile(), memo=True,
                                              attention=_fp8_attention_every_step("flashinfer_fp8"))),
@@ -269,7 +277,7 @@ ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
               "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
               "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+compile+flashinfer-attention",
-              "hookkit-fp8+cache-fast+compile+flashinfer-attention"),
+              "hookkit-fp8+compile+flashinfer-fp8-attention", "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)

@@ -1,0 +1,112 @@
+"""FlashInfer's Hopper attention kernels: FA3's warp-specialised kernel from the `flashinfer-python` package, which
+compiles it for sm_90a with nvcc on first use and caches it on disk. Two of hookkit's kernel names run it:
+
+- "flashinfer": bf16/fp16 inputs as they come: full precision, a candidate for `Attention.kernel`;
+- "flashinfer_fp8": both products on fp8 tensor cores, after hookkit's quantization (below).
+
+Why: on Hopper, cuDNN's bf16 kernel and hookkit's Triton fp8 kernel leave the tensor cores idle while one warpgroup
+does its exponentials; FA3's schedule (two consumer warpgroups in ping-pong, a producer warp loading by TMA) overlaps
+them, and Triton does not express it. FlashInfer is the maintained package that ships that kernel, with fp8 inputs,
+and installs from PyPI.
+
+The fp8 quantization (torch ops, run where the mode answers SDPA, so regional `Compile` fuses them into the block's
+graph): Q, K and V in e4m3 with one scale per (batch, head), amax / 448; K first smoothed, its mean over the tokens
+subtracted per channel. Smoothing changes no output: every score of a query moves by the same q·mean, which softmax
+removes, and it leaves K's e4m3 range to what varies between tokens. The kernel quantizes P itself (scaled by 448) and
+dequantizes with the scales it is given.
+
+Layout: diffusers hands SDPA `[B, H, N, D]` tensors; FlashInfer's single-sequence call takes `[N, H, D]` views with any
+strides (it reads them), one call per batch element, and writes `[N, H, D]`: the output is returned as the
+`[B, H, N, D]` view of a `[B, N, H, D]` tensor, the layout diffusers' processors transpose back to anyway.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+#: the largest finite e4m3 value
+E4M3_MAX = 448.0
+#: head sizes FlashInfer's Hopper kernels are instantiated for
+HEAD_SIZES = (64, 128, 256)
+#: the oldest FlashInfer release whose `single_prefill_with_kv_cache` takes fp8 inputs with per-head scales on the FA3
+#: backend and an output dtype
+MIN_VERSION = (0, 2, 14)
+
+
+def head_scales(t: torch.Tensor) -> torch.Tensor:
+    """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]`: its amax / 448 (the
+    smallest normal float32 where a head is all zeros, so that nothing divides by zero)."""
+    amax = torch.maximum(t.amax(dim=(2, 3)), -t.amin(dim=(2, 3))).float()
+    return amax.clamp(min=torch.finfo(torch.float32).tiny) / E4M3_MAX
+
+
+def to_e4m3(t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`t / scale` in e4m3, per (batch, head) (`head_scales`), clamped to e4m3's range (rounding in float32 can
+    land just past 448)."""
+    return (t.float() / scales[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`[B, H, N, D]` Q, K, V as e4m3 tensors of the same shape and their float32 `[B, H]` scales:
+    `(q8, k8, v8, q_scale, k_scale, v_scale)`; K smoothed first (module docstring)."""
+    key = key - key.mean(dim=2, keepdim=True)
+    scales = [head_scales(t) for t in (query, key, value)]
+    return (*(to_e4m3(t, s) for t, s in zip((query, key, value), scales, strict=True)), *scales)
+
+
+def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tuple[torch.Tensor, ...] | None,
+                  sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    import flashinfer
+
+    outs = []
+    for b in range(q.shape[0]):
+        fp8 = {} if scales is None else {"scale_q": scales[0][b], "scale_k": scales[1][b], "scale_v": scales[2][b]}
+        outs.append(flashinfer.single_prefill_with_kv_cache(
+            q[b].transpose(0, 1), k[b].transpose(0, 1), v[b].transpose(0, 1), o_dtype=out_dtype, causal=causal,
+            sm_scale=sm_scale, kv_layout="NHD", backend="fa3", **fp8))
+    out = outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)
+    return out.transpose(1, 2)
+
+
+def run_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+            v_scale: torch.Tensor, sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """FlashInfer's fp8 kernel on quantized `[B, H, N, D]` inputs (`quantize`): one single-sequence call per batch
+    element; the `[B, H, N, D]` output in `out_dtype`, a view of a `[B, N, H, D]` tensor."""
+    return _per_sequence(q8, k8, v8, (q_scale, k_scale, v_scale), sm_scale, causal, out_dtype)
+
+
+def run_half(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: float,
+             causal: bool) -> torch.Tensor:
+    """FlashInfer's bf16/fp16 kernel on `[B, H, N, D]` inputs as they are; the output as `run_fp8`'s, in their dtype."""
+    return _per_sequence(query, key, value, None, sm_scale, causal, query.dtype)
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+              causal: bool = False, fp8: bool = True) -> torch.Tensor:
+    """SDPA's result for `[B, H, N, D]` fp16/bf16 inputs, by FlashInfer's fp8 kernel (quantization included) or, with
+    `fp8=False`, its bf16/fp16 kernel."""
+    sm_scale = query.shape[-1] ** -0.5 if scale is None else scale
+    if not fp8:
+        return run_half(query, key, value, sm_scale, causal)
+    return run_fp8(*quantize(query, key, value), sm_scale, causal, query.dtype)
+
+
+def build(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> None:
+    """Run a kernel once on a few tokens of one head: FlashInfer builds (nvcc) and caches its module for this head
+    size, input and output dtype at its first call, which then happens at `enable`, where a failure is a refusal,
+    not in the first denoising step."""
+    q = torch.ones(1, 1, 16, head_dim, device=device, dtype=dtype)
+    attention(q, q, q, fp8=fp8)
+
+
+def version_ok(version: str) -> bool:
+    """Whether a FlashInfer version string ("0.2.14.post1", "0.7.4") is `MIN_VERSION` or newer."""
+    parts: list[int] = []
+    for part in version.split(".")[:3]:
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts) >= MIN_VERSION
