@@ -153,6 +153,22 @@ def test_the_bf16_kernel_gets_the_inputs_as_they_come(stand_in: StandIn) -> None
     assert torch.allclose(out.float(), ref, rtol=2.0 ** -8, atol=1e-6)  # float32 attention rounded once to bf16
 
 
+def test_inputs_strided_along_the_head_dimension_reach_the_kernel_with_unit_stride(stand_in: StandIn) -> None:
+    seen: list[int] = []
+    record = stand_in.single_prefill_with_kv_cache
+
+    def strides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        seen.extend(t.stride(-1) for t in (q, k, v))
+        return record(q, k, v, **kwargs)
+
+    stand_in.single_prefill_with_kv_cache = strides  # type: ignore[method-assign]
+    q, k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in _qkv(batch=1))  # head dim strided
+    out = flashinfer_fa3.attention(q, k, v, fp8=False)
+    assert seen == [1, 1, 1]
+    assert torch.allclose(out.float(), F.scaled_dot_product_attention(q.float(), k.float(), v.float()),
+                          rtol=2.0 ** -8, atol=1e-6)
+
+
 @pytest.mark.parametrize("kernel,fp8", [("flashinfer_fp8", True), ("flashinfer", False)])
 def test_the_sdpa_call_runs_through_hookkits_op(stand_in: StandIn, kernel: str, fp8: bool) -> None:
     q, k, v = _qkv()

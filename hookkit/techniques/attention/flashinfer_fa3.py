@@ -60,6 +60,8 @@ def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tup
                   sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
     import flashinfer
 
+    # the kernel's TMA loads need unit stride along the head dimension (the other strides it reads as they are)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     outs = []
     for b in range(q.shape[0]):
         fp8 = {} if scales is None else {"scale_q": scales[0][b], "scale_k": scales[1][b], "scale_v": scales[2][b]}
