@@ -338,8 +338,10 @@ def test_gpu_flashinfer_bf16_is_as_close_to_float32_attention_as_sdpa() -> None:
     assert (out - ref).abs().mean().item() < 2 * sdpa.item()
 
 
-def _bf16_flux_head64() -> Any:
-    return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
+def _bf16_flux_head128() -> Any:
+    """The tiny Flux with heads of 128, the size of Wan's and of the kernel tests: FlashInfer builds one module per
+    head size (minutes), and these tests reuse the kernel tests' modules."""
+    return zoo.tiny_pipeline("flux", attention_head_dim=128, axes_dims_rope=[32, 48, 48]).to("cuda", torch.bfloat16)
 
 
 def _call_bf16(pipe: Any) -> torch.Tensor:
@@ -355,9 +357,9 @@ def _call_bf16(pipe: Any) -> torch.Tensor:
 @pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
 def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hookkit.Compile, kernel: str) -> None:
     middle = hookkit.Attention(low_precision=kernel, full_first=1, full_last=1)
-    eager = _bf16_flux_head64()
+    eager = _bf16_flux_head128()
     handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
-    fast = _bf16_flux_head64()
+    fast = _bf16_flux_head128()
     hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
     expected = _call_bf16(eager)
     assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {kernel: 10}
