@@ -35,11 +35,11 @@ def _deterministic() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo(request: pytest.FixtureRequest) -> None:
-    """GPU tests compile the same block classes on many models in one process: without a reset, dynamo's
-    per-code-object cache (8 entries) fills up across tests and a later test fails on the recompile limit."""
-    if "gpu" in request.keywords:
-        torch._dynamo.reset()
+def _fresh_dynamo() -> None:
+    """Tests compile the same block classes on many models in one process (one xdist worker runs whichever tests it is
+    given): without a reset, dynamo's per-code-object cache (8 entries) fills up across tests and a later test fails
+    on the recompile limit, depending on which tests shared its worker."""
+    torch._dynamo.reset()
 
 
 @pytest.fixture(autouse=True)
