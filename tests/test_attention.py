@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import hookkit
+from bf16_calls import call_flux_bf16
 from hookkit.core.registry import registry_names
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.tools import zoo
@@ -792,12 +793,6 @@ def _bf16_flux_head64() -> Any:
     return zoo.tiny_pipeline("flux", attention_head_dim=64, axes_dims_rope=[16, 24, 24]).to("cuda", torch.bfloat16)
 
 
-def _call_bf16(pipe: Any) -> torch.Tensor:
-    kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in zoo.call_kwargs("flux", steps=4).items()}
-    return pipe(**kwargs).images
-
-
 @pytest.mark.gpu
 def test_gpu_fp8_attention_under_regional_compile_matches_eager_attention() -> None:
     if torch.cuda.get_device_capability() < (8, 9):
@@ -806,7 +801,7 @@ def test_gpu_fp8_attention_under_regional_compile_matches_eager_attention() -> N
     hookkit.enable(eager, hookkit.Spec(attention=FP8_MIDDLE))
     compiled = _bf16_flux_head64()
     handle = hookkit.enable(compiled, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile()))
-    out, expected = _call_bf16(compiled), _call_bf16(eager)
+    out, expected = call_flux_bf16(compiled), call_flux_bf16(eager)
     assert torch.allclose(out.float(), expected.float(), atol=2e-2)
     assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
 
@@ -820,9 +815,9 @@ def test_gpu_fp8_attention_under_whole_transformer_graphs_matches_eager_attentio
     graphed = _bf16_flux_head64()
     handle = hookkit.enable(graphed, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile(
         cuda_graphs="transformer")))
-    expected = _call_bf16(eager)
+    expected = call_flux_bf16(eager)
     for _ in range(2):  # the second call replays only
-        assert torch.allclose(_call_bf16(graphed).float(), expected.float(), atol=2e-2)
+        assert torch.allclose(call_flux_bf16(graphed).float(), expected.float(), atol=2e-2)
         assert phases(handle)["middle"]["block_calls"] == {"hookkit_fp8": 10}
     # step 0 of the first call runs eagerly (the first-call check); steps 1-2 replay the fp8 graph, step 3 (and the
     # second call's step 0) the native one

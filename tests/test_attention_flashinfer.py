@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import hookkit
+from bf16_calls import call_flux_bf16
 from hookkit.errors import UnsupportedError
 from hookkit.techniques.attention import flashinfer_fa3
 from hookkit.techniques.attention.hooks import _sdpa_args, capability_refusal, head_sizes_ok, run_kernel, unsupported
@@ -344,12 +345,6 @@ def _bf16_flux_head128() -> Any:
     return zoo.tiny_pipeline("flux", attention_head_dim=128, axes_dims_rope=[32, 48, 48]).to("cuda", torch.bfloat16)
 
 
-def _call_bf16(pipe: Any) -> torch.Tensor:
-    kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in zoo.call_kwargs("flux", steps=4).items()}
-    return pipe(**kwargs).images
-
-
 @pytest.mark.gpu
 @needs_hopper_and_flashinfer
 @pytest.mark.parametrize("compile_spec", [hookkit.Compile(), hookkit.Compile(cuda_graphs="transformer")],
@@ -361,7 +356,7 @@ def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hook
     handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
     fast = _bf16_flux_head128()
     hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
-    expected = _call_bf16(eager)
+    expected = call_flux_bf16(eager)
     assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {kernel: 10}
     for _ in range(2):
-        assert torch.allclose(_call_bf16(fast).float(), expected.float(), atol=2e-2)
+        assert torch.allclose(call_flux_bf16(fast).float(), expected.float(), atol=2e-2)
