@@ -16,7 +16,9 @@ images against it and the fraction the shipped classifier still recognises. Seed
 
 Besides the images, `attention_error.json` holds each kernel's output error on the trained models' own attention
 inputs: Q, K and V recorded at every SDPA call of one denoising run (class 0, the first seed), each kernel against
-fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls).
+fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls). FlashInfer's kernels
+("flashinfer", "flashinfer_fp8"; when the package imports), which take heads of 64 and up, run on the heads
+zero-padded to 64: zeros change no score, no per-head scale and no output channel that is kept.
 
     python benchmarks/quality_attention.py                 # GPU (SM89+ for fp8): both models, 10 classes x 4 seeds
     python benchmarks/quality_attention.py --quick         # CPU check: 2 classes x 1 seed, 6 steps, tiny model;
@@ -29,6 +31,7 @@ Writes $OUT/quality_attention/{tiny,deep}/{quality.md,quality.json} and attentio
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -88,6 +91,21 @@ class _RecordSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def padded_heads(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 scale: float | None) -> tuple[tuple[torch.Tensor, ...], float | None]:
+    """Q, K, V zero-padded along the head dimension to the smallest size `kernel` takes, when it takes none as small,
+    and the softmax scale of the unpadded heads: Q·Kᵀ, each head's amax and K's mean over the tokens are unchanged,
+    and the padded output channels are cut off after the call."""
+    from hookkit.techniques.attention.hooks import head_sizes_ok
+
+    dim = q.shape[-1]
+    size = next((d for d in range(dim, 257) if head_sizes_ok(kernel, d)), dim)
+    if size == dim:
+        return (q, k, v), scale
+    pad = (0, size - dim)
+    return tuple(F.pad(t, pad) for t in (q, k, v)), (dim ** -0.5 if scale is None else scale)
+
+
 def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, device: str) -> dict[str, Any]:
     """Each kernel's output error against fp32 SDPA on the attention inputs of one denoising run of `model`;
     `kernels` maps each name reported to the kernel that runs it."""
@@ -103,15 +121,19 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
     for name, kernel in kernels.items():
         rel, worst = [], []
         reason = None
+        if kernel.startswith("flashinfer") and importlib.util.find_spec("flashinfer") is None:
+            out[name] = {"unsupported": "flashinfer is not installed"}
+            continue
         for q, k, v, scale in recorder.calls:
             ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
-            args = (q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16))
-            kwargs = {"scale": scale}
+            args, padded_scale = padded_heads(kernel, *(t.to(torch.bfloat16) for t in (q, k, v)), scale)
+            kwargs = {"scale": padded_scale}
             reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
-                                          "dropout_p": 0.0, "is_causal": False, "scale": scale, "enable_gqa": False})
+                                          "dropout_p": 0.0, "is_causal": False, "scale": padded_scale,
+                                          "enable_gqa": False})
             if reason is not None:
                 break
-            got = run_kernel(kernel, F.scaled_dot_product_attention, args, kwargs).float()
+            got = run_kernel(kernel, F.scaled_dot_product_attention, args, kwargs)[..., :q.shape[-1]].float()
             rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
             worst.append((got - ref).abs().max().item())
         out[name] = ({"unsupported": reason} if reason is not None else
@@ -152,8 +174,9 @@ def main() -> int:
                                      log=lambda m: print(m, file=sys.stderr, flush=True))
         report.write(out / model, plot=False)
         print(f"## {model}\n\n{report.markdown()}\n")
-        errors.append(attention_error(model, {k: low[k] for k in names[:2]}, steps, seeds[0],
-                                      "cuda" if on_gpu else "cpu"))
+        error_kernels = {**{k: low[k] for k in names[:2]},
+                         **{k: (k if on_gpu else "_native_math") for k in ("flashinfer", "flashinfer_fp8")}}
+        errors.append(attention_error(model, error_kernels, steps, seeds[0], "cuda" if on_gpu else "cpu"))
     (out / "attention_error.json").write_text(json.dumps(errors, indent=1))
     print(json.dumps(errors, indent=1))
     return 0

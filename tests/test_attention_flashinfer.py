@@ -14,6 +14,8 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -204,6 +206,22 @@ def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(st
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(q, k, v), block(q, k, v))
+
+
+def test_the_quality_benchmark_pads_heads_flashinfer_cannot_take_without_changing_attention(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    padded_heads = benchmark_script("quality_attention").padded_heads
+    q, k, v = (t.float() for t in _qkv(batch=1, dim=32, offset=1.0))  # the trained models' heads of 32
+    (qp, kp, vp), scale = padded_heads("flashinfer_fp8", q, k, v, None)
+    assert (qp.shape[-1], scale) == (64, 32 ** -0.5)
+    out = F.scaled_dot_product_attention(qp, kp, vp, scale=scale)[..., :32]
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    assert torch.equal(flashinfer_fp8_scales(kp), flashinfer_fp8_scales(k))  # zeros move no per-head scale
+    assert padded_heads("hookkit_fp8", q, k, v, None) == ((q, k, v), None)  # a size the kernel takes: as it is
+
+
+def flashinfer_fp8_scales(key: torch.Tensor) -> torch.Tensor:
+    return flashinfer_fa3.head_scales(key - key.mean(dim=2, keepdim=True))
 
 
 # --- what the kernel takes, and refusals -------------------------------------------------------------------------
