@@ -267,7 +267,7 @@ def test_only_hopper_gpus_run_flashinfers_bf16_kernel() -> None:
     assert capability_refusal("flashinfer", "kernel", (9, 0), "H200") is None
     assert capability_refusal("flashinfer", "kernel", (10, 0), "B200") == (
         "Attention.kernel: 'flashinfer' expected a Hopper GPU (compute capability 9.x: its kernel is sm_90a code), got "
-        "10.0 (B200). Choose 'hookkit_fp8' (compute capability 8.9 and newer) or 'hookkit_int8'.")
+        "10.0 (B200). Choose '_native_cudnn'.")
 
 
 @pytest.mark.skipif(FLASHINFER, reason="flashinfer is installed")

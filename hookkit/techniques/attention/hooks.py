@@ -48,7 +48,7 @@ from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.techniques.attention import flashinfer_fa3
-from hookkit.techniques.attention.spec import Attention
+from hookkit.techniques.attention.spec import LOW_KERNELS, Attention
 
 if TYPE_CHECKING:
     from hookkit.core.state import CallState
@@ -128,7 +128,7 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return "dropout"
     if a["enable_gqa"] or q.dim() != 4 or q.shape[1] != k.shape[1]:
         return "grouped-query heads"
-    if a["is_causal"] and kernel in HOOKKIT_KERNELS:  # FlashInfer's kernel has a causal mode
+    if a["is_causal"] and kernel in HOOKKIT_KERNELS:  # FlashInfer's kernels take it: they have a causal mode
         return "causal mask"
     if q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         return f"dtype {q.dtype}"
@@ -634,9 +634,10 @@ def capability_refusal(kernel: str, where: str, capability: tuple[int, int], dev
         return (f"Attention.{where}: {kernel!r} expected a GPU of compute capability >= {need}, got {got}. Choose "
                 "kernel='native' or '_native_efficient'.")
     if kernel in ONLY_MAJOR and capability[0] != ONLY_MAJOR[kernel]:
+        other = ("'hookkit_fp8' (compute capability 8.9 and newer) or 'hookkit_int8'" if kernel in LOW_KERNELS
+                 else "'_native_cudnn'")
         return (f"Attention.{where}: {kernel!r} expected a Hopper GPU (compute capability {ONLY_MAJOR[kernel]}.x: its "
-                f"kernel is sm_90a code), got {got}. Choose 'hookkit_fp8' (compute capability 8.9 and newer) or "
-                "'hookkit_int8'.")
+                f"kernel is sm_90a code), got {got}. Choose {other}.")
     return None
 
 
