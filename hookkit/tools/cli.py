@@ -32,6 +32,7 @@ from hookkit.techniques.compile.spec import COMPILE_MODES
 from hookkit.techniques.quantize.spec import QUANT_SCHEMES
 from hookkit.core.summary import table
 from hookkit.tools import local
+from hookkit.tools.meta import meta_device
 from hookkit.tools.demo import DEFAULT_CLASSES as DEMO_CLASSES
 
 EXIT_ERROR = 2  # usage errors and unavailable features, like argparse's own
@@ -651,7 +652,7 @@ def _model_for_derive(target: str, trust_remote_code: bool = False) -> torch.nn.
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise AdapterError(f"adapter derive: expected an nn.Module class, got {target!r} ({type(cls).__name__}).")
     try:
-        with torch.device("meta"):
+        with meta_device():
             if config is not None and hasattr(cls, "from_config"):
                 return cls.from_config(config)
             return cls()

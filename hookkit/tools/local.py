@@ -24,6 +24,7 @@ import torch
 
 import hookkit
 from hookkit.errors import SpecError, UnsupportedError
+from hookkit.tools.meta import meta_device
 
 #: bytes per element of the safetensors dtypes a pipeline holds
 _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
@@ -475,7 +476,7 @@ def skeleton_pipeline(folder: Path) -> Any | None:
         for key in ("transformer", "vae"):
             name = _component(index, key)
             config = json.loads((folder / key / "config.json").read_text())
-            with torch.device("meta"):
+            with meta_device():
                 parts[key] = getattr(diffusers, name or "").from_config(config)
         required = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         others = {p.name: None for p in inspect.signature(cls.__init__).parameters.values()

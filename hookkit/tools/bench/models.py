@@ -21,6 +21,7 @@ from hookkit.core.quiet import quiet_imports
 from hookkit.core.validate import closest
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.tools import local, zoo
+from hookkit.tools.meta import meta_device
 
 
 #: Text tokens of the random prompt embeddings for full-size models (what the real text encoders emit).
@@ -174,7 +175,7 @@ def skeleton_pipeline(opts: ModelOptions) -> Any | None:
             return local.skeleton_pipeline(Path(opts.model_path))
         pipe = zoo.tiny_pipeline(opts.name)
         if opts.full:
-            with torch.device("meta"):  # the scheduler stays the tiny pipeline's: it cannot be built on meta
+            with meta_device():  # the scheduler stays the tiny pipeline's: it cannot be built on meta
                 pipe = _full_pipeline(pipe, opts, _full_vae(opts.name))
         return pipe
 
@@ -426,7 +427,7 @@ def load_pipeline(opts: ModelOptions, flag: str = "--model") -> Any:
 def full_transformer_parameters(name: str, arch: str | None = None) -> int:
     """Parameters of the full-size `name` transformer(s) (`arch`: `zoo.FULL_ARCHITECTURES`; both experts of a
     two-expert one), counted on the meta device (no memory)."""
-    with torch.device("meta"):
+    with meta_device():
         parts = zoo.full_transformers(name, arch)
     return sum(p.numel() for part in parts.values() for p in part.parameters())
 

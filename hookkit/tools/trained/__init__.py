@@ -38,6 +38,7 @@ with quiet_imports():
     from diffusers.configuration_utils import register_to_config
 
 from hookkit.errors import SpecError, UnsupportedError
+from hookkit.tools.meta import meta_device
 from hookkit.tools.trained.shapes import CLASSES
 
 __all__ = [
@@ -342,7 +343,7 @@ def load_transformer(path: str | Path | None = None, device: torch.device | str 
     p = _weights_path(path, model_file(model))
     config = read_metadata(p)["config"]
     state = {k.removeprefix("transformer."): v for k, v in _load_file(str(p)).items() if k.startswith("transformer.")}
-    with torch.device("meta"):
+    with meta_device():
         model = FluxTransformer2DModel(**config)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
