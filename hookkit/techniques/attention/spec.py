@@ -50,8 +50,8 @@ class Attention:
             cores, compute capability 8.9 or newer; with more error); "sage" (the `sageattention` package's
             `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only:
             Q, smoothed K and V in e4m3 with a scale per head, both products on fp8 tensor cores; the
-            `flashinfer-python` package, which compiles the kernel with nvcc at its first use: at `enable`); any full-precision
-            name (to compare kernels); None runs `kernel` everywhere.
+            `flashinfer-python` package, which compiles the kernel with nvcc at its first use: at `enable`); any
+            full-precision name (to compare kernels); None runs `kernel` everywhere.
         full_first: how many of the first denoising steps run `kernel` in every block (default 2).
         full_last: how many of the last steps run `kernel` in every block (default 2; needs the number of steps: a
             pipeline call, or `handle.generation(num_steps=...)`; without it no step counts as one of the last).

@@ -277,7 +277,8 @@ ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
               "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
               "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+compile+flashinfer-attention",
-              "hookkit-fp8+compile+flashinfer-fp8-attention", "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"),
+              "hookkit-fp8+compile+flashinfer-fp8-attention",
+              "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
