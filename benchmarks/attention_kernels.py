@@ -81,7 +81,8 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
             if key not in quantized:
                 quantized.clear()
                 quantized[key] = flashinfer_fa3.quantize(q, k, v)
-            return flashinfer_fa3.run_fp8(*quantized[key], q.shape[-1] ** -0.5, False, q.dtype)
+            return flashinfer_fa3.run_fp8(*quantized[key], flashinfer_fa3.softmax_scale(q, None), False,
+                                          q.dtype)
         return kernel_only
     from hookkit.techniques.attention import fp8_triton, int8_triton
 

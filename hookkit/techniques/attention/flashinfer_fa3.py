@@ -35,6 +35,11 @@ HEAD_SIZES = (64, 128, 256)
 MIN_VERSION = (0, 2, 14)
 
 
+def softmax_scale(query: torch.Tensor, scale: float | None) -> float:
+    """SDPA's softmax scale: `scale`, or 1 / sqrt(head size) where it is None (FlashInfer's kernels take it given)."""
+    return float(query.shape[-1] ** -0.5 if scale is None else scale)
+
+
 def head_scales(t: torch.Tensor) -> torch.Tensor:
     """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]`: its amax / 448 (the
     smallest normal float32 where a head is all zeros, so that nothing divides by zero)."""
@@ -89,7 +94,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
               causal: bool = False, fp8: bool = True) -> torch.Tensor:
     """SDPA's result for `[B, H, N, D]` fp16/bf16 inputs, by FlashInfer's fp8 kernel (quantization included) or, with
     `fp8=False`, its bf16/fp16 kernel."""
-    sm_scale = query.shape[-1] ** -0.5 if scale is None else scale
+    sm_scale = softmax_scale(query, scale)
     if not fp8:
         return run_half(query, key, value, sm_scale, causal)
     return run_fp8(*quantize(query, key, value), sm_scale, causal, query.dtype)

@@ -212,16 +212,15 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: flo
 
 def _flashinfer(a: dict[str, Any]) -> torch.Tensor:
     query = a["query"]
-    scale = a["scale"] if a["scale"] is not None else query.shape[-1] ** -0.5
-    return flashinfer_attention(query, a["key"], a["value"], float(scale), bool(a["is_causal"]))
+    return flashinfer_attention(query, a["key"], a["value"], flashinfer_fa3.softmax_scale(query, a["scale"]),
+                                bool(a["is_causal"]))
 
 
 def _flashinfer_fp8(a: dict[str, Any]) -> torch.Tensor:
     """Quantization (traced under compile) and FlashInfer's kernel (opaque)."""
     query = a["query"]
-    scale = a["scale"] if a["scale"] is not None else query.shape[-1] ** -0.5
-    return flashinfer_fp8_attention(*flashinfer_fa3.quantize(query, a["key"], a["value"]), float(scale),
-                                    bool(a["is_causal"]), query.dtype)
+    return flashinfer_fp8_attention(*flashinfer_fa3.quantize(query, a["key"], a["value"]),
+                                    flashinfer_fa3.softmax_scale(query, a["scale"]), bool(a["is_causal"]), query.dtype)
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
