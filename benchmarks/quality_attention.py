@@ -13,12 +13,16 @@ images against it and the fraction the shipped classifier still recognises. Seed
   gemm-fp8+fp8-every-step  fp8 GEMMs and fp8 attention at every step (what the video rows run)
   sage-every-step       sageattention's `sageattn` at every step (sageattention 1.0.6 takes heads of 64, 96 or 128:
                         a skipped row on these models, with its reason)
+  flashinfer-fp8-every-step  FlashInfer's FA3 fp8 kernel (Attention(low_precision="flashinfer_fp8")) at every step;
+                        the heads of 32 run zero-padded to 64, which changes no score, scale or kept channel
+  flashinfer-fp8        the same with the default schedule
+  flashinfer-bf16       FlashInfer's FA3 bf16 kernel (Attention(kernel="flashinfer")) at every step
+  (the FlashInfer rows need the `flashinfer` package and a Hopper GPU; skipped with their reason elsewhere)
 
 Besides the images, `attention_error.json` holds each kernel's output error on the trained models' own attention
 inputs: Q, K and V recorded at every SDPA call of one denoising run (class 0, the first seed), each kernel against
-fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls). FlashInfer's kernels
-("flashinfer", "flashinfer_fp8"; when the package imports), which take heads of 64 and up, run on the heads
-zero-padded to 64: zeros change no score, no per-head scale and no output channel that is kept.
+fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls), FlashInfer's kernels
+("flashinfer", "flashinfer_fp8") included when the package imports.
 
     python benchmarks/quality_attention.py                 # GPU (SM89+ for fp8): both models, 10 classes x 4 seeds
     python benchmarks/quality_attention.py --quick         # CPU check: 2 classes x 1 seed, 6 steps, tiny model;
@@ -71,6 +75,14 @@ def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.Qua
         QC(name="sage-every-step", family="sage", spec=S(attention=every("sage")), requires="sageattention",
            x="every", description="sageattention's sageattn at every step",
            unsupported="sageattention 1.0.6 takes heads of 64, 96 or 128; the trained models' heads are 32"),
+        QC(name="flashinfer-fp8-every-step", family="flashinfer", spec=S(attention=every("flashinfer_fp8")),
+           requires="flashinfer", x="every", description="FlashInfer's FA3 fp8 kernel at every step (heads padded)"),
+        QC(name="flashinfer-fp8", family="flashinfer", spec=S(attention=A(low_precision=low["flashinfer_fp8"])),
+           requires="flashinfer", x="default",
+           description="FlashInfer's FA3 fp8 kernel, bf16 SDPA on the first and last 2 steps"),
+        QC(name="flashinfer-bf16", family="flashinfer",
+           spec=S(attention=A(kernel=low["flashinfer"], low_precision=None)), requires="flashinfer", x="bf16",
+           description="FlashInfer's FA3 bf16 kernel at every step (heads padded)"),
     ]
 
 
@@ -89,21 +101,6 @@ class _RecordSDPA(TorchFunctionMode):
             q, k, v = (bound[n].detach().float().clone() for n in ("query", "key", "value"))
             self.calls.append((q, k, v, bound.get("scale")))
         return func(*args, **kwargs)
-
-
-def padded_heads(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 scale: float | None) -> tuple[tuple[torch.Tensor, ...], float | None]:
-    """Q, K, V zero-padded along the head dimension to the smallest size `kernel` takes, when it takes none as small,
-    and the softmax scale of the unpadded heads: Q·Kᵀ, each head's amax and K's mean over the tokens are unchanged,
-    and the padded output channels are cut off after the call."""
-    from hookkit.techniques.attention.hooks import head_sizes_ok
-
-    dim = q.shape[-1]
-    size = next((d for d in range(dim, 257) if head_sizes_ok(kernel, d)), dim)
-    if size == dim:
-        return (q, k, v), scale
-    pad = (0, size - dim)
-    return tuple(F.pad(t, pad) for t in (q, k, v)), (dim ** -0.5 if scale is None else scale)
 
 
 def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, device: str) -> dict[str, Any]:
@@ -126,14 +123,12 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
             continue
         for q, k, v, scale in recorder.calls:
             ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
-            args, padded_scale = padded_heads(kernel, *(t.to(torch.bfloat16) for t in (q, k, v)), scale)
-            kwargs = {"scale": padded_scale}
+            args = tuple(t.to(torch.bfloat16) for t in (q, k, v))
             reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
-                                          "dropout_p": 0.0, "is_causal": False, "scale": padded_scale,
-                                          "enable_gqa": False})
+                                          "dropout_p": 0.0, "is_causal": False, "scale": scale, "enable_gqa": False})
             if reason is not None:
                 break
-            got = run_kernel(kernel, F.scaled_dot_product_attention, args, kwargs)[..., :q.shape[-1]].float()
+            got = run_kernel(kernel, F.scaled_dot_product_attention, args, {"scale": scale}).float()
             rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
             worst.append((got - ref).abs().max().item())
         out[name] = ({"unsupported": reason} if reason is not None else
@@ -163,7 +158,7 @@ def main() -> int:
     classes = [0, 5] if args.quick else None
     seeds = range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds))
     models = ["tiny"] if args.quick else args.models.split(",")
-    names = ("hookkit_int8", "hookkit_fp8", "sage")
+    names = ("hookkit_int8", "hookkit_fp8", "sage", "flashinfer_fp8", "flashinfer")
     low = {k: (k if on_gpu else "_native_math") for k in names}
     quantize = hookkit.Quantize(scheme="fp8_row" if on_gpu else "fp8_weight_only", keep_original="device")
     rows = quality.only_rows(configs(low, quantize), args.only, "quality_attention.py")
@@ -174,8 +169,7 @@ def main() -> int:
                                      log=lambda m: print(m, file=sys.stderr, flush=True))
         report.write(out / model, plot=False)
         print(f"## {model}\n\n{report.markdown()}\n")
-        error_kernels = {**{k: low[k] for k in names[:2]},
-                         **{k: (k if on_gpu else "_native_math") for k in ("flashinfer", "flashinfer_fp8")}}
+        error_kernels = {k: low[k] for k in ("hookkit_int8", "hookkit_fp8", "flashinfer", "flashinfer_fp8")}
         errors.append(attention_error(model, error_kernels, steps, seeds[0], "cuda" if on_gpu else "cpu"))
     (out / "attention_error.json").write_text(json.dumps(errors, indent=1))
     print(json.dumps(errors, indent=1))

@@ -14,8 +14,6 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -208,20 +206,41 @@ def test_under_torch_compile_the_call_traces_whole_and_gives_the_eager_result(st
     assert torch.equal(compiled(q, k, v), block(q, k, v))
 
 
-def test_the_quality_benchmark_pads_heads_flashinfer_cannot_take_without_changing_attention(
-        benchmark_script: Callable[[str], ModuleType]) -> None:
-    padded_heads = benchmark_script("quality_attention").padded_heads
-    q, k, v = (t.float() for t in _qkv(batch=1, dim=32, offset=1.0))  # the trained models' heads of 32
-    (qp, kp, vp), scale = padded_heads("flashinfer_fp8", q, k, v, None)
-    assert (qp.shape[-1], scale) == (64, 32 ** -0.5)
-    out = F.scaled_dot_product_attention(qp, kp, vp, scale=scale)[..., :32]
-    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
-    assert torch.equal(flashinfer_fp8_scales(kp), flashinfer_fp8_scales(k))  # zeros move no per-head scale
-    assert padded_heads("hookkit_fp8", q, k, v, None) == ((q, k, v), None)  # a size the kernel takes: as it is
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_heads_flashinfer_has_no_kernel_for_run_zero_padded_to_the_next_size(stand_in: StandIn, fp8: bool) -> None:
+    q, k, v = _qkv(batch=1, dim=32, offset=3.0)  # the trained models' heads of 32
+    out = flashinfer_fa3.attention(q, k, v, fp8=fp8)
+    assert [(c["shapes"], c["sm_scale"]) for c in stand_in.calls] == [(((40, 3, 64),) * 3, 32 ** -0.5)]
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert ((out.float() - ref).abs().mean() / ref.abs().mean()).item() < (0.05 if fp8 else 2.0 ** -8)
 
 
-def flashinfer_fp8_scales(key: torch.Tensor) -> torch.Tensor:
-    return flashinfer_fa3.head_scales(key - key.mean(dim=2, keepdim=True))
+def test_zero_padding_the_heads_changes_no_fp8_scale() -> None:
+    q, k, v = _qkv(batch=1, dim=32, offset=3.0)
+    padded = flashinfer_fa3.quantize(*(F.pad(t, (0, 32)) for t in (q, k, v)))
+    unpadded = flashinfer_fa3.quantize(q, k, v)
+    for scales, same in zip(padded[3:], unpadded[3:], strict=True):
+        assert torch.equal(scales, same)
+    for q8, same in zip(padded[:3], unpadded[:3], strict=True):
+        assert torch.equal(q8[..., :32].float(), same.float()) and not q8[..., 32:].float().any()
+
+
+@pytest.mark.parametrize("dim,size", [(8, 64), (32, 64), (64, 64), (72, 128), (96, 128), (128, 128), (160, 256),
+                                      (256, 256), (257, None)])
+def test_each_head_size_runs_at_the_smallest_kernel_size_that_holds_it(dim: int, size: int | None) -> None:
+    assert flashinfer_fa3.padded_size(dim) == size
+
+
+def test_padded_heads_trace_whole_under_torch_compile_and_give_the_eager_result(stand_in: StandIn) -> None:
+    q, k, v = _qkv(dim=32)
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = run_kernel("flashinfer_fp8", F.scaled_dot_product_attention, (q, k, v), {})
+        return out.transpose(1, 2).flatten(2, 3) * 2
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(q, k, v), block(q, k, v))
 
 
 # --- what the kernel takes, and refusals -------------------------------------------------------------------------
@@ -239,9 +258,9 @@ def test_masks_and_dropout_run_as_native_and_a_causal_call_is_taken(kwargs: dict
     assert unsupported(kernel, _sdpa_args((q, k, v), kwargs)) == reason
 
 
-@pytest.mark.parametrize("dim,ok", [(32, False), (64, True), (96, False), (128, True), (256, True)])
+@pytest.mark.parametrize("dim,ok", [(32, True), (64, True), (96, True), (256, True), (257, False), (512, False)])
 @pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
-def test_head_sizes_are_those_flashinfer_builds(dim: int, ok: bool, kernel: str) -> None:
+def test_heads_up_to_256_are_taken(dim: int, ok: bool, kernel: str) -> None:
     assert head_sizes_ok(kernel, dim) is ok
 
 
@@ -289,11 +308,11 @@ def test_a_flashinfer_older_than_the_fp8_api_is_refused(monkeypatch: pytest.Monk
                               "flashinfer-python`, or choose another kernel.")
 
 
-def test_a_head_size_flashinfer_has_no_kernel_for_is_refused(stand_in: StandIn) -> None:
-    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)  # heads of 8
+def test_heads_larger_than_flashinfers_largest_kernel_are_refused(stand_in: StandIn) -> None:
+    pipe = zoo.tiny_pipeline("flux", attention_head_dim=320, axes_dims_rope=[64, 128, 128]).to(torch.bfloat16)
     with pytest.raises(UnsupportedError) as err:
         hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(kernel="flashinfer", low_precision=None)))
-    assert str(err.value) == ("Attention.kernel: 'flashinfer' expected heads of size 64, 128 or 256, got 8 at "
+    assert str(err.value) == ("Attention.kernel: 'flashinfer' expected heads of size up to 256, got 320 at "
                               "transformer_blocks.0.attn. Choose another kernel, or keep the block at `kernel` "
                               "(Attention.full_blocks).")
 
@@ -306,6 +325,13 @@ def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: Sta
     assert [(c["shapes"][0], c["dtype"], c["o_dtype"]) for c in stand_in.calls] == [
         ((16, 1, 64), torch.float8_e4m3fn, torch.bfloat16), ((16, 1, 128), torch.float8_e4m3fn, torch.bfloat16),
         ((16, 1, 128), torch.float16, torch.float16)]
+
+
+def test_enable_builds_the_padded_size_once_for_heads_that_run_at_it(stand_in: StandIn) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    build_flashinfer("flashinfer_fp8", "low_precision", [32, 64, 96], torch.bfloat16, torch.device("cpu"))
+    assert [c["shapes"][0] for c in stand_in.calls] == [(16, 1, 64), (16, 1, 128)]
 
 
 def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,10 +4,8 @@ compiles it for sm_90a with nvcc on first use and caches it on disk. Two of hook
 - "flashinfer": bf16/fp16 inputs as they come: full precision, a candidate for `Attention.kernel`;
 - "flashinfer_fp8": both products on fp8 tensor cores, after hookkit's quantization (below).
 
-Why: on Hopper, cuDNN's bf16 kernel and hookkit's Triton fp8 kernel leave the tensor cores idle while one warpgroup
-does its exponentials; FA3's schedule (two consumer warpgroups in ping-pong, a producer warp loading by TMA) overlaps
-them, and Triton does not express it. FlashInfer is the maintained package that ships that kernel, with fp8 inputs,
-and installs from PyPI.
+Why: on Hopper, cuDNN's bf16 and hookkit's Triton fp8 kernel idle the tensor cores while a warpgroup does its
+exponentials; FA3's ping-pong schedule overlaps them (Triton cannot express it). FlashInfer ships it, fp8 included.
 
 The fp8 quantization (torch ops, run where the mode answers SDPA, so regional `Compile` fuses them into the block's
 graph): Q, K and V in e4m3 with one scale per (batch, head), amax / 448; K first smoothed, its mean over the tokens
@@ -17,14 +15,20 @@ dequantizes with the scales it is given.
 
 Layout: diffusers hands SDPA `[B, H, N, D]` tensors; FlashInfer's single-sequence call takes `[N, H, D]` views with any
 strides (it reads them), one call per batch element, and writes `[N, H, D]`: the output is returned as the
-`[B, H, N, D]` view of a `[B, N, H, D]` tensor, the layout diffusers' processors transpose back to anyway.
+`[B, H, N, D]` view of a `[B, N, H, D]` tensor, the layout diffusers' processors transpose back to anyway. Heads of a
+size FlashInfer has no kernel for (32, 72, 96, ...; up to 256) are zero-padded to the next it has: zeros change no
+score, no per-head scale or key mean, and the padded output channels are cut off.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+
+from hookkit.errors import UnsupportedError
 
 #: the largest finite e4m3 value
 E4M3_MAX = 448.0
@@ -33,6 +37,12 @@ HEAD_SIZES = (64, 128, 256)
 #: the oldest FlashInfer release whose `single_prefill_with_kv_cache` takes fp8 inputs with per-head scales on the FA3
 #: backend and an output dtype
 MIN_VERSION = (0, 2, 14)
+
+
+def padded_size(dim: int) -> int | None:
+    """The head size FlashInfer's kernel runs heads of `dim` at: the smallest of `HEAD_SIZES` at least `dim` (their
+    zero-padded size), or None above the largest."""
+    return next((size for size in HEAD_SIZES if size >= dim), None)
 
 
 def softmax_scale(query: torch.Tensor, scale: float | None) -> float:
@@ -91,13 +101,30 @@ def run_half(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_sca
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
-              causal: bool = False, fp8: bool = True) -> torch.Tensor:
+              causal: bool = False, fp8: bool = True,
+              kernels: tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = (run_half, run_fp8),
+              ) -> torch.Tensor:
     """SDPA's result for `[B, H, N, D]` fp16/bf16 inputs, by FlashInfer's fp8 kernel (quantization included) or, with
-    `fp8=False`, its bf16/fp16 kernel."""
-    sm_scale = softmax_scale(query, scale)
+    `fp8=False`, its bf16/fp16 kernel; heads FlashInfer has no kernel for zero-padded (`padded_size`).
+
+    Args:
+        kernels: what runs the bf16 and the fp8 kernel (`run_half`, `run_fp8`: hookkit's hooks pass the same as ops
+            torch.compile keeps opaque, so that the padding and the quantization are traced around them).
+    """
+    dim = query.shape[-1]
+    sm_scale = softmax_scale(query, scale)  # of the heads as they are: padding changes no score
+    size = padded_size(dim)
+    if size is None:
+        raise UnsupportedError(f"FlashInfer's kernels: expected heads of size up to {HEAD_SIZES[-1]}, got {dim}. Choose "
+                               "another kernel (hookkit.Attention checks this at enable).")
+    if size != dim:
+        query, key, value = (F.pad(t, (0, size - dim)) for t in (query, key, value))
+    half, low = kernels
     if not fp8:
-        return run_half(query, key, value, sm_scale, causal)
-    return run_fp8(*quantize(query, key, value), sm_scale, causal, query.dtype)
+        out = half(query, key, value, sm_scale, causal)
+    else:
+        out = low(*quantize(query, key, value), sm_scale, causal, query.dtype)
+    return out if size == dim else out[..., :dim]
 
 
 def build(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> None:

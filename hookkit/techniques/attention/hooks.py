@@ -87,7 +87,7 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
     if kernel in HOOKKIT_KERNELS:
         return dim in (32, 64, 128)
     if kernel in FLASHINFER_KERNELS:
-        return dim in flashinfer_fa3.HEAD_SIZES
+        return flashinfer_fa3.padded_size(dim) is not None
     if kernel == "sage":  # sageattention 1.0.6's kernels
         return dim in (64, 96, 128)
     if kernel in ("_native_cudnn", "_native_flash", "flash"):
@@ -99,7 +99,7 @@ def head_size_text(kernel: str) -> str:
     if kernel in HOOKKIT_KERNELS:
         return "32, 64 or 128"
     if kernel in FLASHINFER_KERNELS:
-        return "64, 128 or 256"
+        return "up to 256"
     return "64, 96 or 128" if kernel == "sage" else "a multiple of 8 up to 256"
 
 
@@ -210,17 +210,14 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: flo
     return query.new_empty((b, n, h, d)).transpose(1, 2)
 
 
-def _flashinfer(a: dict[str, Any]) -> torch.Tensor:
-    query = a["query"]
-    return flashinfer_attention(query, a["key"], a["value"], flashinfer_fa3.softmax_scale(query, a["scale"]),
-                                bool(a["is_causal"]))
+#: FlashInfer's kernels as the ops above: the padding and quantization `flashinfer_fa3.attention` does around them
+#: are traced and fused under compile
+_FLASHINFER_OPS = (flashinfer_attention, flashinfer_fp8_attention)
 
 
-def _flashinfer_fp8(a: dict[str, Any]) -> torch.Tensor:
-    """Quantization (traced under compile) and FlashInfer's kernel (opaque)."""
-    query = a["query"]
-    return flashinfer_fp8_attention(*flashinfer_fa3.quantize(query, a["key"], a["value"]),
-                                    flashinfer_fa3.softmax_scale(query, a["scale"]), bool(a["is_causal"]), query.dtype)
+def _flashinfer(a: dict[str, Any], fp8: bool) -> torch.Tensor:
+    return flashinfer_fa3.attention(a["query"], a["key"], a["value"], a["scale"], bool(a["is_causal"]), fp8=fp8,
+                                    kernels=_FLASHINFER_OPS)
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
@@ -256,10 +253,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
         return op(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
     if kernel == "sage":
         return _sage(a)
-    if kernel == "flashinfer_fp8":
-        return _flashinfer_fp8(a)
-    if kernel == "flashinfer":
-        return _flashinfer(a)
+    if kernel in FLASHINFER_KERNELS:
+        return _flashinfer(a, fp8=kernel == "flashinfer_fp8")
     return _flash(a)
 
 
@@ -606,12 +601,22 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                              device)
 
 
+def flashinfer_sizes(sizes: list[int]) -> list[int]:
+    """The kernel head sizes that heads of `sizes` run at (`flashinfer_fa3.padded_size`), each once, smallest first."""
+    return sorted({size for size in map(flashinfer_fa3.padded_size, sizes) if size is not None})
+
+
 def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dtype | None,
                      device: torch.device) -> None:
-    """Have FlashInfer build `kernel` ("flashinfer" or "flashinfer_fp8") for each head size now
-    (`flashinfer_fa3.build`): its first call compiles with nvcc, and a missing compiler or a failed build is then a
-    refusal at enable, with the fix."""
-    for size in sizes:
+    """Have FlashInfer build `kernel` ("flashinfer" or "flashinfer_fp8") now for the kernel size each head size of
+    `sizes` runs at (`flashinfer_sizes`; `flashinfer_fa3.build`): its first call compiles with nvcc (unless the package
+    holds the module prebuilt), and a missing compiler or a failed build is then a refusal at enable, with the fix."""
+    for dim in sizes:
+        if flashinfer_fa3.padded_size(dim) != dim:
+            logger.info("attention: heads of {} run zero-padded to {} in FlashInfer's {} kernel (it has no kernel for "
+                        "{}: the padded channels are computed and cut off)", dim, flashinfer_fa3.padded_size(dim),
+                        kernel, dim)
+    for size in flashinfer_sizes(sizes):
         logger.info("attention: FlashInfer's {} kernel for heads of {} ({}); its first use compiles it with nvcc "
                     "(minutes, cached under ~/.cache/flashinfer)", kernel, size, dtype)
         try:
