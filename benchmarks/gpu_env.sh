@@ -9,7 +9,9 @@
 # packages does not import, installs the wheels of $WHL (default: .whl of the checkout holding this file; carry it in
 # the device call) into SITE, which stays for the machine's later calls. Returns 1, saying why, when they neither
 # import nor install. When $WHL holds flashinfer-site.tar.gz (benchmarks/flashinfer_site.py builds it) and SITE has
-# no flashinfer yet, unpacks it there first: FlashInfer's package and the sources its JIT compiles.
+# no flashinfer yet, unpacks it there first: FlashInfer's package and the sources its JIT compiles, and the kernels
+# prebuilt for this machine's torch where it holds them; one that does not load here is removed (FlashInfer then
+# compiles it at first use, as without it).
 
 gpu_env() {  # gpu_env [REPO]
   local here repo whl site
@@ -23,6 +25,20 @@ gpu_env() {  # gpu_env [REPO]
       echo "gpu_env.sh: could not unpack $whl/flashinfer-site.tar.gz into $site" >&2
       return 1
     }
+    python3 - "$site"/flashinfer/data/aot/*/*.so <<'PY'
+import shutil, sys
+from pathlib import Path
+import torch
+for so in map(Path, sys.argv[1:]):
+    if not so.is_file():
+        continue
+    try:
+        torch.ops.load_library(str(so))
+    except Exception as exc:  # any failure to load: FlashInfer builds the module itself
+        print(f"gpu_env.sh: prebuilt {so.name} does not load here ({str(exc).splitlines()[0][:200]}); "
+              "FlashInfer compiles it at first use", file=sys.stderr)
+        shutil.rmtree(so.parent)
+PY
   fi
   python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
   if ! ls "$whl"/*.whl > /dev/null 2>&1; then

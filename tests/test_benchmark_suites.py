@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -242,6 +244,30 @@ def test_gpu_env_unpacks_the_flashinfer_site_archive_into_the_site_folder_once(t
     assert unpacked.read_text() == "kept\n"
 
 
+def test_gpu_env_keeps_the_prebuilt_flashinfer_kernels_that_load_and_removes_the_others(tmp_path: Path) -> None:
+    import _ctypes
+
+    whl, aot = tmp_path / "whl", tmp_path / "src" / "flashinfer" / "data" / "aot"
+    for name in ("loads", "broken"):
+        (aot / name).mkdir(parents=True)
+    shutil.copyfile(_ctypes.__file__, aot / "loads" / "loads.so")  # a shared library any Python can load
+    (aot / "broken" / "broken.so").write_text("not a shared library\n")
+    whl.mkdir()
+    with tarfile.open(whl / "flashinfer-site.tar.gz", "w:gz") as tar:
+        tar.add(aot.parent.parent, arcname="flashinfer")
+    bin_dir = tmp_path / "bin"  # a python3 that runs scripts from stdin and passes the package import check
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\n[ "$1" = "-" ] && exec {sys.executable} "$@"\nexit 0\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "WHL": str(whl), "GPU_SITE": str(tmp_path / "site")}
+    done = bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env)
+    assert done.returncode == 0, done.stderr
+    kept = tmp_path / "site" / "flashinfer" / "data" / "aot"
+    assert sorted(p.name for p in kept.iterdir()) == ["loads"]
+    assert done.stderr.startswith("gpu_env.sh: prebuilt broken.so does not load here (")
+    assert done.stderr.endswith("); FlashInfer compiles it at first use\n")
+
+
 def test_gpu_env_without_the_packages_or_wheels_fails_saying_what_to_carry(tmp_path: Path) -> None:
     env = {**fake_python(tmp_path, imports=False), "WHL": str(tmp_path / "no-wheels")}
     done = bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env)
@@ -305,3 +331,31 @@ def test_summary_is_the_median_min_and_max(timing: ModuleType) -> None:
 def test_summary_of_no_times_says_how_to_get_some(timing: ModuleType) -> None:
     with pytest.raises(ValueError, match="expected at least one time, got none; time with repeats >= 1"):
         timing.summary([])
+
+
+# --- the FlashInfer archive for the GPU machine -------------------------------------------------------------------
+
+
+def test_the_flashinfer_archive_refuses_an_aot_python_that_does_not_exist(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    site = benchmark_script("flashinfer_site")
+    with pytest.raises(SystemExit):
+        site.parse_args(["--aot-python", str(tmp_path / "python3.12")])
+    assert (f"--aot-python: expected a Python interpreter, got {tmp_path / 'python3.12'} (no such file)"
+            in capsys.readouterr().err)
+
+
+def test_the_kernels_are_prebuilt_by_the_given_python_for_hopper_with_the_package_on_its_path(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = benchmark_script("flashinfer_site")
+    runs: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(site.subprocess, "run", lambda cmd, env, check: runs.append((cmd, env)))
+    monkeypatch.setenv("CUDA_HOME", "/opt/cuda-13.0")
+    python = tmp_path / "bin" / "python"
+    site.prebuild(python, tmp_path / "site" / "flashinfer", "64,128", tmp_path)
+    [(cmd, env)] = runs
+    assert cmd == [str(python), site.__file__, "--build-aot-into", str(tmp_path / "site" / "flashinfer"),
+                   "--aot-heads", "64,128"]
+    assert (env["PYTHONPATH"], env["TORCH_CUDA_ARCH_LIST"], env["FLASHINFER_WORKSPACE_BASE"]) == (
+        str(tmp_path / "site"), "9.0a", str(tmp_path / "jit"))
+    assert env["PATH"].startswith(f"{tmp_path / 'bin'}:/opt/cuda-13.0/bin:")
