@@ -125,8 +125,17 @@ def test_regional_compile_puts_a_compiled_callable_inside_each_blocks_hooks() ->
     handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST)))
     for path in regional_paths(handle.adapter, pipe.transformer):
         registry = HookRegistry.of(pipe.transformer.get_submodule(path), create=False)
-        # `_inner` is what the hook chain calls last: torch.compile's wrapper of the block's own forward
+        # `_inner` is what the hook chain calls last: torch.compile's wrapper of the block's own forward, inside the
+        # one that names a graph break (fullgraph)
         assert registry._inner is not registry.original_forward
+        assert registry._inner.__wrapped__._torchdynamo_orig_callable == registry.original_forward
+
+
+def test_without_fullgraph_the_compiled_callable_is_torch_compiles_own() -> None:
+    pipe = zoo.tiny_pipeline("flux")
+    handle = hookkit.enable(pipe, hookkit.Spec(compile=hookkit.Compile(**FAST, fullgraph=False)))
+    for path in regional_paths(handle.adapter, pipe.transformer):
+        registry = HookRegistry.of(pipe.transformer.get_submodule(path), create=False)
         assert registry._inner._torchdynamo_orig_callable == registry.original_forward
 
 
@@ -776,3 +785,50 @@ def test_a_provider_after_the_first_request_is_refused() -> None:
     assert handle.service(GraphDecisions) is not None
     with pytest.raises(HookError, match=r"^late: provides GraphDecisions after a feature requested it"):
         ctx.provide(GraphDecisions, lambda: _Decider("late", "x"))
+
+
+# --- graph breaks under fullgraph ----------------------------------------------------------------------------------
+
+
+def test_a_block_that_breaks_the_graph_under_fullgraph_is_refused_naming_it_the_line_and_the_fix() -> None:
+    import re
+
+    from diffusers_configs import build, inputs
+
+    model = build("HiDreamTransformer")  # its MoE loops over a number of tokens per expert read from a tensor
+    handle = hookkit.enable(model, hookkit.Spec(compile=hookkit.Compile(backend="eager")))
+    with pytest.raises(UnsupportedError) as err, handle.generation(num_steps=1, calls_per_step=1):
+        model(**inputs("HiDreamTransformer"), return_dict=False)
+    assert re.fullmatch(
+        r"Compile\(fullgraph=True\): expected the forward of double_stream_blocks\.0 \(HiDreamBlock\) to compile as "
+        r"one graph, got a graph break at transformer_hidream_image\.py:\d+ in moe_infer: .*data-dependent.*\. Use "
+        r"Compile\(fullgraph=False\): torch\.compile then compiles it in pieces around what it cannot trace \(each "
+        r"break runs eagerly\)\.", str(err.value))
+    assert isinstance(err.value.__cause__, torch._dynamo.exc.UserError)
+
+
+def test_a_graph_break_is_named_by_dynamos_reason_and_the_innermost_line_of_model_code() -> None:
+    from hookkit.techniques.compile.regional import graph_break_error
+
+    dynamo_says = ("Call to `torch._dynamo.graph_break()`\n  Explanation: User-inserted graph break. Message: None\n"
+                   "  Hint: Remove the `torch._dynamo.graph_break()` call.\n\nfrom user code:\n"
+                   '   File "/site/diffusers/models/transformers/transformer_x.py", line 40, in forward\n'
+                   "    out = self.attn(x)\n"
+                   '  File "/site/diffusers/models/attention.py", line 7, in attn\n'
+                   "    torch._dynamo.graph_break()\n"
+                   f'  File "{torch.__file__}", line 1, in polyfill\n')
+    error = graph_break_error("blocks.3", "XBlock", torch._dynamo.exc.Unsupported(dynamo_says))
+    assert str(error) == (
+        "Compile(fullgraph=True): expected the forward of blocks.3 (XBlock) to compile as one graph, got a graph break "
+        "at attention.py:7 in attn: Call to `torch._dynamo.graph_break()` (User-inserted graph break. Message: None). "
+        "Use Compile(fullgraph=False): torch.compile then compiles it in pieces around what it cannot trace (each "
+        "break runs eagerly).")
+
+
+def test_a_whole_transformer_that_breaks_the_graph_is_named_as_the_transformer() -> None:
+    from hookkit.techniques.compile.regional import graph_break_error
+
+    error = graph_break_error("", "FluxTransformer2DModel", torch._dynamo.exc.Unsupported("Unsupported thing"))
+    assert str(error).startswith("Compile(fullgraph=True): expected the forward of the transformer "
+                                 "(FluxTransformer2DModel) to compile as one graph, got a graph break: Unsupported "
+                                 "thing. Use Compile(fullgraph=False)")

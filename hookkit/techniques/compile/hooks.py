@@ -121,7 +121,7 @@ class _CompileFeature(BaseFeature):
                 state.compiler = region_compiler(compile_kwargs(
                     spec, quantized=quantized, fp8_rows=state.fp8_rows, real_rope=state.real_rope,
                     norm_rope=state.norm_rope))
-            return _InnerCompile(module, state.compiler)
+            return _InnerCompile(module, state.compiler, path=attachment.target, fullgraph=spec.fullgraph)
         if attachment.name == CLONE:
             return add_hook(module, CLONE, CloneOutputsHook())
         if attachment.name == STEP_MARK:

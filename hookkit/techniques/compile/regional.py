@@ -16,6 +16,8 @@ every compiled region, and clones a wholly compiled transformer's outputs.
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,7 @@ import torch.utils._pytree as pytree
 from hookkit.core.compat import CUDA_GRAPH_MODES
 from hookkit.core.registry import HookRegistry, ModelHook
 from hookkit.core.removal import Removal
+from hookkit.errors import UnsupportedError
 from hookkit.techniques.compile.spec import Compile
 
 if TYPE_CHECKING:
@@ -182,14 +185,43 @@ def _dynamo_lists(backend: Any) -> bool:
     return table is None or table.get(id(backend)) is backend
 
 
-class _InnerCompile(Removal):
-    """Installs `compiler(original forward)` as a module's inner callable; removal restores it."""
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
-    def __init__(self, module: torch.nn.Module, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+
+def graph_break_error(path: str, kind: str, error: BaseException) -> UnsupportedError:
+    """The hookkit error for a region that torch.compile could not trace as one graph under `fullgraph=True`:
+    dynamo's reason, the line of model code where it stopped, and the fix (`Compile(fullgraph=False)`). `path` is the
+    module's path in the transformer ("" for the transformer itself), `kind` its class name."""
+    text = str(error).strip()
+    lines = text.splitlines() or [type(error).__name__]
+    reason = lines[0].strip()[:300]
+    explanation = next((line.strip() for line in lines[1:4] if line.strip().startswith("Explanation:")), None)
+    if explanation is not None:
+        reason += f" ({explanation[len('Explanation:'):].strip()})"
+    frames = [frame for frame in re.findall(r'File "([^"]+)", line (\d+), in (\S+)',
+                                            text.rsplit("from user code:", 1)[-1])
+              if not os.path.abspath(frame[0]).startswith(_TORCH_DIR)]  # dynamo's polyfills are not the model's
+    where = f" at {os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    what = f"{path} ({kind})" if path else f"the transformer ({kind})"
+    return UnsupportedError(
+        f"Compile(fullgraph=True): expected the forward of {what} to compile as one graph, got a graph break{where}: "
+        f"{reason}. Use Compile(fullgraph=False): torch.compile then compiles it in pieces around what it cannot "
+        "trace (each break runs eagerly)."
+    )
+
+
+class _InnerCompile(Removal):
+    """Installs `compiler(original forward)` as a module's inner callable; removal restores it. With `fullgraph`, a
+    graph break is raised as hookkit's `graph_break_error` (naming the module at `path`), not as dynamo's traceback."""
+
+    def __init__(self, module: torch.nn.Module, compiler: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 path: str = "", fullgraph: bool = False) -> None:
         # Compile before `HookRegistry.of` creates a registry: if compiling raises, the module's `__dict__` is
         # untouched (enable's rollback never sees this attachment).
         existing = HookRegistry.of(module, create=False)
         compiled = compiler(existing.original_forward if existing is not None else module.forward)
+        if fullgraph:
+            compiled = _naming_graph_breaks(compiled, path, type(module).__name__)
         HookRegistry.of(module).set_inner(compiled)
         self.module: torch.nn.Module | None = module
 
@@ -198,3 +230,18 @@ class _InnerCompile(Removal):
         if registry is not None:
             registry.set_inner(None)
         self.module = None
+
+
+def _naming_graph_breaks(compiled: Callable[..., Any], path: str, kind: str) -> Callable[..., Any]:
+    """`compiled`, raising `graph_break_error` where dynamo refuses a graph break under fullgraph: `Unsupported`
+    (what it cannot trace), `UserError` (a value read from a tensor that Python control flow or a size depends on)."""
+    from torch._dynamo.exc import Unsupported, UserError
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except (Unsupported, UserError) as error:
+            raise graph_break_error(path, kind, error) from error
+
+    run.__wrapped__ = compiled  # type: ignore[attr-defined]
+    return run
