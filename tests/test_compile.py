@@ -116,7 +116,8 @@ def test_regional_compile_matches_eager_and_removal_restores_the_blocks(name: st
     compiled = run(pipe, name)
     handle.remove()
     torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5)
-    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__ for m in pipe.transformer.modules())
+    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__
+               for m in pipe.transformer.modules())
     assert torch.equal(run(pipe, name), reference)
 
 
@@ -270,7 +271,8 @@ def test_compile_on_a_bare_transformer_is_one_enable_so_a_later_enable_is_refuse
     with pytest.raises(EnableError, match="hookkit is already enabled on this FluxTransformer2DModel"):
         hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
     handle.remove()
-    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__ for m in pipe.transformer.modules())
+    assert all("forward" not in m.__dict__ and "_hookkit_registry" not in m.__dict__
+               for m in pipe.transformer.modules())
 
 
 def test_cache_needs_regional_compilation() -> None:
@@ -348,7 +350,8 @@ class ReplayBackend:
             finally:
                 if self.bridge is not None:
                     self.bridge.forced = None
-            for static, new in zip(torch.utils._pytree.tree_leaves(holder["out"]), torch.utils._pytree.tree_leaves(fresh)):
+            for static, new in zip(torch.utils._pytree.tree_leaves(holder["out"]),
+                                   torch.utils._pytree.tree_leaves(fresh)):
                 static.copy_(new)  # a real replay writes into the same output memory
 
         return replay, holder["out"]
@@ -562,7 +565,8 @@ def test_a_step_cached_right_after_the_eager_first_call_reuses_its_residual() ->
     assert backend.captures == 2
 
 
-def test_the_graph_hook_asks_the_cores_first_call_check_which_call_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_graph_hook_asks_the_cores_first_call_check_which_call_runs_eagerly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.techniques.compile.hooks import GRAPH, GraphHook, SplitGraphHook
 
     _cpu_graphs(monkeypatch, ReplayBackend())

@@ -115,8 +115,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     sm_scale = softmax_scale(query, scale)  # of the heads as they are: padding changes no score
     size = padded_size(dim)
     if size is None:
-        raise UnsupportedError(f"FlashInfer's kernels: expected heads of size up to {HEAD_SIZES[-1]}, got {dim}. Choose "
-                               "another kernel (hookkit.Attention checks this at enable).")
+        raise UnsupportedError(f"FlashInfer's kernels: expected heads of size up to {HEAD_SIZES[-1]}, got {dim}. "
+                               "Choose another kernel (hookkit.Attention checks this at enable).")
     if size != dim:
         query, key, value = (F.pad(t, (0, size - dim)) for t in (query, key, value))
     half, low = kernels

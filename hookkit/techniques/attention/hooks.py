@@ -538,12 +538,14 @@ def _active_backend() -> str | None:
 def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tuple[str, Any, torch.nn.Module]],
                   full: list[bool]) -> None:
     """Refuse, before anything is attached, what a chosen kernel can never run: its package missing, the model's dtype,
-    a head size, no CUDA device (or the model not on it), a GPU generation too old, processors that would bypass SDPA."""
+    a head size, no CUDA device (or the model not on it), a GPU generation too old, processors that would bypass
+    SDPA."""
     model = type(transformer).__name__
     active = _active_backend()
     if active not in (None, "native"):
         raise UnsupportedError(f"Attention: expected diffusers' active attention backend 'native' (hookkit chooses the "
-                               f"kernel at torch's SDPA call), got {active!r}. Call transformer.set_attention_backend('native') "
+                               f"kernel at torch's SDPA call), got {active!r}. Call "
+                               "transformer.set_attention_backend('native') "
                                "(it sets diffusers' active backend too) and leave `attention_backend(...)` / "
                                "DIFFUSERS_ATTN_BACKEND unset while hookkit.Attention is on.")
     for path, _, block in blocks:
@@ -555,7 +557,8 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                 raise UnsupportedError(
                     f"Attention: expected the processor of {path}.{name} to dispatch to diffusers' 'native' backend "
                     f"(torch's SDPA, where hookkit chooses the kernel), got {backend!r}. Call "
-                    "transformer.set_attention_backend('native') first, and choose the kernel with Attention(kernel=...).")
+                    "transformer.set_attention_backend('native') first, and choose the kernel with "
+                    "Attention(kernel=...).")
     for kernel in spec.kernels():
         where = "kernel" if kernel == spec.kernel else "low_precision"
         package = PACKAGES.get(kernel)

@@ -193,7 +193,8 @@ class _CompileFeature(BaseFeature):
             memory = ", ".join(f"{b / 2**20:.1f}" for b in data["graph_memory_bytes"]) or "-"
             rows += [["transformer graphs captured", data["graphs_captured"]],
                      ["graphs kept / max", f"{data['graphs_kept']} / {runner.max_graphs}"],
-                     ["graphs evicted", data["graph_evictions"]], ["graph replays (kept graphs)", data["graph_replays"]],
+                     ["graphs evicted", data["graph_evictions"]],
+                     ["graph replays (kept graphs)", data["graph_replays"]],
                      ["MiB per kept graph", memory]]
         elif isinstance(runner, SplitGraphHook):  # pairs of graphs split at a dynamic DBCache decision
             data["graphs_captured"] = 2 * runner.captures

@@ -101,7 +101,8 @@ def compile_kwargs(spec: Compile, quantized: bool = False, fp8_rows: Any | None 
         # imported here: importing inductor is slow, and only compiles with options need it
         from torch._inductor import list_mode_options
 
-        kwargs["options"] = {**list_mode_options(mode or "default"), **(QUANTIZED_INDUCTOR_OPTIONS if quantized else {})}
+        kwargs["options"] = {**list_mode_options(mode or "default"),
+                             **(QUANTIZED_INDUCTOR_OPTIONS if quantized else {})}
         if fp8_rows is not None:
             kwargs["options"]["post_grad_custom_post_pass"] = fp8_rows
         if pre_pass is not None:
