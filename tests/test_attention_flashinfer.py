@@ -383,6 +383,18 @@ def test_gpu_flashinfer_bf16_is_as_close_to_float32_attention_as_sdpa() -> None:
     assert (out - ref).abs().mean().item() < 2 * sdpa.item()
 
 
+@pytest.mark.gpu
+@needs_hopper_and_flashinfer
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_gpu_heads_of_32_run_padded_to_64_as_close_to_sdpa_as_heads_of_64(fp8: bool) -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 4096, 32, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    out = flashinfer_fa3.attention(q, k, v, fp8=fp8).float()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert out.shape == (1, 4, 4096, 32)
+    assert ((out - ref).abs().mean() / ref.abs().mean()).item() < (0.1 if fp8 else 0.01)
+
+
 def _bf16_flux_head128() -> Any:
     """The tiny Flux with heads of 128, the size of Wan's and of the kernel tests: FlashInfer builds one module per
     head size (minutes), and these tests reuse the kernel tests' modules."""
