@@ -28,7 +28,7 @@ from hookkit.core.graphs import EagerCalls, GraphDecisions
 from hookkit.core.registry import ModelHook
 from hookkit.errors import UnsupportedError
 from hookkit.techniques.compile.model_watch import ModelWatch
-from hookkit.techniques.compile.regional import _clone_tensors
+from hookkit.techniques.compile.regional import _TORCH_DIR, _clone_tensors
 
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
@@ -77,7 +77,6 @@ CAPTURE_REFUSALS = (
     "cudaErrorStreamCapture",  # the enum name torch appends ("Search for `cudaErrorStreamCapture...'")
     "during CUDA graph capture",  # torch: "... during CUDA graph capture. If you need this call to be captured ..."
 )
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _HOOKKIT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _MODE_FRAMES = frozenset({"__torch_function__", "__torch_dispatch__"})
 

@@ -186,6 +186,7 @@ def _dynamo_lists(backend: Any) -> bool:
     return table is None or table.get(id(backend)) is backend
 
 
+#: torch's own source folder: frames there are torch's (dynamo's polyfills, modes), not the model's
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
