@@ -37,6 +37,8 @@ python3 - "$OUT/rows" <<'PY'
 import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     row = json.loads(path.read_text())
-    print(f"{row['config']}: {row['status']} latency {row['latency_s']} s, peak {row['peak_memory_gb']} GB "
+    graphs = ((row.get("features") or {}).get("compile") or {}).get("graph_memory_bytes")
+    kept = f", captured graphs {', '.join(f'{b / 2**30:.2f}' for b in graphs)} GiB" if graphs else ""
+    print(f"{row['config']}: {row['status']} latency {row['latency_s']} s, peak {row['peak_memory_gb']} GB{kept} "
           f"{row['note'][:120]}")
 PY
