@@ -323,15 +323,58 @@ def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: Sta
     build_flashinfer("flashinfer_fp8", "low_precision", [64, 128], torch.bfloat16, torch.device("cpu"))
     build_flashinfer("flashinfer", "kernel", [128], torch.float16, torch.device("cpu"))
     assert [(c["shapes"][0], c["dtype"], c["o_dtype"]) for c in stand_in.calls] == [
-        ((16, 1, 64), torch.float8_e4m3fn, torch.bfloat16), ((16, 1, 128), torch.float8_e4m3fn, torch.bfloat16),
-        ((16, 1, 128), torch.float16, torch.float16)]
+        ((256, 2, 64), torch.float8_e4m3fn, torch.bfloat16), ((256, 2, 128), torch.float8_e4m3fn, torch.bfloat16),
+        ((256, 2, 128), torch.float16, torch.float16)]
 
 
 def test_enable_builds_the_padded_size_once_for_heads_that_run_at_it(stand_in: StandIn) -> None:
     from hookkit.techniques.attention.hooks import build_flashinfer
 
     build_flashinfer("flashinfer_fp8", "low_precision", [32, 64, 96], torch.bfloat16, torch.device("cpu"))
-    assert [c["shapes"][0] for c in stand_in.calls] == [(16, 1, 64), (16, 1, 128)]
+    assert [c["shapes"][0] for c in stand_in.calls] == [(256, 2, 64), (256, 2, 128)]
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_enables_check_finds_a_kernel_computing_attention_within_its_bound(stand_in: StandIn, fp8: bool) -> None:
+    error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cpu"), fp8=fp8)
+    assert 0 < error < flashinfer_fa3.CHECK_BOUND[fp8] / 3
+
+
+def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    module = StandIn(version="9.9.9")
+    record = module.single_prefill_with_kv_cache
+
+    def divides_by_the_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        for name in ("scale_q", "scale_k", "scale_v"):  # a release that took quantization scales, not dequantization
+            kwargs[name] = 1 / kwargs[name]
+        return record(q, k, v, **kwargs)
+
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", divides_by_the_scales)
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    with pytest.raises(UnsupportedError) as err:
+        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+    message = str(err.value)
+    assert message.startswith("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer's kernel for heads of 128 "
+                              "(torch.bfloat16) to match float32 attention within a mean relative error of 0.2 on "
+                              "enable's check (seeded random inputs), got ")
+    assert message.endswith(": FlashInfer 9.9.9 computes something other than what hookkit's call means. Choose "
+                            "'hookkit_fp8', or install a FlashInfer release from 0.2.14 to 0.7.4.")
+
+
+def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    module = StandIn()
+    record = module.single_prefill_with_kv_cache
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache",
+                        lambda q, k, v, **kwargs: record(q, k, v, **kwargs) * float("nan"))
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on enable's check \(seeded "
+                                               r"random inputs\), got nan: FlashInfer 0\.2\.14\.post1 computes"):
+        build_flashinfer("flashinfer", "kernel", [64], torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:

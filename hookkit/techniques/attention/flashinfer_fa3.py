@@ -127,12 +127,26 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     return out if size == dim else out[..., :dim]
 
 
-def build(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> None:
-    """Run a kernel once on a few tokens of one head: FlashInfer builds (nvcc) and caches its module for this head
-    size, input and output dtype at its first call, which then happens at `enable`, where a failure is a refusal,
-    not in the first denoising step."""
-    q = torch.ones(1, 1, 16, head_dim, device=device, dtype=dtype)
-    attention(q, q, q, fp8=fp8)
+#: the mean relative error against float32 attention `check` accepts, by `fp8`: about 4x what a kernel computing what
+#: hookkit's call means gives on its inputs (fp8: e4m3 Q, K, V and P, about 5 %; bf16: bf16 P and output), far below
+#: what a misread scale gives (dequantizing by dividing: 10^5; scales ignored: 10^3)
+CHECK_BOUND = {True: 0.2, False: 0.02}
+
+
+def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> float:
+    """Run a kernel once on seeded random inputs (2 heads of `head_dim`, 256 tokens, keys with a shared channel offset
+    as real keys have) and return its mean relative error against float32 SDPA on the same rounded inputs.
+
+    Why at `enable`: FlashInfer builds (nvcc) and caches its module at its first call, so a missing compiler or a
+    failed build is a refusal there, not an error in the first denoising step; and a kernel that computes something
+    else (a FlashInfer release whose scale semantics differ, a module built for another torch) is refused, not run.
+    """
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, head_dim, generator=g, device=device).to(dtype) for _ in range(3))
+    k = k + 1.0
+    out = attention(q, k, v, fp8=fp8).float()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    return ((out - ref).abs().mean() / ref.abs().mean()).item()
 
 
 def version_ok(version: str) -> bool:

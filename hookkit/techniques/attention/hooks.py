@@ -612,8 +612,12 @@ def flashinfer_sizes(sizes: list[int]) -> list[int]:
 def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dtype | None,
                      device: torch.device) -> None:
     """Have FlashInfer build `kernel` ("flashinfer" or "flashinfer_fp8") now for the kernel size each head size of
-    `sizes` runs at (`flashinfer_sizes`; `flashinfer_fa3.build`): its first call compiles with nvcc (unless the package
-    holds the module prebuilt), and a missing compiler or a failed build is then a refusal at enable, with the fix."""
+    `sizes` runs at (`flashinfer_sizes`), and check what it computes (`flashinfer_fa3.check`): its first call compiles
+    with nvcc (unless the package holds the module prebuilt), so a missing compiler or a failed build is a refusal at
+    enable, with the fix; so is a kernel whose output is not attention's within `flashinfer_fa3.CHECK_BOUND`."""
+    fp8 = kernel == "flashinfer_fp8"
+    dtype = dtype or torch.bfloat16
+    other = "'hookkit_fp8'" if fp8 else "'_native_cudnn'"
     for dim in sizes:
         if flashinfer_fa3.padded_size(dim) != dim:
             logger.info("attention: heads of {} run zero-padded to {} in FlashInfer's {} kernel (it has no kernel for "
@@ -621,16 +625,26 @@ def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dty
                         kernel, dim)
     for size in flashinfer_sizes(sizes):
         logger.info("attention: FlashInfer's {} kernel for heads of {} ({}); its first use compiles it with nvcc "
-                    "(minutes, cached under ~/.cache/flashinfer)", kernel, size, dtype)
+                    "(minutes, cached under ~/.cache/flashinfer) unless the package holds it prebuilt", kernel, size,
+                    dtype)
         try:
-            flashinfer_fa3.build(size, dtype or torch.bfloat16, device, fp8=kernel == "flashinfer_fp8")
+            error = flashinfer_fa3.check(size, dtype, device, fp8=fp8)
         except Exception as exc:  # noqa: BLE001 - any failure of FlashInfer's build or call is the refusal's reason
             reason = (str(exc).strip().splitlines() or [""])[0][:300]
-            other = "'hookkit_fp8'" if kernel == "flashinfer_fp8" else "'_native_cudnn'"
             raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer to build and run its "
                                    f"kernel for heads of {size} ({dtype}), got {type(exc).__name__}: {reason}. "
                                    "FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler on PATH "
                                    f"(or set CUDA_HOME), or choose {other}.") from exc
+        bound = flashinfer_fa3.CHECK_BOUND[fp8]
+        if not error <= bound:  # NaN included
+            version = getattr(sys.modules.get("flashinfer"), "__version__", "unknown")
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer's kernel for heads of {size} "
+                                   f"({dtype}) to match float32 attention within a mean relative error of {bound} on "
+                                   f"enable's check (seeded random inputs), got {error:.3g}: FlashInfer {version} "
+                                   "computes something other than what hookkit's call means. Choose "
+                                   f"{other}, or install a FlashInfer release from 0.2.14 to 0.7.4.")
+        logger.info("attention: FlashInfer's {} kernel for heads of {}: mean relative error {:.3g} against float32 "
+                    "attention on enable's check", kernel, size, error)
 
 
 def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:
