@@ -78,7 +78,7 @@ def lay_out(sdist: Path, curand_wheel: Path, site: Path) -> Path:
     return package
 
 
-def build_aot(package: Path, heads: list[int]) -> list[Path]:
+def build_aot(package: Path, heads: list[int]) -> None:
     """Run by the `--aot-python` interpreter, with `package`'s parent on its path: build FlashInfer's FA3
     single-sequence modules hookkit calls (e4m3 and bf16 inputs, bf16 output, no positional encoding, sliding window,
     soft cap or fp16 Q·Kᵀ reduction: what `single_prefill_with_kv_cache` asks for with hookkit's arguments), copy each
@@ -87,7 +87,6 @@ def build_aot(package: Path, heads: list[int]) -> list[Path]:
     import torch
     from flashinfer.jit.attention.pytorch import gen_single_prefill_module
 
-    built = []
     for head in heads:
         for dtype in (torch.float8_e4m3fn, torch.bfloat16):
             spec = gen_single_prefill_module("fa3", dtype, dtype, torch.bfloat16, head, head, 0, False, False, False)
@@ -96,9 +95,7 @@ def build_aot(package: Path, heads: list[int]) -> list[Path]:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(spec.jit_library_path, target)
             torch.ops.load_library(str(target))
-            built.append(target)
             print(f"built {spec.name}.so: {target.stat().st_size / 2**20:.1f} MiB", flush=True)
-    return built
 
 
 def prebuild(python: Path, package: Path, heads: str, work: Path) -> None:

@@ -618,11 +618,10 @@ def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dty
     fp8 = kernel == "flashinfer_fp8"
     dtype = dtype or torch.bfloat16
     other = "'hookkit_fp8'" if fp8 else "'_native_cudnn'"
-    for dim in sizes:
-        if flashinfer_fa3.padded_size(dim) != dim:
+    for dim, size in zip(sizes, map(flashinfer_fa3.padded_size, sizes)):
+        if size != dim:
             logger.info("attention: heads of {} run zero-padded to {} in FlashInfer's {} kernel (it has no kernel for "
-                        "{}: the padded channels are computed and cut off)", dim, flashinfer_fa3.padded_size(dim),
-                        kernel, dim)
+                        "{}: the padded channels are computed and cut off)", dim, size, kernel, dim)
     for size in flashinfer_sizes(sizes):
         logger.info("attention: FlashInfer's {} kernel for heads of {} ({}); its first use compiles it with nvcc "
                     "(minutes, cached under ~/.cache/flashinfer) unless the package holds it prebuilt", kernel, size,
