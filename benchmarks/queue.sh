@@ -18,10 +18,12 @@
 #   bash benchmarks/queue.sh run SUITE...                the same suites synchronously in this tree, into $W/res
 #                                                        (QUICK=1: the CPU plumbing check with tiny models)
 #
-# A lease of one command at a time, e.g. on nvidia-h200:
-#   call 1:  bash benchmarks/queue.sh start peers-flux-1024-cold step-profile && sleep 540 &&
-#            bash benchmarks/queue.sh status
-#   call 2:  bash benchmarks/queue.sh collect 420
+# A lease of one command at a time, e.g. on nvidia-h200. The machine is given back 30 s after a call returns, and
+# a late next call starts a bare one (the queue and its results gone), so each call runs what fits in it and
+# collects before it returns:
+#   source benchmarks/gpu_env.sh && gpu_env || exit 1
+#   export W=/tmp/hk; bash benchmarks/queue.sh run attention-flashinfer gpu-tests; bash benchmarks/queue.sh collect 0
+# `start` with a `collect` in a later call is for queues longer than a call, when the calls follow each other at once.
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")

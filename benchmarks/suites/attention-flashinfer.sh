@@ -12,3 +12,4 @@ note "attention-flashinfer kernels rc $?"
 timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_attention_flashinfer.py \
   > "$OUT/gpu_tests_flashinfer.log" 2>&1
 note "flashinfer gpu tests rc $? $(tail -1 "$OUT/gpu_tests_flashinfer.log")"
+grep -E '^(FAILED|ERROR) ' "$OUT/gpu_tests_flashinfer.log" | cut -c1-200 | while read -r line; do note "$line"; done
