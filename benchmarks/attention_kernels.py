@@ -1,6 +1,7 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
 kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
-quantization, `flashinfer_fp8_kernel` alone on inputs quantized once).
+quantization as torch ops, `flashinfer_fp8_compiled` with it compiled by inductor, as regional `Compile` runs it inside
+a block, `flashinfer_fp8_kernel` alone on inputs quantized once).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
-           "flashinfer_fp8", "flashinfer_fp8_kernel")
+           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,10 +71,16 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
 
         return lambda q, k, v: _sage({"query": q, "key": k, "value": v, "is_causal": False, "scale": None})
     if name.startswith("flashinfer"):
+        import flashinfer  # noqa: F401 - the row's error where it is not installed, before any compilation
+
         from hookkit.techniques.attention import flashinfer_fa3
 
-        if name != "flashinfer_fp8_kernel":
+        if name in ("flashinfer_bf16", "flashinfer_fp8"):
             return lambda q, k, v: flashinfer_fa3.attention(q, k, v, fp8=name == "flashinfer_fp8")
+        if name == "flashinfer_fp8_compiled":
+            quantize = torch.compile(flashinfer_fa3.quantize, fullgraph=True)
+            return lambda q, k, v: flashinfer_fa3.run_fp8(*quantize(q, k, v), flashinfer_fa3.softmax_scale(q, None),
+                                                          False, q.dtype)
         quantized: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
 
         def kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

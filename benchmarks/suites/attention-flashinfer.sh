@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # FlashInfer's FA3 kernels beside cuDNN SDPA and hookkit's fp8 kernel at Wan 2.1 14B's shape (40 heads x 128, 32,760
-# tokens): its bf16 kernel; its fp8 kernel with hookkit's quantization and alone; each with its error; then the GPU
-# tests. Needs .whl/flashinfer-site.tar.gz (benchmarks/flashinfer_site.py; gpu_env.sh unpacks it). The first calls
-# compile FlashInfer's kernels with nvcc (minutes; cached under ~/.cache/flashinfer for the machine's later calls).
-# attention_flashinfer.json and .log, gpu_tests_flashinfer.log. Settings: T_AFI (seconds, 600), T_TESTS (seconds, 420).
+# tokens): its bf16 kernel; its fp8 kernel with hookkit's quantization (torch ops, and compiled) and alone; each with
+# its error; then the GPU tests. Needs .whl/flashinfer-site.tar.gz (benchmarks/flashinfer_site.py; gpu_env.sh unpacks
+# it, with the kernels prebuilt). attention_flashinfer.json and .log, gpu_tests_flashinfer.log (failed tests named in
+# the suite's log). Settings: T_AFI (seconds, 600), T_TESTS (seconds, 420).
 source "$(dirname "$0")/../suite_lib.sh"
 timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 \
-  --kernels sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 flashinfer_fp8_kernel \
+  --kernels sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 flashinfer_fp8_compiled flashinfer_fp8_kernel \
   --out "$OUT/attention_flashinfer.json" > "$OUT/attention_flashinfer.log" 2>&1
 note "attention-flashinfer kernels rc $?"
 timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_attention_flashinfer.py \
