@@ -1,7 +1,7 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
 kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
-quantization as torch ops, `flashinfer_fp8_compiled` with it compiled by inductor, as regional `Compile` runs it inside
-a block, `flashinfer_fp8_kernel` alone on inputs quantized once).
+quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
+regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is

@@ -14,6 +14,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -101,7 +102,7 @@ def test_the_largest_value_of_each_head_maps_to_448() -> None:
 def test_keys_are_smoothed_by_their_mean_over_the_tokens_before_quantization() -> None:
     q, k, v = _qkv(offset=6.0)  # a channel offset every token shares: smoothing takes it out of K's range
     _, k8, _, _, k_scale, _ = flashinfer_fa3.quantize(q, k, v)
-    smoothed = (k - k.mean(dim=2, keepdim=True)).float()
+    smoothed = k.float() - k.mean(dim=2, keepdim=True, dtype=torch.float32)  # in float32, not K's dtype
     assert torch.allclose(_dequantized(k8, k_scale), smoothed, rtol=2.0 ** -4, atol=float(k_scale.max()) * 2.0 ** -9)
     assert float(k_scale.max()) < float(flashinfer_fa3.head_scales(k).min())  # a finer scale than K's own
 
@@ -113,6 +114,56 @@ def test_an_all_zero_head_quantizes_to_zeros_with_a_finite_scale() -> None:
     scales = flashinfer_fa3.head_scales(q)
     assert scales[0, 1] > 0 and torch.isfinite(scales).all()
     assert torch.equal(q8[0, 1].float(), torch.zeros(40, 64))
+
+
+E4M3_TRITON_INTERPRETED = """
+import json
+import torch
+from hookkit.techniques.attention import e4m3_triton, flashinfer_fa3
+
+g = torch.Generator().manual_seed(0)
+def qkv(dtype, tokens, heads_last):
+    # 300 tokens: a full block of 256 and a partial one; heads_last: diffusers' [B, N, H, D] transposed to [B, H, N, D]
+    shape = (2, tokens, 3, 64) if heads_last else (2, 3, tokens, 64)
+    q, k, v = (torch.randn(*shape, generator=g).to(dtype) for _ in range(3))
+    k = k + 6.0 * torch.randn(64, generator=g).to(dtype)  # a channel offset every token shares
+    q[0, :, 1] = 0 if heads_last else q[0, :, 1]
+    if heads_last:
+        return tuple(t.transpose(1, 2) for t in (q, k, v))
+    q[0, 1] = 0  # a head of zeros
+    return q, k, v
+
+result = {}
+for name, dtype, heads_last in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, False),
+                                ("bf16 heads last", torch.bfloat16, True)):
+    inputs = qkv(dtype, 300, heads_last)
+    triton_out = e4m3_triton.quantize(*inputs)
+    torch_out = flashinfer_fa3.quantize_torch(*inputs)
+    result[name] = [torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                                b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+                    for a, b in zip(triton_out, torch_out)]
+    result[name + " layout"] = triton_out[0].stride() == inputs[0].stride()
+print(json.dumps(result))
+"""
+
+
+def test_the_triton_quantization_gives_the_torch_ops_bits_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    result = interpreted(E4M3_TRITON_INTERPRETED)
+    assert result == {"bf16": [True] * 6, "fp16": [True] * 6, "bf16 heads last": [True] * 6,
+                      "bf16 layout": True, "fp16 layout": True, "bf16 heads last layout": True}
+
+
+def test_quantize_runs_the_torch_ops_on_the_cpu_and_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _qkv()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # as if on a GPU: the Triton path
+    calls: list[str] = []
+    import hookkit.techniques.attention.e4m3_triton as e4m3_triton
+
+    monkeypatch.setattr(e4m3_triton, "quantize", lambda *a: calls.append("triton") or flashinfer_fa3.quantize_torch(*a))
+    flashinfer_fa3.quantize(q, k, v)
+    torch.compile(flashinfer_fa3.quantize, backend="eager", fullgraph=True)(q, k, v)
+    assert calls == ["triton"]  # the eager call; the traced one runs the torch ops
 
 
 # --- the calls to FlashInfer -------------------------------------------------------------------------------------
@@ -399,6 +450,22 @@ def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch
 needs_hopper_and_flashinfer = pytest.mark.skipif(
     not (FLASHINFER and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
     reason="needs flashinfer and a Hopper GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU with fp8 (SM 8.9+)")
+def test_gpu_triton_quantization_gives_the_torch_ops_bits_at_wan_shape_in_diffusers_layout() -> None:
+    from hookkit.techniques.attention import e4m3_triton
+
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 8190, 40, 128, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    k = k + 2.0 * torch.randn(128, device="cuda", generator=g, dtype=torch.bfloat16)
+    for a, b in zip(e4m3_triton.quantize(q, k, v), flashinfer_fa3.quantize_torch(q, k, v), strict=True):
+        if a.dtype == torch.float8_e4m3fn:  # compared as bytes: signed zeros and all
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"):
     pytest.skip("TRITON_INTERPRET is set: the kernels are interpreted functions, not compiled ones",
                 allow_module_level=True)
 
-from hookkit.techniques.attention import fp8_triton, int8_triton, mask_tiles  # noqa: E402
+from hookkit.techniques.attention import e4m3_triton, fp8_triton, int8_triton, mask_tiles  # noqa: E402
 from hookkit.techniques.compile import fp8_rows_triton, norm_rope_triton  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -113,6 +113,23 @@ def test_fp8_quantize_kernel_builds_for_hopper_in_every_mode(mode: int, int8: bo
     text = triton_ir(fp8_triton._quantize_kernel, types,
                      dict(D=128, BLOCK=128, MODE=mode, INT8=int8, INTERPRET=False))
     assert "tt.store" in text
+
+
+STRIDES = "stride_b stride_h stride_s stride_d"
+
+
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp16"])
+@pytest.mark.parametrize("smooth", [False, True])
+def test_per_head_e4m3_quantization_kernels_build_for_hopper(dtype: str, smooth: bool) -> None:
+    mean = "*fp32" if smooth else dtype  # without smoothing the input stands in for the unread means
+    amax = triton_ir(e4m3_triton._block_amax_kernel,
+                     _typed(f"x_ptr mean_ptr amax_ptr heads tokens blocks {STRIDES}", [dtype, mean, "*fp32"]
+                            + ["i32"] * 7), dict(D=128, BLOCK_S=e4m3_triton.BLOCK, SMOOTH=smooth))
+    cast = triton_ir(e4m3_triton._cast_kernel,
+                     _typed(f"x_ptr mean_ptr inverse_ptr out_ptr heads tokens {STRIDES} out_b out_h out_s out_d",
+                            [dtype, mean, "*fp32", "*fp8e4nv"] + ["i32"] * 10),
+                     dict(D=128, BLOCK_S=e4m3_triton.BLOCK, SMOOTH=smooth, INTERPRET=False))
+    assert "tt.reduce" in amax and "tt.store" in cast
 
 
 @pytest.mark.parametrize("masked", [False, True])

@@ -7,11 +7,11 @@ compiles it for sm_90a with nvcc on first use and caches it on disk. Two of hook
 Why: on Hopper, cuDNN's bf16 and hookkit's Triton fp8 kernel idle the tensor cores while a warpgroup does its
 exponentials; FA3's ping-pong schedule overlaps them (Triton cannot express it). FlashInfer ships it, fp8 included.
 
-The fp8 quantization (torch ops, run where the mode answers SDPA, so regional `Compile` fuses them into the block's
-graph): Q, K and V in e4m3 with one scale per (batch, head), amax / 448; K first smoothed, its mean over the tokens
-subtracted per channel. Smoothing changes no output: every score of a query moves by the same q·mean, which softmax
-removes, and it leaves K's e4m3 range to what varies between tokens. The kernel quantizes P itself (scaled by 448) and
-dequantizes with the scales it is given.
+The fp8 quantization (torch ops where the mode answers SDPA, so that regional `Compile` fuses them into the block;
+outside torch.compile on a GPU, `e4m3_triton`'s kernels, the same bits): Q, K and V in e4m3, one scale per (batch,
+head), amax / 448; K first smoothed (its mean over the tokens subtracted per channel, in float32). Smoothing changes
+no output (every score of a query moves by the same q·mean, which softmax removes) and leaves K's e4m3 range to what
+varies between tokens. The kernel quantizes P itself (scaled by 448) and dequantizes with the scales it is given.
 
 Layout: diffusers hands SDPA `[B, H, N, D]` tensors; FlashInfer's single-sequence call takes `[N, H, D]` views with any
 strides (it reads them), one call per batch element, and writes `[N, H, D]`: the output is returned as the
@@ -50,25 +50,40 @@ def softmax_scale(query: torch.Tensor, scale: float | None) -> float:
     return float(query.shape[-1] ** -0.5 if scale is None else scale)
 
 
+#: the smallest amax a scale is computed from: a head of zeros gets a finite scale whose inverse is finite too
+AMAX_FLOOR = 2.0 ** -100
+
+
 def head_scales(t: torch.Tensor) -> torch.Tensor:
-    """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]`: its amax / 448 (the
-    smallest normal float32 where a head is all zeros, so that nothing divides by zero)."""
+    """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]`: its amax / 448 (amax at
+    least `AMAX_FLOOR`, so that a head of zeros quantizes to zeros)."""
     amax = torch.maximum(t.amax(dim=(2, 3)), -t.amin(dim=(2, 3))).float()
-    return amax.clamp(min=torch.finfo(torch.float32).tiny) / E4M3_MAX
+    return amax.clamp(min=AMAX_FLOOR) / E4M3_MAX
 
 
 def to_e4m3(t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """`t / scale` in e4m3, per (batch, head) (`head_scales`), clamped to e4m3's range (rounding in float32 can
-    land just past 448)."""
-    return (t.float() / scales[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    """`t` times its (batch, head)'s float32 inverse scale (`head_scales`) in e4m3, clamped to e4m3's range (rounding
+    in float32 can land just past 448)."""
+    inverse = (1.0 / scales)[:, :, None, None]
+    return (t.float() * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quantize_torch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`quantize` in torch ops: what torch.compile traces and fuses, and what the CPU runs."""
+    key = key.float() - key.mean(dim=2, keepdim=True, dtype=torch.float32)
+    scales = [head_scales(t) for t in (query, key, value)]
+    return (*(to_e4m3(t, s) for t, s in zip((query, key, value), scales, strict=True)), *scales)
 
 
 def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """`[B, H, N, D]` Q, K, V as e4m3 tensors of the same shape and their float32 `[B, H]` scales:
-    `(q8, k8, v8, q_scale, k_scale, v_scale)`; K smoothed first (module docstring)."""
-    key = key - key.mean(dim=2, keepdim=True)
-    scales = [head_scales(t) for t in (query, key, value)]
-    return (*(to_e4m3(t, s) for t, s in zip((query, key, value), scales, strict=True)), *scales)
+    `(q8, k8, v8, q_scale, k_scale, v_scale)`; K smoothed first, in float32 (module docstring). On a CUDA device
+    outside torch.compile, by two Triton kernels a tensor (`e4m3_triton`), the torch ops' result bit for bit."""
+    if query.is_cuda and not torch.compiler.is_compiling():
+        from hookkit.techniques.attention import e4m3_triton
+
+        return e4m3_triton.quantize(query, key, value)
+    return quantize_torch(query, key, value)
 
 
 def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tuple[torch.Tensor, ...] | None,

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from hookkit.techniques.attention import hooks, mask_tiles
+from hookkit.techniques.attention.e4m3_triton import to_fp8 as _to_fp8
 
 #: the head sizes the kernel takes (fp8 tensor-core products sum over multiples of 32; `tl.arange` needs a power of 2)
 HEAD_DIMS = (32, 64, 128)
@@ -43,18 +44,6 @@ P_SHIFT = 8.0
 _P_SHIFT = tl.constexpr(P_SHIFT)
 
 Q_MODE, K_MODE, V_MODE = 0, 1, 2
-
-
-@triton.jit
-def _to_fp8(x, INTERPRET: tl.constexpr):
-    """fp32 -> e4m3 with round-to-nearest-even. Under Triton's interpreter the value is first rounded to 3 mantissa
-    bits by integer arithmetic: the interpreter's own conversion drops the carry when rounding reaches the next power
-    of two (1.97 -> 1.0, not 2.0); on a GPU the hardware conversion does it."""
-    if INTERPRET:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
 
 
 @triton.jit
