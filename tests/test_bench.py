@@ -212,6 +212,60 @@ def test_merge_refuses_runs_of_different_machines() -> None:
         bench.merge_reports([_report("H200", [_row("eager", 1.0)]), _report("CPU", [_row("eager", 1.0)])])
 
 
+NO_EAGER_NOTE = ("no eager row (--no-eager): no speed-up or PSNR here; `hookkit bench --merge` with a run that has "
+                 "one gives speed-ups against it")
+
+
+def test_merge_takes_a_group_run_without_eager_against_the_first_files_eager() -> None:
+    first = _report("H200", [_row("eager", 5.0), _row("regional-compile", 4.0)])
+    second = _report("H200", [_row("hookkit-cache-fast", 2.0)])  # `--no-eager`: no reference of its own
+    merged = bench.merge_reports([first, second])
+    assert [(r["config"], r["speedup"]) for r in merged["rows"]][2] == ("hookkit-cache-fast", 2.5)
+
+
+def test_merge_refuses_a_first_file_without_its_eager_row() -> None:
+    with pytest.raises(SpecError, match=r"--merge: expected file 1 to start with its eager row \(the reference of "
+                                        r"every speed-up\), got 'regional-compile' first; put a run without "
+                                        r"--no-eager first\."):
+        bench.merge_reports([_report("H200", [_row("regional-compile", 4.0)]), _report("H200", [_row("eager", 5.0)])])
+
+
+def test_without_eager_only_the_named_rows_run_and_a_note_says_so() -> None:
+    configs, notes = bench.select_configs(["regional-compile", SECOND], torch.device("cpu"), eager=False)
+    assert [c.name for c in configs] == ["regional-compile", SECOND]
+    assert notes == [NO_EAGER_NOTE]
+
+
+def test_without_eager_the_rows_must_be_named() -> None:
+    with pytest.raises(SpecError, match=r"--no-eager: expected the rows to run in --configs"):
+        bench.select_configs(None, torch.device("cpu"), eager=False)
+
+
+def test_rows_without_an_eager_row_get_no_speed_up_psnr_or_reference_cell(tmp_path: Path) -> None:
+    rows = [_row("regional-compile", 4.0), _row(SECOND, 2.0)]
+    for row in rows:
+        row["peak_memory_gb"] = 1.0
+    from hookkit.tools.bench.runner import _compare
+
+    _compare(rows, tmp_path, None)
+    assert [(r["speedup"], r["psnr_db"]) for r in rows] == [(None, None), (None, None)]
+    body = bench.markdown_table(rows).splitlines()[2:]
+    assert [line.split("|")[7].strip() for line in body] == ["—", "—"]
+
+
+@pytest.mark.parametrize("rows,status", [
+    ([("eager", "failed"), (SECOND, "ok")], 1),  # the eager row decides where there is one
+    ([("eager", "ok"), (SECOND, "failed")], 0),
+    ([("regional-compile", "skipped"), (SECOND, "ok")], 0),  # without it: any row that ran
+    ([("regional-compile", "skipped"), (SECOND, "failed")], 1),
+])
+def test_bench_fails_when_eager_failed_or_without_eager_when_no_row_ran(rows: list[tuple[str, str]],
+                                                                         status: int) -> None:
+    from hookkit.tools.cli import _bench_status
+
+    assert _bench_status([bench._empty_row(bench.CONFIGS[name], state, "") for name, state in rows]) == status
+
+
 def test_default_matrix_keeps_what_runs_here_and_notes_the_rest() -> None:
     device = torch.device("cpu")
     configs, notes = bench.select_configs(None, device)

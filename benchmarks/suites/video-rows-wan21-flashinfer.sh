@@ -5,8 +5,9 @@
 # cached goal; hookkit fp8 + regional compile with FlashInfer's bf16 and with its fp8 attention, uncached; hookkit fp8 +
 # DBCache "fast" + regional compile with the fp8 attention of hookkit's Triton kernel and of FlashInfer, on cache-dit's
 # computed steps; stock eager is added as the reference). Needs .whl/flashinfer-site.tar.gz (the FlashInfer rows are
-# skipped rows without it). ~14 GPU minutes on one H200. Settings: ROWS, RUNS and ROW_TIMEOUT as video-rows.sh takes
-# them; HEIGHT, WIDTH, FRAMES, STEPS pass through.
+# skipped rows without it). ~14 GPU minutes on one H200, more than one device call: give each call a part of the
+# rows (ROWS), each goal's reference beside its hookkit rows. Settings: ROWS, RUNS, ROW_TIMEOUT and NO_EAGER as
+# video-rows.sh takes them; HEIGHT, WIDTH, FRAMES, STEPS pass through.
 runs=${RUNS:-"--runs 2 --warmup 1"} row_timeout=${ROW_TIMEOUT:-600}  # before the shared defaults
 source "$(dirname "$0")/../suite_lib.sh"
 rows=${ROWS:-regional-compile,cache-dit+fp8+compile,hookkit-fp8+compile+flashinfer-attention,\

@@ -11,8 +11,9 @@
 # and stderr log). Settings: MODEL (wan; hunyuanvideo15), ARCH (wan2.1-14b for wan; wan2.1-1.3b, wan2.2-a14b;
 # hunyuanvideo1.5-480p for hunyuanvideo15), HEIGHT/WIDTH (480/832; 720/1280 for 720p),
 # FRAMES (81), STEPS (6), CONFIGS (video, or comma-separated rows), RUNS (here "--runs 2 --warmup 1"), ROW_TIMEOUT
-# (here 600 s a row). QUICK=1: the tiny model of MODEL on the CPU, 5 frames, through the same matrix (the CUDA-only rows are
-# skipped rows that say so).
+# (here 600 s a row), NO_EAGER=1 (no eager reference row, ~2 minutes less: for rows that `hookkit bench --merge`
+# joins to a run that has one). QUICK=1: the tiny model of MODEL on the CPU, 5 frames, through the same matrix (the
+# CUDA-only rows are skipped rows that say so).
 video_runs=${RUNS:-"--runs 2 --warmup 1"} video_row_timeout=${ROW_TIMEOUT:-600}  # before the shared defaults
 source "$(dirname "$0")/../suite_lib.sh"
 MODEL=${MODEL:-wan}
@@ -26,6 +27,7 @@ else
 fi
 mkdir -p "$OUT/rows"
 note "bench start: $MODEL $CONFIGS ${model_args[*]}, $FRAMES frames, $STEPS steps"
+[ "${NO_EAGER:-0}" = 1 ] && model_args+=(--no-eager)
 # shellcheck disable=SC2086 # video_runs is a word list
 python3 -m hookkit bench --model "$MODEL" --configs "$CONFIGS" $video_runs --steps "$STEPS" --frames "$FRAMES" \
   "${model_args[@]}" --timeout "$video_row_timeout" --out-dir "$OUT/rows" --json "$OUT/video_rows.json" \

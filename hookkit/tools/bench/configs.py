@@ -308,12 +308,18 @@ def config_named(name: str) -> BenchConfig:
     return CONFIGS[name]
 
 
-def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[list[BenchConfig], list[str]]:
-    """The rows to run, "eager" always first (it is the reference), and notes on the rows left out. A name of
+def select_configs(names: Sequence[str] | None, device: torch.device,
+                   eager: bool = True) -> tuple[list[BenchConfig], list[str]]:
+    """The rows to run, "eager" first (it is the reference), and notes on the rows left out. A name of
     `ROW_GROUPS` stands for its rows.
 
     Named rows that cannot run here stay in (their row says why); the default matrix keeps only the rows
     that can run, and notes the others.
+
+    Args:
+        eager: add the eager row where it is not named. Without it (`hookkit bench --no-eager`, for a group of rows
+            that `--merge` joins to a run that has it; a full-size eager row costs minutes) the rows get no speed-up
+            or PSNR of their own, and rows must be named.
     """
     have = available_fields()
     notes: list[str] = []
@@ -337,7 +343,13 @@ def select_configs(names: Sequence[str] | None, device: torch.device) -> tuple[l
                 chosen.append(cfg)
             else:
                 notes.append(f"{cfg.name}: skipped ({reason})")
-    if chosen[0].name != "eager":
+    if not eager:
+        if not names:
+            raise SpecError("--no-eager: expected the rows to run in --configs (the default matrix is measured against "
+                            "its eager row); name them, or drop --no-eager.")
+        notes.append("no eager row (--no-eager): no speed-up or PSNR here; `hookkit bench --merge` with a run that "
+                     "has one gives speed-ups against it")
+    elif chosen[0].name != "eager":
         chosen = [CONFIGS["eager"]] + [c for c in chosen if c.name != "eager"]
         if names:
             notes.append("eager: added as the reference for speed-up and PSNR")

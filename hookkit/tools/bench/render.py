@@ -109,7 +109,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):
             notes.append(f"{row['graphs_compiled_while_timed']} graph(s) compiled during the timed runs: add warm-up")
-        if i == 0 and ok:
+        if i == 0 and ok and row["config"] == "eager":
             psnr_cell = "reference"
         elif row["identical"]:
             psnr_cell = "inf (bitwise equal)"
@@ -183,9 +183,10 @@ def read_report(path: Path) -> dict[str, Any]:
 def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One report from several `hookkit bench --json` files of the same model, settings and machine.
 
-    Long matrices are run in groups (one command each, every group starting with its own eager row). The
-    first file's eager row is the reference: later rows get their speed-up recomputed against it and keep
-    the PSNR measured against their own group's eager run (same seed, so the same weights and inputs).
+    Long matrices are run in groups (one command each, each group starting with its own eager row, or none with
+    `--no-eager`). The first file's eager row is the reference: later rows get their speed-up recomputed against it
+    and keep the PSNR measured against their own group's eager run, where it had one (same seed, so the same weights
+    and inputs).
     A configuration already present is not repeated.
     """
     if not reports:
@@ -201,6 +202,9 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
                             f"{first['environment']['device']!r}; merge only runs of one machine.")
     rows = [dict(row) for row in first["rows"]]
     reference = rows[0]
+    if reference["config"] != "eager":
+        raise SpecError("--merge: expected file 1 to start with its eager row (the reference of every speed-up), "
+                        f"got {reference['config']!r} first; put a run without --no-eager first.")
     seen = {row["config"] for row in rows}
     notes = list(first["notes"])
     for other in reports[1:]:

@@ -221,8 +221,10 @@ def _tail(text: str, lines: int = 3) -> str:
 
 
 def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> None:
-    """Speed-up and PSNR of every row against the eager row (the first)."""
+    """Speed-up and PSNR of every row against the eager row (the first; none without it: `--no-eager`)."""
     ref_row = rows[0]
+    if ref_row["config"] != "eager":
+        return
     ref_path = out_dir / f"{ref_row['config']}.pt"
     reference = torch.load(ref_path) if ref_row["status"] == "ok" and ref_path.is_file() else None
     for row in rows:
