@@ -123,7 +123,8 @@ from hookkit.techniques.attention import e4m3_triton, flashinfer_fa3
 
 g = torch.Generator().manual_seed(0)
 def qkv(dtype, tokens, heads_last):
-    # 300 tokens: a full block of 256 and a partial one; heads_last: diffusers' [B, N, H, D] transposed to [B, H, N, D]
+    # 300 tokens: a full block (256 tokens of heads of 64) and a partial one;
+    # heads_last: diffusers' [B, N, H, D] transposed to [B, H, N, D]
     shape = (2, tokens, 3, 64) if heads_last else (2, 3, tokens, 64)
     q, k, v = (torch.randn(*shape, generator=g).to(dtype) for _ in range(3))
     k = k + 6.0 * torch.randn(64, generator=g).to(dtype)  # a channel offset every token shares

@@ -10,7 +10,7 @@ mean over the tokens comes from the same torch reduction, K is smoothed in float
 any order), its scale is computed by the same torch ops, and each value is multiplied by the scale's float32 inverse,
 clamped to +-448 and rounded to the nearest e4m3, ties to even.
 
-1. `_block_amax_kernel`: one program per block of `BLOCK` tokens of one head writes the block's amax;
+1. `_block_amax_kernel`: one program per block of `BLOCK // D` tokens of one head writes the block's amax;
 2. torch reduces the blocks' amaxes to the head's and computes scale and inverse (`[B, H]`, a few hundred values);
 3. `_cast_kernel`: the same blocks scaled, clamped and stored as e4m3, in the input's layout.
 """
@@ -26,8 +26,9 @@ E4M3_MAX = 448.0
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 #: flashinfer_fa3.AMAX_FLOOR (this module imports no other of hookkit's: flashinfer_fa3 imports it)
 AMAX_FLOOR = 2.0 ** -100
-#: tokens a program reads: a 128-wide head's block is 64 KB of bf16
-BLOCK = 256
+#: values a program reads (`BLOCK // D` tokens of a head of D): 64 float32 registers a thread at `NUM_WARPS`
+BLOCK = 16384
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -91,18 +92,20 @@ def head_quantize(x: torch.Tensor, mean: torch.Tensor | None = None) -> tuple[to
     per (batch, head): `(codes, scales)`, codes in `x`'s layout where it is dense, scales float32 `[B, H]`.
     `D` a power of two."""
     b, h, n, d = x.shape
-    blocks = triton.cdiv(n, BLOCK)
+    rows = BLOCK // d
+    blocks = triton.cdiv(n, rows)
     interpret = not x.is_cuda
     means = x if mean is None else mean.reshape(b * h, d).contiguous()  # unread without SMOOTH
     amax = torch.empty(b * h, blocks, device=x.device, dtype=torch.float32)
     strides = (x.stride(0), x.stride(1), x.stride(2), x.stride(3))
     smooth = mean is not None
-    _block_amax_kernel[(blocks, b * h)](x, means, amax, h, n, blocks, *strides, D=d, BLOCK_S=BLOCK, SMOOTH=smooth)
+    _block_amax_kernel[(blocks, b * h)](x, means, amax, h, n, blocks, *strides, D=d, BLOCK_S=rows, SMOOTH=smooth,
+                                        num_warps=NUM_WARPS)
     scales = amax.amax(dim=1).reshape(b, h).clamp(min=AMAX_FLOOR) / E4M3_MAX  # flashinfer_fa3.head_scales
     inverse = (1.0 / scales).contiguous()
     codes = torch.empty_like(x, dtype=torch.float8_e4m3fn)  # x's layout where it is dense, else contiguous
-    _cast_kernel[(blocks, b * h)](x, means, inverse, codes, h, n, *strides, *codes.stride(), D=d, BLOCK_S=BLOCK,
-                                  SMOOTH=smooth, INTERPRET=interpret)
+    _cast_kernel[(blocks, b * h)](x, means, inverse, codes, h, n, *strides, *codes.stride(), D=d, BLOCK_S=rows,
+                                  SMOOTH=smooth, INTERPRET=interpret, num_warps=NUM_WARPS)
     return codes, scales
 
 
