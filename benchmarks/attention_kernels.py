@@ -1,7 +1,9 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
 kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
 quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
-regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once).
+regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once), and TensorRT-LLM's
+FMHA v2 e4m3 kernel where `benchmarks/fmha_v2_site.py` prebuilt it (`fmha_v2_fp8`: Q, smoothed K and V quantized per
+tensor by torch ops into its packed `[tokens, 3, heads, dim]` input; `fmha_v2_fp8_kernel`: the kernel alone).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -32,7 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
-           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel")
+           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8", "fmha_v2_fp8_kernel")
+#: where `benchmarks/fmha_v2_site.py` puts the FMHA v2 module, under a folder of sys.path (gpu_env.sh's site folder)
+FMHA_V2_MODULE = "fmha_v2/fmha_v2_e4m3.so"
+#: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
+FMHA_V2_WORKSPACE = 128 << 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,12 +97,66 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
             return flashinfer_fa3.run_fp8(*quantized[key], flashinfer_fa3.softmax_scale(q, None), False,
                                           q.dtype)
         return kernel_only
+    if name.startswith("fmha_v2"):
+        return fmha_v2_fn(kernel_only=name == "fmha_v2_fp8_kernel")
     from hookkit.techniques.attention import fp8_triton, int8_triton
 
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
     if not torch.cuda.is_available():  # the interpreter: small tiles keep it quick
         return lambda q, k, v: module.attention(q, k, v, block_m=32, block_n=32)
     return module.attention
+
+
+def packed_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """`[B, H, N, D]` Q, K (smoothed: its mean over the tokens subtracted) and V as FMHA v2's packed e4m3 input,
+    `[B * N, 3, H, D]`, each scaled by its own amax / 448; and the three scales."""
+    k = k.float() - k.float().mean(dim=2, keepdim=True)
+    packed = torch.empty(q.shape[0], q.shape[2], 3, q.shape[1], q.shape[3], dtype=torch.float8_e4m3fn,
+                         device=q.device)
+    scales = []
+    for i, t in enumerate((q, k, v)):
+        scale = float(t.abs().amax().float().clamp(min=2.0 ** -100)) / 448.0
+        packed[:, :, i] = (t.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).transpose(1, 2)
+        scales.append(scale)
+    return packed.flatten(0, 1), scales
+
+
+def fmha_v2_fn(kernel_only: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """TensorRT-LLM's FMHA v2 e4m3 kernel on `[B, H, N, D]` bf16 inputs (non-causal: its "padding" mask with every
+    sequence full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output; with `kernel_only`, on inputs
+    quantized once (the kernel alone). Raises where the module or tvm_ffi is missing, or off a CUDA device."""
+    import tvm_ffi
+
+    path = next((Path(p) / FMHA_V2_MODULE for p in sys.path if (Path(p) / FMHA_V2_MODULE).is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"no {FMHA_V2_MODULE} on sys.path: build it with benchmarks/fmha_v2_site.py and "
+                                "unpack it with benchmarks/gpu_env.sh")
+    module = tvm_ffi.load_module(str(path))
+    state: dict[str, Any] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not q.is_cuda:
+            raise RuntimeError("FMHA v2 runs on a CUDA device only")
+        batch, heads, tokens, dim = q.shape
+        key = (id(q), id(k), id(v))
+        if not kernel_only or state.get("key") != key:
+            packed, scales = packed_e4m3(q, k, v)
+            state.update(key=key, packed=packed, scales=scales)
+        if "out" not in state:
+            lengths = torch.full((batch,), tokens, dtype=torch.int32, device=q.device)
+            starts = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * tokens
+            state.update(out=torch.empty(batch * tokens, heads, dim, dtype=torch.bfloat16, device=q.device),
+                         workspace=torch.empty(FMHA_V2_WORKSPACE, dtype=torch.uint8, device=q.device),
+                         lengths=lengths, starts=starts)
+        qs, ks, vs = state["scales"]
+        packed, out = state["packed"], state["out"]
+        with tvm_ffi.use_torch_stream():  # the kernel launches on torch's current stream (a graph's, in a capture)
+            module.run(packed, packed, packed, out, state["workspace"], FMHA_V2_WORKSPACE, None, 0,
+                       state["lengths"],
+                       state["starts"], state["starts"], "packed_qkv", tokens, tokens, batch, "padding", 1.0,
+                       qs * ks * dim ** -0.5, vs, -1, 0, False, 0.0, 0.0, None, None)
+        return out.unflatten(0, (batch, tokens)).transpose(1, 2)
+    return run
 
 
 def _times_ms(fn: Callable[[], Any], repeats: int, warmup: int, device: str, graphs: bool) -> tuple[list[float], str]:
@@ -148,6 +208,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         ref = fp32_reference(q, k, v)
         for name in args.kernels:
             results.append(measure(name, q, k, v, ref, args))
+            row = results[-1]  # as it comes: a kernel that ends the process leaves the rows before it in the log
+            print(f"measured {name} x {heads} heads: " + (f"failed: {row['error'][:120]}" if row["error"] else
+                  f"{row['median_ms']:.3f} ms, mean rel error {row['mean_rel_error']:.2e}"), flush=True)
         del q, k, v, ref
         if device.type == "cuda":
             torch.cuda.empty_cache()

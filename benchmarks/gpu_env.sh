@@ -11,7 +11,8 @@
 # import nor install. When $WHL holds flashinfer-site.tar.gz (benchmarks/flashinfer_site.py builds it) and SITE has
 # no flashinfer yet, unpacks it there first: FlashInfer's package and the sources its JIT compiles, and the kernels
 # prebuilt for this machine's torch where it holds them; one that does not load here is removed (FlashInfer then
-# compiles it at first use, as without it).
+# compiles it at first use, as without it). Likewise fmha-v2-site.tar.gz (benchmarks/fmha_v2_site.py), when SITE has
+# no fmha_v2 yet: TensorRT-LLM's FMHA v2 module prebuilt and the tvm_ffi package that loads it.
 
 gpu_env() {  # gpu_env [REPO]
   local here repo whl site
@@ -39,6 +40,12 @@ for so in map(Path, sys.argv[1:]):
               "FlashInfer compiles it at first use", file=sys.stderr)
         shutil.rmtree(so.parent)
 PY
+  fi
+  if [ -f "$whl/fmha-v2-site.tar.gz" ] && [ ! -d "$site/fmha_v2" ]; then
+    mkdir -p "$site" && tar xzf "$whl/fmha-v2-site.tar.gz" -C "$site" || {
+      echo "gpu_env.sh: could not unpack $whl/fmha-v2-site.tar.gz into $site" >&2
+      return 1
+    }
   fi
   python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
   if ! ls "$whl"/*.whl > /dev/null 2>&1; then

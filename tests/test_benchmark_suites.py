@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -359,3 +360,78 @@ def test_the_kernels_are_prebuilt_by_the_given_python_for_hopper_with_the_packag
     assert (env["PYTHONPATH"], env["TORCH_CUDA_ARCH_LIST"], env["FLASHINFER_WORKSPACE_BASE"]) == (
         str(tmp_path / "site"), "9.0a", str(tmp_path / "jit"))
     assert env["PATH"].startswith(f"{tmp_path / 'bin'}:/opt/cuda-13.0/bin:")
+
+
+# --- the FMHA v2 archive for the GPU machine ----------------------------------------------------------------------
+
+
+def test_gpu_env_unpacks_the_fmha_v2_archive_into_the_site_folder_once(tmp_path: Path) -> None:
+    whl, src = tmp_path / "whl", tmp_path / "src"
+    for folder in ("fmha_v2", "tvm_ffi"):
+        (src / folder).mkdir(parents=True)
+    (src / "fmha_v2" / "fmha_v2_e4m3.so").write_text("module\n")
+    (src / "tvm_ffi" / "__init__.py").write_text("")
+    whl.mkdir()
+    with tarfile.open(whl / "fmha-v2-site.tar.gz", "w:gz") as tar:
+        for folder in ("fmha_v2", "tvm_ffi"):
+            tar.add(src / folder, arcname=folder)
+    env = {**fake_python(tmp_path, imports=True), "WHL": str(whl), "GPU_SITE": str(tmp_path / "site")}
+    assert bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env).returncode == 0
+    module = tmp_path / "site" / "fmha_v2" / "fmha_v2_e4m3.so"
+    assert module.read_text() == "module\n" and (tmp_path / "site" / "tvm_ffi" / "__init__.py").is_file()
+    module.write_text("kept\n")  # a later call leaves what is there
+    assert bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env).returncode == 0
+    assert module.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("heads,message", [("128,x", "--heads: expected comma-separated head sizes, got '128,x'"),
+                                           ("0", "--heads: expected positive head sizes, got '0'")])
+def test_the_fmha_v2_archive_refuses_head_sizes_that_are_not_positive_integers(
+        benchmark_script: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], heads: str,
+        message: str) -> None:
+    site = benchmark_script("fmha_v2_site")
+    with pytest.raises(SystemExit):
+        site.parse_args(["--python", sys.executable, "--heads", heads])
+    assert message in capsys.readouterr().err
+
+
+def test_the_fmha_v2_archive_refuses_a_python_that_does_not_exist(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    site = benchmark_script("fmha_v2_site")
+    with pytest.raises(SystemExit):
+        site.parse_args(["--python", str(tmp_path / "python3.12")])
+    assert (f"--python: expected a Python interpreter, got {tmp_path / 'python3.12'} (no such file)"
+            in capsys.readouterr().err)
+
+
+def test_the_fmha_v2_archive_keeps_tvm_ffis_runtime_and_leaves_out_what_builds_against_it(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    site = benchmark_script("fmha_v2_site")
+    wheel = tmp_path / "tvm.whl"
+    names = ["tvm_ffi/__init__.py", "tvm_ffi/core.so", "tvm_ffi/lib/libtvm_ffi.so", "tvm_ffi/lib/libtvm_ffi_testing.so",
+             "tvm_ffi/include/tvm/ffi/c_api.h", "tvm_ffi/src/ffi/object.cc", "tvm_ffi/cython/core.pyx",
+             "apache_tvm_ffi-0.1.15.dist-info/METADATA"]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in names:
+            archive.writestr(name, name)
+    site.extract(wheel, tmp_path / "out", keep=("tvm_ffi/",), skip=site.TVM_FFI_SKIP)
+    kept = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert kept == ["tvm_ffi/__init__.py", "tvm_ffi/core.so", "tvm_ffi/lib/libtvm_ffi.so",
+                    "tvm_ffi/lib/libtvm_ffi_testing.so"]
+
+
+def test_fmha_v2s_packed_input_holds_q_smoothed_k_and_v_each_within_an_e4m3_step(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    import torch
+
+    kernels = benchmark_script("attention_kernels")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 40, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    k = k + 4.0  # a channel offset every token shares: smoothing takes it out
+    packed, scales = kernels.packed_e4m3(q, k, v)
+    assert packed.shape == (2 * 40, 3, 3, 64) and packed.dtype == torch.float8_e4m3fn
+    smoothed = k.float() - k.float().mean(dim=2, keepdim=True)
+    for i, (t, scale) in enumerate(zip((q.float(), smoothed, v.float()), scales, strict=True)):
+        assert scale == float(t.abs().amax()) / 448.0
+        restored = packed[:, i].float().unflatten(0, (2, 40)).transpose(1, 2) * scale  # back to [B, H, N, D]
+        assert ((restored - t).abs() <= t.abs() * 2.0 ** -4 + scale * 2.0 ** -9).all()
