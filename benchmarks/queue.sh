@@ -23,6 +23,7 @@
 # collects before it returns:
 #   source benchmarks/gpu_env.sh && gpu_env || exit 1
 #   export W=/tmp/hk; bash benchmarks/queue.sh run attention-flashinfer gpu-tests; bash benchmarks/queue.sh collect 0
+# (one `run` a call, naming every suite: each `run` empties $W/res first).
 # `start` with a `collect` in a later call is for queues longer than a call, when the calls follow each other at once.
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
