@@ -3,7 +3,8 @@ kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer
 quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
 regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once), and TensorRT-LLM's
 FMHA v2 e4m3 kernel where `benchmarks/fmha_v2_site.py` prebuilt it (`fmha_v2_fp8`: Q, smoothed K and V quantized per
-tensor by torch ops into its packed `[tokens, 3, heads, dim]` input; `fmha_v2_fp8_kernel`: the kernel alone).
+tensor by torch ops into its packed `[tokens, 3, heads, dim]` input; `fmha_v2_fp8_kernel`: the kernel alone;
+`fmha_v2_bf16`: its bf16 kernel on `[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -34,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
-           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8", "fmha_v2_fp8_kernel")
+           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8", "fmha_v2_fp8_kernel",
+           "fmha_v2_bf16")
 #: where `benchmarks/fmha_v2_site.py` puts the FMHA v2 module, under a folder of sys.path (gpu_env.sh's site folder)
-FMHA_V2_MODULE = "fmha_v2/fmha_v2_e4m3.so"
+FMHA_V2_MODULE = "fmha_v2/fmha_v2_sm90.so"
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
 
@@ -98,7 +100,7 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
                                           q.dtype)
         return kernel_only
     if name.startswith("fmha_v2"):
-        return fmha_v2_fn(kernel_only=name == "fmha_v2_fp8_kernel")
+        return fmha_v2_fn(kernel_only=name != "fmha_v2_fp8", fp8=name != "fmha_v2_bf16")
     from hookkit.techniques.attention import fp8_triton, int8_triton
 
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
@@ -121,10 +123,11 @@ def packed_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
     return packed.flatten(0, 1), scales
 
 
-def fmha_v2_fn(kernel_only: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """TensorRT-LLM's FMHA v2 e4m3 kernel on `[B, H, N, D]` bf16 inputs (non-causal: its "padding" mask with every
-    sequence full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output; with `kernel_only`, on inputs
-    quantized once (the kernel alone). Raises where the module or tvm_ffi is missing, or off a CUDA device."""
+def fmha_v2_fn(kernel_only: bool, fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """TensorRT-LLM's FMHA v2 e4m3 (or, without `fp8`, bf16) kernel on `[B, H, N, D]` bf16 inputs (non-causal: its
+    "padding" mask with every sequence full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output; with
+    `kernel_only`, on inputs quantized (bf16: laid out as `[B * N, H, D]`) once. Raises where the module or tvm_ffi
+    is missing, or off a CUDA device."""
     import tvm_ffi
 
     path = next((Path(p) / FMHA_V2_MODULE for p in sys.path if (Path(p) / FMHA_V2_MODULE).is_file()), None)
@@ -140,8 +143,12 @@ def fmha_v2_fn(kernel_only: bool) -> Callable[[torch.Tensor, torch.Tensor, torch
         batch, heads, tokens, dim = q.shape
         key = (id(q), id(k), id(v))
         if not kernel_only or state.get("key") != key:
-            packed, scales = packed_e4m3(q, k, v)
-            state.update(key=key, packed=packed, scales=scales)
+            if fp8:
+                packed, scales = packed_e4m3(q, k, v)
+                state.update(key=key, inputs=(packed,) * 3, scales=scales, layout="packed_qkv")
+            else:
+                inputs = tuple(t.transpose(1, 2).flatten(0, 1).contiguous() for t in (q, k, v))
+                state.update(key=key, inputs=inputs, scales=(1.0, 1.0, 1.0), layout="separate_q_k_v")
         if "out" not in state:
             lengths = torch.full((batch,), tokens, dtype=torch.int32, device=q.device)
             starts = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * tokens
@@ -149,11 +156,10 @@ def fmha_v2_fn(kernel_only: bool) -> Callable[[torch.Tensor, torch.Tensor, torch
                          workspace=torch.empty(FMHA_V2_WORKSPACE, dtype=torch.uint8, device=q.device),
                          lengths=lengths, starts=starts)
         qs, ks, vs = state["scales"]
-        packed, out = state["packed"], state["out"]
+        out = state["out"]
         with tvm_ffi.use_torch_stream():  # the kernel launches on torch's current stream (a graph's, in a capture)
-            module.run(packed, packed, packed, out, state["workspace"], FMHA_V2_WORKSPACE, None, 0,
-                       state["lengths"],
-                       state["starts"], state["starts"], "packed_qkv", tokens, tokens, batch, "padding", 1.0,
+            module.run(*state["inputs"], out, state["workspace"], FMHA_V2_WORKSPACE, None, 0, state["lengths"],
+                       state["starts"], state["starts"], state["layout"], tokens, tokens, batch, "padding", 1.0,
                        qs * ks * dim ** -0.5, vs, -1, 0, False, 0.0, 0.0, None, None)
         return out.unflatten(0, (batch, tokens)).transpose(1, 2)
     return run

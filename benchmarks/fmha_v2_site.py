@@ -1,4 +1,4 @@
-"""Build `.whl/fmha-v2-site.tar.gz` for the GPU machine: TensorRT-LLM's FMHA v2 e4m3 attention for Hopper, prebuilt.
+"""Build `.whl/fmha-v2-site.tar.gz` for the GPU machine: TensorRT-LLM's FMHA v2 attention for Hopper, prebuilt.
 
 Why: FlashInfer's FA3 e4m3 kernel reaches 1.50x cuDNN at Wan 2.1 14B's attention shape, short of the 1.6x goal;
 FlashInfer's newer releases also ship TensorRT-LLM's FMHA v2 (`flashinfer.prefill.trtllm_fmha_v2_prefill`), whose
@@ -7,10 +7,11 @@ than a device call carries (the wheel is 101 MB), so this builds only the kernel
 
 - the sources, from the `flashinfer-python==VERSION` wheel on PyPI (default 0.7.4): FMHA v2's CUDA templates, its
   kernel generator (FlashInfer's Python, run here) and its `run` entry point (`fmha_v2_run.cu`, a TVM-FFI function);
-- one kernel per head size of `--heads`: e4m3 Q, K, V packed `[tokens, 3, heads, head]`, bf16 output, warp-specialised
-  with TMA for sm_90a, each with its padding (non-causal), causal, sliding-window and custom-mask variants; no logit
-  softcap, softmax statistics, skip-softmax or ALiBi;
-- nvcc (CUDA 13.0, CUDA_HOME, default /usr/local/cuda) compiles them into `fmha_v2/fmha_v2_e4m3.so`, linked against
+- two kernels per head size of `--heads`, warp-specialised with TMA for sm_90a: e4m3 Q, K, V packed
+  `[tokens, 3, heads, head]` with bf16 output, and bf16 Q, K, V as separate `[tokens, heads, head]` tensors; each with
+  its padding (non-causal), causal, sliding-window and custom-mask variants; no logit softcap, softmax statistics,
+  skip-softmax or ALiBi;
+- nvcc (CUDA 13.0, CUDA_HOME, default /usr/local/cuda) compiles them into `fmha_v2/fmha_v2_sm90.so`, linked against
   libcudart.so.13 (the one torch's CUDA 13 build loads); cuBLAS's headers come from `--python`'s nvidia packages;
 - `tvm_ffi` from the `apache-tvm-ffi` wheel (cp312, its runtime only), which loads the module and passes torch
   tensors to it: `tvm_ffi.load_module(path).run(...)`.
@@ -19,7 +20,7 @@ than a device call carries (the wheel is 101 MB), so this builds only the kernel
     python benchmarks/fmha_v2_site.py --python /tmp/torch211/bin/python       # then carry .whl in the device call
 
 `benchmarks/gpu_env.sh` unpacks the archive into the GPU machine's site folder; `benchmarks/attention_kernels.py`
-times the kernel as `fmha_v2_fp8` and `fmha_v2_fp8_kernel`.
+times the kernels as `fmha_v2_fp8`, `fmha_v2_fp8_kernel` and `fmha_v2_bf16`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the module's path inside the archive (and in the site folder it is unpacked into)
-MODULE = "fmha_v2/fmha_v2_e4m3.so"
+MODULE = "fmha_v2/fmha_v2_sm90.so"
 #: what the build takes from the flashinfer-python wheel: FMHA v2's sources, FlashInfer's headers it includes, and the
 #: Python of its kernel generator with the modules that imports
 SOURCES = ("flashinfer/data/csrc/fmha_v2/", "flashinfer/data/csrc/fmha_v2_run.cu",
@@ -56,17 +57,19 @@ sys.path.insert(0, sys.argv[1])
 from flashinfer.jit.attention.fmha_v2 import fmha_library as lib
 from flashinfer.jit.attention.fmha_v2.utils import InputLayout
 out = Path(sys.argv[2])
+kinds = (("e4m3", InputLayout.PACKED_QKV, "bf16"), ("bf16", InputLayout.SEPARATE_Q_K_V, None))
 specs = []
 for head in map(int, sys.argv[3].split(",")):
-    spec = lib.generate_kernel_spec(sm=90, head_size=head, dtype="e4m3", enable_skip_softmax=False,
-                                    return_softmax=False, enable_attn_logit_softcapping=False, alibi=False,
-                                    input_layout=InputLayout.PACKED_QKV, output_dtype="bf16")
-    if not lib.is_kernel_spec_valid(spec):
-        raise SystemExit(f"FMHA v2 has no e4m3 kernel for heads of {head}")
-    fname, lname, kname = lib.encode_name(spec)
-    (out / fname).write_text(lib.get_kernel_code(spec, kname, lname))
-    specs.append((spec, fname, lname, kname))
-    print(fname)
+    for dtype, layout, output in kinds:
+        spec = lib.generate_kernel_spec(sm=90, head_size=head, dtype=dtype, enable_skip_softmax=False,
+                                        return_softmax=False, enable_attn_logit_softcapping=False, alibi=False,
+                                        input_layout=layout, output_dtype=output)
+        if not lib.is_kernel_spec_valid(spec):
+            raise SystemExit(f"FMHA v2 has no {dtype} kernel for heads of {head}")
+        fname, lname, kname = lib.encode_name(spec)
+        (out / fname).write_text(lib.get_kernel_code(spec, kname, lname))
+        specs.append((spec, fname, lname, kname))
+        print(fname)
 (out / "fmha_v2_api.h").write_text(lib.get_api_code(specs))
 """
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # FlashInfer's FA3 kernels beside cuDNN SDPA and hookkit's fp8 kernel at Wan 2.1 14B's shape (40 heads x 128, 32,760
 # tokens): its bf16 kernel; its fp8 kernel with hookkit's quantization (torch ops, and compiled) and alone; and
-# TensorRT-LLM's FMHA v2 e4m3 kernel where .whl/fmha-v2-site.tar.gz holds it (benchmarks/fmha_v2_site.py); each with
-# its error; then the GPU tests. Needs .whl/flashinfer-site.tar.gz (benchmarks/flashinfer_site.py; gpu_env.sh unpacks
-# it, with the kernels prebuilt). attention_flashinfer.json and .log, attention_fmha_v2.json and .log,
-# gpu_tests_flashinfer.log (failed tests named in the suite's log). Settings: T_AFI (seconds, 600), T_TESTS
+# TensorRT-LLM's FMHA v2 e4m3 and bf16 kernels where .whl/fmha-v2-site.tar.gz holds them (benchmarks/fmha_v2_site.py);
+# each with its error; then the GPU tests. Needs .whl/flashinfer-site.tar.gz (benchmarks/flashinfer_site.py;
+# gpu_env.sh unpacks it, with the kernels prebuilt). attention_flashinfer.json and .log, attention_fmha_v2.json and
+# .log, gpu_tests_flashinfer.log (failed tests named in the suite's log). Settings: T_AFI (seconds, 600), T_TESTS
 # (seconds, 420).
 source "$(dirname "$0")/../suite_lib.sh"
 timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 \
@@ -13,7 +13,7 @@ timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 \
 note "attention-flashinfer kernels rc $?"
 # FMHA v2 in a process of its own (its CUDA error checks end the process), cuDNN again beside it
 timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 --kernels sdpa_cudnn fmha_v2_fp8_kernel \
-  fmha_v2_fp8 --out "$OUT/attention_fmha_v2.json" > "$OUT/attention_fmha_v2.log" 2>&1
+  fmha_v2_bf16 fmha_v2_fp8 --out "$OUT/attention_fmha_v2.json" > "$OUT/attention_fmha_v2.log" 2>&1
 note "fmha v2 kernels rc $? $(grep -E '^fmha_v2' "$OUT/attention_fmha_v2.log" | tr -s ' ' | cut -c1-160 | tr '\n' ';')"
 timeout "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_attention_flashinfer.py \
   > "$OUT/gpu_tests_flashinfer.log" 2>&1
