@@ -334,15 +334,17 @@ def test_summary_of_no_times_says_how_to_get_some(timing: ModuleType) -> None:
         timing.summary([])
 
 
-# --- the FlashInfer archive for the GPU machine -------------------------------------------------------------------
+# --- the FlashInfer and FMHA v2 archives for the GPU machine ---------------------------------------------------
 
 
-def test_the_flashinfer_archive_refuses_an_aot_python_that_does_not_exist(
-        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    site = benchmark_script("flashinfer_site")
+@pytest.mark.parametrize("script,flag", [("flashinfer_site", "--aot-python"), ("fmha_v2_site", "--python")])
+def test_an_archive_builder_refuses_a_python_that_does_not_exist(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str,
+        flag: str) -> None:
+    site = benchmark_script(script)
     with pytest.raises(SystemExit):
-        site.parse_args(["--aot-python", str(tmp_path / "python3.12")])
-    assert (f"--aot-python: expected a Python interpreter, got {tmp_path / 'python3.12'} (no such file)"
+        site.parse_args([flag, str(tmp_path / "python3.12")])
+    assert (f"{flag}: expected a Python interpreter, got {tmp_path / 'python3.12'} (no such file)"
             in capsys.readouterr().err)
 
 
@@ -393,15 +395,6 @@ def test_the_fmha_v2_archive_refuses_head_sizes_that_are_not_positive_integers(
     with pytest.raises(SystemExit):
         site.parse_args(["--python", sys.executable, "--heads", heads])
     assert message in capsys.readouterr().err
-
-
-def test_the_fmha_v2_archive_refuses_a_python_that_does_not_exist(
-        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    site = benchmark_script("fmha_v2_site")
-    with pytest.raises(SystemExit):
-        site.parse_args(["--python", str(tmp_path / "python3.12")])
-    assert (f"--python: expected a Python interpreter, got {tmp_path / 'python3.12'} (no such file)"
-            in capsys.readouterr().err)
 
 
 def test_the_fmha_v2_archive_keeps_tvm_ffis_runtime_and_leaves_out_what_builds_against_it(
