@@ -120,16 +120,17 @@ STRIDES = "stride_b stride_h stride_s stride_d"
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp16"])
 @pytest.mark.parametrize("smooth", [False, True])
-def test_per_head_e4m3_quantization_kernels_build_for_hopper(dtype: str, smooth: bool) -> None:
+@pytest.mark.parametrize("head", [64, 128, 256])  # the sizes FlashInfer's kernels run at
+def test_per_head_e4m3_quantization_kernels_build_for_hopper(dtype: str, smooth: bool, head: int) -> None:
     mean = "*fp32" if smooth else dtype  # without smoothing the input stands in for the unread means
     amax = triton_ir(e4m3_triton._block_amax_kernel,
                      _typed(f"x_ptr mean_ptr amax_ptr heads tokens blocks {STRIDES}", [dtype, mean, "*fp32"]
-                            + ["i32"] * 7), dict(D=128, BLOCK_S=e4m3_triton.BLOCK // 128, SMOOTH=smooth),
+                            + ["i32"] * 7), dict(D=head, BLOCK_S=e4m3_triton.BLOCK // head, SMOOTH=smooth),
                      num_warps=e4m3_triton.NUM_WARPS)
     cast = triton_ir(e4m3_triton._cast_kernel,
                      _typed(f"x_ptr mean_ptr inverse_ptr out_ptr heads tokens {STRIDES} out_b out_h out_s out_d",
                             [dtype, mean, "*fp32", "*fp8e4nv"] + ["i32"] * 10),
-                     dict(D=128, BLOCK_S=e4m3_triton.BLOCK // 128, SMOOTH=smooth, INTERPRET=False),
+                     dict(D=head, BLOCK_S=e4m3_triton.BLOCK // head, SMOOTH=smooth, INTERPRET=False),
                      num_warps=e4m3_triton.NUM_WARPS)
     assert "tt.reduce" in amax and "tt.store" in cast
 
