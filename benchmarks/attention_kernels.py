@@ -2,9 +2,10 @@
 kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
 quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
 regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once), and TensorRT-LLM's
-FMHA v2 e4m3 kernel where `benchmarks/fmha_v2_site.py` prebuilt it (`fmha_v2_fp8`: Q, smoothed K and V quantized per
-tensor by torch ops into its packed `[tokens, 3, heads, dim]` input; `fmha_v2_fp8_kernel`: the kernel alone;
-`fmha_v2_bf16`: its bf16 kernel on `[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
+FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on
+its packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_fp8`: with per-head quantization
+folded into the data, compiled, and the output rescaled, no host sync (`packed_e4m3_folded`); `fmha_v2_bf16`: its
+bf16 kernel on `[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -100,7 +101,7 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
                                           q.dtype)
         return kernel_only
     if name.startswith("fmha_v2"):
-        return fmha_v2_fn(kernel_only=name != "fmha_v2_fp8", fp8=name != "fmha_v2_bf16")
+        return fmha_v2_fn(name.removeprefix("fmha_v2_"))
     from hookkit.techniques.attention import fp8_triton, int8_triton
 
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
@@ -123,11 +124,37 @@ def packed_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
     return packed.flatten(0, 1), scales
 
 
-def fmha_v2_fn(kernel_only: bool, fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """TensorRT-LLM's FMHA v2 e4m3 (or, without `fp8`, bf16) kernel on `[B, H, N, D]` bf16 inputs (non-causal: its
-    "padding" mask with every sequence full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output; with
-    `kernel_only`, on inputs quantized (bf16: laid out as `[B * N, H, D]`) once. Raises where the module or tvm_ffi
-    is missing, or off a CUDA device."""
+#: FMHA v2 takes one host-float Q·Kᵀ scale a call, so a quantization without host syncs cannot put it in the scale:
+#: Q and K are both scaled by this fixed factor (their shared per-head amax times it must stay under 448)
+FOLD = 8.0
+
+
+def packed_e4m3_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`packed_e4m3`'s layout with per-head scales and no host sync: head h's Q times c_h * FOLD and its smoothed K
+    divided by c_h, times FOLD (c_h = sqrt(amax K_h / amax Q_h): both span sqrt(amax Q_h * amax K_h) * FOLD, and
+    every Q·Kᵀ is FOLD² times the true one, a constant the kernel's scale undoes); V_h divided by amax V_h / 448.
+    Returns the packed input and V's scales, `[B, 1, H, 1]`, that the output is multiplied by."""
+    k = k.float() - k.float().mean(dim=2, keepdim=True)
+
+    def amax(t: torch.Tensor) -> torch.Tensor:
+        return t.abs().amax(dim=(2, 3), keepdim=True).float().clamp(min=2.0 ** -100)
+
+    c = (amax(k) / amax(q)).sqrt()
+    v_scale = amax(v) / 448.0
+    packed = torch.empty(q.shape[0], q.shape[2], 3, q.shape[1], q.shape[3], dtype=torch.float8_e4m3fn,
+                         device=q.device)
+    for i, t in enumerate((q.float() * (c * FOLD), k / c * FOLD, v.float() / v_scale)):
+        packed[:, :, i] = t.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).transpose(1, 2)
+    return packed.flatten(0, 1), v_scale.transpose(1, 2)
+
+
+def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """TensorRT-LLM's FMHA v2 on `[B, H, N, D]` bf16 inputs (non-causal: its "padding" mask with every sequence
+    full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output. `kind`: "fp8_kernel", its e4m3 kernel
+    alone on inputs quantized once per tensor (`packed_e4m3`); "fp8", the same kernel after `packed_e4m3_folded`
+    (compiled by inductor, as a compiled block would run it) and with the output rescaled per head; "bf16", its bf16
+    kernel on inputs laid out as `[B * N, H, D]` once. Raises where the module or tvm_ffi is missing, or off a CUDA
+    device."""
     import tvm_ffi
 
     path = next((Path(p) / FMHA_V2_MODULE for p in sys.path if (Path(p) / FMHA_V2_MODULE).is_file()), None)
@@ -135,32 +162,42 @@ def fmha_v2_fn(kernel_only: bool, fp8: bool) -> Callable[[torch.Tensor, torch.Te
         raise FileNotFoundError(f"no {FMHA_V2_MODULE} on sys.path: build it with benchmarks/fmha_v2_site.py and "
                                 "unpack it with benchmarks/gpu_env.sh")
     module = tvm_ffi.load_module(str(path))
+    folded = torch.compile(packed_e4m3_folded, fullgraph=True)
     state: dict[str, Any] = {}
+
+    def call(inputs: tuple[torch.Tensor, ...], layout: str, out: torch.Tensor, batch: int, tokens: int,
+             bmm1: float, bmm2: float) -> None:
+        if "workspace" not in state:
+            state.update(workspace=torch.empty(FMHA_V2_WORKSPACE, dtype=torch.uint8, device=out.device),
+                         lengths=torch.full((batch,), tokens, dtype=torch.int32, device=out.device),
+                         starts=torch.arange(batch + 1, dtype=torch.int32, device=out.device) * tokens)
+        with tvm_ffi.use_torch_stream():  # the kernel launches on torch's current stream (a graph's, in a capture)
+            module.run(*inputs, out, state["workspace"], FMHA_V2_WORKSPACE, None, 0, state["lengths"],
+                       state["starts"], state["starts"], layout, tokens, tokens, batch, "padding", 1.0, bmm1, bmm2,
+                       -1, 0, False, 0.0, 0.0, None, None)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not q.is_cuda:
             raise RuntimeError("FMHA v2 runs on a CUDA device only")
         batch, heads, tokens, dim = q.shape
+        out = state.get("out")
+        if out is None:
+            out = state["out"] = torch.empty(batch * tokens, heads, dim, dtype=torch.bfloat16, device=q.device)
+        if kind == "fp8":
+            packed, v_scale = folded(q, k, v)
+            call((packed,) * 3, "packed_qkv", out, batch, tokens, dim ** -0.5 / FOLD ** 2, 1.0)
+            return (out.unflatten(0, (batch, tokens)) * v_scale).to(torch.bfloat16).transpose(1, 2)
         key = (id(q), id(k), id(v))
-        if not kernel_only or state.get("key") != key:
-            if fp8:
+        if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
+            if kind == "fp8_kernel":
                 packed, scales = packed_e4m3(q, k, v)
-                state.update(key=key, inputs=(packed,) * 3, scales=scales, layout="packed_qkv")
+                state.update(inputs=(packed,) * 3, scales=scales, layout="packed_qkv")
             else:
                 inputs = tuple(t.transpose(1, 2).flatten(0, 1).contiguous() for t in (q, k, v))
-                state.update(key=key, inputs=inputs, scales=(1.0, 1.0, 1.0), layout="separate_q_k_v")
-        if "out" not in state:
-            lengths = torch.full((batch,), tokens, dtype=torch.int32, device=q.device)
-            starts = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * tokens
-            state.update(out=torch.empty(batch * tokens, heads, dim, dtype=torch.bfloat16, device=q.device),
-                         workspace=torch.empty(FMHA_V2_WORKSPACE, dtype=torch.uint8, device=q.device),
-                         lengths=lengths, starts=starts)
+                state.update(inputs=inputs, scales=(1.0, 1.0, 1.0), layout="separate_q_k_v")
+            state["key"] = key
         qs, ks, vs = state["scales"]
-        out = state["out"]
-        with tvm_ffi.use_torch_stream():  # the kernel launches on torch's current stream (a graph's, in a capture)
-            module.run(*state["inputs"], out, state["workspace"], FMHA_V2_WORKSPACE, None, 0, state["lengths"],
-                       state["starts"], state["starts"], state["layout"], tokens, tokens, batch, "padding", 1.0,
-                       qs * ks * dim ** -0.5, vs, -1, 0, False, 0.0, 0.0, None, None)
+        call(state["inputs"], state["layout"], out, batch, tokens, qs * ks * dim ** -0.5, vs)
         return out.unflatten(0, (batch, tokens)).transpose(1, 2)
     return run
 
