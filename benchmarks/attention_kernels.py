@@ -33,13 +33,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.fmha_v2_site import MODULE as FMHA_V2_MODULE  # noqa: E402 - under a folder of sys.path
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
            "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8", "fmha_v2_fp8_kernel",
            "fmha_v2_bf16")
-#: where `benchmarks/fmha_v2_site.py` puts the FMHA v2 module, under a folder of sys.path (gpu_env.sh's site folder)
-FMHA_V2_MODULE = "fmha_v2/fmha_v2_sm90.so"
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
 

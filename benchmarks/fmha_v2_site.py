@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -36,6 +35,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.flashinfer_site import download  # noqa: E402
 #: the module's path inside the archive (and in the site folder it is unpacked into)
 MODULE = "fmha_v2/fmha_v2_sm90.so"
 #: what the build takes from the flashinfer-python wheel: FMHA v2's sources, FlashInfer's headers it includes, and the
@@ -95,13 +96,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def download(spec: str, into: Path, *extra: str) -> Path:
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", "-d",
-                    str(into), *extra, spec], check=True)
-    return max(into.iterdir(), key=lambda p: p.stat().st_mtime)
-
-
 def extract(wheel: Path, into: Path, keep: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
     """The members of `wheel` that start with one of `keep` (all where empty) and with none of `skip`."""
     with zipfile.ZipFile(wheel) as archive:
@@ -134,9 +128,10 @@ def nvcc_flags(src: Path, gen: Path, tvm_ffi: Path, cuda_include: Path) -> list[
 def build(args: argparse.Namespace, work: Path) -> Path:
     nvcc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
     sources, tvm_build, site = work / "src", work / "tvm_build", work / "site"
-    extract(download(f"flashinfer-python=={args.version}", work / "dl"), sources, keep=SOURCES)
-    tvm_wheel = download(args.tvm_ffi, work / "dl-tvm", "--python-version", "3.12", "--platform",
-                         "manylinux_2_28_x86_64")
+    extract(download(f"flashinfer-python=={args.version}", work / "dl", "--only-binary", ":all:"), sources,
+            keep=SOURCES)
+    tvm_wheel = download(args.tvm_ffi, work / "dl-tvm", "--only-binary", ":all:", "--python-version", "3.12",
+                         "--platform", "manylinux_2_28_x86_64")
     extract(tvm_wheel, tvm_build)
     gen = work / "gen"
     gen.mkdir()
