@@ -219,8 +219,11 @@ NO_EAGER_NOTE = ("no eager row (--no-eager): no speed-up or PSNR here; `hookkit 
 def test_merge_takes_a_group_run_without_eager_against_the_first_files_eager() -> None:
     first = _report("H200", [_row("eager", 5.0), _row("regional-compile", 4.0)])
     second = _report("H200", [_row("hookkit-cache-fast", 2.0)])  # `--no-eager`: no reference of its own
+    second["notes"] = [NO_EAGER_NOTE]
     merged = bench.merge_reports([first, second])
     assert [(r["config"], r["speedup"]) for r in merged["rows"]][2] == ("hookkit-cache-fast", 2.5)
+    assert merged["notes"] == ["rows of a run without its eager row (--no-eager): speed-up against file 1's eager "
+                               "row, no PSNR"]
 
 
 def test_merge_refuses_a_first_file_without_its_eager_row() -> None:

@@ -25,6 +25,7 @@ from hookkit.tools.bench.peers import (
     _stock_full_compile,
     _stock_regional_compile,
 )
+from hookkit.tools.bench.render import NO_EAGER_NOTE
 from hookkit.tools.bench.row import BenchConfig, HookkitSetup
 
 
@@ -347,8 +348,7 @@ def select_configs(names: Sequence[str] | None, device: torch.device,
         if not names:
             raise SpecError("--no-eager: expected the rows to run in --configs (the default matrix is measured against "
                             "its eager row); name them, or drop --no-eager.")
-        notes.append("no eager row (--no-eager): no speed-up or PSNR here; `hookkit bench --merge` with a run that "
-                     "has one gives speed-ups against it")
+        notes.append(NO_EAGER_NOTE)
     elif chosen[0].name != "eager":
         chosen = [CONFIGS["eager"]] + [c for c in chosen if c.name != "eager"]
         if names:

@@ -180,6 +180,12 @@ def read_report(path: Path) -> dict[str, Any]:
     return data
 
 
+#: the note of a run without its eager row (`hookkit bench --no-eager`), and what `merge_reports` says of its rows
+NO_EAGER_NOTE = ("no eager row (--no-eager): no speed-up or PSNR here; `hookkit bench --merge` with a run that has "
+                 "one gives speed-ups against it")
+MERGED_NO_EAGER_NOTE = "rows of a run without its eager row (--no-eager): speed-up against file 1's eager row, no PSNR"
+
+
 def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One report from several `hookkit bench --json` files of the same model, settings and machine.
 
@@ -216,7 +222,8 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 row["speedup"] = reference["latency_s"] / row["latency_s"]
             rows.append(row)
             seen.add(row["config"])
-        notes += [n for n in other["notes"] if n not in notes]
+        other_notes = [MERGED_NO_EAGER_NOTE if n == NO_EAGER_NOTE else n for n in other["notes"]]
+        notes += [n for n in other_notes if n not in notes]
     return {**first, "command": [r["command"] for r in reports], "notes": notes, "rows": rows}
 
 
