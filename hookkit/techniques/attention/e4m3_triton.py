@@ -7,15 +7,17 @@ Under torch.compile the torch ops are traced instead and inductor fuses them int
 
 The result is the torch ops' bit for bit (`flashinfer_fa3.quantize_torch`; tested in Triton's interpreter): K's
 mean over the tokens comes from the same torch reduction, K is smoothed in float32, a head's amax is a max (exact in
-any order), its scale is computed by the same torch ops, and each value is multiplied by the scale's float32 inverse,
-clamped to +-448 and rounded to the nearest e4m3, ties to even.
+any order), its scale is computed by the caller's rule (`flashinfer_fa3.scale_of`), and each value is multiplied by
+the scale's float32 inverse, clamped to +-448 and rounded to the nearest e4m3, ties to even.
 
 1. `_block_amax_kernel`: one program per block of `BLOCK // D` tokens of one head writes the block's amax;
-2. torch reduces the blocks' amaxes to the head's and computes scale and inverse (`[B, H]`, a few hundred values);
+2. torch reduces the blocks' amaxes to the head's, the scale rule makes scales and inverses (`[B, H]`);
 3. `_cast_kernel`: the same blocks scaled, clamped and stored as e4m3, in the input's layout.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -24,8 +26,6 @@ import triton.language as tl
 #: e4m3's largest finite value
 E4M3_MAX = 448.0
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
-#: flashinfer_fa3.AMAX_FLOOR (this module imports no other of hookkit's: flashinfer_fa3 imports it)
-AMAX_FLOOR = 2.0 ** -100
 #: values a program reads (`BLOCK // D` tokens of a head of D): 64 float32 registers a thread at `NUM_WARPS`
 BLOCK = 16384
 NUM_WARPS = 8
@@ -87,10 +87,11 @@ def _cast_kernel(x_ptr, mean_ptr, inverse_ptr, out_ptr, heads, tokens, stride_b,
     tl.store(out_ptr + out, to_fp8(x, INTERPRET), mask=rows[:, None] < tokens)
 
 
-def head_quantize(x: torch.Tensor, mean: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def head_quantize(x: torch.Tensor, scale_of: Callable[[torch.Tensor], torch.Tensor],
+                  mean: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A `[B, H, N, D]` fp16/bf16 tensor (minus `mean`, float32 `[B, H, 1, D]`, where given) in e4m3 with one scale
-    per (batch, head): `(codes, scales)`, codes in `x`'s layout where it is dense, scales float32 `[B, H]`.
-    `D` a power of two."""
+    per (batch, head), `scale_of` its amax: `(codes, scales)`, codes in `x`'s layout where it is dense, scales float32
+    `[B, H]`. `D` a power of two."""
     b, h, n, d = x.shape
     rows = BLOCK // d
     blocks = triton.cdiv(n, rows)
@@ -101,7 +102,7 @@ def head_quantize(x: torch.Tensor, mean: torch.Tensor | None = None) -> tuple[to
     smooth = mean is not None
     _block_amax_kernel[(blocks, b * h)](x, means, amax, h, n, blocks, *strides, D=d, BLOCK_S=rows, SMOOTH=smooth,
                                         num_warps=NUM_WARPS)
-    scales = amax.amax(dim=1).reshape(b, h).clamp(min=AMAX_FLOOR) / E4M3_MAX  # flashinfer_fa3.head_scales
+    scales = scale_of(amax.amax(dim=1).reshape(b, h))
     inverse = (1.0 / scales).contiguous()
     codes = torch.empty_like(x, dtype=torch.float8_e4m3fn)  # x's layout where it is dense, else contiguous
     _cast_kernel[(blocks, b * h)](x, means, inverse, codes, h, n, *strides, *codes.stride(), D=d, BLOCK_S=rows,
@@ -109,9 +110,11 @@ def head_quantize(x: torch.Tensor, mean: torch.Tensor | None = None) -> tuple[to
     return codes, scales
 
 
-def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`flashinfer_fa3.quantize`'s result, `(q8, k8, v8, q_scale, k_scale, v_scale)`, by the kernels above."""
-    q8, q_scale = head_quantize(query)
-    k8, k_scale = head_quantize(key, key.mean(dim=2, keepdim=True, dtype=torch.float32))
-    v8, v_scale = head_quantize(value)
+def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             scale_of: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """`flashinfer_fa3.quantize`'s result, `(q8, k8, v8, q_scale, k_scale, v_scale)`, by the kernels above; `scale_of`
+    makes a head's scale from its amax (`flashinfer_fa3.scale_of`)."""
+    q8, q_scale = head_quantize(query, scale_of)
+    k8, k_scale = head_quantize(key, scale_of, key.mean(dim=2, keepdim=True, dtype=torch.float32))
+    v8, v_scale = head_quantize(value, scale_of)
     return q8, k8, v8, q_scale, k_scale, v_scale

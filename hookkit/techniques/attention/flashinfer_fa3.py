@@ -54,11 +54,15 @@ def softmax_scale(query: torch.Tensor, scale: float | None) -> float:
 AMAX_FLOOR = 2.0 ** -100
 
 
+def scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """The float32 e4m3 scales of heads whose largest magnitudes are `amax`: amax / 448 (amax at least `AMAX_FLOOR`,
+    so that a head of zeros quantizes to zeros)."""
+    return amax.float().clamp(min=AMAX_FLOOR) / E4M3_MAX
+
+
 def head_scales(t: torch.Tensor) -> torch.Tensor:
-    """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]`: its amax / 448 (amax at
-    least `AMAX_FLOOR`, so that a head of zeros quantizes to zeros)."""
-    amax = torch.maximum(t.amax(dim=(2, 3)), -t.amin(dim=(2, 3))).float()
-    return amax.clamp(min=AMAX_FLOOR) / E4M3_MAX
+    """The e4m3 scale of each (batch, head) of a `[B, H, N, D]` tensor, float32 `[B, H]` (`scale_of` its amax)."""
+    return scale_of(torch.maximum(t.amax(dim=(2, 3)), -t.amin(dim=(2, 3))))
 
 
 def to_e4m3(t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -82,7 +86,7 @@ def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tup
     if query.is_cuda and not torch.compiler.is_compiling():
         from hookkit.techniques.attention import e4m3_triton
 
-        return e4m3_triton.quantize(query, key, value)
+        return e4m3_triton.quantize(query, key, value, scale_of)
     return quantize_torch(query, key, value)
 
 
