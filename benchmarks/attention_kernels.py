@@ -109,18 +109,21 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
     return module.attention
 
 
+def _packed(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Three scaled `[B, H, N, D]` float tensors as FMHA v2's packed e4m3 input, `[B * N, 3, H, D]`."""
+    b, h, n, d = parts[0].shape
+    packed = torch.empty(b, n, 3, h, d, dtype=torch.float8_e4m3fn, device=parts[0].device)
+    for i, t in enumerate(parts):
+        packed[:, :, i] = t.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).transpose(1, 2)
+    return packed.flatten(0, 1)
+
+
 def packed_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
     """`[B, H, N, D]` Q, K (smoothed: its mean over the tokens subtracted) and V as FMHA v2's packed e4m3 input,
     `[B * N, 3, H, D]`, each scaled by its own amax / 448; and the three scales."""
     k = k.float() - k.float().mean(dim=2, keepdim=True)
-    packed = torch.empty(q.shape[0], q.shape[2], 3, q.shape[1], q.shape[3], dtype=torch.float8_e4m3fn,
-                         device=q.device)
-    scales = []
-    for i, t in enumerate((q, k, v)):
-        scale = float(t.abs().amax().float().clamp(min=2.0 ** -100)) / 448.0
-        packed[:, :, i] = (t.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).transpose(1, 2)
-        scales.append(scale)
-    return packed.flatten(0, 1), scales
+    scales = [float(t.abs().amax().float().clamp(min=2.0 ** -100)) / 448.0 for t in (q, k, v)]
+    return _packed(tuple(t.float() / scale for t, scale in zip((q, k, v), scales, strict=True))), scales
 
 
 #: FMHA v2 takes one host-float Q·Kᵀ scale a call, so a quantization without host syncs cannot put it in the scale:
@@ -140,11 +143,7 @@ def packed_e4m3_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
 
     c = (amax(k) / amax(q)).sqrt()
     v_scale = amax(v) / 448.0
-    packed = torch.empty(q.shape[0], q.shape[2], 3, q.shape[1], q.shape[3], dtype=torch.float8_e4m3fn,
-                         device=q.device)
-    for i, t in enumerate((q.float() * (c * FOLD), k / c * FOLD, v.float() / v_scale)):
-        packed[:, :, i] = t.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).transpose(1, 2)
-    return packed.flatten(0, 1), v_scale.transpose(1, 2)
+    return _packed((q.float() * (c * FOLD), k / c * FOLD, v.float() / v_scale)), v_scale.transpose(1, 2)
 
 
 def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
