@@ -48,9 +48,10 @@ class Attention:
             int8 Q·Kᵀ with per-block scales and K smoothing, P·V in fp16, any GPU from Ampere on); "hookkit_fp8"
             (hookkit's Hopper/Ada kernel: int8 Q·Kᵀ as above, P·V in e4m3 with V scaled per channel, fp8 tensor
             cores, compute capability 8.9 or newer; with more error); "sage" (the `sageattention` package's
-            `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only:
-            Q, smoothed K and V in e4m3 with a scale per head, both products on fp8 tensor cores; the
-            `flashinfer-python` package, which compiles the kernel with nvcc at its first use: at `enable`); any
+            `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only,
+            heads of 128 only (on heads of 32 padded to 64 it gave 6x the error of its own arithmetic): Q, smoothed K
+            and V in e4m3 with a scale per head, both products on fp8 tensor cores; the `flashinfer-python` package,
+            which compiles the kernel with nvcc at its first use: at `enable`, where its output is checked); any
             full-precision name (to compare kernels); None runs `kernel` everywhere.
         full_first: how many of the first denoising steps run `kernel` in every block (default 2).
         full_last: how many of the last steps run `kernel` in every block (default 2; needs the number of steps: a
