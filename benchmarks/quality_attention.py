@@ -13,16 +13,20 @@ images against it and the fraction the shipped classifier still recognises. Seed
   gemm-fp8+fp8-every-step  fp8 GEMMs and fp8 attention at every step (what the video rows run)
   sage-every-step       sageattention's `sageattn` at every step (sageattention 1.0.6 takes heads of 64, 96 or 128:
                         a skipped row on these models, with its reason)
-  flashinfer-fp8-every-step  FlashInfer's FA3 fp8 kernel (Attention(low_precision="flashinfer_fp8")) at every step;
-                        the heads of 32 run zero-padded to 64, which changes no score, scale or kept channel
-  flashinfer-fp8        the same with the default schedule
+  flashinfer-fp8-every-step  FlashInfer's FA3 fp8 kernel (Attention(low_precision="flashinfer_fp8")) at every step:
+                        a skipped row, with its reason (the kernel is taken on heads of 128 only; on these models'
+                        heads of 32, zero-padded to 64, it erred 6x its own arithmetic; see attention_error.json)
+  flashinfer-fp8        the same with the default schedule (skipped likewise)
   flashinfer-bf16       FlashInfer's FA3 bf16 kernel (Attention(kernel="flashinfer")) at every step
   (the FlashInfer rows need the `flashinfer` package and a Hopper GPU; skipped with their reason elsewhere)
 
 Besides the images, `attention_error.json` holds each kernel's output error on the trained models' own attention
 inputs: Q, K and V recorded at every SDPA call of one denoising run (class 0, the first seed), each kernel against
 fp32 SDPA on them (mean relative error, max abs error; median and worst over the calls), FlashInfer's kernels
-("flashinfer", "flashinfer_fp8") included when the package imports.
+("flashinfer", and "flashinfer_fp8" called directly, its heads zero-padded) included when the package imports. The fp8
+kernels also get "vs_own_arithmetic": the same error against their torch mirror on the same inputs
+(`fp8_triton.reference`, `flashinfer_fa3.reference`), which a kernel computing what it should matches to rounding:
+what separates a kernel's own error from its quantization's.
 
     python benchmarks/quality_attention.py                 # GPU (SM89+ for fp8): both models, 10 classes x 4 seeds
     python benchmarks/quality_attention.py --quick         # CPU check: 2 classes x 1 seed, 6 steps, tiny model;
@@ -52,6 +56,11 @@ import hookkit  # noqa: E402
 from hookkit.tools import quality  # noqa: E402
 
 
+#: why the FlashInfer fp8 image rows are skipped on these models
+FLASHINFER_FP8_HEADS = ("flashinfer_fp8 takes heads of 128 only; the trained models' heads are 32 (zero-padded to 64, "
+                        "its attention error on their inputs was 6x its own arithmetic's: attention_error.json)")
+
+
 def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.QualityConfig]:
     """The rows; `low` maps each kernel name to what runs it here (itself on a GPU, "_native_math" in --quick)."""
     S, QC, A = hookkit.Spec, quality.QualityConfig, hookkit.Attention
@@ -76,9 +85,10 @@ def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.Qua
            x="every", description="sageattention's sageattn at every step",
            unsupported="sageattention 1.0.6 takes heads of 64, 96 or 128; the trained models' heads are 32"),
         QC(name="flashinfer-fp8-every-step", family="flashinfer", spec=S(attention=every("flashinfer_fp8")),
-           requires="flashinfer", x="every", description="FlashInfer's FA3 fp8 kernel at every step (heads padded)"),
+           requires="flashinfer", x="every", description="FlashInfer's FA3 fp8 kernel at every step",
+           unsupported=FLASHINFER_FP8_HEADS),
         QC(name="flashinfer-fp8", family="flashinfer", spec=S(attention=A(low_precision=low["flashinfer_fp8"])),
-           requires="flashinfer", x="default",
+           requires="flashinfer", x="default", unsupported=FLASHINFER_FP8_HEADS,
            description="FlashInfer's FA3 fp8 kernel, bf16 SDPA on the first and last 2 steps"),
         QC(name="flashinfer-bf16", family="flashinfer",
            spec=S(attention=A(kernel=low["flashinfer"], low_precision=None)), requires="flashinfer", x="bf16",
@@ -103,9 +113,38 @@ class _RecordSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _flashinfer_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """FlashInfer's fp8 kernel as hookkit calls it (heads zero-padded), bypassing `Attention`'s head-size refusal."""
+    from hookkit.techniques.attention import flashinfer_fa3
+
+    return flashinfer_fa3.attention(q, k, v, scale)
+
+
+def _flashinfer_fp8_mirror(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """What FlashInfer's fp8 kernel computes from the same padded, quantized inputs (`flashinfer_fa3.reference`)."""
+    from hookkit.techniques.attention import flashinfer_fa3
+
+    dim = q.shape[-1]
+    size = flashinfer_fa3.padded_size(dim) or dim
+    codes = flashinfer_fa3.quantize_torch(*(F.pad(t, (0, size - dim)) for t in (q, k, v)))
+    return flashinfer_fa3.reference(*codes, flashinfer_fa3.softmax_scale(q, scale))[..., :dim]
+
+
+def _hookkit_fp8_mirror(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    from hookkit.techniques.attention import fp8_triton
+
+    return fp8_triton.reference(q, k, v, scale=scale)
+
+
+def _summary(rel: list[float], worst: list[float]) -> dict[str, float]:
+    return {"mean_rel_median": statistics.median(rel), "mean_rel_worst": max(rel),
+            "max_abs_median": statistics.median(worst), "max_abs_worst": max(worst)}
+
+
 def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, device: str) -> dict[str, Any]:
-    """Each kernel's output error against fp32 SDPA on the attention inputs of one denoising run of `model`;
-    `kernels` maps each name reported to the kernel that runs it."""
+    """Each kernel's output error against fp32 SDPA on the attention inputs of one denoising run of `model`, and the
+    fp8 kernels' against their own arithmetic (module docstring); `kernels` maps each name reported to the kernel that
+    runs it."""
     from hookkit.techniques.attention.hooks import run_kernel, unsupported
     from hookkit.tools import trained
 
@@ -115,25 +154,38 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
         pipe(**trained.call_kwargs([0], [seed], steps=steps, device=device, dtype=torch.bfloat16, model=model))
     out: dict[str, Any] = {"model": model, "calls": len(recorder.calls),
                            "shape": list(recorder.calls[0][0].shape) if recorder.calls else None}
+    mirrors = {"hookkit_fp8": _hookkit_fp8_mirror, "flashinfer_fp8": _flashinfer_fp8_mirror}
     for name, kernel in kernels.items():
-        rel, worst = [], []
+        rel, worst, own, own_worst = [], [], [], []
         reason = None
         if kernel.startswith("flashinfer") and importlib.util.find_spec("flashinfer") is None:
             out[name] = {"unsupported": "flashinfer is not installed"}
             continue
+        mirror = mirrors.get(kernel)  # None where --quick runs another kernel in its place
         for q, k, v, scale in recorder.calls:
             ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
             args = tuple(t.to(torch.bfloat16) for t in (q, k, v))
-            reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
-                                          "dropout_p": 0.0, "is_causal": False, "scale": scale, "enable_gqa": False})
-            if reason is not None:
-                break
-            got = run_kernel(kernel, F.scaled_dot_product_attention, args, {"scale": scale}).float()
+            if kernel == "flashinfer_fp8":
+                got = _flashinfer_fp8(*args, scale).float()
+            else:
+                reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
+                                              "dropout_p": 0.0, "is_causal": False, "scale": scale,
+                                              "enable_gqa": False})
+                if reason is not None:
+                    break
+                got = run_kernel(kernel, F.scaled_dot_product_attention, args, {"scale": scale}).float()
             rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
             worst.append((got - ref).abs().max().item())
-        out[name] = ({"unsupported": reason} if reason is not None else
-                       {"mean_rel_median": statistics.median(rel), "mean_rel_worst": max(rel),
-                        "max_abs_median": statistics.median(worst), "max_abs_worst": max(worst)})
+            if mirror is not None:
+                expected = mirror(*args, scale).float()
+                own.append(((got - expected).abs().mean() / expected.abs().mean()).item())
+                own_worst.append((got - expected).abs().max().item())
+        if reason is not None:
+            out[name] = {"unsupported": reason}
+            continue
+        out[name] = _summary(rel, worst)
+        if own:
+            out[name]["vs_own_arithmetic"] = _summary(own, own_worst)
     return out
 
 
