@@ -3,9 +3,8 @@ kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer
 quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
 regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once), and TensorRT-LLM's
 FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on
-its packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_fp8`: with per-head quantization
-folded into the data, compiled, and the output rescaled, no host sync (`packed_e4m3_folded`); `fmha_v2_bf16`: its
-bf16 kernel on `[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
+its packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_bf16`: its bf16 kernel on
+`[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -37,7 +36,7 @@ from benchmarks.fmha_v2_site import MODULE as FMHA_V2_MODULE  # noqa: E402 - und
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
-           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8", "fmha_v2_fp8_kernel",
+           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8_kernel",
            "fmha_v2_bf16")
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
@@ -126,33 +125,11 @@ def packed_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
     return _packed(tuple(t.float() / scale for t, scale in zip((q, k, v), scales, strict=True))), scales
 
 
-#: FMHA v2 takes one host-float Q·Kᵀ scale a call, so a quantization without host syncs cannot put it in the scale:
-#: Q and K are both scaled by this fixed factor (their shared per-head amax times it must stay under 448)
-FOLD = 8.0
-
-
-def packed_e4m3_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`packed_e4m3`'s layout with per-head scales and no host sync: head h's Q times c_h * FOLD and its smoothed K
-    divided by c_h, times FOLD (c_h = sqrt(amax K_h / amax Q_h): both span sqrt(amax Q_h * amax K_h) * FOLD, and
-    every Q·Kᵀ is FOLD² times the true one, a constant the kernel's scale undoes); V_h divided by amax V_h / 448.
-    Returns the packed input and V's scales, `[B, 1, H, 1]`, that the output is multiplied by."""
-    k = k.float() - k.float().mean(dim=2, keepdim=True)
-
-    def amax(t: torch.Tensor) -> torch.Tensor:
-        return t.abs().amax(dim=(2, 3), keepdim=True).float().clamp(min=2.0 ** -100)
-
-    c = (amax(k) / amax(q)).sqrt()
-    v_scale = amax(v) / 448.0
-    return _packed((q.float() * (c * FOLD), k / c * FOLD, v.float() / v_scale)), v_scale.transpose(1, 2)
-
-
 def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """TensorRT-LLM's FMHA v2 on `[B, H, N, D]` bf16 inputs (non-causal: its "padding" mask with every sequence
     full), bf16 out as the `[B, H, N, D]` view of its `[B * N, H, D]` output. `kind`: "fp8_kernel", its e4m3 kernel
-    alone on inputs quantized once per tensor (`packed_e4m3`); "fp8", the same kernel after `packed_e4m3_folded`
-    (compiled by inductor, as a compiled block would run it) and with the output rescaled per head; "bf16", its bf16
-    kernel on inputs laid out as `[B * N, H, D]` once. Raises where the module or tvm_ffi is missing, or off a CUDA
-    device."""
+    alone on inputs quantized once per tensor (`packed_e4m3`); "bf16", its bf16 kernel on inputs laid out as
+    `[B * N, H, D]` once. Raises where the module or tvm_ffi is missing, or off a CUDA device."""
     import tvm_ffi
 
     path = next((Path(p) / FMHA_V2_MODULE for p in sys.path if (Path(p) / FMHA_V2_MODULE).is_file()), None)
@@ -160,7 +137,6 @@ def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
         raise FileNotFoundError(f"no {FMHA_V2_MODULE} on sys.path: build it with benchmarks/fmha_v2_site.py and "
                                 "unpack it with benchmarks/gpu_env.sh")
     module = tvm_ffi.load_module(str(path))
-    folded = torch.compile(packed_e4m3_folded, fullgraph=True)
     state: dict[str, Any] = {}
 
     def call(inputs: tuple[torch.Tensor, ...], layout: str, out: torch.Tensor, batch: int, tokens: int,
@@ -181,10 +157,6 @@ def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
         out = state.get("out")
         if out is None:
             out = state["out"] = torch.empty(batch * tokens, heads, dim, dtype=torch.bfloat16, device=q.device)
-        if kind == "fp8":
-            packed, v_scale = folded(q, k, v)
-            call((packed,) * 3, "packed_qkv", out, batch, tokens, dim ** -0.5 / FOLD ** 2, 1.0)
-            return (out.unflatten(0, (batch, tokens)) * v_scale).to(torch.bfloat16).transpose(1, 2)
         key = (id(q), id(k), id(v))
         if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
             if kind == "fp8_kernel":
