@@ -15,7 +15,7 @@ images against it and the fraction the shipped classifier still recognises. Seed
                         a skipped row on these models, with its reason)
   flashinfer-fp8-every-step  FlashInfer's FA3 fp8 kernel (Attention(low_precision="flashinfer_fp8")) at every step:
                         a skipped row, with its reason (the kernel is taken on heads of 128 only; on these models'
-                        heads of 32, zero-padded to 64, it erred 6x its own arithmetic; see attention_error.json)
+                        heads of 32, zero-padded to 64, it erred 6-13x its own arithmetic; see attention_error.json)
   flashinfer-fp8        the same with the default schedule (skipped likewise)
   flashinfer-bf16       FlashInfer's FA3 bf16 kernel (Attention(kernel="flashinfer")) at every step
   (the FlashInfer rows need the `flashinfer` package and a Hopper GPU; skipped with their reason elsewhere)
@@ -58,7 +58,7 @@ from hookkit.tools import quality  # noqa: E402
 
 #: why the FlashInfer fp8 image rows are skipped on these models
 FLASHINFER_FP8_HEADS = ("flashinfer_fp8 takes heads of 128 only; the trained models' heads are 32 (zero-padded to 64, "
-                        "its attention error on their inputs was 6x its own arithmetic's: attention_error.json)")
+                        "its attention error on their inputs was 6-13x its own arithmetic's: attention_error.json)")
 
 
 def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.QualityConfig]:

@@ -80,7 +80,7 @@ ONLY_MAJOR = {"flashinfer": 9, "flashinfer_fp8": 9}
 FLASHINFER_KERNELS = ("flashinfer", "flashinfer_fp8")
 #: the head sizes FlashInfer's fp8 kernel is taken at: those whose output a GPU has shown to be the kernel's own
 #: arithmetic (`flashinfer_fa3.reference`). On the trained models' heads of 32, zero-padded to 64, it gave 13-18 %
-#: error, 6x its arithmetic's 2.2 % (BENCHMARKS.md); 64 and 256 are not yet measured
+#: error, 6-13x its arithmetic's 1.4-2.2 % (BENCHMARKS.md); 64 and 256 are not yet measured
 FLASHINFER_FP8_HEADS = (128,)
 #: hookkit's own Triton kernels
 HOOKKIT_KERNELS = ("hookkit_int8", "hookkit_fp8")

@@ -49,7 +49,7 @@ class Attention:
             (hookkit's Hopper/Ada kernel: int8 Q·Kᵀ as above, P·V in e4m3 with V scaled per channel, fp8 tensor
             cores, compute capability 8.9 or newer; with more error); "sage" (the `sageattention` package's
             `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only,
-            heads of 128 only (on heads of 32 padded to 64 it gave 6x the error of its own arithmetic): Q, smoothed K
+            heads of 128 only (on heads of 32 padded to 64 it gave 6-13x the error of its own arithmetic): Q, smoothed K
             and V in e4m3 with a scale per head, both products on fp8 tensor cores; the `flashinfer-python` package,
             which compiles the kernel with nvcc at its first use: at `enable`, where its output is checked); any
             full-precision name (to compare kernels); None runs `kernel` everywhere.
