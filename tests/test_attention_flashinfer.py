@@ -462,6 +462,25 @@ def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
                             "'hookkit_fp8', or install a FlashInfer release from 0.2.14 to 0.7.4.")
 
 
+def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_at_enable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookkit.techniques.attention.hooks import build_flashinfer
+
+    module = StandIn()
+    record = module.single_prefill_with_kv_cache
+
+    def first_heads_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        for name in ("scale_q", "scale_k", "scale_v"):
+            kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
+        return record(q, k, v, **kwargs)
+
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", first_heads_scales)
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on enable's check \(seeded "
+                                               r"random inputs\), got 0\.552: FlashInfer 0\.2\.14\.post1 computes"):
+        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+
+
 def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.techniques.attention.hooks import build_flashinfer
 

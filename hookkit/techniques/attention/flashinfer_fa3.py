@@ -176,7 +176,8 @@ CHECK_BOUND = {True: 0.02, False: 0.02}
 def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> float:
     """Run a kernel once, as hookkit runs it on heads of `head_dim` (zero-padded where FlashInfer has no kernel of that
     size), on seeded random inputs shaped like real activations (2 heads, `CHECK_TOKENS` tokens; Q, K and V with
-    channel offsets twice their spread, as the trained models' have) and return its mean relative error: the fp8 kernel
+    channel offsets twice their spread, as the trained models' have, and the second head 3x the first, so that a
+    kernel applying one head's scale to another is off) and return its mean relative error: the fp8 kernel
     against `reference` on the same e4m3 inputs, the bf16 kernel against float32 SDPA on the same rounded inputs.
 
     Why at `enable`: FlashInfer builds (nvcc) and caches its module at its first call, so a missing compiler or a
@@ -185,8 +186,9 @@ def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) ->
     some head size) is refused, not run.
     """
     g = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(1, 2, CHECK_TOKENS, head_dim, generator=g, device=device)
-               + 2.0 * torch.randn(head_dim, generator=g, device=device) for _ in range(3))
+    ranges = torch.tensor([1.0, 3.0], device=device)[None, :, None, None]  # heads of different scales
+    q, k, v = ((torch.randn(1, 2, CHECK_TOKENS, head_dim, generator=g, device=device)
+                + 2.0 * torch.randn(head_dim, generator=g, device=device)) * ranges for _ in range(3))
     q, k, v = (t.to(dtype) for t in (q, k, v))
     out = attention(q, k, v, fp8=fp8).float()
     if fp8:
