@@ -96,7 +96,7 @@ def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.Qua
     ]
 
 
-class _RecordSDPA(TorchFunctionMode):
+class RecordSDPA(TorchFunctionMode):
     """Keeps a float32 copy of (q, k, v, scale) of every SDPA call."""
 
     def __init__(self) -> None:
@@ -120,16 +120,6 @@ def _flashinfer_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return flashinfer_fa3.attention(q, k, v, scale)
 
 
-def _flashinfer_fp8_mirror(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """What FlashInfer's fp8 kernel computes from the same padded, quantized inputs (`flashinfer_fa3.reference`)."""
-    from hookkit.techniques.attention import flashinfer_fa3
-
-    dim = q.shape[-1]
-    size = flashinfer_fa3.padded_size(dim) or dim
-    codes = flashinfer_fa3.quantize_torch(*(F.pad(t, (0, size - dim)) for t in (q, k, v)))
-    return flashinfer_fa3.reference(*codes, flashinfer_fa3.softmax_scale(q, scale))[..., :dim]
-
-
 def _hookkit_fp8_mirror(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
     from hookkit.techniques.attention import fp8_triton
 
@@ -149,12 +139,14 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
     from hookkit.tools import trained
 
     pipe = trained.load_pipeline(model=model, device=device, dtype=torch.bfloat16)
-    recorder = _RecordSDPA()
+    recorder = RecordSDPA()
     with recorder, torch.no_grad():
         pipe(**trained.call_kwargs([0], [seed], steps=steps, device=device, dtype=torch.bfloat16, model=model))
     out: dict[str, Any] = {"model": model, "calls": len(recorder.calls),
                            "shape": list(recorder.calls[0][0].shape) if recorder.calls else None}
-    mirrors = {"hookkit_fp8": _hookkit_fp8_mirror, "flashinfer_fp8": _flashinfer_fp8_mirror}
+    from hookkit.techniques.attention import flashinfer_fa3
+
+    mirrors = {"hookkit_fp8": _hookkit_fp8_mirror, "flashinfer_fp8": flashinfer_fa3.reference_attention}
     for name, kernel in kernels.items():
         rel, worst, own, own_worst = [], [], [], []
         reason = None

@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -428,3 +429,39 @@ def test_fmha_v2s_packed_input_holds_q_smoothed_k_and_v_each_within_an_e4m3_step
         assert scale == float(t.abs().amax()) / 448.0
         restored = packed[:, i].float().unflatten(0, (2, 40)).transpose(1, 2) * scale  # back to [B, H, N, D]
         assert ((restored - t).abs() <= t.abs() * 2.0 ** -4 + scale * 2.0 ** -9).all()
+
+
+def test_the_own_arithmetic_benchmark_finds_a_kernel_computing_its_arithmetic_and_one_that_does_not(
+        benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from flashinfer_stand_in import StandIn
+
+    bench = benchmark_script("attention_own_arithmetic")
+    module = StandIn()
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    argv = ["--kernels", "flashinfer_fp8", "--kinds", "gaussian", "offsets", "--dims", "32", "128", "--tokens", "68",
+            "--heads", "3", "--device", "cpu"]
+    rows = bench.main(argv)
+    assert [(r["kind"], r["dim"], r["tokens"], r["calls"]) for r in rows] == [
+        ("gaussian", 32, 68, 1), ("gaussian", 128, 68, 1), ("offsets", 32, 68, 1), ("offsets", 128, 68, 1)]
+    assert all(r["kernel_vs_mirror"] < 0.005 < r["kernel_vs_fp32"] for r in rows)  # its arithmetic, to rounding
+    record = module.single_prefill_with_kv_cache
+
+    def first_heads_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        for name in ("scale_q", "scale_k", "scale_v"):
+            kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
+        return record(q, k, v, **kwargs)
+
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", first_heads_scales)
+    wrong = {(r["kind"], r["dim"]): r["kernel_vs_mirror"] for r in bench.main(argv)}
+    assert wrong[("offsets", 32)] > 0.2 and wrong[("offsets", 128)] > 0.2  # heads of different ranges show it
+
+
+def test_the_own_arithmetic_benchmark_reports_a_kernel_that_cannot_run_as_a_row(
+        benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = benchmark_script("attention_own_arithmetic")
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # not installed
+    rows = bench.main(["--kernels", "flashinfer_fp8", "--kinds", "gaussian", "--dims", "64", "--tokens", "40",
+                       "--device", "cpu"])
+    assert rows == [{"kernel": "flashinfer_fp8", "kind": "gaussian", "dim": 64, "tokens": 40, "calls": 1,
+                     "error": "ModuleNotFoundError: import of flashinfer halted; None in sys.modules"}]

@@ -162,6 +162,16 @@ def reference(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: tor
     return p8 @ (v8.float() * vs) / (p.sum(dim=-1, keepdim=True) * E4M3_MAX)
 
 
+def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        scale: float | None = None) -> torch.Tensor:
+    """What `attention(...)` with the fp8 kernel computes, in float32 torch ops: the same zero-padding and quantization
+    (`quantize_torch`), then `reference`; float32 `[B, H, N, D]`."""
+    dim = query.shape[-1]
+    size = padded_size(dim) or dim
+    codes = quantize_torch(*(F.pad(t, (0, size - dim)) for t in (query, key, value)))
+    return reference(*codes, softmax_scale(query, scale))[..., :dim]
+
+
 #: tokens of `check`'s inputs: fewer than a tile of the fp8 kernel's keys (`reference` is exact there), and not a
 #: multiple of 16 (the last tile's masking runs)
 CHECK_TOKENS = 120
@@ -191,12 +201,7 @@ def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) ->
                 + 2.0 * torch.randn(head_dim, generator=g, device=device)) * ranges for _ in range(3))
     q, k, v = (t.to(dtype) for t in (q, k, v))
     out = attention(q, k, v, fp8=fp8).float()
-    if fp8:
-        size = padded_size(head_dim) or head_dim
-        codes = quantize_torch(*(F.pad(t, (0, size - head_dim)) for t in (q, k, v)))
-        expected = reference(*codes, softmax_scale(q, None))[..., :head_dim]
-    else:
-        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    expected = reference_attention(q, k, v) if fp8 else F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     return ((out - expected).abs().mean() / expected.abs().mean()).item()
 
 

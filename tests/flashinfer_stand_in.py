@@ -1,0 +1,44 @@
+"""A stand-in `flashinfer` module for the CPU tests: what FlashInfer's source says `single_prefill_with_kv_cache` computes
+(with fp8 inputs: each head's Q, K and V times its scale; P times 448 rounded to e4m3 for P·V, the row sums before
+rounding), each call recorded. Put it in `sys.modules["flashinfer"]` (the `stand_in` fixture of
+`test_attention_flashinfer.py` does)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import types
+from typing import Any
+
+import torch
+
+
+class StandIn(types.ModuleType):
+    """A `flashinfer` module for the CPU: FlashInfer's fp8 semantics (its `StandardFP8Attention`), each call
+    recorded."""
+
+    def __init__(self, version: str = "0.2.14.post1") -> None:
+        super().__init__("flashinfer")
+        self.__version__ = version
+        self.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+        self.calls: list[dict[str, Any]] = []
+
+    def single_prefill_with_kv_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                     o_dtype: torch.dtype, causal: bool, sm_scale: float, kv_layout: str, backend: str,
+                                     scale_q: torch.Tensor | None = None, scale_k: torch.Tensor | None = None,
+                                     scale_v: torch.Tensor | None = None) -> torch.Tensor:
+        scales = (scale_q, scale_k, scale_v)
+        self.calls.append({"shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape)), "dtype": q.dtype,
+                           "scales": None if scale_q is None else tuple(tuple(s.shape) for s in scales),
+                           "o_dtype": o_dtype, "causal": causal, "sm_scale": sm_scale, "kv_layout": kv_layout,
+                           "backend": backend})
+        ones = torch.ones(q.shape[1])
+        qf, kf, vf = (t.float().transpose(0, 1) * (ones if s is None else s)[:, None, None]
+                      for t, s in zip((q, k, v), scales))
+        scores = qf @ kf.transpose(1, 2) * sm_scale
+        if causal:
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        # the fp8 kernel rounds P * 448 to e4m3 for P·V and divides by 448 and the row sums of P before rounding
+        pv = p if scale_q is None else (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
+        out = pv @ vf / p.sum(dim=-1, keepdim=True)
+        return out.transpose(0, 1).contiguous().to(o_dtype)  # [N, H, D], as FlashInfer allocates it
