@@ -308,8 +308,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed `[B, S, H, D]` view
     in, one out: diffusers' transpose back is then free).
 
-    `mask`: None, or a boolean mask as SDPA takes it (True: the pair attends; boolean, each dimension the size of SDPA's `[B, H, Sq, Sk]` or 1). Key blocks it masks
-    whole are skipped, so a padding mask costs what the valid tokens cost; a row with no allowed key is 0, as in SDPA.
+    `mask`: None, or a boolean mask as SDPA takes it (True: the pair attends; each dimension the size of SDPA's
+    `[B, H, Sq, Sk]` or 1). Key blocks it masks whole are skipped, so a padding mask costs what the valid tokens cost; a
+    row with no allowed key is 0, as in SDPA.
     `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`, `loop`, `tma`: the kernel's tiling, Q·Kᵀ's
     precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
     (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA)."""

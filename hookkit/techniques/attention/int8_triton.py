@@ -1,4 +1,5 @@
-"""hookkit's low-precision attention kernel (`Attention(low_precision="hookkit_int8")`): SageAttention's recipe in Triton.
+"""hookkit's low-precision attention kernel (`Attention(low_precision="hookkit_int8")`): SageAttention's recipe in
+Triton.
 
 Imported on first use (importing triton is slow, and CPU-only installs have none); on the CPU it runs only under
 Triton's interpreter (`TRITON_INTERPRET=1`), which is how the tests check its arithmetic.
