@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,3 +43,13 @@ class StandIn(types.ModuleType):
         pv = p if scale_q is None else (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
         out = pv @ vf / p.sum(dim=-1, keepdim=True)
         return out.transpose(0, 1).contiguous().to(o_dtype)  # [N, H, D], as FlashInfer allocates it
+
+
+def applying_first_heads_scales(call: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`call` (a `single_prefill_with_kv_cache`) as a kernel that applies the first head's fp8 scales to every head:
+    a mistake only inputs whose heads differ in range show."""
+    def wrapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        for name in ("scale_q", "scale_k", "scale_v"):
+            kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
+        return call(q, k, v, **kwargs)
+    return wrapped

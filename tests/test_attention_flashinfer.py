@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import hookkit
 from bf16_calls import call_flux_bf16, relative_error
-from flashinfer_stand_in import StandIn
+from flashinfer_stand_in import StandIn, applying_first_heads_scales
 from hookkit.errors import UnsupportedError
 from hookkit.techniques.attention import flashinfer_fa3
 from hookkit.techniques.attention.hooks import _sdpa_args, capability_refusal, head_sizes_ok, run_kernel, unsupported
@@ -432,14 +432,8 @@ def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_
     from hookkit.techniques.attention.hooks import build_flashinfer
 
     module = StandIn()
-    record = module.single_prefill_with_kv_cache
-
-    def first_heads_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        for name in ("scale_q", "scale_k", "scale_v"):
-            kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
-        return record(q, k, v, **kwargs)
-
-    monkeypatch.setattr(module, "single_prefill_with_kv_cache", first_heads_scales)
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache",
+                        applying_first_heads_scales(module.single_prefill_with_kv_cache))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on enable's check \(seeded "
                                                r"random inputs\), got 0\.552: FlashInfer 0\.2\.14\.post1 computes"):

@@ -18,7 +18,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -433,8 +432,7 @@ def test_fmha_v2s_packed_input_holds_q_smoothed_k_and_v_each_within_an_e4m3_step
 
 def test_the_own_arithmetic_benchmark_finds_a_kernel_computing_its_arithmetic_and_one_that_does_not(
         benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-    from flashinfer_stand_in import StandIn
+    from flashinfer_stand_in import StandIn, applying_first_heads_scales
 
     bench = benchmark_script("attention_own_arithmetic")
     module = StandIn()
@@ -445,14 +443,8 @@ def test_the_own_arithmetic_benchmark_finds_a_kernel_computing_its_arithmetic_an
     assert [(r["kind"], r["dim"], r["tokens"], r["calls"]) for r in rows] == [
         ("gaussian", 32, 68, 1), ("gaussian", 128, 68, 1), ("offsets", 32, 68, 1), ("offsets", 128, 68, 1)]
     assert all(r["kernel_vs_mirror"] < 0.005 < r["kernel_vs_fp32"] for r in rows)  # its arithmetic, to rounding
-    record = module.single_prefill_with_kv_cache
-
-    def first_heads_scales(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        for name in ("scale_q", "scale_k", "scale_v"):
-            kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
-        return record(q, k, v, **kwargs)
-
-    monkeypatch.setattr(module, "single_prefill_with_kv_cache", first_heads_scales)
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache",
+                        applying_first_heads_scales(module.single_prefill_with_kv_cache))
     wrong = {(r["kind"], r["dim"]): r["kernel_vs_mirror"] for r in bench.main(argv)}
     assert wrong[("offsets", 32)] > 0.2 and wrong[("offsets", 128)] > 0.2  # heads of different ranges show it
 
