@@ -45,7 +45,7 @@ Kernel = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 
 def kernels() -> dict[str, Kernel]:
     return {"flashinfer_fp8": (flashinfer_fa3.attention, flashinfer_fa3.reference_attention),
-            "hookkit_fp8": (fp8_triton.attention, lambda q, k, v, scale: fp8_triton.reference(q, k, v, scale=scale))}
+            "hookkit_fp8": (fp8_triton.attention, fp8_triton.reference)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,22 +81,17 @@ def random_inputs(kind: str, heads: int, tokens: int, dim: int, device: torch.de
 
 def trained_inputs(device: torch.device) -> list[tuple[Any, ...]]:
     """Every 8th SDPA call's `(q, k, v, scale)` of one denoising run of the trained tiny Flux (class 0, seed 100)."""
-    from benchmarks.quality_attention import RecordSDPA
-    from hookkit.tools import trained
+    from benchmarks.quality_attention import record_attention_inputs
 
-    pipe = trained.load_pipeline(model="tiny", device=str(device), dtype=torch.bfloat16)
-    recorder = RecordSDPA()
-    with recorder, torch.no_grad():
-        pipe(**trained.call_kwargs([0], [100], steps=28, device=str(device), dtype=torch.bfloat16, model="tiny"))
-    return [(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), scale)
-            for q, k, v, scale in recorder.calls[::8]]
+    calls = record_attention_inputs("tiny", steps=28, seed=100, device=str(device))
+    return [(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), scale) for q, k, v, scale in calls[::8]]
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().mean() / b.abs().mean()).item()
 
 
-def measure(name: str, kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
+def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
     """The median over `calls` of the three errors (module docstring), or the kernel's error message."""
     run, mirror = kernel
     errors: dict[str, list[float]] = {"kernel_vs_fp32": [], "mirror_vs_fp32": [], "kernel_vs_mirror": []}
@@ -132,7 +127,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for name in args.kernels:
         for kind, dim, tokens, calls in cases:
             row = {"kernel": name, "kind": kind, "dim": dim, "tokens": tokens, "calls": len(calls),
-                   **measure(name, table[name], calls)}
+                   **measure(table[name], calls)}
             rows.append(row)
             if "error" in row:
                 print(f"{name:15} {kind:9} {dim:>4} {tokens:>6} failed: {row['error'][:90]}", flush=True)

@@ -113,17 +113,15 @@ class RecordSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _flashinfer_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """FlashInfer's fp8 kernel as hookkit calls it (heads zero-padded), bypassing `Attention`'s head-size refusal."""
-    from hookkit.techniques.attention import flashinfer_fa3
+def record_attention_inputs(model: str, steps: int, seed: int, device: str) -> list[tuple[Any, ...]]:
+    """`(q, k, v, scale)` of every SDPA call of one denoising run of the trained `model` (class 0, `seed`), float32."""
+    from hookkit.tools import trained
 
-    return flashinfer_fa3.attention(q, k, v, scale)
-
-
-def _hookkit_fp8_mirror(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
-    from hookkit.techniques.attention import fp8_triton
-
-    return fp8_triton.reference(q, k, v, scale=scale)
+    pipe = trained.load_pipeline(model=model, device=device, dtype=torch.bfloat16)
+    recorder = RecordSDPA()
+    with recorder, torch.no_grad():
+        pipe(**trained.call_kwargs([0], [seed], steps=steps, device=device, dtype=torch.bfloat16, model=model))
+    return recorder.calls
 
 
 def _summary(rel: list[float], worst: list[float]) -> dict[str, float]:
@@ -135,18 +133,12 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
     """Each kernel's output error against fp32 SDPA on the attention inputs of one denoising run of `model`, and the
     fp8 kernels' against their own arithmetic (module docstring); `kernels` maps each name reported to the kernel that
     runs it."""
+    from hookkit.techniques.attention import flashinfer_fa3, fp8_triton
     from hookkit.techniques.attention.hooks import run_kernel, unsupported
-    from hookkit.tools import trained
 
-    pipe = trained.load_pipeline(model=model, device=device, dtype=torch.bfloat16)
-    recorder = RecordSDPA()
-    with recorder, torch.no_grad():
-        pipe(**trained.call_kwargs([0], [seed], steps=steps, device=device, dtype=torch.bfloat16, model=model))
-    out: dict[str, Any] = {"model": model, "calls": len(recorder.calls),
-                           "shape": list(recorder.calls[0][0].shape) if recorder.calls else None}
-    from hookkit.techniques.attention import flashinfer_fa3
-
-    mirrors = {"hookkit_fp8": _hookkit_fp8_mirror, "flashinfer_fp8": flashinfer_fa3.reference_attention}
+    calls = record_attention_inputs(model, steps, seed, device)
+    out: dict[str, Any] = {"model": model, "calls": len(calls), "shape": list(calls[0][0].shape) if calls else None}
+    mirrors = {"hookkit_fp8": fp8_triton.reference, "flashinfer_fp8": flashinfer_fa3.reference_attention}
     for name, kernel in kernels.items():
         rel, worst, own, own_worst = [], [], [], []
         reason = None
@@ -154,11 +146,11 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
             out[name] = {"unsupported": "flashinfer is not installed"}
             continue
         mirror = mirrors.get(kernel)  # None where --quick runs another kernel in its place
-        for q, k, v, scale in recorder.calls:
+        for q, k, v, scale in calls:
             ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
             args = tuple(t.to(torch.bfloat16) for t in (q, k, v))
-            if kernel == "flashinfer_fp8":
-                got = _flashinfer_fp8(*args, scale).float()
+            if kernel == "flashinfer_fp8":  # called directly: `Attention` refuses these models' heads of 32
+                got = flashinfer_fa3.attention(*args, scale).float()
             else:
                 reason = unsupported(kernel, {"query": args[0], "key": args[1], "value": args[2], "attn_mask": None,
                                               "dropout_p": 0.0, "is_causal": False, "scale": scale,
