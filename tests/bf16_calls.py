@@ -11,10 +11,12 @@ import torch
 from hookkit.tools import zoo
 
 
-def call_flux_bf16(pipe: Any, steps: int = 4) -> torch.Tensor:
-    """`pipe`'s images for the tiny Flux's call arguments, floating-point tensors moved to the GPU in bf16."""
+def call_flux_bf16(pipe: Any, steps: int = 4, size: int | None = None) -> torch.Tensor:
+    """`pipe`'s images for the tiny Flux's call arguments, floating-point tensors moved to the GPU in bf16; `size`:
+    the images' height and width (the tiny Flux has size² / 16 image tokens; its default 32 gives 64)."""
+    extra = {} if size is None else {"height": size, "width": size}
     kwargs = {k: v.to("cuda", torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in zoo.call_kwargs("flux", steps=steps).items()}
+              for k, v in zoo.call_kwargs("flux", steps=steps, **extra).items()}
     return pipe(**kwargs).images
 
 

@@ -36,6 +36,14 @@ def _qkv(batch: int = 2, heads: int = 3, tokens: int = 40, dim: int = 64, offset
     return q.to(dtype), (k + offset).to(dtype), v.to(dtype)
 
 
+@pytest.fixture(autouse=True)
+def short_fp8_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU tests check enable's logic at 120 tokens; the GPU tests run the check at its real length
+    (`flashinfer_fa3.CHECK_TOKENS`: 8,192 keys for the fp8 kernel, whose scores the CPU would hold for seconds)."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(flashinfer_fa3, "CHECK_TOKENS", {True: 120, False: 120})
+
+
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> StandIn:
     module = StandIn()
@@ -273,15 +281,28 @@ def test_padded_heads_trace_whole_under_torch_compile_and_give_the_eager_result(
 
 
 @pytest.mark.parametrize("kwargs,reason", [
-    ({"attn_mask": torch.ones(1, 1, 40, 40, dtype=torch.bool)}, "attention mask"),
+    ({"attn_mask": torch.ones(1, 1, 1, flashinfer_fa3.FP8_MIN_KEYS, dtype=torch.bool)}, "attention mask"),
     ({"is_causal": True}, "not on CUDA"),  # causal taken: the next check speaks
     ({"dropout_p": 0.1}, "dropout"),
 ])
 @pytest.mark.parametrize("kernel", ["flashinfer_fp8", "flashinfer"])
 def test_masks_and_dropout_run_as_native_and_a_causal_call_is_taken(kwargs: dict[str, Any], reason: str,
                                                                     kernel: str) -> None:
-    q, k, v = _qkv(dim=128)
+    q, k, v = _qkv(batch=1, heads=1, tokens=flashinfer_fa3.FP8_MIN_KEYS, dim=128)
     assert unsupported(kernel, _sdpa_args((q, k, v), kwargs)) == reason
+
+
+@pytest.mark.parametrize("keys,reason", [(flashinfer_fa3.FP8_MIN_KEYS - 1, "fewer than 8192 keys"),
+                                         (flashinfer_fa3.FP8_MIN_KEYS, "not on CUDA")])  # taken: the next check speaks
+def test_the_fp8_kernel_runs_calls_of_fewer_than_8192_keys_as_native(keys: int, reason: str) -> None:
+    q, _, _ = _qkv(batch=1, heads=1, tokens=8, dim=128)
+    k, v = _qkv(batch=1, heads=1, tokens=keys, dim=128)[1:]
+    assert unsupported("flashinfer_fp8", _sdpa_args((q, k, v), {})) == reason
+
+
+def test_the_bf16_kernel_takes_calls_of_any_length() -> None:
+    q, k, v = _qkv(batch=1, heads=1, tokens=8, dim=128)
+    assert unsupported("flashinfer", _sdpa_args((q, k, v), {})) == "not on CUDA"
 
 
 @pytest.mark.parametrize("dim,ok", [(32, True), (64, True), (96, True), (256, True), (257, False), (512, False)])
@@ -363,7 +384,7 @@ def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: Sta
     build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
     build_flashinfer("flashinfer", "kernel", [128], torch.float16, torch.device("cpu"))
     assert [(c["shapes"][0], c["dtype"], c["o_dtype"]) for c in stand_in.calls] == [
-        ((120, 2, 128), torch.float8_e4m3fn, torch.bfloat16), ((120, 2, 128), torch.float16, torch.float16)]
+        ((120, 4, 128), torch.float8_e4m3fn, torch.bfloat16), ((120, 4, 128), torch.float16, torch.float16)]
 
 
 def test_enable_checks_each_head_size_through_the_padded_kernel_it_runs_at(stand_in: StandIn) -> None:
@@ -371,13 +392,28 @@ def test_enable_checks_each_head_size_through_the_padded_kernel_it_runs_at(stand
 
     build_flashinfer("flashinfer", "kernel", [32, 64, 96], torch.bfloat16, torch.device("cpu"))
     assert [(c["shapes"][0], c["sm_scale"]) for c in stand_in.calls] == [
-        ((120, 2, 64), 32 ** -0.5), ((120, 2, 64), 64 ** -0.5), ((120, 2, 128), 96 ** -0.5)]
+        ((120, 4, 64), 32 ** -0.5), ((120, 4, 64), 64 ** -0.5), ((120, 4, 128), 96 ** -0.5)]
 
 
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 def test_enables_check_finds_a_kernel_computing_attention_within_its_bound(stand_in: StandIn, fp8: bool) -> None:
     error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cpu"), fp8=fp8)
     assert 0 < error < flashinfer_fa3.CHECK_BOUND[fp8] / 4
+
+
+def test_enables_check_reports_its_worst_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = StandIn()
+    record = module.single_prefill_with_kv_cache
+
+    def last_head_off_by_a_tenth(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        out = record(q, k, v, **kwargs)
+        out[:, -1] *= 0.9  # [N, H, D]: the last of the check's four heads
+        return out
+
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", last_head_off_by_a_tenth)
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cpu"), fp8=True)
+    assert error == pytest.approx(0.1, abs=0.005)  # the worst head's, not a mean diluted by the three right heads
 
 
 def test_the_fp8_reference_is_fp32_attention_of_the_dequantized_inputs_with_p_rounded_to_e4m3() -> None:
@@ -398,8 +434,9 @@ def test_an_fp8_kernel_off_by_a_tenth_is_refused_at_enable(monkeypatch: pytest.M
                         lambda q, k, v, **kwargs: record(q, k, v, **kwargs) * 0.9)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError, match=r"heads of 128 \(torch\.bfloat16\) to match its own arithmetic "
-                                               r"\(flashinfer_fa3\.reference\) within a mean relative error of 0\.02 "
-                                               r"on enable's check \(seeded random inputs\), got 0\.1: "):
+                                               r"\(flashinfer_fa3\.reference\) within a mean relative error of 0\.04 "
+                                               r"on each head of enable's check \(seeded random inputs, 120 "
+                                               r"tokens\), got 0\.1: "):
         build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
 
 
@@ -422,7 +459,7 @@ def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
     message = str(err.value)
     assert message.startswith("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer's kernel for heads of 128 "
                               "(torch.bfloat16) to match its own arithmetic (flashinfer_fa3.reference) within a mean "
-                              "relative error of 0.02 on enable's check (seeded random inputs), got ")
+                              "relative error of 0.04 on each head of enable's check (seeded random inputs, 120 tokens), got ")
     assert message.endswith(": FlashInfer 9.9.9 computes something other than what hookkit's call means. Choose "
                             "'hookkit_fp8', or install a FlashInfer release from 0.2.14 to 0.7.4.")
 
@@ -435,8 +472,8 @@ def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_
     monkeypatch.setattr(module, "single_prefill_with_kv_cache",
                         applying_first_heads_scales(module.single_prefill_with_kv_cache))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
-    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on enable's check \(seeded "
-                                               r"random inputs\), got 0\.552: FlashInfer 0\.2\.14\.post1 computes"):
+    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.04 on each head of enable's "
+                                               r"check \(seeded random inputs, 120 tokens\), got 0\.966: FlashInfer 0\.2\.14\.post1 computes"):
         build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
 
 
@@ -448,8 +485,8 @@ def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.Monk
     monkeypatch.setattr(module, "single_prefill_with_kv_cache",
                         lambda q, k, v, **kwargs: record(q, k, v, **kwargs) * float("nan"))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
-    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on enable's check \(seeded "
-                                               r"random inputs\), got nan: FlashInfer 0\.2\.14\.post1 computes"):
+    with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on each head of enable's "
+                                               r"check \(seeded random inputs, 120 tokens\), got nan: FlashInfer 0\.2\.14\.post1 computes"):
         build_flashinfer("flashinfer", "kernel", [64], torch.bfloat16, torch.device("cpu"))
 
 
@@ -511,8 +548,10 @@ def test_gpu_flashinfer_fp8_matches_attention_of_its_quantized_inputs_and_bf16_s
 @pytest.mark.gpu
 @needs_hopper_and_flashinfer
 def test_gpu_enables_check_finds_the_fp8_kernel_computing_its_own_arithmetic_on_heads_of_128() -> None:
+    # at 8,192 keys, where the kernel rounds P against a running maximum: 2.5 % from `reference` on an H100
+    assert flashinfer_fa3.CHECK_TOKENS[True] == flashinfer_fa3.FP8_MIN_KEYS
     error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cuda"), fp8=True)
-    assert error < flashinfer_fa3.CHECK_BOUND[True] / 4  # summation order and bf16 output rounding: about 0.2 %
+    assert error < flashinfer_fa3.CHECK_BOUND[True]
 
 
 @pytest.mark.gpu
@@ -544,6 +583,11 @@ def _bf16_flux_head128() -> Any:
     return zoo.tiny_pipeline("flux", attention_head_dim=128, axes_dims_rope=[32, 48, 48]).to("cuda", torch.bfloat16)
 
 
+#: images of 368² give the tiny Flux 8,464 image tokens and 8 text tokens: more keys than `FP8_MIN_KEYS`, so that
+#: FlashInfer's fp8 kernel takes the calls
+SIZE_FOR_FP8 = 368
+
+
 @pytest.mark.gpu
 @needs_hopper_and_flashinfer
 @pytest.mark.parametrize("compile_spec", [hookkit.Compile(), hookkit.Compile(cuda_graphs="transformer")],
@@ -555,7 +599,7 @@ def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hook
     handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
     fast = _bf16_flux_head128()
     hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
-    expected = call_flux_bf16(eager)
+    expected = call_flux_bf16(eager, size=SIZE_FOR_FP8)
     assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {kernel: 10}
     for _ in range(2):
-        assert relative_error(call_flux_bf16(fast), expected) < 1e-2
+        assert relative_error(call_flux_bf16(fast, size=SIZE_FOR_FP8), expected) < 1e-2

@@ -9,8 +9,8 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot
-take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; masks are known only at the
-call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
+take (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; fewer keys than FlashInfer's
+fp8 kernel is taken on; masks and lengths are known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never run with (package,
 dtype, head size, no CUDA device or one too old; FlashInfer's kernels where they do not build, which `enable` has
 them do) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled block (one compiled
 entry per kernel, chosen again at every call; `KernelMode` says what that takes). Under whole-transformer CUDA graphs
@@ -80,7 +80,9 @@ ONLY_MAJOR = {"flashinfer": 9, "flashinfer_fp8": 9}
 FLASHINFER_KERNELS = ("flashinfer", "flashinfer_fp8")
 #: the head sizes FlashInfer's fp8 kernel is taken at: those whose output a GPU has shown to be the kernel's own
 #: arithmetic (`flashinfer_fa3.reference`). On the trained models' heads of 32, zero-padded to 64, it gave 13-18 %
-#: error, 6-13x its arithmetic's 1.4-2.2 % (BENCHMARKS.md); 64 and 256 are not yet measured
+#: error, 6-13x its arithmetic's 1.4-2.2 % (BENCHMARKS.md); 64 and 256 are not yet measured. It is also taken only on
+#: calls of at least `flashinfer_fa3.FP8_MIN_KEYS` keys (shorter ones run as "native": it departs from its arithmetic
+#: there, cross-attention to a prompt included)
 FLASHINFER_FP8_HEADS = (128,)
 #: hookkit's own Triton kernels
 HOOKKIT_KERNELS = ("hookkit_int8", "hookkit_fp8")
@@ -143,6 +145,8 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return f"dtype {q.dtype}"
     if not head_sizes_ok(kernel, q.shape[-1]) or v.shape[-1] != q.shape[-1]:
         return f"head size {q.shape[-1]}"
+    if kernel == "flashinfer_fp8" and k.shape[2] < flashinfer_fa3.FP8_MIN_KEYS:
+        return f"fewer than {flashinfer_fa3.FP8_MIN_KEYS} keys"
     if not q.is_cuda:
         return "not on CUDA"
     return None
@@ -643,11 +647,12 @@ def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dty
             version = getattr(sys.modules.get("flashinfer"), "__version__", "unknown")
             raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer's kernel for heads of {dim}"
                                    f"{padded} ({dtype}) to match {expected} within a mean relative error of {bound} "
-                                   f"on enable's check (seeded random inputs), got {error:.3g}: FlashInfer {version} "
+                                   f"on each head of enable's check (seeded random inputs, "
+                                   f"{flashinfer_fa3.CHECK_TOKENS[fp8]} tokens), got {error:.3g}: FlashInfer {version} "
                                    "computes something other than what hookkit's call means. Choose "
                                    f"{other}, or install a FlashInfer release from 0.2.14 to 0.7.4.")
         logger.info("attention: FlashInfer's {} kernel for heads of {}: mean relative error {:.3g} against {} on "
-                    "enable's check", kernel, dim, error, expected)
+                    "enable's check (its largest head)", kernel, dim, error, expected)
 
 
 def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:
