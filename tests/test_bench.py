@@ -256,6 +256,33 @@ def test_rows_without_an_eager_row_get_no_speed_up_psnr_or_reference_cell(tmp_pa
     assert [line.split("|")[7].strip() for line in body] == ["—", "—"]
 
 
+def _compared(tmp_path: Path, eager: torch.Tensor, second: torch.Tensor) -> list[dict]:
+    """The eager row and SECOND compared from their saved outputs, as `hookkit bench` compares its rows."""
+    from hookkit.tools.bench.runner import _compare
+
+    rows = [_row("eager", 4.0), _row(SECOND, 2.0)]
+    for row, output in zip(rows, (eager, second), strict=True):
+        row["peak_memory_gb"] = 1.0
+        torch.save(output, tmp_path / f"{row['config']}.pt")
+    _compare(rows, tmp_path, None)
+    return rows
+
+
+def test_a_row_whose_output_has_nan_gets_no_psnr_and_says_how_many_values(tmp_path: Path) -> None:
+    eager = torch.arange(8.0)
+    rows = _compared(tmp_path, eager, torch.tensor([0.0, float("nan"), 2, 3, float("inf"), 5, 6, 7]))
+    assert [(r["nonfinite"], r["psnr_db"], r["identical"]) for r in rows] == [(0, None, True), (2, None, False)]
+    second = bench.markdown_table(rows).splitlines()[3].split("|")
+    assert (second[7].strip(), second[8].strip()) == ("—", "2 non-finite output values: no PSNR")
+
+
+def test_an_eager_reference_with_nan_gives_no_row_a_psnr(tmp_path: Path) -> None:
+    rows = _compared(tmp_path, torch.tensor([0.0, float("nan"), 2, 3]), torch.tensor([0.0, 1, 2, 3]))
+    assert [(r["nonfinite"], r["psnr_db"], r["speedup"]) for r in rows] == [(1, None, 1.0), (0, None, 2.0)]
+    eager = bench.markdown_table(rows).splitlines()[2].split("|")
+    assert (eager[7].strip(), eager[8].strip()) == ("reference (non-finite)", "1 non-finite output value: no PSNR")
+
+
 @pytest.mark.parametrize("rows,status", [
     ([("eager", "failed"), (SECOND, "ok")], 1),  # the eager row decides where there is one
     ([("eager", "ok"), (SECOND, "failed")], 0),

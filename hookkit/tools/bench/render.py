@@ -109,8 +109,11 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):
             notes.append(f"{row['graphs_compiled_while_timed']} graph(s) compiled during the timed runs: add warm-up")
+        if row.get("nonfinite"):
+            plural = "s" if row["nonfinite"] != 1 else ""
+            notes.append(f"{row['nonfinite']} non-finite output value{plural}: no PSNR")
         if i == 0 and ok and row["config"] == "eager":
-            psnr_cell = "reference"
+            psnr_cell = "reference (non-finite)" if row.get("nonfinite") else "reference"
         elif row["identical"]:
             psnr_cell = "inf (bitwise equal)"
         elif row["psnr_db"] is not None:

@@ -118,7 +118,7 @@ class BenchConfig:
 # --- one measurement (in the child process) ----------------------------------------------------------------
 
 ROW_KEYS = ("config", "kind", "description", "status", "note", "load_s", "setup_s", "warmup_s", "latency_s",
-            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "features",
+            "latencies_s", "peak_memory_gb", "memory_kind", "speedup", "psnr_db", "identical", "nonfinite", "features",
             "companion_features", "compiled_graphs", "graphs_compiled_while_timed", "first_call_s", "time_to_first_image_s", "cold",
             "timing_caveat")
 

@@ -220,13 +220,21 @@ def _tail(text: str, lines: int = 3) -> str:
     return " / ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
+def _nonfinite(output: torch.Tensor) -> int:
+    """How many values of a row's output are NaN or infinite (0 for integer outputs)."""
+    return int((~torch.isfinite(output)).sum()) if output.is_floating_point() else 0
+
+
 def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> None:
-    """Speed-up and PSNR of every row against the eager row (the first; none without it: `--no-eager`)."""
+    """Speed-up and PSNR of every row against the eager row (the first; none without it: `--no-eager`), and each
+    row's count of non-finite output values (`nonfinite`): an output with NaN or infinity gets no PSNR, nor does any
+    row when the reference has them, and the table says so rather than printing "nan"."""
     ref_row = rows[0]
     if ref_row["config"] != "eager":
         return
     ref_path = out_dir / f"{ref_row['config']}.pt"
     reference = torch.load(ref_path) if ref_row["status"] == "ok" and ref_path.is_file() else None
+    ref_finite = reference is not None and _nonfinite(reference) == 0
     for row in rows:
         if row["status"] != "ok":
             continue
@@ -235,6 +243,9 @@ def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> N
         path = out_dir / f"{row['config']}.pt"
         if reference is not None and path.is_file():
             output = torch.load(path)
+            row["nonfinite"] = _nonfinite(output)
+            if row["nonfinite"] or not ref_finite:
+                continue
             if output.shape == reference.shape:
                 value = psnr(reference, output, peak)
                 row["psnr_db"] = None if math.isinf(value) else value
