@@ -18,7 +18,7 @@ Triton kernel, the control: its mirror `fp8_triton.reference` is known to match 
              of one denoising run); only where --dims has 32, at its own length
 
     python benchmarks/attention_own_arithmetic.py --out attention_own_arithmetic.json
-    python benchmarks/attention_own_arithmetic.py --dims 32 64 128 256 --tokens 68 120 1024 8192
+    python benchmarks/attention_own_arithmetic.py --dims 32 64 128 256 --tokens 68 120 1024 2048 4096 8192
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--dims", type=int, nargs="+", default=[32, 64, 128, 256], help="head sizes (default 32 64 128 256)")
-    p.add_argument("--tokens", type=int, nargs="+", default=[68, 120, 1024, 8192],
-                   help="sequence lengths of the random kinds (default 68 120 1024 8192)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[68, 120, 1024, 2048, 4096, 8192],
+                   help="sequence lengths of the random kinds (default 68 120 1024 2048 4096 8192: 2048 and "
+                        "4096 place where FlashInfer's kernel stops departing, between 1,024 and 8,192)")
     p.add_argument("--heads", type=int, default=4, help="heads of the random kinds (default 4)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
