@@ -457,3 +457,39 @@ def test_the_own_arithmetic_benchmark_reports_a_kernel_that_cannot_run_as_a_row(
                        "--device", "cpu"])
     assert rows == [{"kernel": "flashinfer_fp8", "kind": "gaussian", "dim": 64, "tokens": 40, "calls": 1,
                      "error": "ModuleNotFoundError: import of flashinfer halted; None in sys.modules"}]
+
+
+def test_the_nonfinite_locator_names_the_first_module_and_attention_call_that_turn_nan(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    import torch
+
+    from hookkit.tools.bench import models
+
+    bench = benchmark_script("first_nonfinite")
+    opts = models.ModelOptions(name="hunyuanvideo15", steps=1, device="cpu")
+    pipe = models.load_pipeline(opts)
+    with torch.no_grad():
+        pipe.transformer.transformer_blocks[1].attn.to_v.weight[0, 0] = float("inf")
+    report = bench.locate(pipe, opts, None)
+    first = report["transformer_calls"][0]
+    assert (report["output_finite"], report["first_call"], first["first_module"]) == (
+        False, 0, "transformer_blocks.1")
+    attention = first["attention"]
+    assert (attention["module"], attention["inputs_finite"], attention["mask"]["dtype"]) == (
+        "transformer_blocks.1", False, "torch.bool")
+    assert list(first["block_max"]) == ["transformer_blocks.0", "transformer_blocks.1"]
+
+
+def test_the_nonfinite_locator_finds_nothing_in_a_finite_call_and_counts_rows_without_keys(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    import torch
+
+    from hookkit.tools.bench import models
+
+    bench = benchmark_script("first_nonfinite")
+    opts = models.ModelOptions(name="hunyuanvideo15", steps=1, device="cpu")
+    report = bench.locate(models.load_pipeline(opts), opts, "math")
+    assert (report["output_finite"], report["first_call"], report["sdpa"]) == (True, None, "math")
+    assert [(r["first_module"], r["attention"]) for r in report["transformer_calls"]] == [(None, None)] * 2
+    mask = torch.tensor([[True, False], [False, False]])
+    assert bench.rows_without_keys(mask) == 1 and bench.rows_without_keys(None) == 0

@@ -1,0 +1,163 @@
+"""Where a pipeline's output first turns non-finite: one pipeline call with forward hooks on the transformer's
+top-level modules and its blocks, and every SDPA call watched, recording per transformer call the first module and
+the first attention call whose output holds NaN or infinity (with whether that call's inputs were finite and how many
+of its query rows the mask leaves no key), and the largest magnitude each block's output reached.
+
+Why: HunyuanVideo 1.5's eager output at 480x832x81 on an H100 held non-finite values (no PSNR could be computed
+against it), while the same transformer at full depth and width is finite on the CPU at small sizes (BENCHMARKS.md,
+"On one H100: the fp8 kernel under the padding mask"). `--sdpa` pins SDPA's backend, to tell a kernel's
+fully-masked rows from the model's arithmetic. The checks read values back to the host: a diagnosis, not a timing.
+
+    python benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 --width 832 --frames 81 \
+        --steps 1 --sdpa cudnn --out first_nonfinite.json
+    python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hookkit.tools.bench import models  # noqa: E402
+
+#: `--sdpa` names and torch's backends
+BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION",
+            "math": "MATH"}
+
+
+def finite(t: Any) -> bool:
+    return not (torch.is_tensor(t) and t.is_floating_point()) or bool(torch.isfinite(t).all())
+
+
+def rows_without_keys(mask: torch.Tensor | None) -> int:
+    """Query rows a boolean SDPA mask leaves no key (summed over its broadcast dimensions); 0 without a mask."""
+    if mask is None or mask.dtype != torch.bool:
+        return 0
+    return int((~mask.any(dim=-1)).sum())
+
+
+class Watch(TorchFunctionMode):
+    """Records the first non-finite SDPA output of the current transformer call."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.record = record
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            if self.record.get("attention") is None and not finite(out):
+                q, k, v = (kwargs.get(n, a) for n, a in zip(("query", "key", "value"), args[:3] + (None,) * 3))
+                mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+                self.record["attention"] = {
+                    "call": self.calls, "module": self.record.get("current"), "shape": list(q.shape),
+                    "inputs_finite": all(finite(t) for t in (q, k, v)), "mask": None if mask is None else
+                    {"dtype": str(mask.dtype), "shape": list(mask.shape), "rows_without_keys": rows_without_keys(mask)},
+                    "nonfinite_values": int((~torch.isfinite(out)).sum())}
+        return out
+
+
+def watch(pipe: Any, sdpa: str | None) -> list[dict[str, Any]]:
+    """Hooks on `pipe.transformer`; returns the list each transformer call appends its record to."""
+    transformer = pipe.transformer
+    records: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+
+    def before_call(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        record: dict[str, Any] = {"first_module": None, "attention": None, "block_max": {}}
+        records.append(record)
+        state["record"] = record
+        state["mode"] = Watch(record)
+        state["mode"].__enter__()
+        if sdpa is not None:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            state["backend"] = sdpa_kernel([getattr(SDPBackend, BACKENDS[sdpa])])
+        else:
+            state["backend"] = nullcontext()
+        state["backend"].__enter__()
+
+    def after_call(module: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+        state["backend"].__exit__(None, None, None)
+        state["mode"].__exit__(None, None, None)
+        state["record"]["output_finite"] = finite(out[0] if isinstance(out, tuple) else getattr(out, "sample", out))
+
+    def named(name: str) -> Any:
+        def before(module: torch.nn.Module, args: Any) -> None:
+            state["record"]["current"] = name
+
+        def after(module: torch.nn.Module, args: Any, out: Any) -> None:
+            record = state["record"]
+            outs = out if isinstance(out, tuple) else (out,)
+            if record["first_module"] is None and not all(finite(o) for o in outs):
+                record["first_module"] = name
+            if name.split(".")[0].endswith("blocks") and name.count(".") == 1:
+                values = [o.float().abs().max().item() for o in outs if torch.is_tensor(o) and o.is_floating_point()]
+                record["block_max"][name] = max(values, default=None)
+        return before, after
+
+    transformer.register_forward_pre_hook(before_call, with_kwargs=True)
+    transformer.register_forward_hook(after_call, with_kwargs=True)
+    for name, module in transformer.named_modules():
+        if name and name.count(".") <= 1:
+            before, after = named(name)
+            module.register_forward_pre_hook(before)
+            module.register_forward_hook(after)
+    return records
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--full", action="store_true", help="the full-size architecture, random weights")
+    p.add_argument("--arch", default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--device", default=None)
+    p.add_argument("--sdpa", choices=sorted(BACKENDS), default=None, help="pin SDPA's backend (default: torch's choice)")
+    p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    args = p.parse_args(argv)
+    if args.out is not None and not args.out.parent.is_dir():
+        raise SystemExit(f"--out: expected a file in an existing folder, got {args.out}")
+    opts = models.ModelOptions(name=args.model, full=args.full, arch=args.arch, height=args.height, width=args.width,
+                               frames=args.frames, steps=args.steps, device=args.device)
+    report = locate(models.load_pipeline(opts), opts, args.sdpa)
+    first = report["first_call"]
+    print(f"output finite: {report['output_finite']}; first transformer call with a non-finite value: {first}")
+    if first is not None:
+        print(json.dumps({k: v for k, v in report["transformer_calls"][first].items() if k != "block_max"}))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def locate(pipe: Any, opts: models.ModelOptions, sdpa: str | None) -> dict[str, Any]:
+    """One call of `pipe` as `opts` describes it, watched (`watch`): the report `main` writes."""
+    records = watch(pipe, sdpa)
+    with torch.no_grad():
+        output = models.output_of(pipe(**models.call_kwargs(pipe, opts, models.output_type_for(opts))))
+    for record in records:
+        record.pop("current", None)
+    first = next((i for i, r in enumerate(records) if r["first_module"] or r["attention"]), None)
+    return {"model": opts.name, "full": opts.full, "arch": opts.arch, "sdpa": sdpa or "torch's choice",
+            "device": str(models.resolve_device(opts.device)), "output_finite": finite(output), "first_call": first,
+            "transformer_calls": records}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Where HunyuanVideo 1.5's eager output at 480x832x81 turns non-finite (full size, random weights, one step): the
+# first module and SDPA call per transformer call, under torch's SDPA choice and pinned to cuDNN and the efficient
+# kernel. benchmarks/first_nonfinite.py: first_nonfinite_BACKEND.json and .log. ~4 GPU minutes on one H100.
+# Settings: T_NONFINITE (seconds per run, 240).
+source "$(dirname "$0")/../suite_lib.sh"
+for backend in default cudnn efficient; do
+  sdpa=()
+  [ "$backend" = default ] || sdpa=(--sdpa "$backend")
+  timeout "${T_NONFINITE:-240}" python3 benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 \
+    --width 832 --frames 81 --steps 1 "${sdpa[@]}" --out "$OUT/first_nonfinite_$backend.json" \
+    > "$OUT/first_nonfinite_$backend.log" 2>&1
+  note "first-nonfinite $backend rc $? $(grep -E '^(output finite|\{)' "$OUT/first_nonfinite_$backend.log" | tr '\n' ' ' | cut -c1-400)"
+done
