@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hookkit.techniques.attention.hooks import _sdpa_args  # noqa: E402
 from hookkit.tools.bench import models  # noqa: E402
 
 #: `--sdpa` names and torch's backends
@@ -60,8 +61,8 @@ class Watch(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             self.calls += 1
             if self.record.get("attention") is None and not finite(out):
-                q, k, v = (kwargs.get(n, a) for n, a in zip(("query", "key", "value"), args[:3] + (None,) * 3))
-                mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+                a = _sdpa_args(args, kwargs)
+                q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
                 self.record["attention"] = {
                     "call": self.calls, "module": self.record.get("current"), "shape": list(q.shape),
                     "inputs_finite": all(finite(t) for t in (q, k, v)), "mask": None if mask is None else
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--device", default=None)
-    p.add_argument("--sdpa", choices=sorted(BACKENDS), default=None, help="pin SDPA's backend (default: torch's choice)")
+    p.add_argument("--sdpa", choices=sorted(BACKENDS), default=None,
+                   help="pin SDPA's backend (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = p.parse_args(argv)
     if args.out is not None and not args.out.parent.is_dir():

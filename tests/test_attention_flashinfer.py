@@ -459,7 +459,8 @@ def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
     message = str(err.value)
     assert message.startswith("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer's kernel for heads of 128 "
                               "(torch.bfloat16) to match its own arithmetic (flashinfer_fa3.reference) within a mean "
-                              "relative error of 0.04 on each head of enable's check (seeded random inputs, 120 tokens), got ")
+                              "relative error of 0.04 on each head of enable's check (seeded random inputs, 120 "
+                              "tokens), got ")
     assert message.endswith(": FlashInfer 9.9.9 computes something other than what hookkit's call means. Choose "
                             "'hookkit_fp8', or install a FlashInfer release from 0.2.14 to 0.7.4.")
 
@@ -473,7 +474,8 @@ def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_
                         applying_first_heads_scales(module.single_prefill_with_kv_cache))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.04 on each head of enable's "
-                                               r"check \(seeded random inputs, 120 tokens\), got 0\.966: FlashInfer 0\.2\.14\.post1 computes"):
+                                               r"check \(seeded random inputs, 120 tokens\), got 0\.966: "
+                                               r"FlashInfer 0\.2\.14\.post1 computes"):
         build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
 
 
@@ -486,7 +488,8 @@ def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.Monk
                         lambda q, k, v, **kwargs: record(q, k, v, **kwargs) * float("nan"))
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError, match=r"within a mean relative error of 0\.02 on each head of enable's "
-                                               r"check \(seeded random inputs, 120 tokens\), got nan: FlashInfer 0\.2\.14\.post1 computes"):
+                                               r"check \(seeded random inputs, 120 tokens\), got nan: "
+                                               r"FlashInfer 0\.2\.14\.post1 computes"):
         build_flashinfer("flashinfer", "kernel", [64], torch.bfloat16, torch.device("cpu"))
 
 
