@@ -251,7 +251,8 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
                     needs_module="flashinfer",
                     description="fp8 dynamic per-row + regional compile + FlashInfer's fp8 attention kernel at every "
-                                "step, uncached (needs the flashinfer-python package and a Hopper GPU)"),
+                                "step on calls of 8,192 keys or more (shorter ones native), uncached (needs the "
+                                "flashinfer-python package and a Hopper GPU)"),
         BenchConfig(name="hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
                                              compile=_compile(), memo=True,
@@ -259,8 +260,8 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
                     needs_module="flashinfer",
                     description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + FlashInfer's fp8 "
-                                "attention kernel at every step (needs the flashinfer-python package and a Hopper "
-                                "GPU)"),
+                                "attention kernel at every step on calls of 8,192 keys or more (shorter ones native; "
+                                "needs the flashinfer-python package and a Hopper GPU)"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
