@@ -9,16 +9,15 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot take
-(a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads; fewer keys than FlashInfer's fp8
-kernel is taken on; masks and lengths are known only at the call) runs as "native" and is counted as a fallback with
-its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or one too old; FlashInfer's
-kernels where they do not build, which `enable` has them do) is refused at enable. Under regional `Compile` dynamo
-traces the mode into each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says
-what that takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key
-(`AttentionGraphs`, the `GraphDecisions` this feature provides: one graph per kernel, each replay counted as its
-capture ran). Under Ulysses context parallelism diffusers' "native" op calls SDPA after its all-to-all, on the whole
-sequence for this rank's heads: the mode answers that call. A whole-model compile, graphs split at a dynamic cache
-decision, and ring attention are refused.
+(a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads, too few keys for FlashInfer's fp8
+kernel: known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never
+run with (package, dtype, head size, no CUDA device or one too old; FlashInfer's kernels where they do not build,
+which `enable` has them do) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled
+block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that takes). Under
+whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key (`AttentionGraphs`: one graph
+per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op calls
+SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
+compile, graphs split at a dynamic cache decision, and ring attention are refused.
 """
 
 from __future__ import annotations
