@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hookkit.techniques.attention.hooks import _sdpa_args  # noqa: E402
 from hookkit.tools.bench import models  # noqa: E402
+from hookkit.tools.bench.runner import _nonfinite  # noqa: E402
 
 #: `--sdpa` names and torch's backends
 BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION",
@@ -36,7 +37,7 @@ BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "fla
 
 
 def finite(t: Any) -> bool:
-    return not (torch.is_tensor(t) and t.is_floating_point()) or bool(torch.isfinite(t).all())
+    return not (torch.is_tensor(t) and t.is_floating_point()) or _nonfinite(t) == 0
 
 
 def rows_without_keys(mask: torch.Tensor | None) -> int:
@@ -47,61 +48,47 @@ def rows_without_keys(mask: torch.Tensor | None) -> int:
 
 
 class Watch(TorchFunctionMode):
-    """Records the first non-finite SDPA output of the current transformer call."""
+    """Records in the current transformer call's record (`records[-1]`) its first non-finite SDPA output."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, records: list[dict[str, Any]]) -> None:
         super().__init__()
-        self.record = record
-        self.calls = 0
+        self.records = records
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is F.scaled_dot_product_attention:
-            self.calls += 1
-            if self.record.get("attention") is None and not finite(out):
+        if func is F.scaled_dot_product_attention and self.records:
+            record = self.records[-1]
+            record["sdpa_calls"] += 1
+            if record["attention"] is None and not finite(out):
                 a = _sdpa_args(args, kwargs)
                 q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-                self.record["attention"] = {
-                    "call": self.calls, "module": self.record.get("current"), "shape": list(q.shape),
+                record["attention"] = {
+                    "call": record["sdpa_calls"], "module": record["current"], "shape": list(q.shape),
                     "inputs_finite": all(finite(t) for t in (q, k, v)), "mask": None if mask is None else
                     {"dtype": str(mask.dtype), "shape": list(mask.shape), "rows_without_keys": rows_without_keys(mask)},
-                    "nonfinite_values": int((~torch.isfinite(out)).sum())}
+                    "nonfinite_values": _nonfinite(out)}
         return out
 
 
-def watch(pipe: Any, sdpa: str | None) -> list[dict[str, Any]]:
-    """Hooks on `pipe.transformer`; returns the list each transformer call appends its record to."""
-    transformer = pipe.transformer
+def watch(transformer: torch.nn.Module) -> list[dict[str, Any]]:
+    """Hooks on `transformer`: each call appends its record to the list returned, its modules (to depth 2) fill it in;
+    `Watch` over the same list adds the SDPA calls."""
     records: list[dict[str, Any]] = []
-    state: dict[str, Any] = {}
 
-    def before_call(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        record: dict[str, Any] = {"first_module": None, "attention": None, "block_max": {}}
-        records.append(record)
-        state["record"] = record
-        state["mode"] = Watch(record)
-        state["mode"].__enter__()
-        if sdpa is not None:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+    def before_call(module: torch.nn.Module, args: Any) -> None:
+        records.append({"first_module": None, "attention": None, "block_max": {}, "current": None, "sdpa_calls": 0})
 
-            state["backend"] = sdpa_kernel([getattr(SDPBackend, BACKENDS[sdpa])])
-        else:
-            state["backend"] = nullcontext()
-        state["backend"].__enter__()
-
-    def after_call(module: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> None:
-        state["backend"].__exit__(None, None, None)
-        state["mode"].__exit__(None, None, None)
-        state["record"]["output_finite"] = finite(out[0] if isinstance(out, tuple) else getattr(out, "sample", out))
+    def after_call(module: torch.nn.Module, args: Any, out: Any) -> None:
+        records[-1]["output_finite"] = finite(out[0] if isinstance(out, tuple) else getattr(out, "sample", out))
 
     def named(name: str) -> Any:
         def before(module: torch.nn.Module, args: Any) -> None:
-            state["record"]["current"] = name
+            records[-1]["current"] = name
 
         def after(module: torch.nn.Module, args: Any, out: Any) -> None:
-            record = state["record"]
+            record = records[-1]
             outs = out if isinstance(out, tuple) else (out,)
             if record["first_module"] is None and not all(finite(o) for o in outs):
                 record["first_module"] = name
@@ -110,8 +97,8 @@ def watch(pipe: Any, sdpa: str | None) -> list[dict[str, Any]]:
                 record["block_max"][name] = max(values, default=None)
         return before, after
 
-    transformer.register_forward_pre_hook(before_call, with_kwargs=True)
-    transformer.register_forward_hook(after_call, with_kwargs=True)
+    transformer.register_forward_pre_hook(before_call)
+    transformer.register_forward_hook(after_call)
     for name, module in transformer.named_modules():
         if name and name.count(".") <= 1:
             before, after = named(name)
@@ -150,11 +137,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def locate(pipe: Any, opts: models.ModelOptions, sdpa: str | None) -> dict[str, Any]:
     """One call of `pipe` as `opts` describes it, watched (`watch`): the report `main` writes."""
-    records = watch(pipe, sdpa)
-    with torch.no_grad():
+    records = watch(pipe.transformer)
+    if sdpa is None:
+        backend: Any = nullcontext()
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = sdpa_kernel([getattr(SDPBackend, BACKENDS[sdpa])])
+    with torch.no_grad(), backend, Watch(records):
         output = models.output_of(pipe(**models.call_kwargs(pipe, opts, models.output_type_for(opts))))
     for record in records:
-        record.pop("current", None)
+        record.pop("current")
     first = next((i for i, r in enumerate(records) if r["first_module"] or r["attention"]), None)
     return {"model": opts.name, "full": opts.full, "arch": opts.arch, "sdpa": sdpa or "torch's choice",
             "device": str(models.resolve_device(opts.device)), "output_finite": finite(output), "first_call": first,
