@@ -64,8 +64,9 @@ FIT_AFTER = 200  # --fit-steps: steps timed before the plan is cut to the time l
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=sorted(trained.MODELS), default="tiny",
-                   help="which architecture (hookkit.tools.trained.MODELS; default tiny)")
+    p.add_argument("--model", choices=sorted(m for m in trained.MODELS if not trained.is_video(m)), default="tiny",
+                   help="which architecture (hookkit.tools.trained.MODELS; default tiny; the video model: "
+                        "train_tiny_wan.py)")
     p.add_argument("--classifier", default=None, metavar="PATH",
                    help="judge samples with this classifier file (e.g. the shipped one) instead of training one")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")

@@ -34,11 +34,12 @@ def test_wheel_contains_every_adapter_file(wheel: Path) -> None:
 
 
 @pytest.mark.slow
-def test_wheel_contains_both_trained_models_and_the_classifier(wheel: Path) -> None:
+def test_wheel_contains_every_trained_model_and_the_classifier(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     trained = "hookkit/tools/trained/"
     assert {f"{trained}{name}" for name in ("model.safetensors", "classifier.safetensors", "MODEL_CARD.md")} <= names
-    assert {f"{trained}deep/{name}" for name in ("model.safetensors", "MODEL_CARD.md", "samples.png")} <= names
+    for folder in ("deep", "video"):
+        assert {f"{trained}{folder}/{name}" for name in ("model.safetensors", "MODEL_CARD.md", "samples.png")} <= names
 
 
 @pytest.mark.slow

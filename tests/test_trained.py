@@ -172,7 +172,7 @@ def test_missing_weights_name_the_file_and_the_training_command(tmp_path: Path) 
 def test_model_file_names_each_shipped_model_and_refuses_others() -> None:
     assert trained.model_file() == trained.MODEL_FILE == trained.HERE / "model.safetensors"
     assert trained.model_file("deep") == trained.HERE / "deep" / "model.safetensors"
-    with pytest.raises(SpecError, match=r"hookkit.tools.trained model: expected one of \['tiny', 'deep'\], got 'huge'"):
+    with pytest.raises(SpecError, match=r"hookkit.tools.trained model: expected one of \['tiny', 'deep', 'video'\], got 'huge'"):
         trained.load_pipeline(model="huge")
 
 

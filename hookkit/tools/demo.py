@@ -23,6 +23,7 @@ import attrs
 import torch
 
 import hookkit
+from hookkit.errors import SpecError
 
 #: classes drawn by default: four shapes in four colours
 DEFAULT_CLASSES: tuple[str, ...] = ("red circle", "green square", "blue triangle", "yellow cross")
@@ -133,7 +134,9 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
-    trained.model_file(model)  # an unknown model or class fails here, before any model is loaded
+    if trained.is_video(model):  # an unknown model fails here too, before any model is loaded
+        raise SpecError(f"hookkit demo --model: expected an image model (tiny or deep), got {model!r}, which makes "
+                        "clips; judge caching on it with `python -m hookkit.tools.front --model video`.")
     for name in classes:
         trained.class_index(name)
     pipe = trained.load_pipeline(model=model)

@@ -1,22 +1,21 @@
-"""Small *trained* Flux-architecture models, so that caching is judged on real denoising trajectories.
+"""Small *trained* Flux- and Wan-architecture models, so that caching is judged on real denoising trajectories.
 
 Random weights never trigger dynamic caching: their block residuals change from step to step as a trained
 model's do not. No trained weights can be downloaded here, so hookkit trains and ships its own:
 
 - stock `diffusers.FluxTransformer2DModel`s trained with rectified flow matching on procedural 32x32 images of
   ten classes (`CLASSES`: a shape in a colour; `shapes`). `MODELS`: "tiny" (2 double + 4 single blocks, 192
-  hidden; the default) and "deep" (4 + 12 blocks, 128 hidden; in `deep/`): with 16 blocks the first block,
-  which block-level caching always computes, is at most 1/16 of a step, not the tiny model's 1/6;
-- they run in the stock `FluxPipeline` with `text_encoder=None`: a class is a fixed random `prompt_embeds`
-  (1, 4, 64) and `pooled_prompt_embeds` (1, 64), stored with the weights; one extra "null" class (index
-  `NUM_CLASSES`) is the unconditional embedding for true CFG;
+  hidden; the default) and "deep" (4 + 12 blocks, 128 hidden; in `deep/`), so that the first block is at most
+  1/16 of a step; "video" (`video.py`, in `video/`): a stock `WanTransformer3DModel` in a `WanPipeline`, 9 frames;
+- a class is a fixed random `prompt_embeds` (1, 4, 64) (Flux also a `pooled_prompt_embeds` (1, 64)) stored with
+  the weights, the pipelines run with `text_encoder=None`; one extra "null" class (index `NUM_CLASSES`) for CFG;
 - `PatchVAE` is pixel (un)shuffle by 2 (a 32x32 RGB image is a 12x16x16 latent; a token is a 4x4 pixel patch);
-- a small CNN (`ShapeClassifier`) says whether a generated image shows the class it was asked for.
+- a small CNN (`ShapeClassifier`) says whether a generated image (each frame of a clip) shows the class asked for.
 
-    pipe = trained.load_pipeline()                 # CPU, float32, the tiny model; model="deep" for the other
+    pipe = trained.load_pipeline()                 # CPU, float32, the tiny model; model="deep" or "video"
     images = pipe(**trained.call_kwargs(["red circle", 3], seeds=[0, 1])).images   # (2, 3, 32, 32) in [0, 1]
 
-Weights are made by `benchmarks/train_tiny_flux.py`; `MODEL_CARD.md` says how, on what, and how well.
+Weights: `benchmarks/train_tiny_flux.py`, `train_tiny_wan.py`; each `MODEL_CARD.md` says how, on what, how well.
 """
 
 from __future__ import annotations
@@ -40,11 +39,13 @@ with quiet_imports():
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.tools.meta import meta_device
 from hookkit.tools.trained.shapes import CLASSES
+from hookkit.tools.trained.video import FRAMES, VIDEO_TRANSFORMER_CONFIG, PatchVAE3D, build_video_pipeline
 
 __all__ = [
     "CLASSES",
     "CLASSIFIER_FILE",
     "DEEP_TRANSFORMER_CONFIG",
+    "FRAMES",
     "IMAGE_SIZE",
     "MODELS",
     "MODEL_FILE",
@@ -53,8 +54,11 @@ __all__ = [
     "SCHEDULER_CONFIG",
     "TEXT_TOKENS",
     "TRANSFORMER_CONFIG",
+    "VIDEO_MODELS",
+    "VIDEO_TRANSFORMER_CONFIG",
     "ClassConditions",
     "PatchVAE",
+    "PatchVAE3D",
     "ShapeClassifier",
     "build_pipeline",
     "call_kwargs",
@@ -65,8 +69,11 @@ __all__ = [
     "load_transformer",
     "make_conditions",
     "make_scheduler",
+    "is_video",
     "missing_weights",
     "model_file",
+    "output_images",
+    "predict",
     "read_metadata",
     "save_classifier",
     "save_model",
@@ -100,11 +107,17 @@ DEEP_TRANSFORMER_CONFIG: dict[str, Any] = dict(TRANSFORMER_CONFIG, num_layers=4,
                                                num_attention_heads=4)
 
 #: The shipped models: name -> (transformer config, weights file). All share the classes, the conditioning
-#: (`make_conditions(0)`), the latents, the scheduler and the classifier.
+#: (`make_conditions(0)`) and the classifier; the image models also the latents and the scheduler. "video" is a
+#: `WanTransformer3DModel` in a `WanPipeline` making clips of `FRAMES` frames (`hookkit.tools.trained.video`).
 MODELS: dict[str, tuple[dict[str, Any], Path]] = {
     "tiny": (TRANSFORMER_CONFIG, MODEL_FILE),
     "deep": (DEEP_TRANSFORMER_CONFIG, HERE / "deep" / "model.safetensors"),
+    "video": (VIDEO_TRANSFORMER_CONFIG, HERE / "video" / "model.safetensors"),
 }
+#: the models whose pipeline returns clips (B, FRAMES, 3, 32, 32) in `.frames`
+VIDEO_MODELS: frozenset[str] = frozenset({"video"})
+#: the transformer classes a weights file may name (metadata "architecture"): matched exactly, never imported by name
+ARCHITECTURES: tuple[str, ...] = ("FluxTransformer2DModel", "WanTransformer3DModel")
 
 #: Flux-dev's scheduler: resolution-dependent time shift (at 64 image tokens, sigmas shift by exp(0.47) = 1.6).
 SCHEDULER_CONFIG: dict[str, Any] = dict(
@@ -230,10 +243,23 @@ _TRAIN_HINT = ("Train them with `python benchmarks/train_tiny_flux.py --device c
                "one H200) and copy DIR/model.safetensors and DIR/classifier.safetensors into hookkit/tools/trained/"
                " (the deep model: add `--model deep --classifier hookkit/tools/trained/classifier.safetensors` and "
                "copy DIR/* into hookkit/tools/trained/deep/).")
+_TRAIN_VIDEO_HINT = ("Train it with `python benchmarks/train_tiny_wan.py --fit-steps --out DIR` (about 40 minutes on a "
+                     "2-core CPU) and copy DIR/* into hookkit/tools/trained/video/.")
+
+
+def _train_hint(path: Path) -> str:
+    """How to make the missing weights file `path`: the video model's script for its file, else the image models'."""
+    return _TRAIN_VIDEO_HINT if path == MODELS["video"][1] else _TRAIN_HINT
+
+
+def is_video(model: str) -> bool:
+    """Whether `model`'s pipeline makes clips (a `WanPipeline`) rather than images (a `FluxPipeline`)."""
+    model_file(model)  # refuses an unknown name
+    return model in VIDEO_MODELS
 
 
 def model_file(model: str = "tiny") -> Path:
-    """The shipped weights file of `model` ("tiny" or "deep"; see `MODELS`), whether or not it exists yet."""
+    """The shipped weights file of `model` ("tiny", "deep" or "video"; see `MODELS`), whether or not it exists yet."""
     if model not in MODELS:
         raise SpecError(f"hookkit.tools.trained model: expected one of {list(MODELS)}, got {model!r}.")
     return MODELS[model][1]
@@ -245,14 +271,14 @@ def missing_weights(model: str = "tiny") -> str | None:
     missing = [str(p.relative_to(HERE)) for p in (model_file(model), CLASSIFIER_FILE) if not p.is_file()]
     if not missing:
         return None
-    return f"hookkit.tools.trained: {' and '.join(missing)} not found in {HERE}. {_TRAIN_HINT}"
+    return f"hookkit.tools.trained: {' and '.join(missing)} not found in {HERE}. {_train_hint(model_file(model))}"
 
 
 def _weights_path(path: str | Path | None, default: Path) -> Path:
     p = Path(path) if path is not None else default
     if not p.is_file():
         where = "" if path is None else f" (path={str(path)!r})"
-        raise UnsupportedError(f"hookkit.tools.trained: weights file {p} not found{where}. {_TRAIN_HINT}")
+        raise UnsupportedError(f"hookkit.tools.trained: weights file {p} not found{where}. {_train_hint(p)}")
     return p
 
 
@@ -293,11 +319,15 @@ def make_scheduler() -> Any:
 
 @quiet_imports()
 def build_pipeline(transformer: nn.Module) -> Any:
-    """A stock `FluxPipeline` around `transformer` with `PatchVAE`, the Flux-dev scheduler and no text encoders.
+    """A stock `FluxPipeline` around `transformer` with `PatchVAE`, the Flux-dev scheduler and no text encoders
+    (a `WanTransformer3DModel`: the video model's `WanPipeline`, `video.build_video_pipeline`).
 
     Its default size is the training size (32x32): `default_sample_size * vae_scale_factor` = 16 * 2.
     """
-    from diffusers import FluxPipeline
+    from diffusers import FluxPipeline, WanTransformer3DModel
+
+    if isinstance(transformer, WanTransformer3DModel):
+        return build_video_pipeline(transformer)
 
     pipe = FluxPipeline(scheduler=make_scheduler(), vae=PatchVAE(), text_encoder=None, tokenizer=None,
                         text_encoder_2=None, tokenizer_2=None, transformer=transformer)
@@ -309,14 +339,17 @@ def build_pipeline(transformer: nn.Module) -> Any:
 def save_model(path: str | Path, transformer: nn.Module | dict[str, torch.Tensor], conditions: ClassConditions,
                meta: dict[str, Any] | None = None) -> Path:
     """Write a weights file `load_pipeline(path=...)` reads: the transformer's weights as float16, the class
-    conditions as float32, and JSON metadata (`config` = `TRANSFORMER_CONFIG` unless `meta` says otherwise)."""
+    conditions as float32, and JSON metadata (`config` = `TRANSFORMER_CONFIG` and `architecture` = the module's class,
+    or Flux for a state dict, unless `meta` says otherwise)."""
     from safetensors.torch import save_file
 
     state = transformer.state_dict() if isinstance(transformer, nn.Module) else transformer
     tensors = {f"transformer.{k}": v.detach().to(torch.float16).cpu().contiguous() for k, v in state.items()}
     tensors["conditions.prompt_embeds"] = conditions.prompt_embeds.float().contiguous()
     tensors["conditions.pooled_prompt_embeds"] = conditions.pooled_prompt_embeds.float().contiguous()
-    info = {"config": TRANSFORMER_CONFIG, "classes": list(CLASSES), **(meta or {})}
+    info = {"config": TRANSFORMER_CONFIG, "classes": list(CLASSES),
+            "architecture": transformer.__class__.__name__ if isinstance(transformer, nn.Module) else ARCHITECTURES[0],
+            **(meta or {})}
     out = Path(path)
     save_file(tensors, str(out), metadata={"format": FORMAT, **{k: json.dumps(v) for k, v in info.items()}})
     _load_file.cache_clear()
@@ -336,28 +369,38 @@ def save_classifier(path: str | Path, classifier: ShapeClassifier) -> Path:
 @quiet_imports()
 def load_transformer(path: str | Path | None = None, device: torch.device | str = "cpu",
                      dtype: torch.dtype = torch.float32, model: str = "tiny") -> nn.Module:
-    """The trained `FluxTransformer2DModel` (eval mode) from its weights file: `path`, else the shipped file of
-    `model` ("tiny" or "deep"). The architecture is the config stored in the file."""
-    from diffusers import FluxTransformer2DModel
+    """The trained transformer (eval mode) from its weights file: `path`, else the shipped file of `model` ("tiny",
+    "deep" or "video"). The class is the file's `architecture` (one of `ARCHITECTURES`), the shape its `config`."""
+    from diffusers import FluxTransformer2DModel, WanTransformer3DModel
 
     p = _weights_path(path, model_file(model))
-    config = read_metadata(p)["config"]
+    meta = read_metadata(p)
+    config, architecture = meta["config"], meta.get("architecture", ARCHITECTURES[0])
+    classes = {"FluxTransformer2DModel": FluxTransformer2DModel, "WanTransformer3DModel": WanTransformer3DModel}
+    if architecture not in classes:
+        raise UnsupportedError(f"hookkit.tools.trained: {p} names architecture {architecture!r}; expected one of "
+                               f"{list(ARCHITECTURES)}. Re-train it with benchmarks/train_tiny_flux.py or train_tiny_wan.py.")
     state = {k.removeprefix("transformer."): v for k, v in _load_file(str(p)).items() if k.startswith("transformer.")}
-    with meta_device():
-        model = FluxTransformer2DModel(**config)
+    if architecture == "FluxTransformer2DModel":
+        with meta_device():
+            model = classes[architecture](**config)
+    else:  # Wan's rotary tables are non-persistent buffers made at construction: build it for real (it is small)
+        model = classes[architecture](**config)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
 
 
 def load_pipeline(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   path: str | Path | None = None, model: str = "tiny") -> Any:
-    """A shipped model in a stock `FluxPipeline` (no text encoders), on `device` in `dtype`.
+    """A shipped model in a stock `FluxPipeline` (the video model: `WanPipeline`), no text encoders, on `device`
+    in `dtype`.
 
     Args:
         device: where the transformer runs.
         dtype: the transformer's dtype (the weights are stored as float16).
         path: a weights file written by `save_model`; None for the shipped file of `model`.
-        model: "tiny" (default; 2 double + 4 single blocks) or "deep" (4 + 12 blocks); see `MODELS`.
+        model: "tiny" (default; 2 double + 4 single blocks), "deep" (4 + 12 blocks) or "video" (8 Wan blocks);
+            see `MODELS`.
     """
     pipe = build_pipeline(load_transformer(path, device, dtype, model))
     pipe.vae.to(device)  # weightless: no dtype to set (the decode is a reshuffle in the latents' dtype)
@@ -380,8 +423,8 @@ def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int =
 
     Every sample has its own CPU generator, so an image depends only on its class and seed, not on the
     batch it was made in (nor on the device). `cfg_scale` > 1 turns on FluxPipeline's true CFG against the
-    null class (two transformer calls per step). The class embeddings come from `path`, else from the shipped
-    file of `model`.
+    null class (two transformer calls per step; the video model: WanPipeline's `guidance_scale`). The class
+    embeddings come from `path`, else from the shipped file of `model`; a video model makes `FRAMES` frames.
     """
     labels = [class_index(c) for c in classes]
     if len(labels) != len(seeds):
@@ -389,14 +432,42 @@ def call_kwargs(classes: Sequence[int | str], seeds: Sequence[int], steps: int =
                         f"got {len(seeds)}.")
     conditions = load_conditions(path, model)
     embeds, pooled = conditions.select(labels, device, dtype)
+    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    if is_video(model):
+        kwargs = dict(prompt_embeds=embeds, num_inference_steps=steps, height=IMAGE_SIZE, width=IMAGE_SIZE,
+                      num_frames=FRAMES, guidance_scale=max(1.0, cfg_scale), generator=generators,
+                      output_type=output_type)
+        if cfg_scale > 1.0:
+            kwargs["negative_prompt_embeds"] = conditions.select([NULL_CLASS] * len(labels), device, dtype)[0]
+        return kwargs
     kwargs: dict[str, Any] = dict(
         prompt_embeds=embeds, pooled_prompt_embeds=pooled, num_inference_steps=steps, height=IMAGE_SIZE,
-        width=IMAGE_SIZE, generator=[torch.Generator().manual_seed(int(s)) for s in seeds], output_type=output_type,
+        width=IMAGE_SIZE, generator=generators, output_type=output_type,
     )
     if cfg_scale > 1.0:
         neg, neg_pooled = conditions.select([NULL_CLASS] * len(labels), device, dtype)
         kwargs.update(negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled, true_cfg_scale=cfg_scale)
     return kwargs
+
+
+def output_images(output: Any) -> torch.Tensor:
+    """What a trained pipeline's call made: images (B, 3, H, W) from a FluxPipeline's `.images`, clips
+    (B, F, 3, H, W) from a WanPipeline's `.frames` (with `output_type="pt"`)."""
+    frames = getattr(output, "frames", None)
+    return output.images if frames is None else frames
+
+
+def predict(classifier: ShapeClassifier, images: torch.Tensor) -> list[int]:
+    """The class `classifier` sees in each image (B, 3, H, W), or in each clip (B, F, 3, H, W): the class most of
+    its frames show (ties: the lower label)."""
+    with torch.no_grad():
+        if images.ndim == 4:
+            return classifier(images).argmax(-1).tolist()
+        if images.ndim != 5:
+            raise SpecError(f"hookkit.tools.trained.predict: expected images (B, 3, H, W) or clips (B, F, 3, H, W), "
+                            f"got shape {tuple(images.shape)}.")
+        per_frame = classifier(images.flatten(0, 1)).argmax(-1).view(images.shape[:2])
+        return per_frame.mode(dim=1).values.tolist()
 
 
 #: Seeds the shipped calibrations were made on (one per class): disjoint from the quality harness's evaluation

@@ -65,11 +65,16 @@ def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return shape_of_class, palette
 
 
-def render(labels: torch.Tensor, generator: torch.Generator, size: int = 32) -> torch.Tensor:
-    """Images (B, 3, size, size) in [0, 1] of the classes `labels` (B,), drawn with `generator`.
+def render(labels: torch.Tensor, generator: torch.Generator, size: int = 32, frames: int = 1) -> torch.Tensor:
+    """Images (B, 3, size, size) in [0, 1] of the classes `labels` (B,), drawn with `generator`; with `frames` > 1,
+    clips (B, frames, 3, size, size) of the shape moving in a straight line and turning.
 
-    `generator` must live on `labels.device`; the same generator state and labels give the same images.
+    A clip's first frame is drawn from the same numbers as a still (its end position and turn are drawn after
+    them), so the classifier trained on stills judges every frame. `generator` must live on `labels.device`; the
+    same generator state and labels give the same images.
     """
+    if frames < 1:
+        raise ValueError(f"shapes.render.frames: expected an int >= 1, got {frames!r}.")
     device = labels.device
     b = labels.shape[0]
 
@@ -87,22 +92,35 @@ def render(labels: torch.Tensor, generator: torch.Generator, size: int = 32) -> 
     gradient = amp * (torch.cos(phi) * x + torch.sin(phi) * y) / 2  # (B, size, size)
     background = base + gradient[:, None]
 
-    # Shape: position, size, rotation; local coordinates rotated by -theta.
+    # Shape: position, size, rotation (then the colour's brightness; a clip's end position and turn last).
     cx, cy = uniform(-0.4, 0.4, 1, 1), uniform(-0.4, 0.4, 1, 1)
     r = uniform(0.38, 0.62, 1, 1)
     theta = uniform(0.0, 2 * math.pi, 1, 1)
-    dx, dy = x - cx, y - cy
-    c, s = torch.cos(theta), torch.sin(theta)
-    px, py = c * dx + s * dy, -s * dx + c * dy
+    colour_gain = uniform(0.8, 1.05, 1, 1, 1)
+    if frames > 1:
+        end_x, end_y = uniform(-0.4, 0.4, 1, 1), uniform(-0.4, 0.4, 1, 1)
+        turn = uniform(-math.pi / 2, math.pi / 2, 1, 1)
 
     shape_of_class, palette = _tables(device)
     shape_of = shape_of_class[labels][:, None, None]
-    sdf = torch.zeros(b, size, size, device=device)
-    for k, shape in enumerate(SHAPES):
-        sdf = torch.where(shape_of == k, _sdf(shape, px, py, r), sdf)
-    alpha = (0.5 - sdf / (2.0 / size)).clamp(0.0, 1.0)[:, None]  # one-pixel anti-aliasing
+    colour = palette[labels][:, :, None, None] * colour_gain
 
-    colour = palette[labels][:, :, None, None] * uniform(0.8, 1.05, 1, 1, 1)
-    shading = 0.9 + 0.1 * (px / r).clamp(-1.0, 1.0)  # a soft light from one side, turning with the shape
-    fill = colour * shading[:, None]
-    return (background * (1 - alpha) + fill * alpha).clamp(0.0, 1.0)
+    def draw(cx: torch.Tensor, cy: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        dx, dy = x - cx, y - cy  # local coordinates rotated by -theta
+        c, s = torch.cos(theta), torch.sin(theta)
+        px, py = c * dx + s * dy, -s * dx + c * dy
+        sdf = torch.zeros(b, size, size, device=device)
+        for k, shape in enumerate(SHAPES):
+            sdf = torch.where(shape_of == k, _sdf(shape, px, py, r), sdf)
+        alpha = (0.5 - sdf / (2.0 / size)).clamp(0.0, 1.0)[:, None]  # one-pixel anti-aliasing
+        shading = 0.9 + 0.1 * (px / r).clamp(-1.0, 1.0)  # a soft light from one side, turning with the shape
+        fill = colour * shading[:, None]
+        return (background * (1 - alpha) + fill * alpha).clamp(0.0, 1.0)
+
+    if frames == 1:
+        return draw(cx, cy, theta)
+    clip = []
+    for f in range(frames):
+        w = f / (frames - 1)
+        clip.append(draw(cx + (end_x - cx) * w, cy + (end_y - cy) * w, theta + turn * w))
+    return torch.stack(clip, dim=1)
