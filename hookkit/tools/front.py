@@ -41,6 +41,7 @@ from hookkit.errors import HookkitError, SpecError, UnsupportedError
 from hookkit.tools.bench import DTYPES, resolve_device
 from hookkit.tools.quality import (
     PSNR_CAP_DB,
+    model_label,
     QualityConfig,
     QualityReport,
     QualityRow,
@@ -106,7 +107,7 @@ def fewer_steps_configs(steps: int, counts: Sequence[int] | None = None) -> list
         counts = FEWER_STEPS.get(steps) or sorted({max(1, round(steps * f)) for f in (3 / 4, 2 / 3, 1 / 2, 2 / 5, 1 / 3)}
                                                   - {steps}, reverse=True)
     return [QualityConfig(name=f"steps-{n}", family="fewer steps", steps=n, x=n,
-                          description=f"uncached FluxPipeline at {n} instead of {steps} steps") for n in counts]
+                          description=f"uncached pipeline at {n} instead of {steps} steps") for n in counts]
 
 
 class MagCacheCalibration:
@@ -184,22 +185,34 @@ def magcache_config(threshold: float, steps: int, calibration: MagCacheCalibrati
     )
 
 
-def taylorseer_config(cache_interval: int, lite: bool = False) -> QualityConfig:
+#: Wan's attention modules (`blocks.N.attn1`, `attn2`): diffusers' TaylorSeerCache default patterns must match a
+#: whole name and end in "attn", so by default they hook none of them and the cache computes every step
+WAN_ATTENTION_IDENTIFIERS: tuple[str, ...] = (r"^blocks\.\d+\.attn[12]$",)
+
+
+def taylorseer_config(cache_interval: int, lite: bool = False,
+                      identifiers: Sequence[str] | None = None) -> QualityConfig:
     """diffusers' TaylorSeerCache with `cache_interval` (3 warm-up steps, order 1, as diffusers defaults). Default
-    mode predicts every block's attention, lite mode every whole block plus the output projection. The Taylor
-    factors are kept in the model's dtype (diffusers' default bfloat16 would add rounding a float32 run lacks)."""
+    mode predicts every block's attention, lite mode every whole block plus the output projection; `identifiers`
+    names the attention modules where diffusers' default patterns miss them (`cache_identifiers`; Wan:
+    `WAN_ATTENTION_IDENTIFIERS`). The Taylor factors are kept in the model's dtype (diffusers' default bfloat16
+    would add rounding a float32 run lacks)."""
 
     def make(pipe: Any) -> Any:
         from diffusers.hooks import TaylorSeerCacheConfig
 
+        named = {} if identifiers is None else {"cache_identifiers": list(identifiers)}
         return TaylorSeerCacheConfig(cache_interval=cache_interval, use_lite_mode=lite,
-                                     taylor_factors_dtype=pipe.transformer.dtype)
+                                     taylor_factors_dtype=pipe.transformer.dtype, **named)
 
     mode = " lite" if lite else ""
+    named = "" if identifiers is None else " (Wan attention names)"
     return QualityConfig(
-        name=f"taylorseer{'-lite' if lite else ''}-N{cache_interval}", family=f"diffusers TaylorSeerCache{mode}",
-        setup=diffusers_cache_setup(make), requires="diffusers.hooks.taylorseer_cache", x=cache_interval, batched=True,
-        description=f"diffusers TaylorSeerCache{mode}, cache_interval {cache_interval}",
+        name=f"taylorseer{'-lite' if lite else ''}{'-named' if identifiers else ''}-N{cache_interval}",
+        family=f"diffusers TaylorSeerCache{mode}{named}", setup=diffusers_cache_setup(make),
+        requires="diffusers.hooks.taylorseer_cache", x=cache_interval, batched=True,
+        description=f"diffusers TaylorSeerCache{mode}, cache_interval {cache_interval}"
+        + ("" if identifiers is None else f", cache_identifiers {list(identifiers)}"),
     )
 
 
@@ -237,20 +250,28 @@ def pab_config(skip_range: int) -> QualityConfig:
                          description=f"diffusers PAB, attention every {skip_range} steps in 100 < t < 800")
 
 
-def seacache_config() -> QualityConfig:
-    """diffusers' SeaCache: listed so that the front names every installed peer, skipped on FluxPipeline."""
+#: SeaCache on the video model: (threshold, most cached steps in a row); diffusers' default is (0.25, 2)
+SEACACHE_SWEEP: tuple[tuple[float, int], ...] = ((0.1, 2), (0.25, 2), (0.5, 2), (0.5, 4), (1.0, 4), (2.0, 6))
+
+
+def seacache_config(threshold: float = 0.25, max_cached: int = 2, video: bool = False) -> QualityConfig:
+    """diffusers' SeaCache at `threshold`, at most `max_cached` cached steps in a row. It reads the step index,
+    sigma and step count WanPipeline passes to `cache_context` and has a built-in Wan text-to-video adapter, so it
+    runs on the `video` model; on FluxPipeline (neither) it is listed with the reason and skipped."""
 
     def make(pipe: Any) -> Any:
         from diffusers.hooks import SeaCacheConfig
 
-        return SeaCacheConfig()
+        return SeaCacheConfig(threshold=threshold, max_consecutive_cached=max_cached)
 
+    default = (threshold, max_cached) == (0.25, 2)
     return QualityConfig(
-        name="seacache", family="diffusers SeaCache", setup=diffusers_cache_setup(make),
-        requires="diffusers.hooks.sea_cache",
-        unsupported=("FluxPipeline enters cache_context without the step index, sigma and step count SeaCache needs, "
-                     "and SeaCache has no image adapter for Flux: it runs fail-open (computes every step)"),
-        description="diffusers SeaCache",
+        name="seacache" if default else f"seacache-R{threshold:g}-K{max_cached}", family="diffusers SeaCache",
+        setup=diffusers_cache_setup(make), requires="diffusers.hooks.sea_cache", x=f"{threshold:g} K{max_cached}",
+        unsupported=None if video else (
+            "FluxPipeline enters cache_context without the step index, sigma and step count SeaCache needs, "
+            "and SeaCache has no image adapter for Flux: it runs fail-open (computes every step)"),
+        description=f"diffusers SeaCache, threshold {threshold:g}, at most {max_cached} cached steps in a row",
     )
 
 
@@ -352,8 +373,12 @@ def load_specs(path: str | Path) -> list[QualityConfig]:
 def front_configs(steps: int, source: TrainedModel, calibration: Sequence[tuple[int, int]],
                   extra: Iterable[QualityConfig] = ()) -> list[QualityConfig]:
     """Every family's sweep for a run at `steps` steps: hookkit, fewer steps, diffusers' peers, cache-dit's, then
-    `extra`. MagCache calibrates on the `calibration` (class, seed) samples of `source`."""
+    `extra`. MagCache calibrates on the `calibration` (class, seed) samples of `source`; SeaCache is swept on the
+    video model (`SEACACHE_SWEEP`) and listed as skipped on the image models."""
+    from hookkit.tools import trained
+
     calibrated = MagCacheCalibration(source, calibration, steps)
+    video = trained.is_video(source.name)
     return [
         *hookkit_configs(),
         *hookkit_rule_configs(source.name, steps),
@@ -364,9 +389,10 @@ def front_configs(steps: int, source: TrainedModel, calibration: Sequence[tuple[
         *[magcache_config(t, steps, calibrated, max_skip_steps=k) for t, k in MAGCACHE_SWEEP],
         *[taylorseer_config(n) for n in TAYLORSEER_INTERVALS],
         *[taylorseer_config(n, lite=True) for n in TAYLORSEER_INTERVALS],
+        *([taylorseer_config(n, identifiers=WAN_ATTENTION_IDENTIFIERS) for n in TAYLORSEER_INTERVALS] if video else []),
         *[fastercache_config(n) for n in ATTENTION_SKIP_RANGES],
         *[pab_config(n) for n in ATTENTION_SKIP_RANGES],
-        seacache_config(),
+        *([seacache_config(t, k, video=True) for t, k in SEACACHE_SWEEP] if video else [seacache_config()]),
         *cache_dit_configs(steps),
         *extra,
     ]
@@ -438,7 +464,9 @@ class FrontReport:
     def markdown(self) -> str:
         m = self.quality.meta
         head = (f"Best mean PSNR (dB) at >= each speed-up in executed transformer-block FLOPs, per method family: "
-                f"trained {m['model_name']} Flux, {m['steps']} steps, {len(m['classes'])} classes x seeds "
+                f"trained {model_label(m)}, {m['steps']} steps"
+                + (f" with CFG {m['cfg_scale']:g}" if m.get("cfg_scale", 1.0) > 1 else "")
+                + f", {len(m['classes'])} classes x seeds "
                 f"{m['seeds']}, {m['device']} {m['dtype']}. Cell: mean PSNR (worst sample) @ speed-up [knob]; "
                 f"a bitwise-equal sample counts {PSNR_CAP_DB:g} dB.\n\n")
         lines = []
@@ -489,7 +517,7 @@ class FrontReport:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         m = self.quality.meta
-        ax.set_title(f"Pareto fronts on the trained {m['model_name']} Flux, {m['steps']} steps, "
+        ax.set_title(f"Pareto fronts on the trained {model_label(m)}, {m['steps']} steps, "
                      f"{len(m['classes'])} classes x seeds {m['seeds']}", fontsize=10)
         return save_png(fig, path)
 
@@ -511,8 +539,10 @@ def run_front(model: str = "tiny", steps: int = 28, classes: Iterable[int | str]
               seeds: Iterable[int] = EVALUATION_SEEDS, calibration_seeds: Iterable[int] = CALIBRATION_SEEDS,
               configs: Iterable[QualityConfig] | None = None, extra: Iterable[QualityConfig] = (),
               device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, weights: str | Path | None = None,
-              classifier_weights: str | Path | None = None, log: Callable[[str], None] | None = print) -> FrontReport:
-    """Run every family's sweep (`front_configs`, or `configs`) and the fronts over classes x `seeds`.
+              classifier_weights: str | Path | None = None, log: Callable[[str], None] | None = print,
+              cfg_scale: float = 1.0) -> FrontReport:
+    """Run every family's sweep (`front_configs`, or `configs`) and the fronts over classes x `seeds`; `cfg_scale`
+    > 1 guides every call against the null class (two transformer calls per step, each branch cached on its own).
 
     Evaluation seeds must be >= `FIRST_EVALUATION_SEED` and disjoint from `calibration_seeds`: a number measured
     on the seeds a default, tuner or calibration was chosen on would flatter it. MagCache calibrates on
@@ -530,14 +560,15 @@ def run_front(model: str = "tiny", steps: int = 28, classes: Iterable[int | str]
         raise SpecError(f"run_front.calibration_seeds: expected seeds disjoint from the evaluation seeds, got {shared} "
                         "in both. Calibrate on seeds below 100.")
     labels = [trained.class_index(c) for c in (classes if classes is not None else range(trained.NUM_CLASSES))]
-    source = TrainedModel(name=model, weights=weights, device=torch.device(device), dtype=dtype)
+    source = TrainedModel(name=model, weights=weights, device=torch.device(device), dtype=dtype, cfg_scale=cfg_scale)
     source.check()
     if configs is None:
         configs = front_configs(steps, source, [(l, s) for l in labels for s in calibration_list], extra)
     else:
         configs = [*configs, *extra]
     report = run_quality(configs, classes=labels, seeds=seed_list, steps=steps, device=device, dtype=dtype,
-                         weights=weights, classifier_weights=classifier_weights, log=log, model=model)
+                         weights=weights, classifier_weights=classifier_weights, log=log, model=model,
+                         cfg_scale=cfg_scale)
     return FrontReport(quality=attrs.evolve(report, meta=dict(report.meta, calibration_seeds=calibration_list)))
 
 
@@ -547,7 +578,7 @@ def merge_fronts(paths: Sequence[str | Path]) -> FrontReport:
     The reference row is the first run's (every run makes the same one)."""
     if not paths:
         raise SpecError("merge_fronts.paths: expected at least one front.json (or its folder), got none.")
-    keys = ("model_name", "steps", "classes", "seeds", "device", "dtype")
+    keys = ("model_name", "steps", "cfg_scale", "classes", "seeds", "device", "dtype")
     meta: dict[str, Any] | None = None
     rows: list[QualityRow] = []
     seen: dict[str, str] = {}
@@ -592,8 +623,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Pareto fronts of hookkit's caching and every installed peer (diffusers, cache-dit, fewer steps) "
                     "on a trained model, at equal executed transformer-block FLOPs.",
     )
-    p.add_argument("--model", default="tiny", help="hookkit.tools.trained's model: tiny (default) or deep")
+    p.add_argument("--model", default="tiny", help="hookkit.tools.trained's model: tiny (default), deep or video (a "
+                                                   "Wan video model)")
     p.add_argument("--steps", type=int, default=28)
+    p.add_argument("--cfg-scale", type=float, default=1.0,
+                   help="> 1: guide every call against the null class (FluxPipeline's true CFG, WanPipeline's "
+                        "guidance_scale; default 1, no guidance)")
     p.add_argument("--classes", default=None, help="comma-separated class indices or names (default: all 10)")
     p.add_argument("--seeds", default=",".join(map(str, EVALUATION_SEEDS)),
                    help=f"evaluation seeds, each >= {FIRST_EVALUATION_SEED} (default: 100,101)")
@@ -636,7 +671,7 @@ def front_main(argv: Sequence[str] | None = None) -> int:
         calibration = _ints(args.calibration_seeds, "--calibration-seeds")
         device = resolve_device(args.device)
         source = TrainedModel(name=args.model, weights=args.weights, device=torch.device(device),
-                              dtype=DTYPES[args.dtype])
+                              dtype=DTYPES[args.dtype], cfg_scale=args.cfg_scale)
         extra = load_specs(args.specs) if args.specs else []
         configs = front_configs(args.steps, source, [(l, s) for l in labels for s in calibration], extra)
         if args.only:
@@ -652,7 +687,8 @@ def front_main(argv: Sequence[str] | None = None) -> int:
             pyplot("hookkit bench --quality --front (the PNG)", ", or add --no-plot")
         report = run_front(model=args.model, steps=args.steps, classes=labels, seeds=_ints(args.seeds, "--seeds"),
                            calibration_seeds=calibration, configs=configs, device=str(device),
-                           dtype=DTYPES[args.dtype], weights=args.weights, classifier_weights=args.classifier)
+                           dtype=DTYPES[args.dtype], weights=args.weights, classifier_weights=args.classifier,
+                           cfg_scale=args.cfg_scale)
         print()
         return _print_and_write(report, args.out, not args.no_plot)
     except HookkitError as exc:

@@ -61,6 +61,7 @@ __all__ = [
     "hookkit_config",
     "leave_stock",
     "measure_block_flops",
+    "model_label",
     "quality_main",
     "run_quality",
     "ssim",
@@ -86,11 +87,15 @@ def _gaussian_window(size: int, sigma: float, dtype: torch.dtype, device: torch.
 def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
     """SSIM (Wang et al. 2004) per image of two batches (B, C, H, W): gaussian window 11, sigma 1.5, K1 0.01,
     K2 0.03, computed per channel over the valid region (no padding), averaged over channels and positions.
+    Clips (B, F, C, H, W): each frame's SSIM, averaged over the clip's frames.
 
     Computed in float64. Returns (B,).
     """
+    if x.shape == y.shape and x.ndim == 5:
+        return ssim(x.flatten(0, 1), y.flatten(0, 1), data_range, window, sigma).view(x.shape[:2]).mean(dim=1)
     if x.shape != y.shape or x.ndim != 4:
-        raise SpecError(f"ssim: expected two (B, C, H, W) tensors of one shape, got {tuple(x.shape)} and {tuple(y.shape)}.")
+        raise SpecError(f"ssim: expected two (B, C, H, W) or (B, F, C, H, W) tensors of one shape, got "
+                        f"{tuple(x.shape)} and {tuple(y.shape)}.")
     if min(x.shape[-2:]) < window:
         raise SpecError(f"ssim: images must be at least {window}x{window} (the window), got {tuple(x.shape[-2:])}.")
     x, y = x.double(), y.double()
@@ -384,7 +389,7 @@ class QualityConfig:
         return None
 
 
-REFERENCE = QualityConfig(name="reference", family="reference", description="uncached FluxPipeline")
+REFERENCE = QualityConfig(name="reference", family="reference", description="uncached pipeline")
 
 
 @functools.lru_cache(maxsize=None)
@@ -654,8 +659,21 @@ class TrainedModel:
     def _model_kwargs(self, fn: Callable[..., Any]) -> dict[str, Any]:
         return {"model": self.name} if "model" in inspect.signature(fn).parameters else {}
 
+    @property
+    def label(self) -> str:
+        """How tables name the model: "tiny Flux", "deep Flux", "video Wan"."""
+        from hookkit.tools import trained
+
+        return f"{self.name} {'Wan' if trained.is_video(self.name) else 'Flux'}"
+
+    def images(self, output: Any) -> torch.Tensor:
+        """A call's images (B, 3, H, W), or clips (B, F, 3, H, W) for the video model."""
+        from hookkit.tools import trained
+
+        return trained.output_images(output)
+
     def pipeline(self) -> Any:
-        """A freshly loaded stock FluxPipeline."""
+        """A freshly loaded stock FluxPipeline (the video model: WanPipeline)."""
         from hookkit.tools import trained
 
         self.check()
@@ -701,7 +719,7 @@ def _run(config: QualityConfig, samples: list[tuple[int, int]], steps: int, sour
         images, seconds, reported = [], 0.0, 0
         for batch in ([samples] if one_batch else [[sample] for sample in samples]):
             kwargs = source.batch_kwargs(batch, steps=steps)  # built outside the timed call, as `hookkit bench` does
-            dt, out = timed(lambda: pipe(**kwargs).images, source.device)
+            dt, out = timed(lambda: source.images(pipe(**kwargs)), source.device)
             seconds += dt
             images.append(out.float().cpu())
             if handle is not None:
@@ -777,8 +795,7 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
         raise SpecError(f"run_quality.configs: expected unique names other than {REFERENCE.name!r}, got {names}.")
 
     def recognised(images: torch.Tensor) -> list[int]:
-        with torch.no_grad():
-            return classifier(images).argmax(-1).tolist()
+        return trained.predict(classifier, images)
 
     log(f"quality: reference ({model}), {len(samples)} samples x {steps} steps on {dev}")
     ref = _run(REFERENCE, samples, steps, source, warmup)
@@ -811,7 +828,7 @@ def run_quality(configs: Iterable[QualityConfig], classes: Iterable[int | str] |
     meta = dict(
         model=str(weights or getattr(trained, "model_file", lambda m: trained.MODEL_FILE)(model)), model_name=model,
         classes=[trained.CLASSES[l] for l in labels], seeds=seed_list, steps=steps, cfg_scale=cfg_scale,
-        device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
+        model_label=source.label, device=str(dev), dtype=str(dtype).removeprefix("torch."), warmup=warmup,
         block_flops_per_call=flops.per_call, block_child_flops=[list(c) for c in flops.children],
         block_own_flops=list(flops.own), environment=environment(dev),
     )
@@ -851,6 +868,11 @@ def _row(config: QualityConfig, result: dict[str, Any], ref: dict[str, Any], lab
         batched=one_batch, per_sample=dict(label=labels, predicted=predicted,
                         psnr_db=[None if math.isinf(p) else p for p in per_psnr], ssim=ssims),
     )
+
+
+def model_label(meta: dict[str, Any]) -> str:
+    """The model's name in titles: the report's `model_label`, else (reports from before it) "<name> Flux"."""
+    return meta.get("model_label") or f"{meta.get('model_name', 'tiny')} Flux"
 
 
 def _db(value: float | None) -> str:
@@ -893,7 +915,7 @@ class QualityReport:
                 "—" if is_ref else f"{r.ssim:.4f}", f"{r.recognised:.0%}", r.description,
             ])
         m = self.meta
-        head = (f"Quality vs speed on hookkit's trained {m.get('model_name', 'tiny')} Flux ({len(m['classes'])} classes x {len(m['seeds'])} "
+        head = (f"Quality vs speed on hookkit's trained {model_label(m)} ({len(m['classes'])} classes x {len(m['seeds'])} "
                 f"seeds, {m['steps']} steps, batch 1, {m['device']} {m['dtype']}"
                 + (f", true CFG {m['cfg_scale']:g}" if m["cfg_scale"] > 1 else "") + "). PSNR of the pooled MSE over "
                 "all samples; min = worst sample; cached calls = transformer calls that skipped block work; speed-up "
@@ -931,7 +953,7 @@ class QualityReport:
             ax.grid(True, alpha=0.3)
         ax_psnr.legend(fontsize=7, loc="lower left")
         m = self.meta
-        fig.suptitle(f"Caching on hookkit's trained {m.get('model_name', 'tiny')} Flux: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
+        fig.suptitle(f"Caching on hookkit's trained {model_label(m)}: {len(m['classes'])} classes x {len(m['seeds'])} seeds, "
                      f"{m['steps']} steps (labels: threshold or mask)", fontsize=10)
         return save_png(fig, path)
 

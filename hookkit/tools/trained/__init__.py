@@ -483,7 +483,8 @@ def calibration_file(model: str = "tiny", steps: int = 28) -> Path:
 def calibration(model: str = "tiny", steps: int = 28) -> Any:
     """The shipped calibration of a trained model: DBCache's "magnitude" and "schedule" rules read it.
 
-    Shipped at 28 and 14 steps for both models; made from one uncached call of every class on `CALIBRATION_SEEDS`.
+    Shipped at 28 and 14 steps for both image models and at 28 for the video model; made from one uncached call of
+    every class on `CALIBRATION_SEEDS`.
     """
     from hookkit.techniques.cache.calibration import CacheCalibration
 
