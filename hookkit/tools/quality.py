@@ -984,7 +984,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", default=None, help="comma-separated class indices or names (default: all 10)")
     p.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1 per class (default 4)")
     p.add_argument("--steps", type=int, default=28)
-    p.add_argument("--model", default="tiny", help="hookkit.tools.trained's model: tiny (default) or deep")
+    p.add_argument("--model", default="tiny", help="hookkit.tools.trained's model: tiny (default), deep or video")
     p.add_argument("--cfg", type=float, default=1.0, help="true CFG scale against the null class (default 1: off)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
