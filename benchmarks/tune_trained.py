@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=28)
     p.add_argument("--speedups", default="1.5,2,3")
     p.add_argument("--seeds", default="10")
+    p.add_argument("--cfg-scale", type=float, default=1.0,
+                   help="> 1: tune on guided calls (against the null class), as the front's --cfg-scale runs them")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the trained model runs (float32)")
     args = p.parse_args(argv)
@@ -40,12 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for target in (float(s) for s in args.speedups.split(",")):
         calls = [trained.call_kwargs(classes, [s] * len(classes), steps=args.steps, model=args.model,
-                                    device=args.device) for s in seeds]
+                                    device=args.device, cfg_scale=args.cfg_scale) for s in seeds]
         result = search(pipe, calls, speedup=target)
         print(result.table(), flush=True)
         rows.append({"name": f"hookkit-tune-{target:g}x", "family": "hookkit tune", "x": target,
                      "spec": result.spec.to_dict(),
-                     "description": f"hookkit.tune(speedup={target:g}) on seeds {args.seeds}: {result.chosen.name} "
+                     "description": f"hookkit.tune(speedup={target:g}) on seeds {args.seeds}"
+                                    + (f", CFG {args.cfg_scale:g}" if args.cfg_scale > 1 else "") + f": {result.chosen.name} "
                                     f"({result.chosen.speedup:.2f}x, {result.chosen.psnr_mean:.2f} dB there)"})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
