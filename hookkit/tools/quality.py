@@ -1,13 +1,13 @@
 """Quality harness: caching methods judged on the real denoising trajectories of a trained model.
 
-For each class and seed, a shipped trained model (`hookkit.tools.trained`, a stock FluxPipeline) runs once
-uncached (the reference) and once per configuration; every configuration is reported against the reference:
+For each class and seed, a shipped trained model (`hookkit.tools.trained`: a stock FluxPipeline, or WanPipeline for
+the video model) runs once uncached (the reference) and once per configuration, reported against the reference:
 
 - the work that ran, counted alike for every method: forward pre-hooks on the descendants of each block's
   children see which children computed in each transformer call (a skipped block runs none, a reused
   attention no projection), credited with each child's FLOPs measured once on the reference; speed-up in
   executed block FLOPs, in block calls and in wall time;
-- PSNR and SSIM of the final images (in [0, 1]) against the reference images of the same class and seed;
+- PSNR and SSIM of the final images (in [0, 1]; a clip's SSIM per frame) against the reference of that class and seed;
 - the fraction of samples the shipped classifier still recognises as the class asked for.
 
 A configuration is a hookkit `Spec`, a peer's `setup(pipe) -> undo` (skipped with the reason when its package
@@ -975,7 +975,8 @@ class QualityReport:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hookkit bench --quality",
-        description="Speed-up vs quality of caching methods on hookkit's trained tiny Flux (stock FluxPipeline): "
+        description="Speed-up vs quality of caching methods on a hookkit trained model (--model; a stock FluxPipeline "
+                    "or WanPipeline): "
                     "block calls, wall time, PSNR, SSIM and classifier recognition against the uncached reference.",
     )
     p.add_argument("--configs", default=None, help="comma-separated configuration names (default: the whole sweep; "
