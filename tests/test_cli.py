@@ -57,9 +57,9 @@ def test_demo_model_deep_draws_with_the_16_block_trained_model(tmp_path: Path,
     assert "DBCache F0B0 (middle 16 of 16 blocks), schedule 2x, no calibration (spacing 1.7, last 1)" in out
 
 
-def test_demo_refuses_an_unknown_model_naming_the_shipped_ones(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_refuses_an_unknown_model_naming_the_image_models(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["demo", "--model", "huge"]) == 2
-    assert "hookkit.tools.trained model: expected one of ['tiny', 'deep'], got 'huge'." in capsys.readouterr().err
+    assert "hookkit demo --model: expected an image model (tiny or deep), got 'huge'." in capsys.readouterr().err
 
 
 # --- generate: what runs on the CPU writes its file ---------------------------------------------------------

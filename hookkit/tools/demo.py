@@ -134,9 +134,12 @@ def run_demo(classes: Sequence[str], steps: int, seed: int, out: Path, threads: 
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
-    if trained.is_video(model):  # an unknown model fails here too, before any model is loaded
-        raise SpecError(f"hookkit demo --model: expected an image model (tiny or deep), got {model!r}, which makes "
-                        "clips; judge caching on it with `python -m hookkit.tools.front --model video`.")
+    image_models = [m for m in trained.MODELS if m not in trained.VIDEO_MODELS]
+    if model not in image_models:  # before any model is loaded
+        clips = (", which makes clips; judge caching on it with `python -m hookkit.tools.front --model video`"
+                 if model in trained.VIDEO_MODELS else "")
+        raise SpecError(f"hookkit demo --model: expected an image model ({' or '.join(image_models)}), got "
+                        f"{model!r}{clips}.")
     for name in classes:
         trained.class_index(name)
     pipe = trained.load_pipeline(model=model)
