@@ -44,6 +44,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -171,31 +172,18 @@ def train_classifier(args: argparse.Namespace, device: torch.device) -> tuple[tr
 # --- 2. transformer -----------------------------------------------------------------------------------------
 
 
-def train_transformer(args: argparse.Namespace, device: torch.device,
-                      conditions: trained.ClassConditions) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    from diffusers import FluxPipeline, FluxTransformer2DModel
-
-    torch.manual_seed(args.seed)
-    config = trained.MODELS[args.model][0]
-    model = FluxTransformer2DModel(**config).to(device).train()
+def fit(args: argparse.Namespace, device: torch.device, model: torch.nn.Module,
+        loss_of: Callable[[], torch.Tensor], tail: int = 500) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The training loop of the trained-model scripts (this one and train_tiny_wan.py): AdamW (weight decay 0.01 on
+    matrices), `lr_at`'s warm-up and cosine, gradient clipping 1.0, an fp32 EMA of the weights (the state returned,
+    to ship), `--fit-steps`, `--max-train-seconds` and a log line every `--log-every` steps. `loss_of()` draws the
+    next batch and returns its loss; `tail` steps give the final loss."""
     params = [p for p in model.parameters() if p.requires_grad]
     ema = [p.detach().clone().float() for p in params]
     decay_groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
                     {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(decay_groups, lr=args.lr, betas=(0.9, 0.99), fused=device.type == "cuda")
-    vae = trained.PatchVAE().to(device)
-    embeds = conditions.prompt_embeds.to(device)
-    pooled = conditions.pooled_prompt_embeds.to(device)
-    side = trained.IMAGE_SIZE // trained.PATCH  # latent height and width (16)
-    img_ids = FluxPipeline._prepare_latent_image_ids(1, side // 2, side // 2, device, torch.float32)
-    txt_ids = torch.zeros(trained.TEXT_TOKENS, 3, device=device)
-    g = torch.Generator(device).manual_seed(args.seed + 2)
     losses = torch.zeros(args.steps, device=device)
-    b = args.batch
-    print(f"transformer ({args.model}: {config['num_layers']} double + {config['num_single_layers']} single blocks, "
-          f"{config['num_attention_heads'] * config['attention_head_dim']} hidden): "
-          f"{sum(p.numel() for p in params) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
-          f"{(side // 2) ** 2} image tokens + {trained.TEXT_TOKENS} text tokens", flush=True)
     t0 = time.perf_counter()
     done, stopped_early, total = 0, False, args.steps
     for step in range(args.steps):
@@ -208,24 +196,7 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
             print(f"  --fit-steps: {per_step * 1e3:.1f} ms a step over the first {FIT_AFTER}: planning {total} steps "
                   f"(of {args.steps}) for {args.max_train_seconds:g} s", flush=True)
         set_lr(opt, lr_at(step, total, args.warmup, args.lr))
-        labels = torch.randint(0, trained.NUM_CLASSES, (b,), generator=g, device=device)
-        with torch.no_grad():
-            images = shapes.render(labels, g) * 2 - 1
-            x0 = (vae.encode(images) - vae.config.shift_factor) * vae.config.scaling_factor
-            x0 = FluxPipeline._pack_latents(x0, b, trained.LATENT_CHANNELS, side, side)
-            noise = torch.randn(x0.shape, generator=g, device=device)
-            logit_normal = torch.sigmoid(torch.randn(b, generator=g, device=device))
-            uniform = torch.rand(b, generator=g, device=device)
-            sigma = torch.where(torch.rand(b, generator=g, device=device) < 0.2, uniform, logit_normal)
-            s = sigma[:, None, None]
-            x_t = (1 - s) * x0 + s * noise
-            target = noise - x0
-            drop = torch.rand(b, generator=g, device=device) < 0.1
-            cls = torch.where(drop, torch.full_like(labels, trained.NULL_CLASS), labels)
-        with autocast(device, args.precision):
-            pred = model(hidden_states=x_t, timestep=sigma, guidance=None, pooled_projections=pooled[cls],
-                         encoder_hidden_states=embeds[cls], txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
-        loss = F.mse_loss(pred.float(), target)
+        loss = loss_of()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -251,11 +222,54 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     state = {n: e.cpu() for n, e in zip(names, ema)}
     curve = losses[:done].cpu().tolist()
+    last = min(len(curve), tail)
     return state, dict(steps=done, planned_steps=total, requested_steps=args.steps, fit_steps=args.fit_steps,
-                       stopped_early=stopped_early, batch=b, lr=args.lr,
+                       stopped_early=stopped_early, batch=args.batch, lr=args.lr,
                        warmup=args.warmup, ema=args.ema, seconds=seconds, steps_per_second=done / seconds,
-                       final_loss=sum(curve[-min(len(curve), 500):]) / min(len(curve), 500),
-                       params=sum(p.numel() for p in params), losses=curve)
+                       final_loss=sum(curve[-last:]) / last, params=sum(p.numel() for p in params), losses=curve)
+
+
+def train_transformer(args: argparse.Namespace, device: torch.device,
+                      conditions: trained.ClassConditions) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(args.seed)
+    config = trained.MODELS[args.model][0]
+    model = FluxTransformer2DModel(**config).to(device).train()
+    vae = trained.PatchVAE().to(device)
+    embeds = conditions.prompt_embeds.to(device)
+    pooled = conditions.pooled_prompt_embeds.to(device)
+    side = trained.IMAGE_SIZE // trained.PATCH  # latent height and width (16)
+    img_ids = FluxPipeline._prepare_latent_image_ids(1, side // 2, side // 2, device, torch.float32)
+    txt_ids = torch.zeros(trained.TEXT_TOKENS, 3, device=device)
+    g = torch.Generator(device).manual_seed(args.seed + 2)
+    b = args.batch
+    print(f"transformer ({args.model}: {config['num_layers']} double + {config['num_single_layers']} single blocks, "
+          f"{config['num_attention_heads'] * config['attention_head_dim']} hidden): "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
+          f"{(side // 2) ** 2} image tokens + {trained.TEXT_TOKENS} text tokens", flush=True)
+
+    def loss_of() -> torch.Tensor:
+        labels = torch.randint(0, trained.NUM_CLASSES, (b,), generator=g, device=device)
+        with torch.no_grad():
+            images = shapes.render(labels, g) * 2 - 1
+            x0 = (vae.encode(images) - vae.config.shift_factor) * vae.config.scaling_factor
+            x0 = FluxPipeline._pack_latents(x0, b, trained.LATENT_CHANNELS, side, side)
+            noise = torch.randn(x0.shape, generator=g, device=device)
+            logit_normal = torch.sigmoid(torch.randn(b, generator=g, device=device))
+            uniform = torch.rand(b, generator=g, device=device)
+            sigma = torch.where(torch.rand(b, generator=g, device=device) < 0.2, uniform, logit_normal)
+            s = sigma[:, None, None]
+            x_t = (1 - s) * x0 + s * noise
+            target = noise - x0
+            drop = torch.rand(b, generator=g, device=device) < 0.1
+            cls = torch.where(drop, torch.full_like(labels, trained.NULL_CLASS), labels)
+        with autocast(device, args.precision):
+            pred = model(hidden_states=x_t, timestep=sigma, guidance=None, pooled_projections=pooled[cls],
+                         encoder_hidden_states=embeds[cls], txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+        return F.mse_loss(pred.float(), target)
+
+    return fit(args, device, model, loss_of)
 
 
 # --- 3. save, sample, evaluate ---------------------------------------------------------------------------------
@@ -293,7 +307,7 @@ def save_grid(images: torch.Tensor, rows: int, cols: int, path: Path, scale: int
     canvas.save(path)
 
 
-def save_loss_plot(losses: list[float], path: Path, model: str = "tiny") -> None:
+def save_loss_plot(losses: list[float], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,7 +322,7 @@ def save_loss_plot(losses: list[float], path: Path, model: str = "tiny") -> None
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("flow-matching MSE")
-    ax.set_title(f"hookkit {model} Flux: training loss")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
@@ -466,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     save_grid(grid, trained.NUM_CLASSES, cols, out / "samples.png")
     evaluation = evaluate(pipe, model_path, classifier, device, 2 if args.quick else EVAL_SEEDS)
     evaluation["seconds"] = time.perf_counter() - t0
-    save_loss_plot(transformer_log["losses"], out / "loss.png", args.model)
+    save_loss_plot(transformer_log["losses"], out / "loss.png", f"hookkit {args.model} Flux: training loss")
 
     log = dict(model=args.model, argv=args.argv, seed=args.seed, quick=args.quick, precision=args.precision, sample_seeds=cols, device=name, torch=torch.__version__, diffusers=diffusers.__version__,
                python=platform.python_version(), classifier=classifier_log, transformer=transformer_log,

@@ -37,7 +37,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # runnable from a checkout without ins
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from train_tiny_flux import FIT_AFTER, autocast, lr_at, set_lr, sync  # noqa: E402
+from train_tiny_flux import FIT_AFTER, autocast, fit, save_loss_plot  # noqa: E402
 
 from hookkit.tools import trained  # noqa: E402
 from hookkit.tools.trained import shapes, video  # noqa: E402
@@ -96,35 +96,20 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
     if args.init is not None:  # continue a run: its shipped (EMA) weights start both the weights and the EMA
         start = trained.load_transformer(args.init, model=MODEL)
         model.load_state_dict({k: v.float() for k, v in start.state_dict().items()})
-        previous = int(trained.read_metadata(args.init).get("total_steps", trained.read_metadata(args.init)["steps"]))
+        meta = trained.read_metadata(args.init)
+        previous = int(meta.get("total_steps", meta["steps"]))
         print(f"continuing from {args.init} ({previous} steps)", flush=True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    ema = [p.detach().clone().float() for p in params]
-    decay_groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
-                    {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(decay_groups, lr=args.lr, betas=(0.9, 0.99), fused=device.type == "cuda")
     vae = video.PatchVAE3D().to(device)
     embeds = conditions.prompt_embeds.to(device)
     g = torch.Generator(device).manual_seed(args.seed + 2)
-    losses = torch.zeros(args.steps, device=device)
     b = args.batch
     tokens = (1 + (video.FRAMES - 1) // video.TEMPORAL) * (trained.IMAGE_SIZE // video.SPATIAL // 2) ** 2
     print(f"transformer (video: {config['num_layers']} Wan blocks, "
           f"{config['num_attention_heads'] * config['attention_head_dim']} hidden): "
-          f"{sum(p.numel() for p in params) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {args.steps} steps of batch {b}, "
           f"{video.FRAMES} frames = {tokens} video tokens + {trained.TEXT_TOKENS} text tokens", flush=True)
-    t0 = time.perf_counter()
-    done, stopped_early, total = 0, False, args.steps
-    for step in range(args.steps):
-        if step >= total:
-            break
-        if args.fit_steps and step == FIT_AFTER and total > FIT_AFTER:
-            sync(device)
-            per_step = (time.perf_counter() - t0) / FIT_AFTER
-            total = max(FIT_AFTER + 1, min(args.steps, int(args.max_train_seconds / per_step * 0.97)))
-            print(f"  --fit-steps: {per_step * 1e3:.1f} ms a step over the first {FIT_AFTER}: planning {total} steps "
-                  f"(of {args.steps}) for {args.max_train_seconds:g} s", flush=True)
-        set_lr(opt, lr_at(step, total, args.warmup, args.lr))
+
+    def loss_of() -> torch.Tensor:
         labels = torch.randint(0, trained.NUM_CLASSES, (b,), generator=g, device=device)
         with torch.no_grad():
             x0 = latents_of(shapes.render(labels, g, frames=video.FRAMES), vae)
@@ -140,37 +125,10 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
         with autocast(device, args.precision):
             pred = model(hidden_states=x_t, timestep=sigma * 1000, encoder_hidden_states=embeds[cls],
                          return_dict=False)[0]
-        loss = F.mse_loss(pred.float(), target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        with torch.no_grad():
-            decay = min(args.ema, (1 + step) / (10 + step))
-            torch._foreach_lerp_(ema, [p.detach().float() for p in params], 1 - decay)
-            losses[step] = loss.detach()
-        done = step + 1
-        if done % args.log_every == 0 or done == total:
-            sync(device)
-            elapsed = time.perf_counter() - t0
-            recent = losses[max(0, done - args.log_every):done].mean().item()
-            print(f"  step {done:6d}/{total}  loss {recent:.4f}  lr {opt.param_groups[0]['lr']:.2e}  "
-                  f"{elapsed:6.1f} s  ({done / elapsed:.2f} steps/s)", flush=True)
-            if elapsed > args.max_train_seconds and done < total:
-                print(f"  stopping early after {done} steps: --max-train-seconds {args.max_train_seconds:g} reached",
-                      flush=True)
-                stopped_early = True
-                break
-    sync(device)
-    seconds = time.perf_counter() - t0
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    state = {n: e.cpu() for n, e in zip(names, ema)}
-    curve = losses[:done].cpu().tolist()
-    tail = min(len(curve), 200)
-    return state, dict(steps=done, previous_steps=previous, init=args.init, planned_steps=total, requested_steps=args.steps, fit_steps=args.fit_steps,
-                       stopped_early=stopped_early, batch=b, lr=args.lr, warmup=args.warmup, ema=args.ema,
-                       seconds=seconds, steps_per_second=done / seconds, final_loss=sum(curve[-tail:]) / tail,
-                       params=sum(p.numel() for p in params), tokens=tokens, losses=curve)
+        return F.mse_loss(pred.float(), target)
+
+    state, log = fit(args, device, model, loss_of, tail=200)
+    return state, dict(log, previous_steps=previous, init=args.init, tokens=tokens)
 
 
 @torch.no_grad()
@@ -205,28 +163,6 @@ def save_grid(clips: torch.Tensor, rows: int, cols: int, path: Path, scale: int 
                 arr = (img.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
                 canvas.paste(Image.fromarray(arr), (left + c * (cell + gap) + k * size, top + r * (size + gap)))
     canvas.save(path)
-
-
-def save_loss_plot(losses: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    window = max(1, min(100, len(losses) // 20))
-    smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
-              for i in range(len(losses))]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(losses, color="tab:blue", alpha=0.25, linewidth=0.5, label="per step")
-    ax.plot(smooth, color="tab:blue", label=f"moving mean ({window} steps)")
-    ax.set_yscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("flow-matching MSE")
-    ax.set_title("hookkit video (Wan): training loss")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
 
 
 def evaluate(pipe: Any, weights: Path, classifier: trained.ShapeClassifier, device: torch.device,
@@ -353,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     save_grid(grid, trained.NUM_CLASSES, cols, out / "samples.png")
     evaluation = evaluate(pipe, model_path, classifier, device, 2 if args.quick else EVAL_SEEDS)
     evaluation["seconds"] = time.perf_counter() - t0
-    save_loss_plot(transformer_log["losses"], out / "loss.png")
+    save_loss_plot(transformer_log["losses"], out / "loss.png", "hookkit video (Wan): training loss")
 
     log = dict(model=MODEL, argv=args.argv, seed=args.seed, quick=args.quick, precision=args.precision,
                sample_seeds=cols, device=name, torch=torch.__version__, diffusers=diffusers.__version__,
