@@ -42,6 +42,7 @@ from hookkit.tools.trained.shapes import CLASSES
 from hookkit.tools.trained.video import FRAMES, VIDEO_TRANSFORMER_CONFIG, PatchVAE3D, build_video_pipeline
 
 __all__ = [
+    "ARCHITECTURES",
     "CLASSES",
     "CLASSIFIER_FILE",
     "DEEP_TRANSFORMER_CONFIG",
