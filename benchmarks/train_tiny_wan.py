@@ -13,7 +13,7 @@ uniform; the class dropped to the null embedding 10% of the time (so CFG works).
 weights (shipped as float16). `--max-train-seconds` with `--fit-steps` plans the steps to end at the deadline.
 
 Then it reloads the saved file through `hookkit.tools.trained.load_pipeline(path=..., model="video")`, samples
-the stock WanPipeline at 28 steps and judges every frame with the shipped classifier (a clip is recognised when
+the stock WanPipeline at 28 steps (4 with --quick) and judges every frame with the shipped classifier (a clip is recognised when
 most of its frames are): `samples.png` (rows = classes; each cell the first, middle and last frame), MODEL_CARD.md,
 loss.png, train_log.json, model.safetensors in --out.
 """
@@ -45,6 +45,7 @@ from hookkit.tools.trained import shapes, video  # noqa: E402
 MODEL = "video"
 SAMPLE_SEEDS = 4  # columns of samples.png
 EVAL_SEEDS = 10  # seeds per class for the recognition rate
+SAMPLE_STEPS = 28  # denoising steps of the samples and the evaluation (--quick: 4, a check of the script)
 TEST_SEEDS = (0, 1)  # the 20 samples tests/test_trained.py checks
 
 
@@ -132,12 +133,12 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
 
 
 @torch.no_grad()
-def generate(pipe: Any, weights: Path, labels: list[int], seeds: list[int], device: torch.device,
+def generate(pipe: Any, weights: Path, labels: list[int], seeds: list[int], device: torch.device, steps: int,
              chunk: int = 50) -> torch.Tensor:
-    """Clips (N, FRAMES, 3, 32, 32) in [0, 1] on the CPU, from the stock WanPipeline at 28 steps, no CFG."""
+    """Clips (N, FRAMES, 3, 32, 32) in [0, 1] on the CPU, from the stock WanPipeline at `steps` steps, no CFG."""
     out = []
     for i in range(0, len(labels), chunk):
-        kwargs = trained.call_kwargs(labels[i:i + chunk], seeds[i:i + chunk], steps=28, device=device,
+        kwargs = trained.call_kwargs(labels[i:i + chunk], seeds[i:i + chunk], steps=steps, device=device,
                                      dtype=torch.float32, path=weights, model=MODEL)
         out.append(trained.output_images(pipe(**kwargs)).float().cpu())
     return torch.cat(out)
@@ -166,10 +167,10 @@ def save_grid(clips: torch.Tensor, rows: int, cols: int, path: Path, scale: int 
 
 
 def evaluate(pipe: Any, weights: Path, classifier: trained.ShapeClassifier, device: torch.device,
-             seeds: int) -> dict[str, Any]:
+             seeds: int, steps: int) -> dict[str, Any]:
     labels = [c for c in range(trained.NUM_CLASSES) for _ in range(seeds)]
     seed_list = [s for _ in range(trained.NUM_CLASSES) for s in range(seeds)]
-    clips = generate(pipe, weights, labels, seed_list, device)
+    clips = generate(pipe, weights, labels, seed_list, device, steps)
     predicted = trained.predict(classifier, clips)
     with torch.no_grad():
         frames = classifier(clips.flatten(0, 1)).argmax(-1).view(clips.shape[:2])
@@ -177,7 +178,7 @@ def evaluate(pipe: Any, weights: Path, classifier: trained.ShapeClassifier, devi
     hits = [p == l for p, l in zip(predicted, labels)]
     per_class = {trained.CLASSES[c]: sum(hits[c * seeds:(c + 1) * seeds]) / seeds for c in range(trained.NUM_CLASSES)}
     test_hits = [h for h, s in zip(hits, seed_list) if s in TEST_SEEDS]
-    return dict(samples=len(labels), seeds_per_class=seeds, accuracy=sum(hits) / len(hits), frame_accuracy=frame_hits,
+    return dict(samples=len(labels), seeds_per_class=seeds, steps=steps, accuracy=sum(hits) / len(hits), frame_accuracy=frame_hits,
                 per_class=per_class, test_samples=len(test_hits), test_accuracy=sum(test_hits) / max(1, len(test_hits)))
 
 
@@ -227,7 +228,7 @@ then cosine to 10%, gradient clipping 1.0, EMA {t['ema']}. {t['seconds']:.0f} s 
 ![training loss](loss.png)
 
 ## Samples
-Stock WanPipeline, 28 steps, no CFG; rows are classes, each cell a seed's first, middle and last frame.
+Stock WanPipeline, {e.get('steps', SAMPLE_STEPS)} steps, no CFG; rows are classes, each cell a seed's first, middle and last frame.
 
 ![samples](samples.png)
 
@@ -284,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     pipe = trained.load_pipeline(device=device, dtype=torch.float32, path=model_path, model=MODEL)
     t0 = time.perf_counter()
     cols = 2 if args.quick else SAMPLE_SEEDS
+    steps = 4 if args.quick else SAMPLE_STEPS
     grid = generate(pipe, model_path, [c for c in range(trained.NUM_CLASSES) for _ in range(cols)],
-                    [s for _ in range(trained.NUM_CLASSES) for s in range(cols)], device)
+                    [s for _ in range(trained.NUM_CLASSES) for s in range(cols)], device, steps)
     save_grid(grid, trained.NUM_CLASSES, cols, out / "samples.png")
-    evaluation = evaluate(pipe, model_path, classifier, device, 2 if args.quick else EVAL_SEEDS)
+    evaluation = evaluate(pipe, model_path, classifier, device, 2 if args.quick else EVAL_SEEDS, steps)
     evaluation["seconds"] = time.perf_counter() - t0
     save_loss_plot(transformer_log["losses"], out / "loss.png", "hookkit video (Wan): training loss")
 
