@@ -13,9 +13,9 @@ uniform; the class dropped to the null embedding 10% of the time (so CFG works).
 weights (shipped as float16). `--max-train-seconds` with `--fit-steps` plans the steps to end at the deadline.
 
 Then it reloads the saved file through `hookkit.tools.trained.load_pipeline(path=..., model="video")`, samples
-the stock WanPipeline at 28 steps (4 with --quick) and judges every frame with the shipped classifier (a clip is recognised when
-most of its frames are): `samples.png` (rows = classes; each cell the first, middle and last frame), MODEL_CARD.md,
-loss.png, train_log.json, model.safetensors in --out.
+the stock WanPipeline at 28 steps (4 with --quick) and judges every frame with the shipped classifier (a clip is
+recognised when most of its frames are): `samples.png` (rows = classes; each cell the first, middle and last frame),
+MODEL_CARD.md, loss.png, train_log.json, model.safetensors in --out.
 """
 
 from __future__ import annotations
