@@ -229,6 +229,29 @@ def fit(args: argparse.Namespace, device: torch.device, model: torch.nn.Module,
                        final_loss=sum(curve[-last:]) / last, params=sum(p.numel() for p in params), losses=curve)
 
 
+def flow_matching_batch(x0: torch.Tensor, labels: torch.Tensor,
+                        g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_t, sigma, target, classes) of a rectified-flow batch from clean latents `x0` (batch first): sigma
+    logit-normal(0, 1) mixed with 20% uniform, x_t = (1 - sigma) x0 + sigma noise, target noise - x0, the class dropped
+    to the null class 10% of the time. Drawn from `g` in this order, so a run is a function of its seed."""
+    b = x0.shape[0]
+    noise = torch.randn(x0.shape, generator=g, device=x0.device)
+    logit_normal = torch.sigmoid(torch.randn(b, generator=g, device=x0.device))
+    uniform = torch.rand(b, generator=g, device=x0.device)
+    sigma = torch.where(torch.rand(b, generator=g, device=x0.device) < 0.2, uniform, logit_normal)
+    s = sigma.view(b, *[1] * (x0.ndim - 1))
+    drop = torch.rand(b, generator=g, device=x0.device) < 0.1
+    cls = torch.where(drop, torch.full_like(labels, trained.NULL_CLASS), labels)
+    return (1 - s) * x0 + s * noise, sigma, noise - x0, cls
+
+
+def list_written(out: Path, seconds: float) -> None:
+    """The closing lines of a training script: its total time and the files it wrote, with their sizes."""
+    print(f"total {seconds:.1f} s; wrote:")
+    for f in sorted(out.iterdir()):
+        print(f"  {f.name:24s} {f.stat().st_size / 1e6:7.2f} MB")
+
+
 def train_transformer(args: argparse.Namespace, device: torch.device,
                       conditions: trained.ClassConditions) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     from diffusers import FluxPipeline, FluxTransformer2DModel
@@ -255,15 +278,7 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
             images = shapes.render(labels, g) * 2 - 1
             x0 = (vae.encode(images) - vae.config.shift_factor) * vae.config.scaling_factor
             x0 = FluxPipeline._pack_latents(x0, b, trained.LATENT_CHANNELS, side, side)
-            noise = torch.randn(x0.shape, generator=g, device=device)
-            logit_normal = torch.sigmoid(torch.randn(b, generator=g, device=device))
-            uniform = torch.rand(b, generator=g, device=device)
-            sigma = torch.where(torch.rand(b, generator=g, device=device) < 0.2, uniform, logit_normal)
-            s = sigma[:, None, None]
-            x_t = (1 - s) * x0 + s * noise
-            target = noise - x0
-            drop = torch.rand(b, generator=g, device=device) < 0.1
-            cls = torch.where(drop, torch.full_like(labels, trained.NULL_CLASS), labels)
+            x_t, sigma, target, cls = flow_matching_batch(x0, labels, g)
         with autocast(device, args.precision):
             pred = model(hidden_states=x_t, timestep=sigma, guidance=None, pooled_projections=pooled[cls],
                          encoder_hidden_states=embeds[cls], txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
@@ -492,9 +507,7 @@ def main(argv: list[str] | None = None) -> int:
           f"test set (seeds {TEST_SEEDS}): {evaluation['test_accuracy']:.0%} of {evaluation['test_samples']}")
     for cls, acc in evaluation["per_class"].items():
         print(f"  {cls:16s} {acc:.0%}")
-    print(f"total {log['total_seconds']:.1f} s; wrote:")
-    for f in sorted(out.iterdir()):
-        print(f"  {f.name:24s} {f.stat().st_size / 1e6:7.2f} MB")
+    list_written(out, log["total_seconds"])
     return 0
 
 

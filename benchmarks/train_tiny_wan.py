@@ -37,7 +37,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # runnable from a checkout without ins
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from train_tiny_flux import FIT_AFTER, autocast, fit, save_loss_plot  # noqa: E402
+from train_tiny_flux import FIT_AFTER, autocast, fit, flow_matching_batch, list_written, save_loss_plot  # noqa: E402
 
 from hookkit.tools import trained  # noqa: E402
 from hookkit.tools.trained import shapes, video  # noqa: E402
@@ -114,15 +114,7 @@ def train_transformer(args: argparse.Namespace, device: torch.device,
         labels = torch.randint(0, trained.NUM_CLASSES, (b,), generator=g, device=device)
         with torch.no_grad():
             x0 = latents_of(shapes.render(labels, g, frames=video.FRAMES), vae)
-            noise = torch.randn(x0.shape, generator=g, device=device)
-            logit_normal = torch.sigmoid(torch.randn(b, generator=g, device=device))
-            uniform = torch.rand(b, generator=g, device=device)
-            sigma = torch.where(torch.rand(b, generator=g, device=device) < 0.2, uniform, logit_normal)
-            s = sigma[:, None, None, None, None]
-            x_t = (1 - s) * x0 + s * noise
-            target = noise - x0
-            drop = torch.rand(b, generator=g, device=device) < 0.1
-            cls = torch.where(drop, torch.full_like(labels, trained.NULL_CLASS), labels)
+            x_t, sigma, target, cls = flow_matching_batch(x0, labels, g)
         with autocast(device, args.precision):
             pred = model(hidden_states=x_t, timestep=sigma * 1000, encoder_hidden_states=embeds[cls],
                          return_dict=False)[0]
@@ -303,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({evaluation['frame_accuracy']:.1%} of frames); test set: {evaluation['test_accuracy']:.0%}")
     for cls, acc in evaluation["per_class"].items():
         print(f"  {cls:16s} {acc:.0%}")
-    print(f"total {log['total_seconds']:.1f} s; wrote:")
-    for f in sorted(out.iterdir()):
-        print(f"  {f.name:24s} {f.stat().st_size / 1e6:7.2f} MB")
+    list_written(out, log["total_seconds"])
     return 0
 
 
