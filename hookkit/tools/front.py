@@ -296,8 +296,8 @@ MAGNITUDE_SWEEP: tuple[tuple[float, int], ...] = ((0.03, 3), (0.06, 3), (0.12, 3
 def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
     """hookkit's calibrated rules on the trained model's shipped calibration (`trained.calibration`, made on seeds
     50-59, disjoint from the evaluation seeds): "schedule" at `SCHEDULE_SPEEDUPS` with TaylorSeer 0, 1, 2, and
-    "magnitude" (MagCache's rule on hookkit's own ratios) with TaylorSeer 0 and 1. None without a shipped calibration
-    at `steps`."""
+    "magnitude" (MagCache's rule on hookkit's own ratios) with TaylorSeer 0 and 1; the schedules of TaylorSeer 1 and 2
+    also with `extrapolate="output"`. None without a shipped calibration at `steps`."""
     from hookkit.tools import trained
 
     try:
@@ -311,6 +311,10 @@ def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
                 cache = hookkit.DBCache(rule="schedule", calibration=calibration, speedup=s, taylorseer_order=order)
                 out.append(hookkit_config(cache, family=f"hookkit schedule TaylorSeer-{order}",
                                           name=f"hookkit-schedule-{s:g}x-TS{order}", x=s))
+                if order:  # the same plan, the transformer's output extrapolated instead of the blocks' residual
+                    cache = attrs.evolve(cache, extrapolate="output")
+                    out.append(hookkit_config(cache, family=f"hookkit schedule output TaylorSeer-{order}",
+                                              name=f"hookkit-schedule-{s:g}x-TS{order}-output", x=s))
     for order in (0, 1):
         for t, k in MAGNITUDE_SWEEP:
             cache = hookkit.DBCache(rule="magnitude", calibration=calibration, threshold=t,
@@ -322,12 +326,15 @@ def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
 
 def default_rule_configs(steps: int) -> list[QualityConfig]:
     """`hookkit.DBCache()` as it comes (the calibration-free schedule at 2x), and the same rule at the other
-    `SCHEDULE_SPEEDUPS`: what a user gets without calibrating or tuning."""
+    `SCHEDULE_SPEEDUPS`, each also with `extrapolate="output"`: what a user gets without calibrating or tuning."""
     out = [hookkit_config(hookkit.DBCache(), family="hookkit DBCache()", name="hookkit-DBCache()", x=2.0)]
     for s in SCHEDULE_SPEEDUPS:
         if s < steps:
             out.append(hookkit_config(hookkit.DBCache(speedup=s), family="hookkit schedule no calibration TaylorSeer-2",
                                       name=f"hookkit-schedule-{s:g}x-no-calibration", x=s))
+            out.append(hookkit_config(hookkit.DBCache(speedup=s, extrapolate="output"),
+                                      family="hookkit schedule no calibration output TaylorSeer-2",
+                                      name=f"hookkit-schedule-{s:g}x-no-calibration-output", x=s))
     return out
 
 

@@ -326,6 +326,8 @@ def _db(value: float) -> str:
 
 def _name(cache: DBCache) -> str:
     ts = f" TS{cache.taylorseer_order}" if cache.taylorseer_order else ""
+    if cache.extrapolate == "output":
+        ts += " output"
     if cache.rule == "schedule" and cache.calibration is None:
         return f"schedule {cache.speedup:g}x F{cache.fn_blocks}{ts} spacing {cache.spacing:g} last {cache.last_computed:g}"
     if cache.rule == "schedule":
@@ -344,6 +346,10 @@ def _name(cache: DBCache) -> str:
 GENERIC_SPACINGS: tuple[float, ...] = (1.3, 1.5, 1.7, 2.0)
 #: ... and where their last computed step falls
 GENERIC_LASTS: tuple[float, ...] = (1.0, 0.7)
+#: what the planned schedules reuse, per TaylorSeer order: the transformer's output is tried where it extrapolates
+#: (orders 1 and 2: it beat the residual there on every trained model, BENCHMARKS.md "Caching at equal quality")
+SCHEDULE_EXTRAPOLATES: dict[int, tuple[str, ...]] = {0: ("residual",), 1: ("residual", "output"),
+                                                     2: ("residual", "output")}
 
 
 def candidates(calibration: CacheCalibration, speedup: float | None = None) -> list[DBCache]:
@@ -360,15 +366,16 @@ def candidates(calibration: CacheCalibration, speedup: float | None = None) -> l
         if s >= n:
             continue
         for order in (0, 1, 2):
-            out.append(DBCache(rule="schedule", calibration=calibration, speedup=float(s),
-                               taylorseer_order=order))
-            for spacing in spacings:
-                for last in GENERIC_LASTS:
-                    out.append(DBCache(rule="schedule", speedup=float(s), taylorseer_order=order, spacing=spacing,
-                                       last_computed=last))
-            if calibration.gains is not None:  # the plan by step size alone, which wins at some speed-ups
-                out.append(DBCache(rule="schedule", calibration=attrs.evolve(calibration, gains=None),
-                                   speedup=float(s), taylorseer_order=order))
+            for extrapolate in SCHEDULE_EXTRAPOLATES[order]:
+                out.append(DBCache(rule="schedule", calibration=calibration, speedup=float(s),
+                                   taylorseer_order=order, extrapolate=extrapolate))
+                for spacing in spacings:
+                    for last in GENERIC_LASTS:
+                        out.append(DBCache(rule="schedule", speedup=float(s), taylorseer_order=order, spacing=spacing,
+                                           last_computed=last, extrapolate=extrapolate))
+                if calibration.gains is not None:  # the plan by step size alone, which wins at some speed-ups
+                    out.append(DBCache(rule="schedule", calibration=attrs.evolve(calibration, gains=None),
+                                       speedup=float(s), taylorseer_order=order, extrapolate=extrapolate))
     if calibration.ratios is not None:
         for threshold in (0.06, 0.12, 0.24, 0.5):
             for k in (2, 3, 6):

@@ -6,7 +6,8 @@ run). On a computed step the middle blocks run and their residuals (output minus
 cached step every middle block returns its inputs untouched and the last one adds the stored residual (or, with
 `taylorseer_order`, its extrapolation). Hooks run around the block's compiled callable (`HookRegistry.set_inner`), so
 a decision never becomes a graph break. ControlNet residuals and VACE hints the model adds between blocks (adapter
-`between_block_args`) count once: `DBCacheBetweenHook`.
+`between_block_args`) count once: `DBCacheBetweenHook`. With `extrapolate="output"` one hook on the transformer
+replaces all of these: a cached call runs nothing and returns the extrapolated output (`DBCacheOutputHook`).
 
 This module holds the hooks and `FEATURE`; the parts live beside it and none imports this module (no import cycle):
 `state.py` (the layout, the per-call state and its decision rules: `_CallState`), `graph_bridge.py` (`GraphBridge`:
@@ -14,15 +15,14 @@ This module holds the hooks and `FEATURE`; the parts live beside it and none imp
 text, `plot_cache_diffs`). Every name callers imported from here is still importable from here.
 
     handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache(steps_mask="fast", mask_policy="static")))
-    image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
-    print(handle.summary())           # per branch: computed and cached steps, diffs; plot_cache_diffs draws them
+    image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]; print(handle.summary())
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -47,6 +47,7 @@ from hookkit.techniques.cache.summary import PERCENTILES, _no_cache_reason, _sum
 ENTRY_HOOK = "hookkit.cache.entry"
 MIDDLE_HOOK = "hookkit.cache.middle"
 BETWEEN_HOOK = "hookkit.cache.between"
+OUTPUT_HOOK = "hookkit.cache.output"
 
 __all__ = ["FEATURE", "NAME", "graph_bridge", "plot_cache_diffs"]
 
@@ -320,6 +321,97 @@ class DBCacheMiddleHook(ModelHook):
         return self.io.pack(hidden, encoder)
 
 
+class DBCacheOutputHook(ModelHook):
+    """On the transformer, with `DBCache(extrapolate="output")` (the only DBCache hook then): decides each call before
+    it runs. A computed call runs and a copy of its output's floating tensors is kept per branch (with TaylorSeer's
+    differences); a cached call runs nothing of the transformer and returns, in the structure of the last computed
+    output, their extrapolation to the current step.
+
+    Kept outputs belong to the call's input shapes (`_signature`): a call of other shapes in the same branch (a new
+    resolution, CFG dropped part-way) computes and starts the branch's trajectory over.
+    """
+
+    replaces_forward = True
+
+    def __init__(self, shared: _Shared) -> None:
+        self.shared = shared
+
+    def new_forward(self, module: torch.nn.Module, call_next: Callable[..., Any], args: Args, kwargs: Kwargs) -> Any:
+        cs = self.shared.call_state()
+        state = self.shared.handle.state
+        branch = cs.branch_at(state.branch)
+        signature = _signature(args, kwargs)
+        if branch.signature != signature:
+            branch.restart(signature)
+        if cs.decide(state.step, state.branch, None):
+            step = state.step
+            return _rebuild(branch.template, [branch.value(i, step) for i in range(len(branch.template[1]))])
+        output = call_next(*args, **kwargs)
+        tensors, template = _split_output(output, type(module).__name__)
+        branch.store(state.step, tuple(t.detach().clone() for t in tensors), self.shared.layout.spec.taylorseer_order)
+        branch.template = template
+        return output
+
+
+def _signature(args: Args, kwargs: Kwargs) -> tuple[Any, ...]:
+    """The shapes, dtypes and devices of a call's tensor arguments (top level and in lists or tuples), by position or
+    keyword: what a kept output belongs to."""
+    def describe(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), value.dtype, value.device)
+        if isinstance(value, (list, tuple)):
+            return tuple(describe(v) for v in value)
+        return None
+    return (tuple(describe(a) for a in args), tuple(sorted((k, describe(v)) for k, v in kwargs.items())))
+
+
+#: an output's structure: (its kind, the positions or keys of its floating tensors, the output itself)
+_Template = tuple[str, tuple[Any, ...], Any]
+
+
+def _split_output(output: Any, model: str) -> tuple[list[torch.Tensor], _Template]:
+    """The floating tensors of a transformer's output (a tensor, a tuple or list, or a diffusers `BaseOutput` or other
+    mapping) and the template `_rebuild` puts new ones into. Other entries (None, integer tensors) are kept as
+    they came."""
+    if isinstance(output, torch.Tensor):
+        if not output.is_floating_point():
+            raise _no_float_output(model, output)
+        return [output], ("tensor", (None,), None)
+    if isinstance(output, (tuple, list)):
+        keys = tuple(i for i, v in enumerate(output) if isinstance(v, torch.Tensor) and v.is_floating_point())
+        kind = "tuple" if isinstance(output, tuple) else "list"
+        rest = tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in output)
+        if keys:
+            return [output[i] for i in keys], (kind, keys, rest)
+    elif isinstance(output, Mapping):
+        keys = tuple(k for k, v in output.items() if isinstance(v, torch.Tensor) and v.is_floating_point())
+        if keys:
+            rest = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in output.items()}
+            return [output[k] for k in keys], ("mapping", keys, (type(output), rest))
+    raise _no_float_output(model, output)
+
+
+def _rebuild(template: _Template, tensors: list[torch.Tensor]) -> Any:
+    """An output of the template's structure holding `tensors` (in `_split_output`'s order)."""
+    kind, keys, rest = template
+    if kind == "tensor":
+        return tensors[0]
+    if kind in ("tuple", "list"):
+        values = list(rest)
+        for key, tensor in zip(keys, tensors):
+            values[key] = tensor
+        return tuple(values) if kind == "tuple" else values
+    cls, fields = rest
+    return cls(**{**fields, **dict(zip(keys, tensors))})
+
+
+def _no_float_output(model: str, output: Any) -> UnsupportedError:
+    return UnsupportedError(
+        f"DBCache(extrapolate='output') on {model}: expected the transformer's output to hold floating tensors (a "
+        f"tensor, a tuple or a diffusers output), got {type(output).__name__}. Use extrapolate='residual' on this "
+        "model.")
+
+
 def _refuse_diffusers_cache(transformer: torch.nn.Module) -> None:
     """Refuse hookkit's DBCache on a transformer with diffusers' own cache on (`enable_cache`: FirstBlockCache,
     FasterCache, PAB, MagCache, ...).
@@ -353,6 +445,8 @@ class _CacheFeature(BaseFeature):
         _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
         layout = _layout(spec, len(blocks))
+        if spec.extrapolate == "output":  # the whole call is skipped: no block hook, nothing added between blocks
+            return [Attachment(feature=NAME, target="", name=OUTPUT_HOOK)]
         _check_long_skips(spec, blocks, type(ctx.transformer).__name__)
         out: list[Attachment] = []
         if ctx.adapter.between_block_args:
@@ -368,6 +462,8 @@ class _CacheFeature(BaseFeature):
     def attach(self, ctx: AttachContext, attachment: Attachment) -> Removable:
         shared, specs = self._shared(ctx)
         module = module_at(ctx.transformer, attachment.target)
+        if attachment.name == OUTPUT_HOOK:
+            return add_hook(module, OUTPUT_HOOK, DBCacheOutputHook(shared))
         if attachment.name == BETWEEN_HOOK:
             names = ctx.adapter.between_block_args
             params = list(inspect.signature(type(module).forward).parameters)[1:]
@@ -387,13 +483,14 @@ class _CacheFeature(BaseFeature):
             layout = _layout(ctx.spec.cache, len(blocks))  # type: ignore[arg-type]
             shared = _Shared(ctx, layout)
             found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
-            ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
-            ctx.provide(SplitDecisions, lambda: _install_bridge(shared))
+            if layout.spec.extrapolate == "residual":  # "output": a cached call never reaches the graphs
+                ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
+                ctx.provide(SplitDecisions, lambda: _install_bridge(shared))
             # heard once, at the first call; the listener goes with the handle
             ctx.add_first_call_listener(functools.partial(_refuse_split_across_changes, ctx))
             logger.info(
-                "cache: {} blocks = Fn {} + middle {} + Bn {}; {}", layout.num_blocks, layout.spec.fn_blocks,
-                layout.num_middle, layout.spec.bn_blocks,
+                "cache: {} blocks = Fn {} + middle {} + Bn {}, cached steps reuse the {}; {}", layout.num_blocks,
+                layout.spec.fn_blocks, layout.num_middle, layout.spec.bn_blocks, layout.spec.extrapolate,
                 "one host read per decided step and branch" if layout.needs_diff else "no host read (no diff needed)",
             )
         return found.shared, found.blocks

@@ -22,6 +22,8 @@ from hookkit.techniques.cache.calibration import (
 
 #: how DBCache decides which steps reuse the middle blocks' residual (`DBCache.rule`)
 RULES = ("threshold", "magnitude", "schedule")
+#: what a cached step reuses (`DBCache.extrapolate`)
+EXTRAPOLATE = ("residual", "output")
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
@@ -119,6 +121,13 @@ class DBCache:
             even spacing, larger is denser early). None otherwise.
         last_computed: "schedule" without a calibration: where the last computed step falls, as a share of the
             steps (0 < x <= 1; default 1.0, the final step; below, the last steps are extrapolated). None otherwise.
+        extrapolate: what a cached step reuses. "residual" (default): the middle blocks' residual, added to the
+            current step's hidden stream, which the model's output layers (final norm with the current timestep,
+            projection) then turn into the output. "output": the transformer's whole output, extrapolated (or
+            reused, order 0) from the branch's last computed calls; a cached call then runs nothing of the
+            transformer. Needs every block skipped on cached steps (fn_blocks = bn_blocks = 0). Why: on the trained
+            models the output varies more smoothly over the steps than the residual, so the same computed steps
+            give better images (BENCHMARKS.md, "Caching at equal quality").
     """
 
     rule: str | None = attrs.field(default=None, validator=choice(*RULES, None))
@@ -139,6 +148,7 @@ class DBCache:
     spacing: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
     last_computed: float | None = attrs.field(default=None, validator=[float_field(0.0, allow_none=True, strict=True),
                                                                        _check_share])
+    extrapolate: str = attrs.field(default="residual", validator=choice(*EXTRAPOLATE))
 
     @mask_policy.validator
     def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
@@ -150,6 +160,11 @@ class DBCache:
     def __attrs_post_init__(self) -> None:
         self._resolve_defaults()
         rule = self.rule
+        if self.extrapolate == "output" and (self.fn_blocks or self.bn_blocks):
+            raise SpecError(
+                f"DBCache.extrapolate: 'output' reuses the transformer's whole output, so no block may run on a cached "
+                f"step; got fn_blocks={self.fn_blocks}, bn_blocks={self.bn_blocks}. Use fn_blocks=0 and bn_blocks=0 "
+                "(rule='schedule' or 'magnitude', or a static mask), or extrapolate='residual'.")
         if not (rule == "schedule" and self.calibration is None):
             for name in ("spacing", "last_computed"):
                 if getattr(self, name) is not None:

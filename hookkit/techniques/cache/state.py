@@ -84,10 +84,26 @@ class _Branch:
         self.d2: list[torch.Tensor | None] = [None, None]
         #: the last computed steps, oldest first (at most 2 kept)
         self.times: list[int] = []
+        #: `extrapolate="output"`: the input shapes the kept outputs belong to, and the last computed output (whose
+        #: structure a cached call returns; `hooks.DBCacheOutputHook`)
+        self.signature: Hashable | None = None
+        self.template: Any = None
+
+    def restart(self, signature: Hashable) -> None:
+        """Forget the kept residuals (or outputs) and their differences: the call's geometry changed, nothing kept
+        fits it. The computed and cached steps stay recorded (the summary counts them)."""
+        n = len(self.residual)
+        self.residual, self.d1, self.d2 = [None] * n, [None] * n, [None] * n
+        self.times = []
+        self.signature, self.template = signature, None
 
     def store(self, step: int, residuals: tuple[torch.Tensor | None, torch.Tensor | None], order: int) -> None:
         """Keep the middle residuals of computed step `step` and, for TaylorSeer, their derivative estimates in
-        the paper's form: each difference taken against the previous computed step and divided by the gap."""
+        the paper's form: each difference taken against the previous computed step and divided by the gap. Two
+        streams (hidden, encoder) for "residual"; one per floating tensor of the output for "output"."""
+        if len(residuals) > len(self.residual):
+            grow = [None] * (len(residuals) - len(self.residual))
+            self.residual, self.d1, self.d2 = self.residual + grow, self.d1 + grow, self.d2 + grow
         for s, y in enumerate(residuals):
             if y is None:
                 continue
@@ -110,6 +126,13 @@ class _Branch:
         if self.d1[stream] is None:
             return base + self.residual[stream]
         return self.extrapolate(stream, step).add_(base)
+
+    def value(self, stream: int, step: int) -> torch.Tensor:
+        """The kept tensor of `stream` at `step` alone (no base): its extrapolation, or a copy of it before a first
+        difference exists. A new tensor either way, so the caller may change it in place."""
+        if self.d1[stream] is None:
+            return self.residual[stream].clone()
+        return self.extrapolate(stream, step)
 
     def extrapolate(self, stream: int, step: int) -> torch.Tensor:
         """The Taylor extrapolation of the middle residual at `step` (needs a first difference), a new tensor."""
