@@ -116,6 +116,11 @@ def _build(cls: type, data: dict[str, Any], trust_code: bool = False) -> Any:
                             f"{data!r}. Add the key {field.name!r}.")
     data = {k: _callable_field(cls.__name__, k, v, trust_code) if k == "filter_fn" and isinstance(v, str) else v
             for k, v in data.items()}
+    # a dict `to_dict` wrote before a field existed (every other field present) keeps the behaviour it was written
+    # with: a tuned Spec saved then must run as it was measured, not under a default chosen later
+    added = getattr(cls, "FIELDS_ADDED_LATER", {})
+    if set(names) - set(data) <= set(added) and not set(added) <= set(data):
+        data = {**{k: v for k, v in added.items() if k not in data}, **data}
     return cls(**data)
 
 

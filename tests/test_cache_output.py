@@ -19,6 +19,7 @@ from hookkit.core.registry import HookRegistry, registry_names
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.techniques.cache.calibration import CacheCalibration, predict_weights
 from hookkit.techniques.cache.hooks import OUTPUT_HOOK, _rebuild, _split_output
+from hookkit.techniques.cache.spec import resolved_extrapolate
 from hookkit.tools import zoo
 from hookkit.tools.tune import candidates
 from tests.test_dbcache import StubTransformer, stub
@@ -59,12 +60,39 @@ def test_output_with_blocks_running_on_cached_steps_is_refused_with_the_fix() ->
 
 
 def test_an_unknown_extrapolate_is_refused_naming_the_choices() -> None:
-    with pytest.raises(SpecError, match=r"^DBCache\.extrapolate: expected one of \('residual', 'output'\), got 'outputs'\.$"):
+    with pytest.raises(SpecError, match=r"^DBCache\.extrapolate: expected one of \('residual', 'output', None\), got 'outputs'\.$"):
         hookkit.DBCache(extrapolate="outputs")
 
 
-def test_residual_is_the_default() -> None:
-    assert hookkit.DBCache().extrapolate == "residual"
+def test_the_whole_step_schedule_leaves_the_choice_to_the_model() -> None:
+    assert hookkit.DBCache().extrapolate is None
+    assert hookkit.DBCache(speedup=3.0, fn_blocks=0).extrapolate is None
+
+
+@pytest.mark.parametrize(("name", "between", "expected"), [("wan", (), "output"),
+                                                         ("flux", ("controlnet_block_samples",), "residual")])
+def test_by_default_the_output_is_reused_unless_the_model_may_be_given_controls(name: str, between: tuple[str, ...],
+                                                                                expected: str) -> None:
+    pipe = zoo.tiny_pipeline(name)
+    assert hookkit.resolve_adapter(pipe.transformer).between_block_args[:1] == between
+    handle = hookkit.enable(pipe, hookkit.Spec(cache=hookkit.DBCache()))
+    assert (OUTPUT_HOOK in registry_names(pipe.transformer)) == (expected == "output")
+    assert resolved_extrapolate(hookkit.DBCache(), between) == expected
+    handle.remove()
+
+
+@pytest.mark.parametrize("spec", [dict(fn_blocks=1), dict(threshold=0.1),
+                                  dict(rule="magnitude", calibration=CacheCalibration(steps=3, ratios=(1.0,) * 3))],
+                         ids=["schedule-F1", "threshold", "magnitude"])
+def test_every_other_rule_or_split_reuses_the_residual_by_default(spec: dict[str, Any]) -> None:
+    assert hookkit.DBCache(**spec).extrapolate == "residual"
+
+
+def test_a_spec_file_written_before_the_field_existed_keeps_the_residual() -> None:
+    written = hookkit.Spec(cache=hookkit.DBCache()).to_dict()
+    del written["cache"]["extrapolate"]  # every other field present: a file `to_dict` wrote before
+    assert hookkit.Spec.from_dict(written).cache.extrapolate == "residual"
+    assert hookkit.Spec.from_dict({"cache": {"speedup": 3.0}}).cache.extrapolate is None  # a hand-written one
 
 
 # --- what a cached call returns -------------------------------------------------------------------------------

@@ -398,7 +398,7 @@ def test_magnitude_with_diffusers_ratios_matches_diffusers_magcache() -> None:
 def test_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager_bitwise(order: int) -> None:
     from tests.test_compile import _cache_stats, _graph_cached_pipeline, run
 
-    spec = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=order,
+    spec = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=order, extrapolate="residual",
                            calibration=CacheCalibration(steps=8, gram=random_gram(8, seed=3)))
     from hookkit.core import compat
 
@@ -420,7 +420,7 @@ def test_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager_b
 def test_gpu_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager() -> None:
     from tests.test_compile import _cache_stats, _cuda_pipeline, _cuda_run
 
-    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2,
+    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2, extrapolate="residual",
                             calibration=CacheCalibration(steps=8, gram=random_gram(8, seed=3)))
     pipe = _cuda_pipeline()
     eager = hookkit.enable(pipe, hookkit.Spec(cache=cache))

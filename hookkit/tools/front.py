@@ -308,7 +308,8 @@ def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
     for order in (0, 1, 2):
         for s in SCHEDULE_SPEEDUPS:
             if s < steps:
-                cache = hookkit.DBCache(rule="schedule", calibration=calibration, speedup=s, taylorseer_order=order)
+                cache = hookkit.DBCache(rule="schedule", calibration=calibration, speedup=s, taylorseer_order=order,
+                                        extrapolate="residual")
                 out.append(hookkit_config(cache, family=f"hookkit schedule TaylorSeer-{order}",
                                           name=f"hookkit-schedule-{s:g}x-TS{order}", x=s))
                 if order:  # the same plan, the transformer's output extrapolated instead of the blocks' residual
@@ -326,11 +327,14 @@ def hookkit_rule_configs(model: str, steps: int) -> list[QualityConfig]:
 
 def default_rule_configs(steps: int) -> list[QualityConfig]:
     """`hookkit.DBCache()` as it comes (the calibration-free schedule at 2x), and the same rule at the other
-    `SCHEDULE_SPEEDUPS`, each also with `extrapolate="output"`: what a user gets without calibrating or tuning."""
+    `SCHEDULE_SPEEDUPS`, each reusing the blocks' residual and the transformer's output (`DBCache.extrapolate`; the
+    default takes the output where the model takes no ControlNet residuals or VACE hints): what a user gets without
+    calibrating or tuning."""
     out = [hookkit_config(hookkit.DBCache(), family="hookkit DBCache()", name="hookkit-DBCache()", x=2.0)]
     for s in SCHEDULE_SPEEDUPS:
         if s < steps:
-            out.append(hookkit_config(hookkit.DBCache(speedup=s), family="hookkit schedule no calibration TaylorSeer-2",
+            out.append(hookkit_config(hookkit.DBCache(speedup=s, extrapolate="residual"),
+                                      family="hookkit schedule no calibration TaylorSeer-2",
                                       name=f"hookkit-schedule-{s:g}x-no-calibration", x=s))
             out.append(hookkit_config(hookkit.DBCache(speedup=s, extrapolate="output"),
                                       family="hookkit schedule no calibration output TaylorSeer-2",

@@ -6,8 +6,8 @@ run). On a computed step the middle blocks run and their residuals (output minus
 cached step every middle block returns its inputs untouched and the last one adds the stored residual (or, with
 `taylorseer_order`, its extrapolation). Hooks run around the block's compiled callable (`HookRegistry.set_inner`), so
 a decision never becomes a graph break. ControlNet residuals and VACE hints the model adds between blocks (adapter
-`between_block_args`) count once: `DBCacheBetweenHook`. With `extrapolate="output"` one hook on the transformer
-replaces all of these: a cached call runs nothing and returns the extrapolated output (`DBCacheOutputHook`).
+`between_block_args`) count once: `DBCacheBetweenHook`. When cached steps reuse the output (`DBCache.extrapolate`) one
+hook on the transformer replaces all of these: a cached call runs nothing, returns the extrapolation (`DBCacheOutputHook`).
 
 This module holds the hooks and `FEATURE`; the parts live beside it and none imports this module (no import cycle):
 `state.py` (the layout, the per-call state and its decision rules: `_CallState`), `graph_bridge.py` (`GraphBridge`:
@@ -322,10 +322,10 @@ class DBCacheMiddleHook(ModelHook):
 
 
 class DBCacheOutputHook(ModelHook):
-    """On the transformer, with `DBCache(extrapolate="output")` (the only DBCache hook then): decides each call before
-    it runs. A computed call runs and a copy of its output's floating tensors is kept per branch (with TaylorSeer's
-    differences); a cached call runs nothing of the transformer and returns, in the structure of the last computed
-    output, their extrapolation to the current step.
+    """On the transformer, when cached steps reuse the output (`DBCache.extrapolate`; the only DBCache hook then):
+    decides each call before it runs. A computed call runs and a copy of its output's floating tensors is kept per
+    branch (with TaylorSeer's differences); a cached call runs nothing of the transformer and returns, in the
+    structure of the last computed output, their extrapolation to the current step.
 
     Kept outputs belong to the call's input shapes (`_signature`): a call of other shapes in the same branch (a new
     resolution, CFG dropped part-way) computes and starts the branch's trajectory over.
@@ -444,8 +444,8 @@ class _CacheFeature(BaseFeature):
             return []
         _refuse_diffusers_cache(ctx.transformer)
         blocks = flat_blocks(ctx.adapter, ctx.transformer)
-        layout = _layout(spec, len(blocks))
-        if spec.extrapolate == "output":  # the whole call is skipped: no block hook, nothing added between blocks
+        layout = _layout(spec, len(blocks), ctx.adapter.between_block_args)
+        if layout.extrapolate == "output":  # the whole call is skipped: no block hook, nothing added between blocks
             return [Attachment(feature=NAME, target="", name=OUTPUT_HOOK)]
         _check_long_skips(spec, blocks, type(ctx.transformer).__name__)
         out: list[Attachment] = []
@@ -480,17 +480,18 @@ class _CacheFeature(BaseFeature):
         found: _Slot | None = ctx.kept()
         if found is None:
             blocks = flat_blocks(ctx.adapter, ctx.transformer)
-            layout = _layout(ctx.spec.cache, len(blocks))  # type: ignore[arg-type]
+            layout = _layout(ctx.spec.cache, len(blocks), ctx.adapter.between_block_args)  # type: ignore[arg-type]
             shared = _Shared(ctx, layout)
             found = ctx.keep(_Slot(shared=shared, blocks={path: spec for path, spec, _ in blocks}))
-            if layout.spec.extrapolate == "residual":  # "output": a cached call never reaches the graphs
+            if layout.extrapolate == "residual":  # "output": a cached call never reaches the graphs, and
+                # nothing added between blocks can count twice (no block is skipped on its own)
                 ctx.provide(GraphDecisions, lambda: _install_bridge(shared))
                 ctx.provide(SplitDecisions, lambda: _install_bridge(shared))
-            # heard once, at the first call; the listener goes with the handle
-            ctx.add_first_call_listener(functools.partial(_refuse_split_across_changes, ctx))
+                # heard once, at the first call; the listener goes with the handle
+                ctx.add_first_call_listener(functools.partial(_refuse_split_across_changes, ctx))
             logger.info(
                 "cache: {} blocks = Fn {} + middle {} + Bn {}, cached steps reuse the {}; {}", layout.num_blocks,
-                layout.spec.fn_blocks, layout.num_middle, layout.spec.bn_blocks, layout.spec.extrapolate,
+                layout.spec.fn_blocks, layout.num_middle, layout.spec.bn_blocks, layout.extrapolate,
                 "one host read per decided step and branch" if layout.needs_diff else "no host read (no diff needed)",
             )
         return found.shared, found.blocks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from fractions import Fraction
 from typing import Any
 
@@ -24,6 +25,15 @@ from hookkit.techniques.cache.calibration import (
 RULES = ("threshold", "magnitude", "schedule")
 #: what a cached step reuses (`DBCache.extrapolate`)
 EXTRAPOLATE = ("residual", "output")
+
+
+def resolved_extrapolate(spec: DBCache, between_block_args: tuple[str, ...]) -> str:
+    """What a cached step of `spec` reuses on a model whose adapter names `between_block_args`: the spec's value, or
+    for None (the whole-step schedule's default) "output" unless the model may be given ControlNet residuals or VACE
+    hints, which only the residual form adds on a cached step."""
+    if spec.extrapolate is not None:
+        return spec.extrapolate
+    return "residual" if between_block_args else "output"
 
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
@@ -59,11 +69,13 @@ def _check_share(inst: Any, attr: attrs.Attribute, value: Any) -> None:
 class DBCache:
     """DBCache-style residual caching: the first `fn_blocks` and last `bn_blocks` always run, the middle
     blocks are skipped on cached steps and their stored residual (or its TaylorSeer extrapolation) is added
-    instead. `rule` decides which steps are cached; the order in which the threshold rule's checks decide is in
+    instead; with every block skipped, the transformer's whole output may be extrapolated instead (`extrapolate`).
+    `rule` decides which steps are cached; the order in which the threshold rule's checks decide is in
     `hookkit.techniques.cache.state` (`_CallState.rules`).
 
-    `DBCache()` is the planned rule without a calibration: 2x less block work, every block skipped on a cached step,
-    the computed steps spaced densely early and sparsely late, TaylorSeer 2. It needs no uncached run, no host read,
+    `DBCache()` is the planned rule without a calibration: 2x less block work, every block skipped on a cached step
+    (its output or residual extrapolated with TaylorSeer 2: `extrapolate`), the computed steps spaced densely early
+    and sparsely late. It needs no uncached run, no host read,
     replays under CUDA graphs and decides alike on every rank; on the trained models it is on the speed-quality front
     at 2x, ahead of every peer rule (BENCHMARKS.md, "Caching at equal quality"). `hookkit.tune` finds a better Spec
     for your model and calls.
@@ -121,13 +133,17 @@ class DBCache:
             even spacing, larger is denser early). None otherwise.
         last_computed: "schedule" without a calibration: where the last computed step falls, as a share of the
             steps (0 < x <= 1; default 1.0, the final step; below, the last steps are extrapolated). None otherwise.
-        extrapolate: what a cached step reuses. "residual" (default): the middle blocks' residual, added to the
-            current step's hidden stream, which the model's output layers (final norm with the current timestep,
+        extrapolate: what a cached step reuses. "residual": the middle blocks' residual, added to the current
+            step's hidden stream, which the model's output layers (final norm with the current timestep,
             projection) then turn into the output. "output": the transformer's whole output, extrapolated (or
             reused, order 0) from the branch's last computed calls; a cached call then runs nothing of the
-            transformer. Needs every block skipped on cached steps (fn_blocks = bn_blocks = 0). Why: on the trained
-            models the output varies more smoothly over the steps than the residual, so the same computed steps
-            give better images (BENCHMARKS.md, "Caching at equal quality").
+            transformer, so ControlNet residuals or VACE hints of that call are not used. Needs every block skipped
+            on cached steps (fn_blocks = bn_blocks = 0). Default None: for "schedule" with fn_blocks = bn_blocks = 0
+            (`DBCache()`) "output" on a model whose adapter names no `between_block_args` (Wan, HunyuanVideo, ...),
+            "residual" on one that may be given ControlNet residuals or VACE hints (Flux, Qwen-Image, Wan VACE: the
+            residual form adds the current ones on a cached step); "residual" for every other rule or split. Why:
+            on the trained models the output varies more smoothly over the steps than the residual, so the same
+            computed steps give better images, 1-8 dB on held-out seeds (BENCHMARKS.md, "Caching at equal quality").
     """
 
     rule: str | None = attrs.field(default=None, validator=choice(*RULES, None))
@@ -148,7 +164,11 @@ class DBCache:
     spacing: float | None = attrs.field(default=None, validator=float_field(0.0, allow_none=True, strict=True))
     last_computed: float | None = attrs.field(default=None, validator=[float_field(0.0, allow_none=True, strict=True),
                                                                        _check_share])
-    extrapolate: str = attrs.field(default="residual", validator=choice(*EXTRAPOLATE))
+    extrapolate: str | None = attrs.field(default=None, validator=choice(*EXTRAPOLATE, None))
+
+    #: fields added after Spec files were first written, with the value such a file means (`Spec.from_dict`): a
+    #: complete DBCache dict without `extrapolate` was written when cached steps always reused the residual
+    FIELDS_ADDED_LATER: typing.ClassVar[dict[str, Any]] = {"extrapolate": "residual"}
 
     @mask_policy.validator
     def _check_static_has_mask(self, attr: attrs.Attribute, value: str) -> None:
@@ -223,6 +243,9 @@ class DBCache:
             values["fn_blocks"] = 1 if rule == "threshold" else 0
         if self.taylorseer_order is None:
             values["taylorseer_order"] = 2 if rule == "schedule" else 1
+        whole_step = values.get("fn_blocks", self.fn_blocks) == 0 and self.bn_blocks == 0
+        if self.extrapolate is None and not (rule == "schedule" and whole_step):
+            values["extrapolate"] = "residual"  # None stays for the model to decide (`resolved_extrapolate`)
         if self.threshold is None and rule != "schedule":
             values["threshold"] = DEFAULT_THRESHOLD
         if rule == "schedule":

@@ -24,7 +24,13 @@ import torch
 
 from hookkit.core.parallel import ParallelInfo, global_sums
 from hookkit.errors import SpecError
-from hookkit.techniques.cache.spec import DBCache, effective_warmup_steps, resolve_steps_mask, rule_mask
+from hookkit.techniques.cache.spec import (
+    DBCache,
+    effective_warmup_steps,
+    resolve_steps_mask,
+    resolved_extrapolate,
+    rule_mask,
+)
 
 #: the feature's name: its `Spec` field, its `CallState.features` key and its summary key
 NAME = "cache"
@@ -41,6 +47,8 @@ class _Layout:
     num_blocks: int
     #: True unless no decision can ever reach the threshold (static mask, or threshold 0)
     needs_diff: bool
+    #: what a cached step reuses on this model: "residual" or "output" (`spec.resolved_extrapolate`)
+    extrapolate: str = "residual"
 
     @property
     def num_middle(self) -> int:
@@ -51,7 +59,7 @@ class _Layout:
         return self.spec.fn_blocks + self.spec.bn_blocks
 
 
-def _layout(spec: DBCache, num_blocks: int) -> _Layout:
+def _layout(spec: DBCache, num_blocks: int, between_block_args: tuple[str, ...] = ()) -> _Layout:
     if spec.fn_blocks + spec.bn_blocks >= num_blocks:
         raise SpecError(
             f"DBCache.fn_blocks + DBCache.bn_blocks: expected fewer than the {num_blocks} blocks of the model so "
@@ -60,7 +68,8 @@ def _layout(spec: DBCache, num_blocks: int) -> _Layout:
         )
     static_mask = spec.steps_mask is not None and spec.mask_policy == "static"
     needs_diff = spec.rule == "threshold" and not static_mask and spec.threshold > 0
-    return _Layout(spec=spec, num_blocks=num_blocks, needs_diff=needs_diff)
+    return _Layout(spec=spec, num_blocks=num_blocks, needs_diff=needs_diff,
+                   extrapolate=resolved_extrapolate(spec, between_block_args))
 
 
 # --- per-call state -----------------------------------------------------------------------------------------

@@ -32,11 +32,12 @@ from hookkit.tools.bench.row import BenchConfig, HookkitSetup
 def _cache_2x(steps: int = 28) -> Any:
     """The rule `hookkit.tune(..., speedup=2)` returns on the trained tiny Flux: "schedule" at 2x with TaylorSeer 2,
     planned from the shipped calibration (`tuned_2x_mask`'s steps; under transformer graphs the extrapolation is
-    written into the residual slots before each cached replay)."""
+    written into the residual slots before each cached replay). The residual form, pinned: the GPU rows in
+    BENCHMARKS.md were measured with it (`extrapolate="output"` computes the same steps)."""
     from hookkit.tools import trained
 
     return hookkit.DBCache(rule="schedule", calibration=trained.calibration("tiny", steps), speedup=2.0,
-                           taylorseer_order=2)
+                           taylorseer_order=2, extrapolate="residual")
 
 
 def _hookkit(make_spec: Callable[[], Any]) -> HookkitSetup:
