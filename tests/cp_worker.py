@@ -264,7 +264,9 @@ def scenario_ulysses() -> dict[str, Any]:
                                                        warmup_steps=2, max_continuous_cached_steps=1)),
                         ("schedule", hookkit.DBCache(rule="schedule", calibration=calibration, speedup=1.3,
                                                      taylorseer_order=1)),
-                        ("default", hookkit.DBCache(speedup=1.3))):  # calibration-free: 3 of 4 steps, (1, 1, 0, 1)
+                        ("default", hookkit.DBCache(speedup=1.3)),  # calibration-free: 3 of 4 steps, (1, 1, 0, 1)
+                        # the same plan, the transformer's gathered output extrapolated on every rank alike
+                        ("output", hookkit.DBCache(speedup=1.3, extrapolate="output"))):
         res[f"{rule}_single"] = cached_run(hookkit.Spec(cache=cache), "", parallel=False)
         res[f"{rule}_hookkit_first"] = cached_run(hookkit.Spec(cache=cache), "hookkit_first")
 

@@ -238,11 +238,12 @@ def test_static_mask_under_cp_caches_the_mask_steps_without_collectives(ulysses:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", ["magnitude", "schedule", "default"])
+@pytest.mark.parametrize("rule", ["magnitude", "schedule", "default", "output"])
 def test_planned_rules_under_cp_cache_the_one_process_steps_without_collectives(ulysses: list[dict[str, Any]],
                                                                                 rule: str) -> None:
-    # schedule: step 3 is nearly step 2 (gram 0.9); default: DBCache(speedup=1.3), the calibration-free plan
-    expected = {"magnitude": [2], "schedule": [3], "default": [2]}[rule]
+    # schedule: step 3 is nearly step 2 (gram 0.9); default: DBCache(speedup=1.3), the calibration-free plan; output:
+    # the same plan with the transformer's output extrapolated
+    expected = {"magnitude": [2], "schedule": [3], "default": [2], "output": [2]}[rule]
     for r in ulysses:
         assert r[f"{rule}_hookkit_first"]["cached"] == r[f"{rule}_single"]["cached"] == expected
         assert r[f"{rule}_hookkit_first"]["collectives"] == 0
