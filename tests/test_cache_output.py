@@ -251,6 +251,17 @@ def test_removal_leaves_the_transformer_bitwise_stock() -> None:
     assert torch.equal(pipe(**zoo.call_kwargs("flux", steps=4)).images, reference)
 
 
+def test_the_summary_says_the_output_is_reused() -> None:
+    model, handle = stub(output_cache(1))
+    drive(model, handle, TEMBS)
+    data = handle.summary().features["cache"].data
+    assert data["extrapolate"] == "output"
+    assert data["block_calls"] == 15
+    assert handle.summary().features["cache"].text.splitlines()[0] == (
+        "DBCache F0B0 (middle 5 of 5 blocks), threshold 0.24, mask [1, 1, 0, 1, 0, 0] (static); cached steps reuse the "
+        "transformer's output")
+
+
 def test_no_block_hook_is_attached_in_output_mode() -> None:
     pipe = zoo.tiny_pipeline("flux")
     plan = hookkit.build_plan(pipe, hookkit.Spec(cache=output_cache(1)))

@@ -167,6 +167,8 @@ def _summary(layout: _Layout, cs: _CallState | None, generation: int,
         "rule": spec.rule,
         "speedup": spec.speedup, "spacing": spec.spacing, "last_computed": spec.last_computed,
         "calibrated": spec.calibration is not None,
+        #: what a cached step reuses on this model ("residual" or "output": `DBCache.extrapolate`)
+        "extrapolate": layout.extrapolate,
         "no_cache_reason": _no_cached_reason(layout, cs),
         "no_cache_brief": _no_cache_brief(layout, cs),
         #: denoising steps of the call (each branch runs them all): what "0 of N steps cached" counts
@@ -191,6 +193,8 @@ def _render(data: dict[str, Any], brief: bool = False) -> str:
         decides = f"schedule {data.get('speedup'):g}x, {plan}"
     head = (f"DBCache F{data['fn_blocks']}B{data['bn_blocks']} (middle {data['middle_blocks']} of {data['blocks']} "
             f"blocks), {decides}")
+    if data.get("extrapolate") == "output":
+        head += "; cached steps reuse the transformer's output"
     if not data["branches"]:
         return head + "\nno transformer call in this generation yet"
     names = data.get("branch_names") or {}
