@@ -737,10 +737,25 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
                                          "cache-dit+fp8+compile+sage", "hookkit-fp8+cuda-graphs",
                                          "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
                                          "hookkit-fp8+cache-fast+compile+fp8-attention",
+                                         "hookkit-fp8+cache-fast-output+compile+fp8-attention",
                                          "hookkit-fp8+compile+flashinfer-attention",
                                          "hookkit-fp8+compile+flashinfer-fp8-attention",
                                          "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"]
     assert notes == []
+
+
+def test_the_output_row_caches_the_fast_steps_running_nothing_of_the_transformer_on_a_cached_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    seen: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: seen.append(spec))
+    for name in ("hookkit-fp8+cache-fast-output+compile+fp8-attention", "hookkit-fp8+cache-fast+compile+fp8-attention"):
+        bench.CONFIGS[name].setup(SimpleNamespace(pipe=None, handle=None))
+    output, residual = seen
+    assert (output.cache.extrapolate, output.cache.fn_blocks, output.cache.steps_mask) == ("output", 0, "fast")
+    assert (residual.cache.extrapolate, residual.cache.fn_blocks, residual.cache.steps_mask) == ("residual", 1, "fast")
+    assert attrs.evolve(output, cache=None) == attrs.evolve(residual, cache=None)  # everything else alike
 
 
 def test_the_fastest_image_row_with_fp8_attention_runs_it_under_transformer_graphs(

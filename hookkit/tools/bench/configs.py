@@ -51,6 +51,13 @@ def _cache_fast() -> Any:
                            taylorseer_order=0)
 
 
+def _cache_fast_output() -> Any:
+    """The same static "fast" computed steps with nothing of the transformer run on a cached step: its output
+    extrapolated (TaylorSeer 1; `DBCache.extrapolate`). cache-dit runs its first block on a cached step (F1B0)."""
+    return hookkit.DBCache(fn_blocks=0, bn_blocks=0, warmup_steps=0, steps_mask="fast", mask_policy="static",
+                           taylorseer_order=1, extrapolate="output")
+
+
 def _cache_cachedit_settings() -> Any:
     """DBCache with a dynamic decision at cache-dit's common settings (F1B0, 8 warm-up steps, at most 3 cached in a
     row, threshold 0.12), for comparing with cache-dit at equal settings. Not `hookkit.DBCache()`: the
@@ -238,6 +245,12 @@ def _configs() -> dict[str, BenchConfig]:
                     fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
                     description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + hookkit's fp8 "
                                 "attention kernel at every step"),
+        BenchConfig(name="hookkit-fp8+cache-fast-output+compile+fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_output(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True, attention=_fp8_attention_every_step())),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    description="as hookkit-fp8+cache-fast+compile+fp8-attention, a cached step running nothing of "
+                                "the transformer (its output extrapolated)"),
         BenchConfig(name="hookkit-fp8+compile+flashinfer-attention", kind="hookkit",
                     setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
                                              attention=hookkit.Attention(kernel="flashinfer", low_precision=None))),
@@ -279,7 +292,8 @@ CONFIGS: dict[str, BenchConfig] = _configs()
 ROW_GROUPS: dict[str, tuple[str, ...]] = {
     "video": ("eager", "regional-compile", "fbcache", "magcache", "cache-dit+fp8+compile", "cache-dit+fp8+compile+sage",
               "hookkit-fp8+cuda-graphs", "hookkit-fp8+cache-fast+cuda-graphs", "hookkit-fp8+compile+fp8-attention",
-              "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+compile+flashinfer-attention",
+              "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+cache-fast-output+compile+fp8-attention",
+              "hookkit-fp8+compile+flashinfer-attention",
               "hookkit-fp8+compile+flashinfer-fp8-attention",
               "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"),
 }
