@@ -286,22 +286,3 @@ def _smooth_gram(n: int) -> tuple[tuple[float, ...], ...]:
 
     return random_gram(n, seed=3)
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_under_transformer_graphs_the_output_form_replays_computed_calls_only_and_matches_eager() -> None:
-    from tests.test_compile import _cache_stats, _cuda_pipeline, _cuda_run
-
-    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2, extrapolate="output",
-                            calibration=CacheCalibration(steps=8, gram=_smooth_gram(8)))
-    pipe = _cuda_pipeline()
-    eager = hookkit.enable(pipe, hookkit.Spec(cache=cache))
-    reference = _cuda_run(pipe, steps=8)
-    stats = _cache_stats(eager)
-    eager.remove()
-    handle = hookkit.enable(pipe, hookkit.Spec(cache=cache, compile=hookkit.Compile(cuda_graphs="transformer",
-                                                                                      backend="eager")))
-    for _ in range(2):  # the second call: replays of the computed-step graph only
-        torch.testing.assert_close(_cuda_run(pipe, steps=8), reference, rtol=1e-4, atol=1e-4)
-        assert _cache_stats(handle) == stats
-    assert len(stats[1][0][1]) == 3  # 3 of 8 steps cached

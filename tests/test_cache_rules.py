@@ -417,10 +417,11 @@ def test_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager_b
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager() -> None:
+@pytest.mark.parametrize("extrapolate", ["residual", "output"])  # output: only computed calls reach the graphs
+def test_gpu_taylorseer_under_transformer_graphs_with_a_planned_rule_matches_eager(extrapolate: str) -> None:
     from tests.test_compile import _cache_stats, _cuda_pipeline, _cuda_run
 
-    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2, extrapolate="residual",
+    cache = hookkit.DBCache(rule="schedule", speedup=1.6, taylorseer_order=2, extrapolate=extrapolate,
                             calibration=CacheCalibration(steps=8, gram=random_gram(8, seed=3)))
     pipe = _cuda_pipeline()
     eager = hookkit.enable(pipe, hookkit.Spec(cache=cache))
