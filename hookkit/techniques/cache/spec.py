@@ -143,7 +143,7 @@ class DBCache:
             "residual" on one that may be given ControlNet residuals or VACE hints (Flux, Qwen-Image, Wan VACE: the
             residual form adds the current ones on a cached step); "residual" for every other rule or split. Why:
             on the trained models the output varies more smoothly over the steps than the residual, so the same
-            computed steps give better images, 1-8 dB on held-out seeds (BENCHMARKS.md, "Caching at equal quality").
+            computed steps give better images on held-out seeds (BENCHMARKS.md, "What a cached step reuses").
     """
 
     rule: str | None = attrs.field(default=None, validator=choice(*RULES, None))
