@@ -116,6 +116,39 @@ def test_wan22_static_mask_skips_the_middle_blocks_of_every_transformer(wan22: A
     assert "(pipe.transformer)" in text and "(pipe.transformer_2)" in text
 
 
+def test_wan22_the_output_form_reuses_each_experts_own_output(wan22: Any) -> None:
+    # mask (1, 0, 1, 0), order 0: each expert computes its first step and returns that output again on its second
+    cache = hookkit.DBCache(fn_blocks=0, steps_mask=(1, 0, 1, 0), mask_policy="static", warmup_steps=0,
+                            taylorseer_order=0, extrapolate="output")
+    handle = hookkit.enable(wan22, hookkit.Spec(cache=cache))
+    outputs: list[tuple[str, torch.Tensor]] = []
+    wrapped = [wan22.transformer.forward, wan22.transformer_2.forward]  # hookkit's wrappers: what the pipeline sees
+
+    def recorder(name: str, forward: Any) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            outputs.append((name, (out[0] if isinstance(out, tuple) else out.sample).clone()))
+            return out
+        return record
+
+    wan22.transformer.forward = recorder("transformer", wrapped[0])
+    wan22.transformer_2.forward = recorder("transformer_2", wrapped[1])
+    try:
+        with count_calls(leaf_of_last_block(wan22.transformer), leaf_of_last_block(wan22.transformer_2)) as counters:
+            run(wan22, "wan22")
+        summary = handle.summary()
+    finally:
+        wan22.transformer.forward, wan22.transformer_2.forward = wrapped
+        hookkit.disable(wan22)
+    assert [c["calls"] for c in counters] == [2, 2]  # each expert's cached step (its CFG pair) ran nothing
+    assert [name for name, _ in outputs] == ["transformer"] * 4 + ["transformer_2"] * 4
+    for first in (0, 4):  # calls: (step, cond), (step, uncond), (step + 1, cond), (step + 1, uncond)
+        assert torch.equal(outputs[first + 2][1], outputs[first][1])
+        assert torch.equal(outputs[first + 3][1], outputs[first + 1][1])
+    second = summary.companions[0].features["cache"].data["branches"]
+    assert {b: (d["computed"], d["cached"]) for b, d in second.items()} == {0: ([2], [3]), 1: ([2], [3])}
+
+
 def test_wan22_disable_is_bitwise_and_leaves_nothing(wan22: Any, wan22_stock: torch.Tensor) -> None:
     before = [dict(t.__dict__) for t in (wan22.transformer, wan22.transformer_2)]
     handle = hookkit.enable(wan22, hookkit.Spec(cache=static((1, 0, 1, 0)), sync_free=True))
