@@ -35,6 +35,7 @@ def resolved_extrapolate(spec: DBCache, between_block_args: tuple[str, ...]) -> 
         return spec.extrapolate
     return "residual" if between_block_args else "output"
 
+
 #: Named step masks, defined for 28 steps as alternating (compute, cache) bins and scaled to other step
 #: counts. 1 = compute, 0 = may cache. Every policy covers exactly 28 steps; computed steps: slow 18,
 #: medium 15, fast 11, ultra 8.
