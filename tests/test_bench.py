@@ -740,7 +740,8 @@ def test_the_video_group_is_the_video_matrix_with_eager_first() -> None:
                                          "hookkit-fp8+cache-fast-output+compile+fp8-attention",
                                          "hookkit-fp8+compile+flashinfer-attention",
                                          "hookkit-fp8+compile+flashinfer-fp8-attention",
-                                         "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"]
+                                         "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention",
+                                         "hookkit-fp8+cache-fast-output+compile+flashinfer-fp8-attention"]
     assert notes == []
 
 
@@ -750,12 +751,16 @@ def test_the_output_row_caches_the_fast_steps_running_nothing_of_the_transformer
 
     seen: list[hookkit.Spec] = []
     monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: seen.append(spec))
-    for name in ("hookkit-fp8+cache-fast-output+compile+fp8-attention", "hookkit-fp8+cache-fast+compile+fp8-attention"):
-        bench.CONFIGS[name].setup(SimpleNamespace(pipe=None, handle=None))
-    output, residual = seen
-    assert (output.cache.extrapolate, output.cache.fn_blocks, output.cache.steps_mask) == ("output", 0, "fast")
-    assert (residual.cache.extrapolate, residual.cache.fn_blocks, residual.cache.steps_mask) == ("residual", 1, "fast")
-    assert attrs.evolve(output, cache=None) == attrs.evolve(residual, cache=None)  # everything else alike
+    for kernel in ("", "flashinfer-"):
+        seen.clear()
+        for name in (f"hookkit-fp8+cache-fast-output+compile+{kernel}fp8-attention",
+                     f"hookkit-fp8+cache-fast+compile+{kernel}fp8-attention"):
+            bench.CONFIGS[name].setup(SimpleNamespace(pipe=None, handle=None))
+        output, residual = seen
+        assert (output.cache.extrapolate, output.cache.fn_blocks, output.cache.steps_mask) == ("output", 0, "fast")
+        assert (residual.cache.extrapolate, residual.cache.fn_blocks, residual.cache.steps_mask) == ("residual", 1,
+                                                                                                     "fast")
+        assert attrs.evolve(output, cache=None) == attrs.evolve(residual, cache=None)  # everything else alike
 
 
 def test_the_fastest_image_row_with_fp8_attention_runs_it_under_transformer_graphs(

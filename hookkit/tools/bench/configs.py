@@ -276,6 +276,14 @@ def _configs() -> dict[str, BenchConfig]:
                     description="static 'fast' DBCache + fp8 dynamic per-row + regional compile + FlashInfer's fp8 "
                                 "attention kernel at every step on calls of 8,192 keys or more (shorter ones native; "
                                 "needs the flashinfer-python package and a Hopper GPU)"),
+        BenchConfig(name="hookkit-fp8+cache-fast-output+compile+flashinfer-fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_output(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step("flashinfer_fp8"))),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flashinfer",
+                    description="as hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention, a cached step running "
+                                "nothing of the transformer (its output extrapolated)"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
@@ -295,7 +303,8 @@ ROW_GROUPS: dict[str, tuple[str, ...]] = {
               "hookkit-fp8+cache-fast+compile+fp8-attention", "hookkit-fp8+cache-fast-output+compile+fp8-attention",
               "hookkit-fp8+compile+flashinfer-attention",
               "hookkit-fp8+compile+flashinfer-fp8-attention",
-              "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention"),
+              "hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention",
+              "hookkit-fp8+cache-fast-output+compile+flashinfer-fp8-attention"),
 }
 
 #: a row named "spec:PATH" runs the Spec in the JSON file PATH (`Spec.to_dict()`, as `hookkit tune --json` writes it)
