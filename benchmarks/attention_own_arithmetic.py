@@ -92,10 +92,18 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().mean() / b.abs().mean()).item()
 
 
+def worst_head_ratio(out: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
+    """The largest, over heads, of the kernel's error against float32 SDPA over its mirror's: how much more a head
+    errs than the kernel's arithmetic implies (1.0: no more)."""
+    return max(relative(out[:, h], exact[:, h]) / relative(expected[:, h], exact[:, h]) for h in range(out.shape[1]))
+
+
 def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """The median over `calls` of the three errors (module docstring), or the kernel's error message."""
+    """The median over `calls` of the three errors (module docstring) and of the worst head's ratio
+    (`worst_head_ratio`), or the kernel's error message."""
     run, mirror = kernel
-    errors: dict[str, list[float]] = {"kernel_vs_fp32": [], "mirror_vs_fp32": [], "kernel_vs_mirror": []}
+    errors: dict[str, list[float]] = {"kernel_vs_fp32": [], "mirror_vs_fp32": [], "kernel_vs_mirror": [],
+                                      "worst_head_ratio": []}
     try:
         for q, k, v, scale in calls:
             exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
@@ -104,6 +112,7 @@ def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
             errors["kernel_vs_fp32"].append(relative(out, exact))
             errors["mirror_vs_fp32"].append(relative(expected, exact))
             errors["kernel_vs_mirror"].append(relative(out, expected))
+            errors["worst_head_ratio"].append(worst_head_ratio(out, expected, exact))
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is a row with its reason
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
     return {key: statistics.median(values) for key, values in errors.items()}
@@ -123,8 +132,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                   for dim in args.dims for tokens in args.tokens]
     rows = []
     table = kernels()
-    print(f"{'kernel':15} {'kind':9} {'dim':>4} {'tokens':>6} {'vs fp32':>9} {'mirror':>9} {'vs mirror':>9}",
-          flush=True)
+    print(f"{'kernel':15} {'kind':9} {'dim':>4} {'tokens':>6} {'vs fp32':>9} {'mirror':>9} {'vs mirror':>9} "
+          f"{'worst head':>10}", flush=True)
     for name in args.kernels:
         for kind, dim, tokens, calls in cases:
             row = {"kernel": name, "kind": kind, "dim": dim, "tokens": tokens, "calls": len(calls),
@@ -134,7 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 print(f"{name:15} {kind:9} {dim:>4} {tokens:>6} failed: {row['error'][:90]}", flush=True)
             else:
                 print(f"{name:15} {kind:9} {dim:>4} {tokens:>6} {row['kernel_vs_fp32']:>9.2e} "
-                      f"{row['mirror_vs_fp32']:>9.2e} {row['kernel_vs_mirror']:>9.2e}", flush=True)
+                      f"{row['mirror_vs_fp32']:>9.2e} {row['kernel_vs_mirror']:>9.2e} "
+                      f"{row['worst_head_ratio']:>10.2f}", flush=True)
     if args.out is not None:
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                 "argv": sys.argv[1:] if argv is None else argv}

@@ -53,3 +53,28 @@ def applying_first_heads_scales(call: Callable[..., torch.Tensor]) -> Callable[.
             kwargs[name] = kwargs[name][:1].expand_as(kwargs[name]).contiguous()
         return call(q, k, v, **kwargs)
     return wrapped
+
+
+def rounding_against_a_running_maximum(tile: int) -> Callable[..., torch.Tensor]:
+    """A `single_prefill_with_kv_cache` with FlashInfer's fp8 semantics computed as its kernel does over more keys
+    than a tile: online softmax, P of each `tile` keys times 448 rounded to e4m3 against the running maximum of the
+    scores so far, earlier tiles' sums rescaled when the maximum grows. Only the rounding of P differs from
+    `StandIn`'s, by as much as it rounds."""
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, o_dtype: torch.dtype, sm_scale: float,
+             scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        qf, kf, vf = (t.float().transpose(0, 1) * s[:, None, None] for t, s in zip((q, k, v), (scale_q, scale_k,
+                                                                                                 scale_v)))
+        scores = qf @ kf.transpose(1, 2) * sm_scale
+        top = torch.full(scores.shape[:-1] + (1,), float("-inf"))
+        acc, total = torch.zeros(qf.shape[:-1] + (vf.shape[-1],)), torch.zeros_like(top)
+        for start in range(0, scores.shape[-1], tile):
+            s = scores[..., start:start + tile]
+            new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
+            shrink = torch.exp(top - new_top)
+            p = torch.exp(s - new_top)
+            p8 = (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
+            acc = acc * shrink + p8 @ vf[:, start:start + tile]
+            total = total * shrink + p.sum(dim=-1, keepdim=True)
+            top = new_top
+        return (acc / total).transpose(0, 1).contiguous().to(o_dtype)
+    return call
