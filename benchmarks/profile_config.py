@@ -7,6 +7,8 @@ host-bound: the GPU waits for launches. A configuration that cannot run here (th
 hookkit refusal ends in one line and exit status 2, not a traceback.
 
     python benchmarks/profile_config.py --model flux --size 512 --config hookkit-fp8+compile --warmup 3
+    python benchmarks/profile_config.py --model wan --arch wan2.1-14b --height 480 --width 832 --frames 81 \
+        --steps 2 --warmup 1 --config hookkit-fp8+compile+flashinfer-fp8-attention
     python benchmarks/profile_config.py --model flux --tiny --config hookkit-compile    # CPU: checks the script
 """
 
@@ -29,7 +31,11 @@ SCRIPT = "profile_config.py"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="flux")
-    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--size", type=int, default=512, help="height and width unless --height/--width (default 512)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None, help="video frames (default: the pipeline's, 81 for Wan)")
+    p.add_argument("--arch", default=None, help="the full-size architecture of the family (`hookkit bench --help`)")
     p.add_argument("--steps", type=int, default=28)
     p.add_argument("--config", default="hookkit-fp8+compile", choices=sorted(bench.CONFIGS))
     p.add_argument("--warmup", type=int, default=3)
@@ -40,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tiny:
         bench.require_cuda(SCRIPT, "--tiny checks the script on the CPU with the tiny model.")
     try:
-        opts = bench.ModelOptions(name=args.model, steps=4) if args.tiny else bench.ModelOptions(
-            name=args.model, full=True, steps=args.steps, height=args.size, width=args.size)
+        opts = bench.ModelOptions(name=args.model, steps=4, frames=args.frames) if args.tiny else bench.ModelOptions(
+            name=args.model, full=True, steps=args.steps, height=args.height or args.size,
+            width=args.width or args.size, frames=args.frames, arch=args.arch)
         device = bench.resolve_device(opts.device)
         reason = bench.CONFIGS[args.config].unavailable(device, bench.available_fields())
         if reason is not None:
@@ -75,7 +82,9 @@ def profile(args: argparse.Namespace, opts: bench.ModelOptions, device: torch.de
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
                                                           "cuLaunchKernelEx", "cudaGraphLaunch"))
-    print(f"{args.config} on {opts.name} ({'tiny' if args.tiny else f'{args.size}²'}), {bench.device_description(device)}")
+    size = "tiny" if args.tiny else f"{opts.height}x{opts.width}"
+    frames = f", {opts.frames} frames" if opts.frames else ""
+    print(f"{args.config} on {opts.name} ({size}{frames}, {opts.num_steps()} steps), {bench.device_description(device)}")
     print(f"warm-up calls s: {warm}; timed call: {wall:.3f} s; profiled call: {profiled:.3f} s")
     print(f"device kernel time: {kernel_us / 1e6:.3f} s ({kernel_us / 1e4 / max(profiled, 1e-9):.0f} % of the "
           f"profiled call); launches: {launches}")

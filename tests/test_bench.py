@@ -893,6 +893,13 @@ def test_profile_config_on_the_cpu_refuses_its_fp8_default_in_one_line(benchmark
                               "cpu). Pick one that runs here (`hookkit bench --list`), e.g. --config hookkit-compile.\n")
 
 
+def test_profile_config_profiles_a_video_pipeline_at_the_frames_it_is_given(benchmark_script, capsys) -> None:
+    assert benchmark_script("profile_config").main(["--tiny", "--model", "wan", "--frames", "5", "--config", "eager",
+                                                    "--warmup", "1", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("eager on wan (tiny, 5 frames, 4 steps), CPU")
+
+
 def test_profile_config_ends_a_hookkit_refusal_in_one_line_naming_its_model_flag(benchmark_script, capsys) -> None:
     assert benchmark_script("profile_config").main(["--tiny", "--model", "sd3", "--config", "hookkit"]) == 2
     out, err = capsys.readouterr()
