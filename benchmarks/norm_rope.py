@@ -9,7 +9,8 @@ Cases (bf16, query and key, batch 1; 24 heads of 128 but Wan's):
                (`norm_rope.MAX_ACROSS_WIDTH`): its `hookkit` row is inductor's, the op rows time the kernel
 Rows per case: `inductor` (the eager function compiled with hookkit's other passes: RealComplexMul for qwen),
 `hookkit` (compiled with FusedNormRope chained after it: one op call per query or key), and the op's kernel variants
-called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction). Each row: GPU time per call,
+called directly (`warps`; `int`: integer bf16 rounding instead of the PTX instruction; for Wan also the chunked
+kernel, `chunked N heads`, which the op runs where a token is wider than `norm_rope.MAX_ONE_PROGRAM_WIDTH`). Each row: GPU time per call,
 from CUDA-event timings of a CUDA graph that replays --iters calls (median of --runs replays after warm-up, min-max):
 the kernels alone, as a captured transformer runs them (calls timed from Python would measure the host's launch path,
 the op's wrapper and Triton's launcher, not the kernels), the memory traffic that implies, and the output against the
@@ -182,6 +183,18 @@ def norm_rope_rows(name: str, args: argparse.Namespace, device: torch.device) ->
 
             label = f"op warps={warps}" + ("" if use_ptx else " int")
             rows.append(row(label, direct, ref, traffic, args))
+    for chunk in (4, 8, 16) if any(c.get("across_heads", False) for c in calls) else ():
+        for warps in (4, 8):
+            def chunked(warps: int = warps, chunk: int = chunk) -> tuple[torch.Tensor, ...]:
+                outs = []
+                for c in calls:
+                    out = c["xs"][0].new_empty(c["xs"][0].shape)
+                    norm_rope_triton.launch([x.contiguous() for x in c["xs"]], c["weights"], c["eps"], c["cos"],
+                                            c["sin"], c["round_first"], out, True, num_warps=warps, chunk_heads=chunk)
+                    outs.append(out)
+                return tuple(outs)
+
+            rows.append(row(f"op chunked {chunk} heads warps={warps}", chunked, ref, traffic, args))
     return [r | {"case": name} for r in rows]
 
 

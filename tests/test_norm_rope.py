@@ -23,6 +23,7 @@ from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 import hookkit
 from hookkit.errors import HookError
+import hookkit.techniques.compile as compile_pkg
 from hookkit.techniques.compile import norm_rope
 from hookkit.techniques.compile.norm_rope import FusedNormRope, rms_norm_rope
 from hookkit.techniques.compile.real_rope import RealComplexMul
@@ -314,6 +315,15 @@ out = torch.empty(batch, 7, heads, dim, dtype=torch.bfloat16)
 kernels.launch(*args, out, across_heads=True)
 ref = norm_rope._reference(*args, across_heads=True)
 found["across, bf16 tables"] = [out.numel(), int((out == ref).sum())]
+# the chunked kernel (a token too wide for one program): 5 heads, 2 at a time (the last chunk half masked)
+x = (torch.randn(batch, 7, 5, dim, generator=g) * 3).to(torch.bfloat16)
+w = (torch.randn(5 * dim, generator=g) * 0.5 + 1).to(torch.bfloat16)
+for round_first in (False, True):
+    args = ([x], [w], [1e-6], [cos[:, 0::2]], [sin[:, 1::2]], round_first)
+    out = torch.empty(batch, 7, 5, dim, dtype=torch.bfloat16)
+    kernels.launch(*args, out, across_heads=True, chunk_heads=2)
+    ref = norm_rope._reference(*args, across_heads=True)
+    found[f"across, chunked, {round_first}"] = [out.numel(), int((out == ref).sum())]
 print(json.dumps(found))
 """
 
@@ -322,7 +332,31 @@ print(json.dumps(found))
 def test_the_kernel_is_the_ops_arithmetic_bitwise_in_tritons_interpreter(interpreted: Callable[[str], Any]) -> None:
     # the sum of squares, both RMSNorm roundings, both table layouts, two streams at their token offsets, on the CPU
     assert interpreted(INTERPRETED) == {"False": [9216, 9216], "True": [9216, 9216],
-                                        "across, bf16 tables": [5376, 5376]}
+                                        "across, bf16 tables": [5376, 5376], "across, chunked, False": [8960, 8960],
+                                        "across, chunked, True": [8960, 8960]}
+
+
+def test_a_token_wider_than_one_program_is_normalized_eight_heads_of_128_at_a_time() -> None:
+    # Wan 2.1 14B's 40 heads of 128 (64 rounded up: 8,192 values) in 5 chunks; Wan 1.3B's 12 (16: 2,048) in one program
+    assert (norm_rope.chunk_heads(40, 128), norm_rope.chunk_heads(12, 128), norm_rope.chunk_heads(40, 64)) == (8, None,
+                                                                                                            16)
+
+
+def test_the_op_runs_the_chunked_kernel_for_a_norm_over_forty_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    launches: list[dict[str, Any]] = []
+    stand_in = types.ModuleType("hookkit.techniques.compile.norm_rope_triton")
+    stand_in.launch = lambda *args, **kwargs: launches.append(kwargs)
+    monkeypatch.setitem(sys.modules, "hookkit.techniques.compile.norm_rope_triton", stand_in)
+    monkeypatch.setattr(compile_pkg, "norm_rope_triton", stand_in, raising=False)
+    monkeypatch.setattr(norm_rope, "_kernel_fits", lambda xs: True)
+    x = torch.zeros(1, 3, 40, 128, dtype=torch.bfloat16)
+    table = torch.zeros(3, 64, dtype=torch.bfloat16)
+    norm_rope.rms_norm_rope([x], [torch.ones(40 * 128, dtype=torch.bfloat16)], [1e-6], [table], [table], False, True)
+    norm_rope.rms_norm_rope([x], [torch.ones(128, dtype=torch.bfloat16)], [1e-6], [table], [table], False, False)
+    assert [k["chunk_heads"] for k in launches] == [8, None]
 
 
 # --- GPU: the kernel at full size ------------------------------------------------------------------------------
@@ -341,7 +375,7 @@ def assert_within_one_rounding(out: torch.Tensor, ref: torch.Tensor) -> None:
 def full_size_arguments(model: str) -> tuple[Any, ...]:
     """The op's arguments for one query at 1024²: Flux-dev's double block (512 text + 4,096 image tokens, the image a
     slice of a fused QKV output: rows strided; [tokens, 128] tables) or Qwen-Image's image stream (one table per pair);
-    or one of Wan 2.1 14B's at 480x832 (a norm over 40 heads, bf16 tables)."""
+    or one of Wan 2.1 14B's at 480x832 (a norm over 40 heads, bf16 tables: the chunked kernel)."""
     device = torch.device("cuda")
     g = torch.Generator(device).manual_seed(0)
 

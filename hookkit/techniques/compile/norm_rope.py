@@ -41,10 +41,15 @@ _CONVERT = prims.convert_element_type.default
 DEVICES: tuple[str, ...] = ("cuda",)
 #: the widest head the kernel holds (a power of two; Flux, Qwen-Image: 128)
 MAX_HEAD_DIM = 256
-#: the most values of a token (heads rounded up to a power of two, times the head) that the pass gives the kernel for
+#: the most values of a token (heads rounded up to a power of two, times the head) that the pass gives the op for
 #: a norm over all heads: on an H200 (BENCHMARKS.md) Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
-#: inductor's 7.5, Wan 2.1 14B's 64 x 128 (40 heads) took 1.9x inductor's time (one program holds a whole token)
+#: inductor's 7.5, Wan 2.1 14B's 64 x 128 (40 heads) took 1.9x inductor's time when one program held a whole token.
+#: Wider tokens stay with inductor until the chunked kernel (below) is measured faster there
 MAX_ACROSS_WIDTH = 2048
+#: the most values of a token one program of the kernel holds; a wider token (a norm over all heads) runs the chunked
+#: kernel, `CHUNK_WIDTH` values (a power-of-two number of heads) at a time, twice over the token
+MAX_ONE_PROGRAM_WIDTH = 2048
+CHUNK_WIDTH = 1024
 
 
 # --- the op ------------------------------------------------------------------------------------------------
@@ -132,8 +137,18 @@ def rms_norm_rope(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list
     xs = [x if x.stride(3) == 1 and x.stride(2) == dim else x.contiguous() for x in xs]  # the kernel reads whole heads
     weights = [w.contiguous() for w in weights]
     out = xs[0].new_empty([xs[0].shape[0], sum(x.shape[1] for x in xs), xs[0].shape[2], dim])
-    norm_rope_triton.launch(xs, weights, list(eps), list(cos), list(sin), round_first, out, across_heads)
+    norm_rope_triton.launch(xs, weights, list(eps), list(cos), list(sin), round_first, out, across_heads,
+                            chunk_heads=chunk_heads(xs[0].shape[2], dim) if across_heads else None)
     return out
+
+
+def chunk_heads(heads: int, dim: int) -> int | None:
+    """How many heads at a time the kernel normalizes a token of `heads` x `dim` over all heads: None (all at once,
+    one program) up to `MAX_ONE_PROGRAM_WIDTH` values (heads rounded up to a power of two), else the power of two of
+    `CHUNK_WIDTH` values (at least 1)."""
+    if (1 << (heads - 1).bit_length()) * dim <= MAX_ONE_PROGRAM_WIDTH:
+        return None
+    return max(1, 1 << ((CHUNK_WIDTH // dim).bit_length() - 1)) if CHUNK_WIDTH >= dim else 1
 
 
 @rms_norm_rope.register_fake
