@@ -342,6 +342,19 @@ def test_a_token_wider_than_one_program_is_normalized_eight_heads_of_128_at_a_ti
                                                                                                             16)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_the_chunked_kernel_takes_a_power_of_two_of_heads_for_a_norm_over_all_heads_only() -> None:
+    from hookkit.techniques.compile import norm_rope_triton
+
+    x = torch.zeros(1, 2, 5, 8, dtype=torch.bfloat16)
+    table = torch.zeros(2, 4)
+    for chunk, across in ((3, True), (2, False)):
+        with pytest.raises(HookError, match=rf"chunk_heads expected a power of two with across_heads=True, got {chunk} "
+                                            rf"\(across_heads={across}\)"):
+            norm_rope_triton.launch([x], [torch.ones(40)], [1e-6], [table], [table], False, torch.empty_like(x),
+                                    across, chunk_heads=chunk)
+
+
 def test_the_op_runs_the_chunked_kernel_for_a_norm_over_forty_heads(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
     import types

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hookkit.errors import HookError
 from hookkit.techniques.compile.fp8_rows_triton import _round_bf16, ptx
 
 
@@ -130,8 +131,8 @@ def launch(xs: list[torch.Tensor], weights: list[torch.Tensor], eps: list[float]
     passes it where a token is too wide for one program). `num_warps`, `use_ptx`: the kernel's variants, for benchmarks
     (the defaults are what the op runs)."""
     if chunk_heads is not None and not (across_heads and chunk_heads > 0 and chunk_heads & (chunk_heads - 1) == 0):
-        raise ValueError(f"norm_rope_triton.launch: chunk_heads expected a power of two with across_heads=True, got "
-                         f"{chunk_heads} (across_heads={across_heads}).")
+        raise HookError(f"norm_rope_triton.launch: chunk_heads expected a power of two with across_heads=True, got "
+                        f"{chunk_heads} (across_heads={across_heads}). Pass one, or None for the one-program kernel.")
     batch, total, heads, dim = out.shape
     offset = 0
     with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
