@@ -88,14 +88,11 @@ def trained_inputs(device: torch.device) -> list[tuple[Any, ...]]:
     return [(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), scale) for q, k, v, scale in calls[::8]]
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().mean() / b.abs().mean()).item()
-
-
 def worst_head_ratio(out: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
     """The largest, over heads, of the kernel's error against float32 SDPA over its mirror's: how much more a head
     errs than the kernel's arithmetic implies (1.0: no more)."""
-    return max(relative(out[:, h], exact[:, h]) / relative(expected[:, h], exact[:, h]) for h in range(out.shape[1]))
+    error = flashinfer_fa3.relative_error
+    return max(error(out[:, h], exact[:, h]) / error(expected[:, h], exact[:, h]) for h in range(out.shape[1]))
 
 
 def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -109,9 +106,9 @@ def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
             exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
             out = run(q, k, v, scale).float()
             expected = mirror(q, k, v, scale).float()
-            errors["kernel_vs_fp32"].append(relative(out, exact))
-            errors["mirror_vs_fp32"].append(relative(expected, exact))
-            errors["kernel_vs_mirror"].append(relative(out, expected))
+            errors["kernel_vs_fp32"].append(flashinfer_fa3.relative_error(out, exact))
+            errors["mirror_vs_fp32"].append(flashinfer_fa3.relative_error(expected, exact))
+            errors["kernel_vs_mirror"].append(flashinfer_fa3.relative_error(out, expected))
             errors["worst_head_ratio"].append(worst_head_ratio(out, expected, exact))
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is a row with its reason
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
