@@ -146,9 +146,15 @@ def chunk_heads(heads: int, dim: int) -> int | None:
     """How many heads at a time the kernel normalizes a token of `heads` x `dim` over all heads: None (all at once,
     one program) up to `MAX_ONE_PROGRAM_WIDTH` values (heads rounded up to a power of two), else the power of two of
     `CHUNK_WIDTH` values (at least 1)."""
-    if (1 << (heads - 1).bit_length()) * dim <= MAX_ONE_PROGRAM_WIDTH:
+    if padded_width(heads, dim) <= MAX_ONE_PROGRAM_WIDTH:
         return None
-    return max(1, 1 << ((CHUNK_WIDTH // dim).bit_length() - 1)) if CHUNK_WIDTH >= dim else 1
+    return 1 << max(0, (CHUNK_WIDTH // dim).bit_length() - 1)
+
+
+def padded_width(heads: int, dim: int) -> int:
+    """The values of a token one program of the kernel holds for a norm over all heads: heads rounded up to a power of
+    two, times the head."""
+    return (1 << (heads - 1).bit_length()) * dim
 
 
 @rms_norm_rope.register_fake
@@ -217,7 +223,7 @@ def across_heads_source(y: Any) -> tuple[torch.fx.Node, torch.fx.Node, float, bo
     if not _is(y, aten.reshape.default) or not _head_input(y):
         return None
     shape = _val(y).shape
-    if (1 << (shape[2] - 1).bit_length()) * shape[3] > MAX_ACROSS_WIDTH:  # slower than inductor's kernels there
+    if padded_width(shape[2], shape[3]) > MAX_ACROSS_WIDTH:  # slower than inductor's kernels there
         return None
 
     def whole_token(x: Any) -> bool:
