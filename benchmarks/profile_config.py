@@ -2,7 +2,9 @@
 
 Builds the configuration exactly as `hookkit bench-one` does, warms up, then profiles one call with
 `torch.profiler` and prints the wall time, the summed device (kernel) time, the number of kernel launches, the
-operators by self device time and by self host time. A call whose wall time is well above its kernel time is
+operators' time by group (step_profile.py's groups: attention, activation quantization, GEMMs, RoPE,
+norms+modulation, other; device kernels on a GPU, host operators on the CPU) and the operators by self device time
+and by self host time. A call whose wall time is well above its kernel time is
 host-bound: the GPU waits for launches. A configuration that cannot run here (the default, fp8, needs CUDA) or a
 hookkit refusal ends in one line and exit status 2, not a traceback.
 
@@ -18,10 +20,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_profile import GROUPS, kernel_group
+
 from hookkit.errors import HookkitError, UnsupportedError
 from hookkit.tools import bench
 
@@ -88,9 +94,24 @@ def profile(args: argparse.Namespace, opts: bench.ModelOptions, device: torch.de
     print(f"warm-up calls s: {warm}; timed call: {wall:.3f} s; profiled call: {profiled:.3f} s")
     print(f"device kernel time: {kernel_us / 1e6:.3f} s ({kernel_us / 1e4 / max(profiled, 1e-9):.0f} % of the "
           f"profiled call); launches: {launches}")
+    print(by_group(events, device.type == "cuda"))
     if device.type == "cuda":
         print(events.table(sort_by="self_device_time_total", row_limit=args.rows))
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+def by_group(events: Any, kernels: bool) -> str:
+    """One line: the summed self time (ms) of each of step_profile.py's groups, every group named (0.00 where none
+    ran). `kernels`: the device kernels (a GPU run); else the host operators (the CPU, where the operators are the
+    work)."""
+    device_type = torch.autograd.DeviceType.CUDA if kernels else torch.autograd.DeviceType.CPU
+    totals = {group: 0.0 for group, _ in GROUPS} | {"other": 0.0}
+    for e in events:
+        if e.device_type == device_type:
+            us = e.self_device_time_total if kernels else e.self_cpu_time_total
+            totals[kernel_group(e.key)] += us / 1e3
+    what = "device kernel" if kernels else "host operator"
+    return f"{what} ms by group: " + ", ".join(f"{group} {ms:.2f}" for group, ms in totals.items())
 
 
 if __name__ == "__main__":

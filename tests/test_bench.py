@@ -900,6 +900,15 @@ def test_profile_config_profiles_a_video_pipeline_at_the_frames_it_is_given(benc
     assert out.splitlines()[0].startswith("eager on wan (tiny, 5 frames, 4 steps), CPU")
 
 
+def test_profile_config_sums_the_host_operators_by_group_on_the_cpu(benchmark_script, capsys) -> None:
+    assert benchmark_script("profile_config").main(["--tiny", "--model", "wan", "--frames", "5", "--config", "eager",
+                                                    "--warmup", "1", "--rows", "3"]) == 0
+    line = capsys.readouterr().out.splitlines()[3]
+    groups = dict(part.rsplit(" ", 1) for part in line.removeprefix("host operator ms by group: ").split(", "))
+    assert list(groups) == ["attention", "activation quantization", "GEMMs", "RoPE", "norms+modulation", "other"]
+    assert float(groups["attention"]) > 0 and float(groups["GEMMs"]) > 0  # the tiny Wan's SDPA and Linears ran
+
+
 def test_profile_config_ends_a_hookkit_refusal_in_one_line_naming_its_model_flag(benchmark_script, capsys) -> None:
     assert benchmark_script("profile_config").main(["--tiny", "--model", "sd3", "--config", "hookkit"]) == 2
     out, err = capsys.readouterr()
