@@ -14,7 +14,8 @@ kernel, `chunked N heads`, which the op runs where a token is wider than `norm_r
 from CUDA-event timings of a CUDA graph that replays --iters calls (median of --runs replays after warm-up, min-max):
 the kernels alone, as a captured transformer runs them (calls timed from Python would measure the host's launch path,
 the op's wrapper and Triton's launcher, not the kernels), the memory traffic that implies, and the output against the
-eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding.
+eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding,
+and its float32 form at Wan 2.1 14B's AdaLN input against inductor's kernels (`wan-adaln-fp8`).
 
     python benchmarks/norm_rope.py --out DIR        # a CUDA device; JSON in DIR/norm_rope.json
 """
@@ -219,6 +220,38 @@ def layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[dict
     return rows
 
 
+def wan_layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """Wan 2.1 14B's AdaLN input at 480x832x81 (32,760 tokens of 5,120, float32 modulation rows): hookkit's kernel
+    (`fp8_quantize_float_layer_norm_rows`) against inductor's kernels for the same expression and torchao's
+    quantization, compiled as regional `Compile` compiles a block without the pass."""
+    from hookkit.techniques.compile import fp8_rows_triton
+
+    g = torch.Generator(device).manual_seed(0)
+    h = (torch.randn(1, 32760, 5120, device=device, generator=g) * 4 + 1).to(torch.bfloat16)
+    a = 1 + torch.randn(1, 1, 5120, device=device, generator=g)
+    b = torch.randn(1, 1, 5120, device=device, generator=g)
+    ref_data, ref_scale = fp8_rows._float_layer_norm_reference(h, a, b, EPS)
+
+    def eager() -> tuple[torch.Tensor, torch.Tensor]:
+        x = (F.layer_norm(h.float(), (5120,), eps=EPS) * a + b).to(torch.bfloat16)
+        scale = (x.abs().amax(dim=-1, keepdim=True) / fp8_rows.FP8_MAX).to(torch.float32)
+        return (x.to(torch.float32) / scale).clamp(-fp8_rows.FP8_MAX, fp8_rows.FP8_MAX).to(fp8_rows.FP8), scale
+
+    traffic = h.numel() * 3  # bf16 read, fp8 written
+    variants = {"inductor": torch.compile(eager, fullgraph=True),
+                "kernel": lambda: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, rounded=False)}
+    rows = []
+    for name, fn in variants.items():
+        times = timed_us(fn, args.iters, args.runs)
+        data, scale = fn()
+        rows.append({"case": "wan-adaln-fp8", "row": name, "us": statistics.median(times), "us_min": min(times),
+                     "us_max": max(times), "tb_per_s": traffic / statistics.median(times) / 1e6,
+                     "scales_moved": (scale.reshape(ref_scale.shape) != ref_scale).float().mean().item(),
+                     "codes_moved": (data.reshape(ref_data.shape).view(torch.uint8)
+                                     != ref_data.view(torch.uint8)).float().mean().item()})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=50)
@@ -229,7 +262,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/norm_rope.py needs a CUDA device (the kernels are Triton's)")
     device = torch.device("cuda")
-    rows = layer_norm_rows(args, device)
+    rows = layer_norm_rows(args, device) + wan_layer_norm_rows(args, device)
     for name in args.cases.split(","):
         rows += norm_rope_rows(name, args, device)
     for r in rows:

@@ -76,6 +76,33 @@ class AdaNormQKV(torch.nn.Module):
         return torch.cat([self.to_q(x), self.to_k(x), self.to_v(x)], dim=-1)  # exact: no rounding after the Linears
 
 
+class WanAdaNormQKV(torch.nn.Module):
+    """Wan's AdaLN input: `(layer_norm(h.float()) * (1 + scale) + shift).type_as(h)` in float32 (its FP32LayerNorm
+    and float32 modulation rows), quantized once for the query, key and value projections."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.width = width
+        self.to_q, self.to_k, self.to_v = (torch.nn.Linear(width, 32) for _ in range(3))
+
+    def forward(self, h: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        x = (F.layer_norm(h.float(), (self.width,), eps=1e-6) * (1 + scale[:, None]) + shift[:, None]).type_as(h)
+        return torch.cat([self.to_q(x), self.to_k(x), self.to_v(x)], dim=-1)
+
+
+class WanAffineNormQ(torch.nn.Module):
+    """Wan's cross-attention input: its affine FP32LayerNorm (`cross_attn_norm=True`), `norm2(h.float()).type_as(h)`,
+    the norm's float32 weight and bias of one row for every token."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width, eps=1e-6)
+        self.to_q = torch.nn.Linear(width, 32)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.to_q(self.norm(h.float()).type_as(h))
+
+
 def quantized(module: torch.nn.Module) -> torch.nn.Module:
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
@@ -267,6 +294,52 @@ def test_an_adaln_input_is_quantized_in_one_op_and_gives_the_eager_output_bitwis
     assert (rows.shared, rows.rewritten) == (2, 1)
 
 
+def wan_adaln_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [2, 8, 32] bf16 and a float32 shift and scale row per batch element (Wan's modulation)."""
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(2, 8, 32, generator=g).to(torch.bfloat16), torch.randn(2, 32, generator=g), torch.randn(2, 32, generator=g)
+
+
+def test_the_float_layer_norm_op_is_eager_torchaos_quantization_of_wans_modulated_norm() -> None:
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    h, shift, scale = wan_adaln_inputs()
+    a, b = 1 + scale[:, None], shift[:, None]
+    data, row_scale = fp8_rows.fp8_quantize_float_layer_norm_rows(h, a, b, 1e-6)
+    x = (F.layer_norm(h.float(), (32,), eps=1e-6) * a + b).to(torch.bfloat16)
+    expected = Float8Tensor.from_hp(x, granularity=PerRow())
+    assert torch.equal(data.view(torch.uint8), expected.qdata.view(torch.uint8))
+    assert torch.equal(row_scale, expected.scale)
+
+
+def test_the_float_layer_norm_op_refuses_a_bf16_modulation() -> None:
+    h = torch.zeros(2, 5, 48, dtype=torch.bfloat16)
+    with pytest.raises(hookkit.errors.HookError, match=r"a float32 \[width\] or \[batch or 1, 1, width\], got h "
+                                                       r"\(2, 5, 48\) torch.bfloat16, a \(2, 1, 48\) torch.bfloat16"):
+        fp8_rows.fp8_quantize_float_layer_norm_rows(h, h[:, :1], h[:, :1].float(), 1e-6)
+
+
+def test_a_wan_adaln_input_is_quantized_in_one_op_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    module, rows = quantized(WanAdaNormQKV()), FusedFp8Rows(devices=("cpu",), layer_norm=True, share=True, fast=True)
+    h, shift, scale = wan_adaln_inputs()
+    with torch.no_grad():
+        assert torch.equal(compiled(module, rows)(h, shift, scale), module(h, shift, scale))
+    # to_k and to_v share to_q's quantization, which becomes one hookkit::fp8_quantize_float_layer_norm_rows call
+    assert (rows.shared, rows.rewritten) == (2, 1)
+
+
+def test_a_wan_affine_norm_input_is_quantized_in_one_op_and_gives_the_eager_output_bitwise(fp8_on_cpu: None) -> None:
+    module, rows = quantized(WanAffineNormQ()), FusedFp8Rows(devices=("cpu",), layer_norm=True, fast=True)
+    with torch.no_grad():
+        module.norm.float()  # Wan keeps its norms in float32
+        torch.nn.init.normal_(module.norm.weight, 1.0, 0.5)
+        torch.nn.init.normal_(module.norm.bias)
+        h = wan_adaln_inputs()[0]
+        assert torch.equal(compiled(module, rows)(h), module(h))
+    assert rows.rewritten == 1
+
+
 def test_adaln_inputs_are_left_to_inductor_unless_asked(fp8_on_cpu: None) -> None:
     module, rows = quantized(AdaNormQKV()), FusedFp8Rows(devices=("cpu",), share=True, fast=True)
     with torch.no_grad():
@@ -330,12 +403,17 @@ def test_a_quantized_compile_passes_its_pass_in_the_call_options_only() -> None:
     assert inductor_config.post_grad_custom_post_pass is None  # the process-wide setting is untouched
 
 
-def quantized_compiled_pipeline(fuse: str | None, monkeypatch: pytest.MonkeyPatch) -> tuple:
-    """A tiny bf16 Flux with fp8_row and regional compile; `fuse` None leaves `Compile`'s default."""
+#: a tiny Wan whose Linears torchao's fp8 takes (widths divisible by 16)
+WAN_FP8_SIZES = dict(attention_head_dim=16, ffn_dim=64)
+
+
+def quantized_compiled_pipeline(fuse: str | None, monkeypatch: pytest.MonkeyPatch, family: str = "flux") -> tuple:
+    """A tiny bf16 Flux (or `family`: wan at `WAN_FP8_SIZES`) with fp8_row and regional compile; `fuse` None leaves
+    `Compile`'s default."""
     from hookkit.techniques.quantize import torchao as hookkit_torchao
 
     monkeypatch.setattr(hookkit_torchao, "check_hardware", lambda scheme, devices: None)
-    pipe = zoo.tiny_pipeline("flux").to(torch.bfloat16)
+    pipe = zoo.tiny_pipeline(family, **(WAN_FP8_SIZES if family == "wan" else {})).to(torch.bfloat16)
     spec = hookkit.Spec(quantize=hookkit.Quantize(scheme="fp8_row", keep_original="cpu"),
                         compile=hookkit.Compile() if fuse is None else hookkit.Compile(fuse_fp8_rows=fuse))
     return pipe, hookkit.enable(pipe, spec)
@@ -377,17 +455,17 @@ def test_fuse_fp8_rows_off_compiles_without_the_pass(fp8_on_cpu: None, monkeypat
         handle.remove()
 
 
-def tiny_flux_compile_data(fuse: str, monkeypatch: pytest.MonkeyPatch) -> dict:
-    """The compile summary data of a tiny fp8 Flux with `fuse`, after one call whose graphs are all compiled anew
-    and rewritten on the CPU."""
+def tiny_flux_compile_data(fuse: str, monkeypatch: pytest.MonkeyPatch, family: str = "flux") -> dict:
+    """The compile summary data of a tiny fp8 Flux (or `family`) with `fuse`, after one call whose graphs are all
+    compiled anew and rewritten on the CPU."""
     import torch._inductor.config as inductor_config
 
     monkeypatch.setattr(fp8_rows, "DEVICES", ("cpu",))
     torch._dynamo.reset()
-    pipe, handle = quantized_compiled_pipeline(fuse, monkeypatch)
+    pipe, handle = quantized_compiled_pipeline(fuse, monkeypatch, family)
     try:
         kwargs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                  for k, v in zoo.call_kwargs("flux", steps=2).items()}
+                  for k, v in zoo.call_kwargs(family, steps=2).items()}
         # a cached graph is not rewritten again. config.patch, not monkeypatch: undoing a monkeypatched inductor
         # setting deletes it from the config module, and every later compile in the process fails
         with inductor_config.patch(fx_graph_cache=False):
@@ -424,6 +502,18 @@ def test_a_tiny_flux_compiled_with_the_adaln_path_fuses_its_adaln_inputs_too(
     assert data["fp8_rows_shared"] == 4 + 3 * (len(per_graph) - 1)
 
 
+@pytest.mark.slow
+def test_a_tiny_wan_compiled_with_fp8_fuses_its_three_float32_norm_inputs_too(
+        fp8_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tiny_flux_compile_data("fast", monkeypatch, family="wan")
+    # one graph for the repeated blocks: the feed-forward's GELU output and both attentions' outputs, and the three
+    # float32 norm inputs (norm1 with modulation for self-attention, the affine norm2 for cross-attention, norm3 with
+    # modulation for the feed-forward); to_k and to_v share to_q's quantization in self-attention (2 dropped), and
+    # cross-attention's to_v shares to_k's of the text (1)
+    assert data["fp8_rows_per_graph"] == [6]
+    assert data["fp8_rows_shared"] == 3
+
+
 # --- CPU: the AdaLN kernel's arithmetic in Triton's interpreter ------------------------------------------------
 
 INTERPRETED_ADALN = """
@@ -440,10 +530,38 @@ flat = kernels._rows(h)
 q = torch.empty(48, 3072, dtype=torch.float8_e4m3fn)
 s = torch.empty(48, 1)
 kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 3072, 24, flat.stride(0), stride_a,
-                                                    stride_b, 1e-6, BLOCK=4096, PTX=False)
+                                                    stride_b, 1e-6, BLOCK=4096, PTX=False, ROUNDED=True)
 _, ref = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
 print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
 """
+
+
+INTERPRETED_WAN_ADALN = """
+import json
+import torch
+from hookkit.techniques.compile import fp8_rows, fp8_rows_triton as kernels
+
+g = torch.Generator().manual_seed(0)
+h = (torch.randn(2, 24, 2 * 5120, generator=g) * 4 + 1).to(torch.bfloat16)[..., ::2]  # strided columns
+table = torch.randn(1, 6, 5120, generator=g) + torch.randn(2, 6, 5120, generator=g)  # Wan's float32 table + temb
+shift, scale = table[:, 0:1], table[:, 1:2]
+a, b = 1 + scale, shift
+flat = kernels._rows(h)
+(a_rows, stride_a), (b_rows, stride_b) = kernels._batch_rows(a), kernels._batch_rows(b)
+q = torch.empty(48, 5120, dtype=torch.float8_e4m3fn)
+s = torch.empty(48, 1)
+kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 5120, 24, flat.stride(0), stride_a,
+                                                    stride_b, 1e-6, BLOCK=8192, PTX=False, ROUNDED=False)
+_, ref = fp8_rows._float_layer_norm_reference(h, a, b, 1e-6)
+print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
+def test_the_adaln_kernels_row_scales_in_wans_float32_form_are_eager_torchaos_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    # float32 throughout, one bf16 rounding at the end, float32 modulation rows per batch element with strides
+    assert interpreted(INTERPRETED_WAN_ADALN) == {"rows": 48, "scales_equal": 48}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
@@ -566,14 +684,20 @@ def test_gpu_a_compiled_fp8_flux_fuses_and_matches_the_unfused_compile() -> None
         torch.testing.assert_close(output, outputs[0], rtol=0, atol=2e-2)
 
 
-def assert_close_to_the_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def assert_close_to_the_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                                              float_form: bool = False) -> None:
     """The kernel sums mean and variance in another order than eager CUDA's layer_norm, which moves a normalized value
     to the neighbouring bf16 now and then, and the row's scale only where that value is the row's largest (on the CPU
     an fp32 difference of 1e-7 moves 0.02 % of Flux-sized rows). On an H200 a fifth of the rows moved (at most
     1.36 %): one missing intermediate rounding reproduces that on the CPU (19.5 %, 1.36 %); the kernel rounds in
-    integer arithmetic since, and this bound is what it should meet (not yet run on a GPU)."""
-    data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)
-    ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
+    integer arithmetic since, and this bound is what it should meet (not yet run on a GPU). `float_form`: Wan's
+    float32 form and its op."""
+    if float_form:
+        data, scale = fp8_rows.fp8_quantize_float_layer_norm_rows(h, a, b, 1e-6)
+        ref_data, ref_scale = fp8_rows._float_layer_norm_reference(h, a, b, 1e-6)
+    else:
+        data, scale = fp8_rows.fp8_quantize_layer_norm_rows(h, a, b, 1e-6)
+        ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
     relative = ((scale - ref_scale).abs() / ref_scale).max().item()
     moved = (scale != ref_scale).float().mean().item()
     assert relative <= 2**-5 and moved < 0.01, f"scales: largest relative difference {relative}, {moved:.1%} of rows moved"
@@ -601,3 +725,22 @@ def test_gpu_the_layer_norm_kernel_takes_a_modulation_row_per_batch_element_and_
     chunks = torch.randn(2, 6 * 3072, generator=g, device="cuda").to(torch.bfloat16)  # a modulation Linear's output
     shift, scale = chunks[:, None, :3072], chunks[:, None, 3072:6144]  # views with the chunk's batch stride
     assert_close_to_the_layer_norm_reference(h, 1 + scale, shift)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_layer_norm_kernel_quantizes_a_wan_sized_float32_adaln_input_as_eager_up_to_rounding() -> None:
+    g = torch.Generator(device="cuda").manual_seed(2)
+    h = (torch.randn(1, 4096, 5120, generator=g, device="cuda") * 4 + 1).to(torch.bfloat16)
+    a = 1 + torch.randn(1, 1, 5120, generator=g, device="cuda")  # Wan's float32 `1 + scale` and `shift`
+    b = torch.randn(1, 1, 5120, generator=g, device="cuda")
+    assert_close_to_the_layer_norm_reference(h, a, b, float_form=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_layer_norm_kernel_takes_a_float32_norm_weight_and_bias_of_one_row() -> None:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    h = torch.randn(2, 300, 5120, generator=g, device="cuda").to(torch.bfloat16)
+    weight, bias = 1 + torch.randn(5120, generator=g, device="cuda"), torch.randn(5120, generator=g, device="cuda")
+    assert_close_to_the_layer_norm_reference(h, weight, bias, float_form=True)

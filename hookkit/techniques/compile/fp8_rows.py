@@ -139,6 +139,48 @@ def _(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[to
     return h.new_empty(h.shape, dtype=FP8), h.new_empty([*h.shape[:-1], 1], dtype=torch.float32)
 
 
+def _float_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager arithmetic of `(layer_norm(h.float()) * a + b).to(h.dtype)` (float32 throughout, one rounding at the
+    end), quantized as torchao does."""
+    x = (F.layer_norm(h.float(), (h.shape[-1],), eps=eps) * a + b).to(h.dtype)
+    return _reference([x], [False])
+
+
+def _check_float_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    width = h.shape[-1]
+    for name, t in (("a", a), ("b", b)):
+        row = t.dim() == 1 and t.shape[0] == width
+        per_batch = t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == width and t.shape[0] in (1, h.shape[0])
+        if h.dim() != 3 or h.dtype not in _LOW or t.dtype != torch.float32 or not (row or per_batch):
+            raise HookError(f"hookkit::fp8_quantize_float_layer_norm_rows: expected h [batch, tokens, width] in bf16 or "
+                            f"fp16 and {name} float32 [width] or [batch or 1, 1, width], got h {tuple(h.shape)} "
+                            f"{h.dtype}, {name} {tuple(t.shape)} {t.dtype}. Pass one float32 modulation row per batch "
+                            "element or one for all.")
+
+
+@torch.library.custom_op("hookkit::fp8_quantize_float_layer_norm_rows", mutates_args=())
+def fp8_quantize_float_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
+                                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(layer_norm(h.float()) * a + b).to(h.dtype)` quantized per row to e4m3 with torchao's scale: (data, scale).
+    Wan's form of the AdaLN input (its FP32LayerNorm, float32 modulation rows `1 + scale` and `shift`, or the norm's
+    own float32 weight and bias), where Flux's rounds to bf16 after each op. The CUDA kernel holds the row in
+    registers and reads h once, summing mean and variance in another order than eager (only `fast` graphs are
+    rewritten to it). The CPU runs the eager arithmetic."""
+    _check_float_layer_norm(h, a, b)
+    if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
+        from hookkit.techniques.compile import fp8_rows_triton
+
+        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps, rounded=False)
+    return _float_layer_norm_reference(h, a, b, eps)
+
+
+@fp8_quantize_float_layer_norm_rows.register_fake
+def _(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_float_layer_norm(h, a, b)
+    return h.new_empty(h.shape, dtype=FP8), h.new_empty([*h.shape[:-1], 1], dtype=torch.float32)
+
+
 # --- the graph pass ----------------------------------------------------------------------------------------
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -299,11 +341,51 @@ def layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Nod
     return None
 
 
+def float_layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | None:
+    """(h, a, b, eps) when X is torch's decomposition of `(layer_norm(h.float()) * a + b).to(bf16)` (float32 a and
+    b: `[width]` or one row per batch element `[B or 1, 1, width]`; h bf16 of static width), Wan's AdaLN input and its
+    affine cross-attention norm: `convert(add(mul(mul(sub(hf, mean), rsqrt(add(var, eps))), a), b), bf16)`,
+    `hf = convert(h, f32)` (either operand order of the add and the muls)."""
+    val = _val(x)
+    if not _is(x, _CONVERT) or x.args[1] != torch.bfloat16 or val is None or val.dim() != 3:
+        return None
+    terms = _pair(x.args[0], aten.add.Tensor)
+    for product, b in orders(terms):
+        for ln, a in orders(_pair(product, aten.mul.Tensor)):
+            match = _normalized(ln)
+            if match is None or not all(_float_row(t, val) for t in (a, b)):
+                continue
+            h, eps = match
+            if _val(h).dtype != torch.bfloat16:
+                continue
+            return h, a, b, eps
+    return None
+
+
+def _float_row(node: Any, x_val: torch.Tensor) -> bool:
+    """Whether `node` is a float32 tensor of X's width: `[width]` or one row per batch element `[B or 1, 1, width]`."""
+    val = _val(node)
+    if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+        return False
+    return (val.dim() == 1 and val.shape[0] == x_val.shape[2]) or (
+        val.dim() == 3 and val.shape[1] == 1 and val.shape[2] == x_val.shape[2]
+        and (val.shape[0] == 1 or val.shape[0] == x_val.shape[0]))
+
+
 def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
     """(h, eps) of `convert(mul(sub(hf, mean), rsqrt(add(var, eps))), h.dtype)` over the last dimension."""
     if not _is(node, _CONVERT) or node.args[1] not in _LOW:
         return None
-    for centred, inverse in orders(_pair(node.args[0], aten.mul.Tensor)):
+    match = _normalized(node.args[0])
+    if match is None or _val(match[0]).dtype != node.args[1]:
+        return None
+    return match
+
+
+def _normalized(node: Any) -> tuple[torch.fx.Node, float] | None:
+    """(h, eps) of `mul(sub(hf, mean), rsqrt(add(var, eps)))` over the last dimension, `hf = convert(h, f32)`, h bf16
+    or fp16 of a static width the kernel holds (`LAYER_NORM_MAX_WIDTH`)."""
+    for centred, inverse in orders(_pair(node, aten.mul.Tensor)):
         diff = _pair(centred, aten.sub.Tensor)
         if diff is None or not _is(inverse, aten.rsqrt.default):
             continue
@@ -323,7 +405,7 @@ def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
             continue
         h = hf.args[0]
         dims, h_val = stats.args[1], _val(h)
-        if h_val is None or h_val.dtype != node.args[1] or len(dims) != 1 or not _last_dim(dims[0], h_val.dim()):
+        if h_val is None or h_val.dtype not in _LOW or len(dims) != 1 or not _last_dim(dims[0], h_val.dim()):
             continue
         width = h_val.shape[-1]
         if not isinstance(width, int) or width > LAYER_NORM_MAX_WIDTH:
@@ -349,8 +431,9 @@ class FusedFp8Rows(CountingPass):
         fast: the kernel's relaxed arithmetic (`Compile(fuse_fp8_rows="fast")`): tanh from exp, approximate division.
         devices: device types whose graphs are rewritten (default `DEVICES`: CUDA, where the Triton kernel runs).
         layer_norm: also rewrite quantizations of `layer_norm(h) * a + b` (AdaLN modulation) to
-            `hookkit::fp8_quantize_layer_norm_rows` (its kernel sums mean and variance in another order than eager:
-            "fast" graphs only).
+            `hookkit::fp8_quantize_layer_norm_rows`, and of Wan's float32 form `(layer_norm(h.float()) * a + b)
+            .to(bf16)` to `hookkit::fp8_quantize_float_layer_norm_rows` (their kernel sums mean and variance in
+            another order than eager: "fast" graphs only).
         share: Linears that quantize the same input share one quantization (exact: the same computation).
         then: a post-grad pass that was already configured, run after this one (hookkit's compile options replace the
             process-wide `post_grad_custom_post_pass` for its own compiles, so it is chained, not dropped).
@@ -394,9 +477,16 @@ class FusedFp8Rows(CountingPass):
                 self._replace(graph, q, scale, torch.ops.hookkit.fp8_quantize_rows.default, (*pieces, self.fast))
                 found += 1
                 continue
-            norm = layer_norm_modulation(x) if self.layer_norm else None
+            if not self.layer_norm:
+                continue
+            norm = layer_norm_modulation(x)
             if norm is not None:
                 self._replace(graph, q, scale, torch.ops.hookkit.fp8_quantize_layer_norm_rows.default, norm)
+                found += 1
+                continue
+            norm = float_layer_norm_modulation(x)
+            if norm is not None:
+                self._replace(graph, q, scale, torch.ops.hookkit.fp8_quantize_float_layer_norm_rows.default, norm)
                 found += 1
         return found
 

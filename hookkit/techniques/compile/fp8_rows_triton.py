@@ -168,11 +168,13 @@ def ptx() -> bool:
 
 
 # One program per bf16 row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in
-# fp32 (two passes over the registers), the normalized row, the product and the sum each rounded to bf16 as eager
-# rounds them; the amax, the scale `amax / 448` rounded to bf16, approximate division, clamp, e4m3.
+# fp32 (two passes over the registers), then with ROUNDED (Flux's bf16 form) the normalized row, the product and the
+# sum each rounded to bf16 as eager rounds them, without it (Wan's float32 form, float32 a and b) float32 throughout and
+# one rounding to bf16 at the end; the amax, the scale `amax / 448` rounded to bf16, approximate division, clamp, e4m3.
 @triton.jit
 def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
-                                         stride_b, eps, BLOCK: tl.constexpr, PTX: tl.constexpr):
+                                         stride_b, eps, BLOCK: tl.constexpr, PTX: tl.constexpr,
+                                         ROUNDED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     batch = row // tokens
     cols = tl.arange(0, BLOCK)
@@ -181,10 +183,13 @@ def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, widt
     mean = tl.sum(x, axis=0) / width
     centred = tl.where(mask, x - mean, 0.0)
     var = tl.sum(centred * centred, axis=0) / width
-    normed = _round_bf16(centred * tl.rsqrt(var + eps), PTX)
+    normed = centred * tl.rsqrt(var + eps)
     a = tl.load(a_ptr + batch * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + batch * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _round_bf16(_round_bf16(normed * a, PTX) + b, PTX)
+    if ROUNDED:
+        y = _round_bf16(_round_bf16(_round_bf16(normed, PTX) * a, PTX) + b, PTX)
+    else:
+        y = _round_bf16(normed * a + b, PTX)
     amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
     scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0), PTX)
     q = tl.clamp(y / scale, -448.0, 448.0)
@@ -193,18 +198,19 @@ def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, widt
 
 
 def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A `[B or 1, 1, width]` modulation tensor as `[B or 1, width]` rows with unit column stride, and its batch stride
-    (0 when one row serves every batch element)."""
-    rows = t[:, 0, :]
+    """A `[B or 1, 1, width]` modulation tensor (or a `[width]` one, a norm's weight) as `[B or 1, width]` rows with
+    unit column stride, and its batch stride (0 when one row serves every batch element)."""
+    rows = t[None] if t.dim() == 1 else t[:, 0, :]
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     return rows, rows.stride(0) if rows.shape[0] > 1 else 0
 
 
-def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None,
+                        rounded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes);
-    `use_ptx=False` rounds in integer arithmetic on a GPU too (benchmarks compare the two)."""
+    `rounded=False`: Wan's float32 form, one rounding to bf16 at the end; `use_ptx=False` rounds in integer arithmetic
+    on a GPU too (benchmarks compare the two)."""
     batch, tokens, width = h.shape
     flat = _rows(h)
     a_rows, stride_a = _batch_rows(a)
@@ -216,6 +222,6 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(batch * tokens,)](
                 flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
-                PTX=ptx() if use_ptx is None else use_ptx,
+                PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)
