@@ -42,14 +42,16 @@ DEVICES: tuple[str, ...] = ("cuda",)
 #: the widest head the kernel holds (a power of two; Flux, Qwen-Image: 128)
 MAX_HEAD_DIM = 256
 #: the most values of a token (heads rounded up to a power of two, times the head) that the pass gives the op for
-#: a norm over all heads: on an H200 (BENCHMARKS.md) Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
-#: inductor's 7.5, Wan 2.1 14B's 64 x 128 (40 heads) took 1.9x inductor's time when one program held a whole token.
-#: Wider tokens stay with inductor until the chunked kernel (below) is measured faster there
-MAX_ACROSS_WIDTH = 2048
+#: a norm over all heads, as measured (BENCHMARKS.md): Wan 2.1 1.3B's 16 x 128 ran in 7.0 ms per step against
+#: inductor's 7.5 (H200); Wan 2.1 14B's 64 x 128 (40 heads), in the chunked kernel 4 heads at a time, 569 µs a call
+#: against inductor's 1,177 (H100; one program holding the whole token took 1.9x inductor's). Wider tokens are
+#: unmeasured and stay with inductor
+MAX_ACROSS_WIDTH = 8192
 #: the most values of a token one program of the kernel holds; a wider token (a norm over all heads) runs the chunked
-#: kernel, `CHUNK_WIDTH` values (a power-of-two number of heads) at a time, twice over the token
+#: kernel, `CHUNK_WIDTH` values (a power-of-two number of heads) at a time, twice over the token: at Wan 14B 4 heads
+#: of 128 took 569 µs, 8 heads 661 µs, 16 heads 1,155 µs (H100, 4 warps)
 MAX_ONE_PROGRAM_WIDTH = 2048
-CHUNK_WIDTH = 1024
+CHUNK_WIDTH = 512
 
 
 # --- the op ------------------------------------------------------------------------------------------------
