@@ -572,9 +572,11 @@ def test_gpu_flashinfer_fp8_matches_attention_of_its_quantized_inputs_and_bf16_s
 
 @pytest.mark.gpu
 @needs_hopper_and_flashinfer
+@pytest.mark.xfail(strict=True, reason="measured on an H100 with FlashInfer 0.2.14.post1: one of the check's heads "
+                   "shaped like real activations errs 14.5x what the kernel's arithmetic (`reference`) errs, so enable "
+                   "refuses flashinfer_fp8 (BENCHMARKS.md); on Gaussian heads it errs as its arithmetic from 2,048 keys")
 def test_gpu_enables_check_finds_the_fp8_kernel_computing_its_own_arithmetic_on_heads_of_128() -> None:
-    # at 8,192 keys, where the kernel rounds P against a running maximum: 2.5-7.5 % from `reference` on an H100, its
-    # error against float32 attention that of `reference`
+    # at 8,192 keys, where the kernel rounds P against a running maximum: 2.5-7.5 % from `reference` on an H100
     assert flashinfer_fa3.CHECK_TOKENS[True] == flashinfer_fa3.FP8_MIN_KEYS
     error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cuda"), fp8=True)
     assert error < flashinfer_fa3.CHECK_BOUND[True]
@@ -622,7 +624,14 @@ SIZE_FOR_FP8 = 368
 def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hookkit.Compile, kernel: str) -> None:
     middle = hookkit.Attention(low_precision=kernel, full_first=1, full_last=1)
     eager = _bf16_flux_head128()
-    handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
+    try:
+        handle = hookkit.enable(eager, hookkit.Spec(attention=middle))
+    except UnsupportedError as exc:
+        # what this test checks (the kernel under compile as eager runs it) needs a kernel enable takes; whether it
+        # takes FlashInfer's fp8 kernel is the check's test, above
+        if "expected FlashInfer's kernel" not in str(exc):
+            raise
+        pytest.skip(f"enable refuses {kernel} on this machine: {exc}")
     fast = _bf16_flux_head128()
     hookkit.enable(fast, hookkit.Spec(attention=middle, compile=compile_spec))
     expected = call_flux_bf16(eager, size=SIZE_FOR_FP8)
