@@ -55,11 +55,12 @@ def applying_first_heads_scales(call: Callable[..., torch.Tensor]) -> Callable[.
     return wrapped
 
 
-def rounding_against_a_running_maximum(tile: int) -> Callable[..., torch.Tensor]:
+def rounding_against_a_running_maximum(tile: int, p_scale: float = 448.0) -> Callable[..., torch.Tensor]:
     """A `single_prefill_with_kv_cache` with FlashInfer's fp8 semantics computed as its kernel does over more keys
-    than a tile: online softmax, P of each `tile` keys times 448 rounded to e4m3 against the running maximum of the
-    scores so far, earlier tiles' sums rescaled when the maximum grows. Only the rounding of P differs from
-    `StandIn`'s, by as much as it rounds."""
+    than a tile: online softmax, P of each `tile` keys times `p_scale` (448: `reference`'s) rounded to e4m3 against the
+    running maximum of the scores so far, earlier tiles' sums rescaled when the maximum grows. With 448 only the
+    rounding of P differs from `StandIn`'s, by as much as it rounds; with 1 the probabilities below e4m3's smallest
+    step (2^-9) are lost."""
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, o_dtype: torch.dtype, sm_scale: float,
              scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         qf, kf, vf = (t.float().transpose(0, 1) * s[:, None, None] for t, s in zip((q, k, v), (scale_q, scale_k,
@@ -72,7 +73,7 @@ def rounding_against_a_running_maximum(tile: int) -> Callable[..., torch.Tensor]
             new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
             shrink = torch.exp(top - new_top)
             p = torch.exp(s - new_top)
-            p8 = (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
+            p8 = (p * p_scale).to(torch.float8_e4m3fn).float() / p_scale
             acc = acc * shrink + p8 @ vf[:, start:start + tile]
             total = total * shrink + p.sum(dim=-1, keepdim=True)
             top = new_top

@@ -415,6 +415,20 @@ def test_enables_check_accepts_an_fp8_kernel_rounding_p_against_a_running_maximu
     assert error == pytest.approx(1.0, abs=0.01)  # ... that errs as `reference` does
 
 
+@pytest.mark.slow
+def test_enables_check_refuses_an_fp8_kernel_rounding_p_without_scaling_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # P in [0, 1] rounded to e4m3 as it is: over 8,192 keys the small probabilities of a head shaped like real
+    # activations are lost, where its row sum keeps them (on an H100 FlashInfer 0.2.14.post1's kernel erred 14.5x its
+    # arithmetic there; at 120 keys this kernel errs as its arithmetic: the check runs at its real length here)
+    monkeypatch.setattr(flashinfer_fa3, "CHECK_TOKENS", {True: flashinfer_fa3.FP8_MIN_KEYS, False: 120})
+    module = StandIn()
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache", rounding_against_a_running_maximum(192, p_scale=1.0))
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cpu"), fp8=True)
+    assert error == pytest.approx(6.87, rel=0.01)  # its worst head (Q, K and V offset) errs 6.87x its arithmetic
+    assert error > flashinfer_fa3.CHECK_BOUND[True]
+
+
 def test_enables_check_finds_a_bf16_kernel_within_its_bound_of_float32_attention(stand_in: StandIn) -> None:
     error = flashinfer_fa3.check(128, torch.bfloat16, torch.device("cpu"), fp8=False)
     assert 0 < error < flashinfer_fa3.CHECK_BOUND[False] / 4
