@@ -516,44 +516,31 @@ def test_a_tiny_wan_compiled_with_fp8_fuses_its_three_float32_norm_inputs_too(
 
 # --- CPU: the AdaLN kernel's arithmetic in Triton's interpreter ------------------------------------------------
 
-INTERPRETED_ADALN = """
+def interpreted_adaln(float_form: bool) -> str:
+    """The AdaLN kernel in Triton's interpreter on 48 rows of strided bf16 columns and a modulation row per batch
+    element: Flux's bf16 form (3,072 values, a modulation Linear's bf16 output) or Wan's float32 form (5,120 values,
+    its float32 table plus temb); prints how many row scales equal the eager reference's."""
+    width, block = (5120, 8192) if float_form else (3072, 4096)
+    modulation = (f"table = torch.randn(1, 6, {width}, generator=g) + torch.randn(2, 6, {width}, generator=g)\n"
+                  "a, b = 1 + table[:, 1:2], table[:, 0:1]\n" if float_form else
+                  f"chunks = torch.randn(2, 6 * {width}, generator=g).to(torch.bfloat16)\n"
+                  f"a, b = 1 + chunks[:, None, {width}:{2 * width}], chunks[:, None, :{width}]\n")
+    reference = "_float_layer_norm_reference" if float_form else "_layer_norm_reference"
+    return f"""
 import json
 import torch
 from hookkit.techniques.compile import fp8_rows, fp8_rows_triton as kernels
 
 g = torch.Generator().manual_seed(0)
-h = (torch.randn(2, 24, 2 * 3072, generator=g) * 4 + 1).to(torch.bfloat16)[..., ::2]  # strided columns
-chunks = torch.randn(2, 6 * 3072, generator=g).to(torch.bfloat16)  # a modulation Linear's output, two batch rows
-a, b = 1 + chunks[:, None, 3072:6144], chunks[:, None, :3072]
-flat = kernels._rows(h)
+h = (torch.randn(2, 24, 2 * {width}, generator=g) * 4 + 1).to(torch.bfloat16)[..., ::2]
+{modulation}flat = kernels._rows(h)
 (a_rows, stride_a), (b_rows, stride_b) = kernels._batch_rows(a), kernels._batch_rows(b)
-q = torch.empty(48, 3072, dtype=torch.float8_e4m3fn)
+q = torch.empty(48, {width}, dtype=torch.float8_e4m3fn)
 s = torch.empty(48, 1)
-kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 3072, 24, flat.stride(0), stride_a,
-                                                    stride_b, 1e-6, BLOCK=4096, PTX=False, ROUNDED=True)
-_, ref = fp8_rows._layer_norm_reference(h, a, b, 1e-6)
-print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
-"""
-
-
-INTERPRETED_WAN_ADALN = """
-import json
-import torch
-from hookkit.techniques.compile import fp8_rows, fp8_rows_triton as kernels
-
-g = torch.Generator().manual_seed(0)
-h = (torch.randn(2, 24, 2 * 5120, generator=g) * 4 + 1).to(torch.bfloat16)[..., ::2]  # strided columns
-table = torch.randn(1, 6, 5120, generator=g) + torch.randn(2, 6, 5120, generator=g)  # Wan's float32 table + temb
-shift, scale = table[:, 0:1], table[:, 1:2]
-a, b = 1 + scale, shift
-flat = kernels._rows(h)
-(a_rows, stride_a), (b_rows, stride_b) = kernels._batch_rows(a), kernels._batch_rows(b)
-q = torch.empty(48, 5120, dtype=torch.float8_e4m3fn)
-s = torch.empty(48, 1)
-kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, 5120, 24, flat.stride(0), stride_a,
-                                                    stride_b, 1e-6, BLOCK=8192, PTX=False, ROUNDED=False)
-_, ref = fp8_rows._float_layer_norm_reference(h, a, b, 1e-6)
-print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}))
+kernels._fp8_quantize_layer_norm_rows_kernel[(48,)](flat, a_rows, b_rows, q, s, {width}, 24, flat.stride(0), stride_a,
+                                                    stride_b, 1e-6, BLOCK={block}, PTX=False, ROUNDED={not float_form})
+_, ref = fp8_rows.{reference}(h, a, b, 1e-6)
+print(json.dumps({{"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum())}}))
 """
 
 
@@ -561,7 +548,7 @@ print(json.dumps({"rows": 48, "scales_equal": int((s == ref.reshape(48, 1)).sum(
 def test_the_adaln_kernels_row_scales_in_wans_float32_form_are_eager_torchaos_in_tritons_interpreter(
         interpreted: Callable[[str], Any]) -> None:
     # float32 throughout, one bf16 rounding at the end, float32 modulation rows per batch element with strides
-    assert interpreted(INTERPRETED_WAN_ADALN) == {"rows": 48, "scales_equal": 48}
+    assert interpreted(interpreted_adaln(float_form=True)) == {"rows": 48, "scales_equal": 48}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its CPU interpreter)")
@@ -569,7 +556,7 @@ def test_the_adaln_kernels_row_scales_are_eager_torchaos_in_tritons_interpreter(
         interpreted: Callable[[str], Any]) -> None:
     # the kernel's mean, variance, bf16 roundings (integer arithmetic, which the interpreter runs exactly), per-batch
     # modulation rows and strides, on the CPU; its fp8 codes need a GPU (the interpreter's e4m3 cast is not the GPU's)
-    assert interpreted(INTERPRETED_ADALN) == {"rows": 48, "scales_equal": 48}
+    assert interpreted(interpreted_adaln(float_form=False)) == {"rows": 48, "scales_equal": 48}
 
 
 # --- CPU: the exact kernel's division, in exact rational arithmetic ---------------------------------------------

@@ -327,18 +327,10 @@ def layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Nod
     of Flux's and Qwen-Image's attention and feed-forward:
     `add(mul(convert(mul(sub(hf, mean), rsqrt(add(var, eps))), dtype), a), b)`, `var, mean = var_mean(hf, [-1],
     correction=0, keepdim=True)`, `hf = convert(h, f32)` (either operand order of the add and the muls)."""
-    terms = _pair(x, aten.add.Tensor)
     val = _val(x)
-    if terms is None or val is None or val.dtype != torch.bfloat16 or val.dim() != 3:  # the kernel rounds to bf16
+    if val is None or val.dtype != torch.bfloat16 or val.dim() != 3:  # the kernel rounds to bf16
         return None
-    for product, b in orders(terms):
-        for ln, a in orders(_pair(product, aten.mul.Tensor)):
-            match = _layer_norm_source(ln)
-            if match is None or not all(_modulation_row(t, val) for t in (a, b)):
-                continue
-            h, eps = match
-            return h, a, b, eps
-    return None
+    return _modulated(x, _layer_norm_source, lambda t: _modulation_row(t, val))
 
 
 def float_layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | None:
@@ -349,16 +341,23 @@ def float_layer_norm_modulation(x: torch.fx.Node) -> tuple[torch.fx.Node, torch.
     val = _val(x)
     if not _is(x, _CONVERT) or x.args[1] != torch.bfloat16 or val is None or val.dim() != 3:
         return None
-    terms = _pair(x.args[0], aten.add.Tensor)
-    for product, b in orders(terms):
+
+    def bf16_normalized(ln: Any) -> tuple[torch.fx.Node, float] | None:
+        match = _normalized(ln)
+        return match if match is not None and _val(match[0]).dtype == torch.bfloat16 else None
+
+    return _modulated(x.args[0], bf16_normalized, lambda t: _float_row(t, val))
+
+
+def _modulated(total: Any, normalized: Callable[[Any], tuple[torch.fx.Node, float] | None],
+               row: Callable[[Any], bool]) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, float] | None:
+    """(h, a, b, eps) when `total` is `add(mul(n, a), b)` (either operand order of each) with `normalized(n)` giving
+    (h, eps) and `row` accepting a and b."""
+    for product, b in orders(_pair(total, aten.add.Tensor)):
         for ln, a in orders(_pair(product, aten.mul.Tensor)):
-            match = _normalized(ln)
-            if match is None or not all(_float_row(t, val) for t in (a, b)):
-                continue
-            h, eps = match
-            if _val(h).dtype != torch.bfloat16:
-                continue
-            return h, a, b, eps
+            match = normalized(ln)
+            if match is not None and row(a) and row(b):
+                return match[0], a, b, match[1]
     return None
 
 
