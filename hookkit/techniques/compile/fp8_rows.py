@@ -107,11 +107,18 @@ def _layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps
     return _reference([x], [False])
 
 
-def _check_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def _one_row(t: torch.Tensor, h: torch.Tensor, flat: bool) -> bool:
+    """Whether modulation `t` fits `h` [batch, tokens, width]: one row per batch element `[B or 1, 1, width]`, or with
+    `flat` also one for all `[width]` (a norm's weight)."""
     width = h.shape[-1]
+    if flat and t.dim() == 1:
+        return t.shape[0] == width
+    return t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == width and (t.shape[0] == 1 or t.shape[0] == h.shape[0])
+
+
+def _check_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     for name, t in (("a", a), ("b", b)):
-        if h.dim() != 3 or t.dim() != 3 or t.shape[1] != 1 or t.shape[2] != width or t.shape[0] not in (1, h.shape[0]) \
-                or t.dtype != h.dtype:
+        if h.dim() != 3 or not _one_row(t, h, flat=False) or t.dtype != h.dtype:
             raise HookError(f"hookkit::fp8_quantize_layer_norm_rows: expected h [batch, tokens, width] and {name} [batch or "
                             f"1, 1, width] of h's dtype, got h {tuple(h.shape)} {h.dtype}, {name} {tuple(t.shape)} "
                             f"{t.dtype}. Pass one modulation row per batch element.")
@@ -148,11 +155,8 @@ def _float_layer_norm_reference(h: torch.Tensor, a: torch.Tensor, b: torch.Tenso
 
 
 def _check_float_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    width = h.shape[-1]
     for name, t in (("a", a), ("b", b)):
-        row = t.dim() == 1 and t.shape[0] == width
-        per_batch = t.dim() == 3 and t.shape[1] == 1 and t.shape[2] == width and t.shape[0] in (1, h.shape[0])
-        if h.dim() != 3 or h.dtype not in _LOW or t.dtype != torch.float32 or not (row or per_batch):
+        if h.dim() != 3 or h.dtype not in _LOW or t.dtype != torch.float32 or not _one_row(t, h, flat=True):
             raise HookError(f"hookkit::fp8_quantize_float_layer_norm_rows: expected h [batch, tokens, width] in bf16 or "
                             f"fp16 and {name} float32 [width] or [batch or 1, 1, width], got h {tuple(h.shape)} "
                             f"{h.dtype}, {name} {tuple(t.shape)} {t.dtype}. Pass one float32 modulation row per batch "
@@ -364,11 +368,7 @@ def _modulated(total: Any, normalized: Callable[[Any], tuple[torch.fx.Node, floa
 def _float_row(node: Any, x_val: torch.Tensor) -> bool:
     """Whether `node` is a float32 tensor of X's width: `[width]` or one row per batch element `[B or 1, 1, width]`."""
     val = _val(node)
-    if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
-        return False
-    return (val.dim() == 1 and val.shape[0] == x_val.shape[2]) or (
-        val.dim() == 3 and val.shape[1] == 1 and val.shape[2] == x_val.shape[2]
-        and (val.shape[0] == 1 or val.shape[0] == x_val.shape[0]))
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32 and _one_row(val, x_val, flat=True)
 
 
 def _layer_norm_source(node: Any) -> tuple[torch.fx.Node, float] | None:
@@ -416,8 +416,7 @@ def _normalized(node: Any) -> tuple[torch.fx.Node, float] | None:
 def _modulation_row(node: Any, x_val: torch.Tensor) -> bool:
     """Whether `node` is a tensor of X's dtype holding one row per batch element: `[B or 1, 1, width]`."""
     val = _val(node)
-    return (isinstance(val, torch.Tensor) and val.dtype == x_val.dtype and val.dim() == 3 and val.shape[1] == 1
-            and val.shape[2] == x_val.shape[2] and (val.shape[0] == 1 or val.shape[0] == x_val.shape[0]))
+    return isinstance(val, torch.Tensor) and val.dtype == x_val.dtype and _one_row(val, x_val, flat=False)
 
 
 class FusedFp8Rows(CountingPass):
