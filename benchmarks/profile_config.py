@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_profile import GROUPS, kernel_group
+from step_profile import group_ms, kernels_of
 
 from hookkit.errors import HookkitError, UnsupportedError
 from hookkit.tools import bench
@@ -102,14 +102,9 @@ def profile(args: argparse.Namespace, opts: bench.ModelOptions, device: torch.de
 
 def by_group(events: Any, kernels: bool) -> str:
     """One line: the summed self time (ms) of each of step_profile.py's groups, every group named (0.00 where none
-    ran). `kernels`: the device kernels (a GPU run); else the host operators (the CPU, where the operators are the
-    work)."""
-    device_type = torch.autograd.DeviceType.CUDA if kernels else torch.autograd.DeviceType.CPU
-    totals = {group: 0.0 for group, _ in GROUPS} | {"other": 0.0}
-    for e in events:
-        if e.device_type == device_type:
-            us = e.self_device_time_total if kernels else e.self_cpu_time_total
-            totals[kernel_group(e.key)] += us / 1e3
+    ran). `kernels`: the device kernels (a GPU run); else the host `aten::` operators (the CPU, where the operators are
+    the work)."""
+    totals = group_ms(kernels_of(events, kernels))
     what = "device kernel" if kernels else "host operator"
     return f"{what} ms by group: " + ", ".join(f"{group} {ms:.2f}" for group, ms in totals.items())
 

@@ -101,6 +101,24 @@ def synced_step_ms(transformer: torch.nn.Module, inputs: dict[str, Any], runs: i
     return [1e3 * bench.timed(lambda: transformer(**inputs), device)[0] for _ in range(runs)]
 
 
+def kernels_of(events: Any, cuda: bool) -> list[tuple[str, float, int]]:
+    """(name, self µs, count) of a profile's device kernels (`cuda`), or on the CPU, which has no kernels, of its leaf
+    `aten::` operators by self host time."""
+    if cuda:
+        return [(e.key, e.self_device_time_total, e.count) for e in events
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    return [(e.key, e.self_cpu_time_total, e.count) for e in events
+            if e.key.startswith("aten::") and e.self_cpu_time_total > 0]
+
+
+def group_ms(kernels: list[tuple[str, float, int]]) -> dict[str, float]:
+    """Milliseconds of `kernels_of`'s kernels summed per group (`GROUPS`, then "other"), every group named."""
+    groups: dict[str, float] = {g: 0.0 for g, _ in GROUPS} | {"other": 0.0}
+    for name, us, _ in kernels:
+        groups[kernel_group(name)] += us / 1e3
+    return groups
+
+
 def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, device: torch.device) -> dict[str, Any]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -110,15 +128,8 @@ def profile(transformer: torch.nn.Module, inputs: dict[str, Any], calls: int, de
             transformer(**inputs)
         bench.synchronize(device)
     events = prof.key_averages()
-    if device.type == "cuda":
-        kernels = [(e.key, e.self_device_time_total, e.count) for e in events
-                   if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
-    else:  # the CPU has no kernels: leaf operators by self time
-        kernels = [(e.key, e.self_cpu_time_total, e.count) for e in events
-                   if e.key.startswith("aten::") and e.self_cpu_time_total > 0]
-    groups: dict[str, float] = {g: 0.0 for g, _ in GROUPS} | {"other": 0.0}
-    for name, us, _ in kernels:
-        groups[kernel_group(name)] += us / 1e3 / calls
+    kernels = kernels_of(events, device.type == "cuda")
+    groups = {group: ms / calls for group, ms in group_ms(kernels).items()}
     launches = sum(e.count for e in events if e.key in (
         "cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")) / calls
     top = sorted(kernels, key=lambda k: -k[1])[:25]
