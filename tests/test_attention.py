@@ -589,6 +589,44 @@ def test_the_fp8_kernel_matches_its_torch_mirror_and_stays_within_fp8_error_in_t
         assert mean_rel < (0.07 if name == "e4m3 q.k" else 0.05), (name, result[name])
 
 
+CHANNEL_STATISTICS_INTERPRETED = """
+import json
+import torch
+from hookkit.techniques.attention import fp8_triton
+
+g = torch.Generator().manual_seed(0)
+
+def case(b, h, s, d, layout):
+    k, v = (torch.randn(b, s, h, d, generator=g) * 3 + torch.randn(d, generator=g) for _ in range(2))
+    k, v = (t.to(torch.bfloat16) for t in (k, v))
+    if layout == "bhsd":
+        k, v = (t.transpose(1, 2).contiguous() for t in (k, v))
+    else:  # diffusers' layout: [B, S, H, D] seen through a transpose
+        k, v = (t.transpose(1, 2) for t in (k, v))
+    mean, amax = fp8_triton.channel_statistics(k, v)
+    torch_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d)
+    torch_amax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().reshape(b * h, d)
+    return [list(mean.shape), mean.dtype == torch.float32, (mean - torch_mean).abs().max().item(),
+            torch.equal(amax, torch_amax)]
+
+print(json.dumps({"one head, fewer tokens than a block": case(1, 1, 20, 32, "bhsd"),
+                  "two heads, many splits, a ragged last block": case(1, 2, 1000, 32, "bhsd"),
+                  "batch of two, transposed view": case(2, 3, 301, 64, "bshd")}))
+"""
+
+
+def test_one_pass_channel_statistics_equal_torchs_reductions_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    result = interpreted(CHANNEL_STATISTICS_INTERPRETED)
+    shapes = {"one head, fewer tokens than a block": [1, 32], "two heads, many splits, a ragged last block": [2, 32],
+              "batch of two, transposed view": [6, 64]}
+    assert set(result) == set(shapes)
+    for name, (shape, is_float32, mean_off, amax_equal) in result.items():
+        assert shape == shapes[name] and is_float32, (name, result[name])
+        # K's mean: a float32 sum in another order than torch's (32-row blocks, then the splits); V's amax: exact
+        assert mean_off < 1e-5 and amax_equal, (name, result[name])
+
+
 FP8_MASKED_INTERPRETED = """
 import json
 import torch

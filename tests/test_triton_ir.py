@@ -115,6 +115,14 @@ def test_fp8_quantize_kernel_builds_for_hopper_in_every_mode(mode: int, int8: bo
     assert "tt.store" in text
 
 
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp16"])
+def test_fp8_attentions_channel_statistics_kernel_builds_for_hopper(dtype: str) -> None:
+    types = _typed("k_ptr v_ptr k_sums_ptr v_amax_ptr heads tokens per_split splits k_stride_b k_stride_h k_stride_s "
+                   "v_stride_b v_stride_h v_stride_s", [dtype, dtype, "*fp32", "*fp32"] + ["i32"] * 10)
+    text = triton_ir(fp8_triton._channel_statistics_kernel, types, dict(D=128, BLOCK=fp8_triton.STATISTICS_BLOCK))
+    assert "tt.reduce" in text and "scf.for" in text
+
+
 STRIDES = "stride_b stride_h stride_s stride_d"
 
 

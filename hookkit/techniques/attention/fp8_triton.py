@@ -11,6 +11,7 @@ int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate
    constant `q · mean(k)`, and diffusion keys share a large channel offset; SageAttention, arXiv 2410.02367), then per
    block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V in e4m3 per channel (P·V factors that scale out of
    the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along the summed axis.
+   K's channel means and V's channel amax come from one pass over each (`channel_statistics`), not three reductions.
 2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly (int32)
    and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
    `exp2(s − max + 8)`, i.e. scaled by 256 into e4m3's range (the running sum carries the factor), times the e4m3 V
@@ -79,6 +80,33 @@ def _quantize_kernel(x_ptr, channel_ptr, codes_ptr, scales_ptr, heads, tokens, b
             codes = _to_fp8(x, INTERPRET)
         tl.store(codes_ptr + (bh * padded + rows[:, None]) * D + dims[None, :], codes)
         tl.store(scales_ptr + bh * blocks + blk, amax / top * multiplier)
+
+
+@triton.jit
+def _channel_statistics_kernel(k_ptr, v_ptr, k_sums_ptr, v_amax_ptr, heads, tokens, per_split, splits, k_stride_b,
+                               k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s, D: tl.constexpr,
+                               BLOCK: tl.constexpr):
+    """One split of one head's tokens: the float32 sum of K over them per channel and V's largest magnitude per
+    channel, into row `(batch * heads + head) * splits + split` of `k_sums_ptr` and `v_amax_ptr` (`[*, D]`)."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    batch, head = bh // heads, bh % heads
+    dims = tl.arange(0, D)
+    start = split * per_split
+    end = tl.minimum(start + per_split, tokens)
+    k_base = k_ptr + batch * k_stride_b + head * k_stride_h
+    v_base = v_ptr + batch * v_stride_b + head * v_stride_h
+    k_acc = tl.zeros([BLOCK, D], tl.float32)
+    v_acc = tl.zeros([BLOCK, D], tl.float32)
+    for row0 in range(start, end, BLOCK):
+        rows = row0 + tl.arange(0, BLOCK)
+        valid = rows[:, None] < end
+        k_acc += tl.load(k_base + rows[:, None] * k_stride_s + dims[None, :], mask=valid, other=0.0).to(tl.float32)
+        v = tl.load(v_base + rows[:, None] * v_stride_s + dims[None, :], mask=valid, other=0.0).to(tl.float32)
+        v_acc = tl.maximum(v_acc, tl.abs(v))
+    out = (bh * splits + split) * D + dims
+    tl.store(k_sums_ptr + out, tl.sum(k_acc, 0))
+    tl.store(v_amax_ptr + out, tl.max(v_acc, 0))
 
 
 @triton.jit
@@ -284,19 +312,47 @@ def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | No
     return codes, scales
 
 
+#: rows of K and V a `_channel_statistics_kernel` step loads (with 4 warps: 64 registers a thread per accumulator)
+STATISTICS_BLOCK = 32
+#: about how many programs `channel_statistics` launches: a few per SM of a large GPU, whatever batch × heads is
+STATISTICS_PROGRAMS = 1024
+
+
+def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K's mean over the tokens and V's largest magnitude over them, per (batch, head) and channel: float32
+    `[batch * heads, D]` each, for `[B, H, S, D]` inputs of any strides with contiguous channels.
+
+    Why one kernel: the reductions `k.mean(dim=2)`, `v.amax(dim=2)` and `v.amin(dim=2)` pass over K once and V twice,
+    each strided across tokens (Wan's `[B, S, H, D]` seen as `[B, H, S, D]`). Here each program reduces one split of
+    one head's tokens in registers; the splits' partial results are combined by torch in a fixed order, so the result
+    is the same on every run (no atomics). V's amax is exact; K's mean is a float32 sum in another order than torch's.
+    """
+    b, h, s, d = k.shape
+    splits = max(1, min(triton.cdiv(STATISTICS_PROGRAMS, b * h), triton.cdiv(s, STATISTICS_BLOCK)))
+    per_split = max(1, triton.cdiv(triton.cdiv(s, splits), STATISTICS_BLOCK)) * STATISTICS_BLOCK
+    splits = max(1, triton.cdiv(s, per_split))
+    k_sums = torch.empty(b * h * splits, d, device=k.device, dtype=torch.float32)
+    v_amax = torch.empty_like(k_sums)
+    _channel_statistics_kernel[(splits, b * h)](k, v, k_sums, v_amax, h, s, per_split, splits, k.stride(0),
+                                                k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                                                D=d, BLOCK=STATISTICS_BLOCK, num_warps=4)
+    k_mean = k_sums.view(b * h, splits, d).sum(dim=1).div_(s)
+    return k_mean, v_amax.view(b * h, splits, d).amax(dim=1)
+
+
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     block_m: int = 128, block_n: int = 128, qk_int8: bool = True) -> tuple[torch.Tensor, ...]:
     """The kernel's inputs (step 1 of the module docstring): Q and smoothed K codes with their per-block scales
     (Q's times `scale · log2(e)`), V's transposed e4m3 codes and per-channel scales, each `[batch * heads, ...]`.
     The arguments are `attention`'s."""
-    b, h, _, d = q.shape
+    d = q.shape[-1]
     interpret = not q.is_cuda
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
-    k_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d).contiguous()
+    k_mean, v_amax = channel_statistics(k, v)
+    v_amax = v_amax.clamp_min_(1e-20)
     k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
-    v_amax = torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().clamp_min_(1e-20).reshape(b * h, d)
-    v_codes, _ = _quantize(v, block_n, V_MODE, (FP8_MAX / v_amax).contiguous(), 1.0, False, interpret)
+    v_codes, _ = _quantize(v, block_n, V_MODE, FP8_MAX / v_amax, 1.0, False, interpret)
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous()
 
 
