@@ -7,6 +7,10 @@ is timed as CUDA-graph replays after warm-up (median and min-max of `--repeats`)
 with torch's (largest difference) and its V amax must equal torch's.
 
     python benchmarks/attention_input_statistics.py --out attention_input_statistics.json
+    python benchmarks/attention_input_statistics.py --blocks 4 8 16 32 64 --programs 256 512 1024 2048 4096 8192
+
+`--blocks` / `--programs`: also the kernel at each `fp8_triton.STATISTICS_BLOCK` and `STATISTICS_PROGRAMS` given
+(rows a step loads, programs launched), the tiling sweep its defaults were chosen by.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--blocks", type=int, nargs="*", default=[], help="STATISTICS_BLOCK values to sweep")
+    p.add_argument("--programs", type=int, nargs="*", default=[], help="STATISTICS_PROGRAMS values to sweep")
     p.add_argument("--out", type=Path, default=None, help="JSON file to write (its folder is created)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -67,6 +73,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"{name:<45} {spread['median_ms'] * 1e3:8.1f} us ({spread['min_ms'] * 1e3:.1f}-"
               f"{spread['max_ms'] * 1e3:.1f})  K+V read at {row['tb_per_s_k_and_v']:.2f} TB/s", flush=True)
+    defaults = fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS
+    sweep = [(b, n) for b in args.blocks or [defaults[0]] for n in args.programs or [defaults[1]]]
+    try:
+        for block, programs in sweep if args.blocks or args.programs else []:
+            fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS = block, programs
+            timed = time_graph_replays(lambda: fp8_triton.channel_statistics(k, v), args.repeats, args.warmup)
+            spread = summary(timed.times_ms)
+            rows.append({"row": f"channel_statistics, {block} rows a step, about {programs} programs", **spread,
+                         "block": block, "programs": programs, "timing": timed.how,
+                         "v_amax_equal": torch.equal(fp8_triton.channel_statistics(k, v)[1], want_amax)})
+            print(f"{rows[-1]['row']:<60} {spread['median_ms'] * 1e3:8.1f} us", flush=True)
+    finally:
+        fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS = defaults
     print(json.dumps(checks), flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

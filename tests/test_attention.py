@@ -623,7 +623,7 @@ def test_one_pass_channel_statistics_equal_torchs_reductions_in_tritons_interpre
     assert set(result) == set(shapes)
     for name, (shape, is_float32, mean_off, amax_equal) in result.items():
         assert shape == shapes[name] and is_float32, (name, result[name])
-        # K's mean: a float32 sum in another order than torch's (32-row blocks, then the splits); V's amax: exact
+        # K's mean: a float32 sum in another order than torch's (blocks of rows, then the splits); V's amax: exact
         assert mean_off < 1e-5 and amax_equal, (name, result[name])
 
 

@@ -312,9 +312,10 @@ def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | No
     return codes, scales
 
 
-#: rows of K and V a `_channel_statistics_kernel` step loads (with 4 warps: 64 registers a thread per accumulator)
-STATISTICS_BLOCK = 32
-#: about how many programs `channel_statistics` launches: a few per SM of a large GPU, whatever batch × heads is
+#: rows of K and V a `_channel_statistics_kernel` step loads, and about how many programs `channel_statistics`
+#: launches whatever batch × heads is: on an H100 at Wan 2.1 14B's shape 16 rows and 1,024 programs took 248 µs, 32 or
+#: 64 rows 314-339 µs, 256-512 programs 339-565 µs (BENCHMARKS.md)
+STATISTICS_BLOCK = 16
 STATISTICS_PROGRAMS = 1024
 
 
