@@ -5,8 +5,9 @@
 # cache-dit + its fp8 + regional compile; stock eager is added as the reference), each on the same static "fast"
 # computed steps. Whole-transformer graphs are refused on this model (its forward syncs with the host). Settings:
 # ROWS (comma-separated rows), RUNS and ROW_TIMEOUT as video-rows.sh takes them; HEIGHT, WIDTH, FRAMES, STEPS pass
-# through. ~12 GPU minutes on one H200.
-runs=${RUNS:-"--runs 2 --warmup 1"} row_timeout=${ROW_TIMEOUT:-600}  # before the shared defaults
+# through. ~20 GPU minutes on one H200, more than one device call (collect in a later call): cache-dit's row compiles
+# for more than 420 s on this model (an H100 ended it there), so a row may take 900 s here.
+runs=${RUNS:-"--runs 2 --warmup 1"} row_timeout=${ROW_TIMEOUT:-900}  # before the shared defaults
 source "$(dirname "$0")/../suite_lib.sh"
 rows=${ROWS:-hookkit-fp8+cache-fast+compile+fp8-attention,cache-dit+fp8+compile}
 MODEL=hunyuanvideo15 ARCH=hunyuanvideo1.5-480p CONFIGS=$rows RUNS=$runs ROW_TIMEOUT=$row_timeout \
