@@ -15,7 +15,9 @@ from CUDA-event timings of a CUDA graph that replays --iters calls (median of --
 the kernels alone, as a captured transformer runs them (calls timed from Python would measure the host's launch path,
 the op's wrapper and Triton's launcher, not the kernels), the memory traffic that implies, and the output against the
 eager arithmetic (fraction of values moved, largest difference). Also the AdaLN fp8 kernel (compile.fp8_rows) with PTX and with integer rounding,
-and its float32 form at Wan 2.1 14B's AdaLN input against inductor's kernels (`wan-adaln-fp8`).
+and its float32 form at Wan 2.1 14B's AdaLN input against inductor's kernels (`wan-adaln-fp8`), each kernel also with
+each of `--adaln-rows` tokens a program (`fp8_rows_triton.quantize_layer_norm(rows_per_program=...)`: the modulation
+rows loaded once for that many tokens).
 
     python benchmarks/norm_rope.py --out DIR        # a CUDA device; JSON in DIR/norm_rope.json
 """
@@ -209,11 +211,14 @@ def layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[dict
     ref_data, ref_scale = fp8_rows._layer_norm_reference(h, a, b, EPS)
     traffic = h.numel() * 3  # bf16 read, fp8 written
     rows = []
-    for use_ptx in (True, False):
-        fn = lambda use_ptx=use_ptx: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, use_ptx=use_ptx)  # noqa: E731
+    variants = [(True, None), (False, None)] + [(True, n) for n in args.adaln_rows]
+    for use_ptx, per_program in variants:
+        fn = lambda use_ptx=use_ptx, n=per_program: fp8_rows_triton.quantize_layer_norm(  # noqa: E731
+            h, a, b, EPS, use_ptx=use_ptx, rows_per_program=n)
         times = timed_us(fn, args.iters, args.runs)
         data, scale = fn()
-        rows.append({"case": "adaln-fp8", "row": "ptx" if use_ptx else "int", "us": statistics.median(times),
+        name = ("ptx" if use_ptx else "int") + ("" if per_program is None else f", {per_program} tokens a program")
+        rows.append({"case": "adaln-fp8", "row": name, "us": statistics.median(times),
                      "us_min": min(times), "us_max": max(times), "tb_per_s": traffic / statistics.median(times) / 1e6,
                      "scales_moved": (scale != ref_scale).float().mean().item(),
                      "codes_moved": (data.view(torch.uint8) != ref_data.view(torch.uint8)).float().mean().item()})
@@ -235,6 +240,9 @@ def wan_layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[
     traffic = h.numel() * 3  # bf16 read, fp8 written
     variants = {"inductor": torch.compile(lambda: fp8_rows._float_layer_norm_reference(h, a, b, EPS), fullgraph=True),
                 "kernel": lambda: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, rounded=False)}
+    for n in args.adaln_rows:
+        variants[f"kernel, {n} tokens a program"] = lambda n=n: fp8_rows_triton.quantize_layer_norm(
+            h, a, b, EPS, rounded=False, rows_per_program=n)
     rows = []
     for name, fn in variants.items():
         times = timed_us(fn, args.iters, args.runs)
@@ -252,6 +260,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--cases", default="flux-single,flux-double,qwen,wan")
+    parser.add_argument("--adaln-rows", type=lambda s: [int(n) for n in s.split(",")], default=[2, 4, 8, 16],
+                        help="tokens a program of the AdaLN kernels to time besides the default (comma-separated)")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -167,34 +167,40 @@ def ptx() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("1", "true", "True")
 
 
-# One program per bf16 row of `layer_norm(h) * a + b`, the row in registers (BLOCK >= width): mean and variance in
-# fp32 (two passes over the registers), then with ROUNDED (Flux's bf16 form) the normalized row, the product and the
-# sum each rounded to bf16 as eager rounds them, without it (Wan's float32 form, float32 a and b) float32 throughout and
-# one rounding to bf16 at the end; the amax, the scale `amax / 448` rounded to bf16, approximate division, clamp, e4m3.
+# One program per ROWS consecutive tokens of one batch element of `layer_norm(h) * a + b`, each row in registers
+# (BLOCK >= width) in turn: mean and variance in fp32 (two passes over the registers), then with ROUNDED (Flux's bf16
+# form) the normalized row, the product and the sum each rounded to bf16 as eager rounds them, without it (Wan's
+# float32 form, float32 a and b) float32 throughout and one rounding to bf16 at the end; the amax, the scale
+# `amax / 448` rounded to bf16, approximate division, clamp, e4m3. The modulation rows a and b are the same for every
+# token of a batch element: loaded once per program, not once per row (float32 rows of 5,120 are 40 KB a token).
 @triton.jit
 def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
                                          stride_b, eps, BLOCK: tl.constexpr, PTX: tl.constexpr,
-                                         ROUNDED: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    batch = row // tokens
+                                         ROUNDED: tl.constexpr, ROWS: tl.constexpr):
+    batch = tl.program_id(1).to(tl.int64)
+    first = tl.program_id(0).to(tl.int64) * ROWS
     cols = tl.arange(0, BLOCK)
     mask = cols < width
-    x = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / width
-    centred = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(centred * centred, axis=0) / width
-    normed = centred * tl.rsqrt(var + eps)
     a = tl.load(a_ptr + batch * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + batch * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    if ROUNDED:
-        y = _round_bf16(_round_bf16(_round_bf16(normed, PTX) * a, PTX) + b, PTX)
-    else:
-        y = _round_bf16(normed * a + b, PTX)
-    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
-    scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0), PTX)
-    q = tl.clamp(y / scale, -448.0, 448.0)
-    tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + row, scale)
+    for i in range(ROWS):
+        token = first + i
+        if token < tokens:
+            row = batch * tokens + token
+            x = tl.load(h_ptr + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+            mean = tl.sum(x, axis=0) / width
+            centred = tl.where(mask, x - mean, 0.0)
+            var = tl.sum(centred * centred, axis=0) / width
+            normed = centred * tl.rsqrt(var + eps)
+            if ROUNDED:
+                y = _round_bf16(_round_bf16(_round_bf16(normed, PTX) * a, PTX) + b, PTX)
+            else:
+                y = _round_bf16(normed * a + b, PTX)
+            amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
+            scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0), PTX)
+            q = tl.clamp(y / scale, -448.0, 448.0)
+            tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
+            tl.store(s_ptr + row, scale)
 
 
 def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -206,11 +212,16 @@ def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return rows, rows.stride(0) if rows.shape[0] > 1 else 0
 
 
+#: tokens one program of the AdaLN kernel quantizes, sharing one load of the modulation rows
+LAYER_NORM_ROWS = 1
+
+
 def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None,
-                        rounded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                        rounded: bool = True, rows_per_program: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes);
     `rounded=False`: Wan's float32 form, one rounding to bf16 at the end; `use_ptx=False` rounds in integer arithmetic
-    on a GPU too (benchmarks compare the two)."""
+    on a GPU too (benchmarks compare the two); `rows_per_program`: tokens a program quantizes (default
+    `LAYER_NORM_ROWS`; benchmarks sweep it), the same values for any."""
     batch, tokens, width = h.shape
     flat = _rows(h)
     a_rows, stride_a = _batch_rows(a)
@@ -219,9 +230,10 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
     s = torch.empty((batch * tokens, 1), device=h.device, dtype=torch.float32)
     if batch * tokens:
         block = triton.next_power_of_2(width)
+        rows = LAYER_NORM_ROWS if rows_per_program is None else rows_per_program
         with torch.cuda.device(h.device):
-            _fp8_quantize_layer_norm_rows_kernel[(batch * tokens,)](
+            _fp8_quantize_layer_norm_rows_kernel[(triton.cdiv(tokens, rows), batch)](
                 flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
-                PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded,
+                PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded, ROWS=rows,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)
