@@ -16,6 +16,10 @@ Triton kernel, the control: its mirror `fp8_triton.reference` is known to match 
              have both (a kernel applying one head's scales to another errs here, not on "gaussian")
   trained    the trained tiny Flux's own Q, K, V, recorded at its SDPA calls (heads of 32, 68 tokens; every 8th call
              of one denoising run); only where --dims has 32, at its own length
+  check      `enable`'s check's own 4 heads (`flashinfer_fa3.check_inputs`: two Gaussian, two with channel offsets,
+             ranges 1 and 3); check-q, check-k, check-v: the same draws with the offsets in Q, K or V only, to tell
+             which one a kernel departs on (--heads does not apply)
+Each row also lists every head's ratio (`head_ratios`: the kernel's error over its mirror's, 1.0 as its arithmetic).
 
     python benchmarks/attention_own_arithmetic.py --out attention_own_arithmetic.json
     python benchmarks/attention_own_arithmetic.py --dims 32 64 128 256 --tokens 68 120 1024 2048 4096 8192
@@ -39,6 +43,8 @@ from hookkit.techniques.attention import flashinfer_fa3, fp8_triton  # noqa: E40
 
 KERNELS = ("flashinfer_fp8", "hookkit_fp8")
 KINDS = ("gaussian", "offsets", "trained")
+#: kinds from `flashinfer_fa3.check_inputs`, by which tensors carry the offsets
+CHECK_KINDS = {"check": "qkv", "check-q": "q", "check-k": "k", "check-v": "v"}
 #: the kernel and its mirror, each `(q, k, v, scale) -> [B, H, N, D]`
 Kernel = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 
@@ -51,7 +57,7 @@ def kernels() -> dict[str, Kernel]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
-    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS + tuple(CHECK_KINDS))
     p.add_argument("--dims", type=int, nargs="+", default=[32, 64, 128, 256], help="head sizes (default 32 64 128 256)")
     p.add_argument("--tokens", type=int, nargs="+", default=[68, 120, 1024, 2048, 4096, 8192],
                    help="sequence lengths of the random kinds (default 68 120 1024 2048 4096 8192: 2048 and "
@@ -88,11 +94,11 @@ def trained_inputs(device: torch.device) -> list[tuple[Any, ...]]:
     return [(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), scale) for q, k, v, scale in calls[::8]]
 
 
-def worst_head_ratio(out: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> float:
-    """The largest, over heads, of the kernel's error against float32 SDPA over its mirror's: how much more a head
-    errs than the kernel's arithmetic implies (1.0: no more)."""
+def head_ratios(out: torch.Tensor, expected: torch.Tensor, exact: torch.Tensor) -> list[float]:
+    """Each head's error of the kernel against float32 SDPA over its mirror's: how much more the head errs than the
+    kernel's arithmetic implies (1.0: no more)."""
     error = flashinfer_fa3.relative_error
-    return max(error(out[:, h], exact[:, h]) / error(expected[:, h], exact[:, h]) for h in range(out.shape[1]))
+    return [error(out[:, h], exact[:, h]) / error(expected[:, h], exact[:, h]) for h in range(out.shape[1])]
 
 
 def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -101,6 +107,7 @@ def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
     run, mirror = kernel
     errors: dict[str, list[float]] = {"kernel_vs_fp32": [], "mirror_vs_fp32": [], "kernel_vs_mirror": [],
                                       "worst_head_ratio": []}
+    per_head: list[list[float]] = []
     try:
         for q, k, v, scale in calls:
             exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
@@ -109,10 +116,12 @@ def measure(kernel: Kernel, calls: list[tuple[Any, ...]]) -> dict[str, Any]:
             errors["kernel_vs_fp32"].append(flashinfer_fa3.relative_error(out, exact))
             errors["mirror_vs_fp32"].append(flashinfer_fa3.relative_error(expected, exact))
             errors["kernel_vs_mirror"].append(flashinfer_fa3.relative_error(out, expected))
-            errors["worst_head_ratio"].append(worst_head_ratio(out, expected, exact))
+            per_head.append(head_ratios(out, expected, exact))
+            errors["worst_head_ratio"].append(max(per_head[-1]))
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run here is a row with its reason
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
-    return {key: statistics.median(values) for key, values in errors.items()}
+    return {**{key: statistics.median(values) for key, values in errors.items()},
+            "head_ratios": [statistics.median(h) for h in zip(*per_head, strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -125,12 +134,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 calls = trained_inputs(device)
                 cases.append((kind, 32, calls[0][0].shape[2], calls))
             continue
+        if kind in CHECK_KINDS:
+            cases += [(kind, dim, tokens, [(*flashinfer_fa3.check_inputs(dim, tokens, torch.bfloat16, device,
+                                                                        CHECK_KINDS[kind]), None)])
+                      for dim in args.dims for tokens in args.tokens]
+            continue
         cases += [(kind, dim, tokens, random_inputs(kind, args.heads, tokens, dim, device))
                   for dim in args.dims for tokens in args.tokens]
     rows = []
     table = kernels()
     print(f"{'kernel':15} {'kind':9} {'dim':>4} {'tokens':>6} {'vs fp32':>9} {'mirror':>9} {'vs mirror':>9} "
-          f"{'worst head':>10}", flush=True)
+          f"{'worst head':>10}  each head", flush=True)
     for name in args.kernels:
         for kind, dim, tokens, calls in cases:
             row = {"kernel": name, "kind": kind, "dim": dim, "tokens": tokens, "calls": len(calls),
@@ -141,7 +155,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             else:
                 print(f"{name:15} {kind:9} {dim:>4} {tokens:>6} {row['kernel_vs_fp32']:>9.2e} "
                       f"{row['mirror_vs_fp32']:>9.2e} {row['kernel_vs_mirror']:>9.2e} "
-                      f"{row['worst_head_ratio']:>10.2f}", flush=True)
+                      f"{row['worst_head_ratio']:>10.2f}  {' '.join(f'{r:.2f}' for r in row['head_ratios'])}",
+                      flush=True)
     if args.out is not None:
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                 "argv": sys.argv[1:] if argv is None else argv}

@@ -652,3 +652,14 @@ def test_gpu_flashinfer_under_compile_matches_eager_attention(compile_spec: hook
     assert handle.summary().features["attention"].data["phases"]["middle"]["attention_calls"] == {kernel: 10}
     for _ in range(2):
         assert relative_error(call_flux_bf16(fast, size=SIZE_FOR_FP8), expected) < 1e-2
+
+
+def test_check_inputs_put_the_offsets_only_in_the_tensors_named_keeping_the_same_draws() -> None:
+    q, k, v = flashinfer_fa3.check_inputs(32, 20, torch.float32, torch.device("cpu"))
+    q_only = flashinfer_fa3.check_inputs(32, 20, torch.float32, torch.device("cpu"), offset_in="q")
+    assert torch.equal(q_only[0], q)
+    for full, plain in ((k, q_only[1]), (v, q_only[2])):
+        assert torch.equal(full[:, :2], plain[:, :2])  # heads 0 and 1 carry no offset either way
+        assert not torch.equal(full[:, 2:], plain[:, 2:])
+        spread = (full[:, 2:] - plain[:, 2:]).std(dim=2)  # heads 2 and 3: one offset per channel, over all tokens
+        assert torch.allclose(spread, torch.zeros_like(spread), atol=1e-5)

@@ -454,6 +454,26 @@ def test_the_own_arithmetic_benchmark_finds_a_kernel_computing_its_arithmetic_an
         assert wrong[("offsets", dim)]["worst_head_ratio"] > flashinfer_fa3.CHECK_BOUND[True]
 
 
+def test_the_own_arithmetic_benchmark_runs_enables_check_heads_with_the_offsets_in_one_tensor_at_a_time(
+        benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashinfer_stand_in import StandIn, applying_first_heads_scales
+
+    bench = benchmark_script("attention_own_arithmetic")
+    module = StandIn()
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    argv = ["--kernels", "flashinfer_fp8", "--kinds", "check", "check-q", "check-k", "check-v", "--dims", "64",
+            "--tokens", "68", "--device", "cpu"]
+    rows = bench.main(argv)
+    assert [(r["kind"], r["calls"], len(r["head_ratios"])) for r in rows] == [
+        ("check", 1, 4), ("check-q", 1, 4), ("check-k", 1, 4), ("check-v", 1, 4)]
+    for r in rows:  # a kernel computing its arithmetic errs as it on every head
+        assert r["head_ratios"] == pytest.approx([1.0] * 4, abs=0.05), r
+    monkeypatch.setattr(module, "single_prefill_with_kv_cache",
+                        applying_first_heads_scales(module.single_prefill_with_kv_cache))
+    for r in bench.main(argv):  # the first head's scales on every head: each other head (another range) is off
+        assert r["head_ratios"][0] == pytest.approx(1.0, abs=0.05) and min(r["head_ratios"][1:]) > 4, r
+
+
 def test_the_own_arithmetic_benchmark_reports_a_kernel_that_cannot_run_as_a_row(
         benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
     bench = benchmark_script("attention_own_arithmetic")

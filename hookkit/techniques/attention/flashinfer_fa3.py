@@ -198,6 +198,26 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out - expected).abs().mean() / expected.abs().mean()).item()
 
 
+def check_inputs(head_dim: int, tokens: int, dtype: torch.dtype, device: torch.device,
+                 offset_in: str = "qkv") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`check`'s seeded `[1, 4, tokens, head_dim]` Q, K and V (its docstring says what the 4 heads are).
+
+    Args:
+        offset_in: which of "q", "k", "v" carry the channel offsets of heads 2 and 3 (all three in `check`); the
+            others keep the same draws without them, so that a benchmark can tell which offset a kernel errs on.
+    """
+    g = torch.Generator(device=device).manual_seed(0)
+    ranges = torch.tensor([1.0, 3.0, 1.0, 3.0], device=device)[None, :, None, None]
+    offsets = torch.tensor([0.0, 0.0, 2.0, 2.0], device=device)[None, :, None, None]
+    tensors = []
+    for name in "qkv":
+        t = torch.randn(1, 4, tokens, head_dim, generator=g, device=device)
+        channel = torch.randn(head_dim, generator=g, device=device)
+        tensors.append(((t + offsets * channel if name in offset_in else t) * ranges).to(dtype))
+    q, k, v = tensors
+    return q, k, v
+
+
 def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> float:
     """Run a kernel once, as hookkit runs it on heads of `head_dim` (zero-padded where FlashInfer has no kernel of that
     size), on seeded random inputs (`CHECK_TOKENS[fp8]` tokens, 4 heads: two Gaussian, two shaped like real
@@ -212,13 +232,7 @@ def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) ->
     else (a FlashInfer release whose scale semantics differ, a module built for another torch, a kernel that errs on
     some head size or length) is refused, not run.
     """
-    tokens = CHECK_TOKENS[fp8]
-    g = torch.Generator(device=device).manual_seed(0)
-    ranges = torch.tensor([1.0, 3.0, 1.0, 3.0], device=device)[None, :, None, None]
-    offsets = torch.tensor([0.0, 0.0, 2.0, 2.0], device=device)[None, :, None, None]
-    q, k, v = ((torch.randn(1, 4, tokens, head_dim, generator=g, device=device)
-                + offsets * torch.randn(head_dim, generator=g, device=device)) * ranges for _ in range(3))
-    q, k, v = (t.to(dtype) for t in (q, k, v))
+    q, k, v = check_inputs(head_dim, CHECK_TOKENS[fp8], dtype, device)
     out = attention(q, k, v, fp8=fp8).float()
     errors = []
     for h in range(q.shape[1]):
