@@ -50,7 +50,7 @@ PY
   python3 -c "import diffusers, torchao, loguru, cache_dit" 2>/dev/null && return 0
   if ! ls "$whl"/*.whl > /dev/null 2>&1; then
     echo "gpu_env.sh: diffusers, torchao, loguru and cache_dit do not all import and $whl holds no wheels;" \
-      "carry .whl (or set WHL to a folder of wheels)" >&2
+      "carry .whl (or set WHL to a folder of wheels); python benchmarks/gpu_wheels.py fills .whl" >&2
     return 1
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$whl"/*.whl || return 1

@@ -222,6 +222,26 @@ def fake_python(tmp_path: Path, imports: bool) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+def test_gpu_wheels_downloads_the_pinned_packages_for_the_gpu_machines_python_and_flashinfer_on_request(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    wheels = benchmark_script("gpu_wheels")
+    (download,) = wheels.commands(tmp_path, flashinfer=False)
+    assert download[1:5] == ["-m", "pip", "download", "-q"] and "--no-deps" in download
+    assert download[download.index("--python-version") + 1] == "3.12"
+    assert download[-6:] == ["-d", str(tmp_path), "diffusers==0.42.1", "torchao==0.17.0", "loguru==0.7.3",
+                             "cache-dit==1.5.3"]
+    _, site = wheels.commands(tmp_path, flashinfer=True)
+    assert site[1].endswith("benchmarks/flashinfer_site.py") and site[2:] == ["--out",
+                                                                             str(tmp_path / "flashinfer-site.tar.gz")]
+
+
+def test_gpu_wheels_prints_its_commands_and_runs_nothing_with_print(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheels = benchmark_script("gpu_wheels")
+    assert wheels.main(["--whl", str(tmp_path / "w"), "--flashinfer", "--print"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2 and not (tmp_path / "w").exists()
+
+
 def test_gpu_env_puts_the_site_folder_and_the_given_checkout_on_the_python_path(tmp_path: Path) -> None:
     done = bash("-c", 'source benchmarks/gpu_env.sh && gpu_env /snap/repo && echo "$PYTHONPATH $PYTHONUNBUFFERED"',
                 env=fake_python(tmp_path, imports=True))
@@ -274,7 +294,8 @@ def test_gpu_env_without_the_packages_or_wheels_fails_saying_what_to_carry(tmp_p
     done = bash("-c", "source benchmarks/gpu_env.sh && gpu_env", env=env)
     assert done.returncode == 1
     assert done.stderr == (f"gpu_env.sh: diffusers, torchao, loguru and cache_dit do not all import and "
-                           f"{tmp_path / 'no-wheels'} holds no wheels; carry .whl (or set WHL to a folder of wheels)\n")
+                           f"{tmp_path / 'no-wheels'} holds no wheels; carry .whl (or set WHL to a folder of wheels); "
+                           "python benchmarks/gpu_wheels.py fills .whl\n")
 
 
 # --- the peer report reads the suites' folders -------------------------------------------------------------------
