@@ -32,6 +32,12 @@ what separates a kernel's own error from its quantization's.
     python benchmarks/quality_attention.py --quick         # CPU check: 2 classes x 1 seed, 6 steps, tiny model;
                                                            # the CUDA kernels become "_native_math" (script checked,
                                                            # not the numbers)
+    python benchmarks/quality_attention.py --arithmetic --models tiny,video   # CPU: hookkit_fp8's arithmetic
+
+`--arithmetic` (CPU, no GPU needed): one row, "fp8-arithmetic-every-step", where every SDPA call is answered by
+hookkit_fp8's torch mirror (`fp8_triton.reference`: the kernel's quantization of Q, K, V and P, which the kernel
+matches to rounding on a GPU, `test_gpu_fp8_kernel_against_its_mirror_and_bf16_sdpa_at_wan_shape`), for models the
+GPU rows do not cover (the trained video model) and, on "tiny", as a check against the kernel's own GPU row.
 
 Writes $OUT/quality_attention/{tiny,deep}/{quality.md,quality.json} and attention_error.json.
 """
@@ -113,6 +119,42 @@ class RecordSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class MirrorSDPA(TorchFunctionMode):
+    """Answers every SDPA call without a mask, dropout or causal flag by `fp8_triton.reference` (hookkit_fp8's
+    arithmetic in torch); counts the calls it answered and the others, which run SDPA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = 0
+        self.passed = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            from hookkit.techniques.attention import fp8_triton
+
+            bound = {**dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args)),
+                     **kwargs}
+            if bound.get("attn_mask") is None and not bound.get("dropout_p") and not bound.get("is_causal"):
+                self.answered += 1
+                return fp8_triton.reference(bound["query"], bound["key"], bound["value"], bound.get("scale"))
+            self.passed += 1
+        return func(*args, **kwargs)
+
+
+def arithmetic_row(counts: list[MirrorSDPA]) -> quality.QualityConfig:
+    """The `--arithmetic` row: `MirrorSDPA` entered for the row's pipeline calls (each entry appended to `counts`)."""
+
+    def setup(pipe: Any) -> Any:
+        mode = MirrorSDPA()
+        mode.__enter__()
+        counts.append(mode)
+        return lambda: mode.__exit__(None, None, None)
+
+    return quality.QualityConfig(name="fp8-arithmetic-every-step", family="fp8", setup=setup, x="every",
+                                 description="hookkit_fp8's arithmetic (fp8_triton.reference) at every SDPA call")
+
+
 def record_attention_inputs(model: str, steps: int, seed: int, device: str) -> list[tuple[Any, ...]]:
     """`(q, k, v, scale)` of every SDPA call of one denoising run of the trained `model` (class 0, `seed`), float32."""
     from hookkit.tools import trained
@@ -181,9 +223,13 @@ def main() -> int:
     p.add_argument("--models", default="tiny,deep", help="comma-separated trained models (default tiny,deep)")
     p.add_argument("--quick", action="store_true", help="CPU check: tiny model, 2 classes x 1 seed, 6 steps")
     p.add_argument("--only", default=None, help="comma-separated row names (default: every row)")
+    p.add_argument("--arithmetic", action="store_true",
+                   help="CPU: hookkit_fp8's arithmetic (its torch mirror) at every step, the one row (docstring)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "quality_attention"))
     args = p.parse_args()
     cuda = torch.cuda.is_available()
+    if args.arithmetic:
+        return arithmetic(args)
     if not args.quick and not cuda:
         raise SystemExit("quality_attention.py: hookkit's attention kernels need a CUDA GPU (fp8: SM89+); --quick "
                          "checks the script on the CPU.")
@@ -209,6 +255,44 @@ def main() -> int:
         errors.append(attention_error(model, error_kernels, steps, seeds[0], "cuda" if on_gpu else "cpu"))
     (out / "attention_error.json").write_text(json.dumps(errors, indent=1))
     print(json.dumps(errors, indent=1))
+    return 0
+
+
+def mirror_error(model: str, steps: int, seed: int) -> dict[str, Any]:
+    """hookkit_fp8's mirror's output error against fp32 SDPA on the attention inputs of one denoising run of `model`
+    on the CPU (`attention_error`'s measure, for the mirror in place of the kernel)."""
+    from hookkit.techniques.attention import fp8_triton
+
+    calls = record_attention_inputs(model, steps, seed, "cpu")
+    rel, worst = [], []
+    for q, k, v, scale in calls:
+        ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        got = fp8_triton.reference(*(t.to(torch.bfloat16) for t in (q, k, v)), scale).float()
+        rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
+        worst.append((got - ref).abs().max().item())
+    return {"model": model, "calls": len(calls), "shape": list(calls[0][0].shape), "mirror": _summary(rel, worst)}
+
+
+def arithmetic(args: argparse.Namespace) -> int:
+    """`--arithmetic`: the mirror row on the CPU in bfloat16, per model; writes quality.md/.json per model,
+    arithmetic_calls.json (how many SDPA calls the mirror answered per model, and how many ran SDPA) and
+    arithmetic_error.json (`mirror_error` of each model, on its first seed)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    calls, errors = {}, []
+    for model in args.models.split(","):
+        counts: list[MirrorSDPA] = []
+        report = quality.run_quality([arithmetic_row(counts)], seeds=seeds, steps=args.steps, device="cpu",
+                                     dtype=torch.bfloat16, model=model,
+                                     log=lambda m: print(m, file=sys.stderr, flush=True))
+        report.write(out / model, plot=False)
+        calls[model] = {"answered": sum(c.answered for c in counts), "ran_sdpa": sum(c.passed for c in counts)}
+        errors.append(mirror_error(model, args.steps, seeds[0]))
+        print(f"## {model}\n\n{report.markdown()}\n{json.dumps(calls[model])}\n{json.dumps(errors[-1])}\n",
+              flush=True)
+    (out / "arithmetic_calls.json").write_text(json.dumps(calls, indent=1))
+    (out / "arithmetic_error.json").write_text(json.dumps(errors, indent=1))
     return 0
 
 

@@ -495,6 +495,26 @@ def test_the_own_arithmetic_benchmark_runs_enables_check_heads_with_the_offsets_
         assert r["head_ratios"][0] == pytest.approx(1.0, abs=0.05) and min(r["head_ratios"][1:]) > 4, r
 
 
+def test_the_quality_benchmarks_mirror_mode_answers_unmasked_sdpa_with_hookkit_fp8s_arithmetic(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from hookkit.techniques.attention import fp8_triton
+
+    bench = benchmark_script("quality_attention")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+    mask = torch.ones(40, 40, dtype=torch.bool)
+    with bench.MirrorSDPA() as mode:
+        answered = F.scaled_dot_product_attention(q, k, v)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(answered, fp8_triton.reference(q, k, v))  # the mirror's output, not SDPA's
+    assert not torch.equal(answered, F.scaled_dot_product_attention(q, k, v))
+    assert torch.equal(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))  # a mask runs SDPA
+    assert (mode.answered, mode.passed) == (1, 1)
+
+
 def test_the_own_arithmetic_benchmark_reports_a_kernel_that_cannot_run_as_a_row(
         benchmark_script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
     bench = benchmark_script("attention_own_arithmetic")
