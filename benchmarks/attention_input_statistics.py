@@ -74,9 +74,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{name:<45} {spread['median_ms'] * 1e3:8.1f} us ({spread['min_ms'] * 1e3:.1f}-"
               f"{spread['max_ms'] * 1e3:.1f})  K+V read at {row['tb_per_s_k_and_v']:.2f} TB/s", flush=True)
     defaults = fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS
-    sweep = [(b, n) for b in args.blocks or [defaults[0]] for n in args.programs or [defaults[1]]]
+    sweep = ([(b, n) for b in args.blocks or [defaults[0]] for n in args.programs or [defaults[1]]]
+             if args.blocks or args.programs else [])
     try:
-        for block, programs in sweep if args.blocks or args.programs else []:
+        for block, programs in sweep:
             fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS = block, programs
             timed = time_graph_replays(lambda: fp8_triton.channel_statistics(k, v), args.repeats, args.warmup)
             spread = summary(timed.times_ms)

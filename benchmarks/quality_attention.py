@@ -102,6 +102,16 @@ def configs(low: dict[str, str], quantize: hookkit.Quantize) -> list[quality.Qua
     ]
 
 
+def _sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An SDPA call's arguments by name, as given positionally or by keyword."""
+    return {**dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args)), **kwargs}
+
+
+def _error(got: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """(mean relative error, max abs error) of `got` against `expected`."""
+    return ((got - expected).abs().mean() / expected.abs().mean()).item(), (got - expected).abs().max().item()
+
+
 class RecordSDPA(TorchFunctionMode):
     """Keeps a float32 copy of (q, k, v, scale) of every SDPA call."""
 
@@ -112,8 +122,7 @@ class RecordSDPA(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            bound = {**dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args)),
-                     **kwargs}
+            bound = _sdpa_call(args, kwargs)
             q, k, v = (bound[n].detach().float().clone() for n in ("query", "key", "value"))
             self.calls.append((q, k, v, bound.get("scale")))
         return func(*args, **kwargs)
@@ -133,8 +142,7 @@ class MirrorSDPA(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             from hookkit.techniques.attention import fp8_triton
 
-            bound = {**dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"), args)),
-                     **kwargs}
+            bound = _sdpa_call(args, kwargs)
             if bound.get("attn_mask") is None and not bound.get("dropout_p") and not bound.get("is_causal"):
                 self.answered += 1
                 return fp8_triton.reference(bound["query"], bound["key"], bound["value"], bound.get("scale"))
@@ -200,12 +208,13 @@ def attention_error(model: str, kernels: dict[str, str], steps: int, seed: int, 
                 if reason is not None:
                     break
                 got = run_kernel(kernel, F.scaled_dot_product_attention, args, {"scale": scale}).float()
-            rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
-            worst.append((got - ref).abs().max().item())
+            mean, top = _error(got, ref)
+            rel.append(mean)
+            worst.append(top)
             if mirror is not None:
-                expected = mirror(*args, scale).float()
-                own.append(((got - expected).abs().mean() / expected.abs().mean()).item())
-                own_worst.append((got - expected).abs().max().item())
+                mean, top = _error(got, mirror(*args, scale).float())
+                own.append(mean)
+                own_worst.append(top)
         if reason is not None:
             out[name] = {"unsupported": reason}
             continue
@@ -267,9 +276,9 @@ def mirror_error(model: str, steps: int, seed: int) -> dict[str, Any]:
     rel, worst = [], []
     for q, k, v, scale in calls:
         ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
-        got = fp8_triton.reference(*(t.to(torch.bfloat16) for t in (q, k, v)), scale).float()
-        rel.append(((got - ref).abs().mean() / ref.abs().mean()).item())
-        worst.append((got - ref).abs().max().item())
+        mean, top = _error(fp8_triton.reference(*(t.to(torch.bfloat16) for t in (q, k, v)), scale).float(), ref)
+        rel.append(mean)
+        worst.append(top)
     return {"model": model, "calls": len(calls), "shape": list(calls[0][0].shape), "mirror": _summary(rel, worst)}
 
 
