@@ -7,9 +7,10 @@ torch mirror's against float32 SDPA on the same inputs, and the kernel's against
 arithmetic is within rounding of the mirror for keys that fit one of its tiles (`flashinfer_fa3.reference`, exact
 there) and has the mirror's error against SDPA beyond it (where it rounds P against a running maximum).
 
-Kernels: "flashinfer_fp8" (`flashinfer_fa3.attention`, the heads zero-padded as hookkit runs them; its mirror
-`flashinfer_fa3.reference_attention`; needs the flashinfer package and a Hopper GPU) and "hookkit_fp8" (hookkit's
-Triton kernel, the control: its mirror `fp8_triton.reference` is known to match it; SM 8.9+). Kinds:
+Kernels: "flashinfer_fp8" (`flashinfer_fa3.attention`, the heads zero-padded as hookkit runs them, V smoothed; its
+mirror `flashinfer_fa3.reference_attention`; needs the flashinfer package and a Hopper GPU), "flashinfer_fp8_unsmoothed_v"
+(the same with V as it comes: what smoothing V changes) and "hookkit_fp8" (hookkit's Triton kernel, the control: its
+mirror `fp8_triton.reference` is known to match it; SM 8.9+). Kinds:
 
   gaussian   Q, K, V ~ N(0, 1)
   offsets    the same plus a channel offset twice the spread, each head 1x, 2x, 3x, ... the first: real activations
@@ -32,6 +33,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hookkit.techniques.attention import flashinfer_fa3, fp8_triton  # noqa: E402
 
-KERNELS = ("flashinfer_fp8", "hookkit_fp8")
+KERNELS = ("flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "hookkit_fp8")
 KINDS = ("gaussian", "offsets", "trained")
 #: kinds from `flashinfer_fa3.check_inputs`, by which tensors carry the offsets
 CHECK_KINDS = {"check": "qkv", "check-q": "q", "check-k": "k", "check-v": "v"}
@@ -51,6 +53,8 @@ Kernel = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 
 def kernels() -> dict[str, Kernel]:
     return {"flashinfer_fp8": (flashinfer_fa3.attention, flashinfer_fa3.reference_attention),
+            "flashinfer_fp8_unsmoothed_v": (partial(flashinfer_fa3.attention, smooth_value=False),
+                                            partial(flashinfer_fa3.reference_attention, smooth_value=False)),
             "hookkit_fp8": (fp8_triton.attention, fp8_triton.reference)}
 
 

@@ -55,12 +55,11 @@ def applying_first_heads_scales(call: Callable[..., torch.Tensor]) -> Callable[.
     return wrapped
 
 
-def rounding_against_a_running_maximum(tile: int, p_scale: float = 448.0) -> Callable[..., torch.Tensor]:
+def rounding_against_a_running_maximum(tile: int) -> Callable[..., torch.Tensor]:
     """A `single_prefill_with_kv_cache` with FlashInfer's fp8 semantics computed as its kernel does over more keys
-    than a tile: online softmax, P of each `tile` keys times `p_scale` (448: `reference`'s) rounded to e4m3 against the
-    running maximum of the scores so far, earlier tiles' sums rescaled when the maximum grows. With 448 only the
-    rounding of P differs from `StandIn`'s, by as much as it rounds; with 1 the probabilities below e4m3's smallest
-    step (2^-9) are lost."""
+    than a tile: online softmax, P of each `tile` keys times 448 (as `reference`) rounded to e4m3 against the running
+    maximum of the scores so far, earlier tiles' sums rescaled when the maximum grows. Only the rounding of P differs
+    from `StandIn`'s, by as much as it rounds."""
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, o_dtype: torch.dtype, sm_scale: float,
              scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         qf, kf, vf = (t.float().transpose(0, 1) * s[:, None, None] for t, s in zip((q, k, v), (scale_q, scale_k,
@@ -73,9 +72,33 @@ def rounding_against_a_running_maximum(tile: int, p_scale: float = 448.0) -> Cal
             new_top = torch.maximum(top, s.amax(dim=-1, keepdim=True))
             shrink = torch.exp(top - new_top)
             p = torch.exp(s - new_top)
-            p8 = (p * p_scale).to(torch.float8_e4m3fn).float() / p_scale
+            p8 = (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
             acc = acc * shrink + p8 @ vf[:, start:start + tile]
             total = total * shrink + p.sum(dim=-1, keepdim=True)
             top = new_top
         return (acc / total).transpose(0, 1).contiguous().to(o_dtype)
+    return call
+
+
+def accumulating_p_v_in_limited_precision(bits: int = 14, keys: int = 32) -> Callable[..., torch.Tensor]:
+    """A `single_prefill_with_kv_cache` with FlashInfer's fp8 semantics (`StandIn`'s), its P·V accumulated as Hopper's
+    fp8 tensor cores do by DeepSeek-V3's report: each instruction adds the products of `keys` keys to the running sum
+    aligned to the largest of them with about `bits` bits, the lower bits cut (towards zero). On values whose channels
+    share an offset the sum grows with every block of keys and each block loses more of its low bits."""
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, o_dtype: torch.dtype, sm_scale: float,
+             scale_q: torch.Tensor, scale_k: torch.Tensor, scale_v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        qf, kf = (t.double().transpose(0, 1) * s.double()[:, None, None] for t, s in zip((q, k), (scale_q, scale_k)))
+        codes = v.double().transpose(0, 1)  # [H, N, D]: V's e4m3 codes, scaled after the sum as the kernel does
+        scores = qf @ kf.transpose(1, 2) * sm_scale
+        p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        p8 = (p * 448.0).to(torch.float8_e4m3fn).double()
+        acc = torch.zeros(p.shape[:-1] + (codes.shape[-1],), dtype=torch.float64)
+        for start in range(0, p.shape[-1], keys):
+            products = p8[..., start:start + keys, None] * codes[:, None, start:start + keys, :]  # [H, Nq, keys, D]
+            largest = torch.maximum(acc.abs(), products.abs().amax(dim=-2))
+            quantum = 2.0 ** (torch.floor(torch.log2(largest.clamp(min=1e-300))) - bits + 1)
+            acc = torch.trunc(acc / quantum) * quantum + (torch.trunc(products / quantum[..., None, :])
+                                                          * quantum[..., None, :]).sum(dim=-2)
+        out = acc * scale_v.double()[:, None, None] / (p.sum(dim=-1, keepdim=True) * 448.0)
+        return out.transpose(0, 1).contiguous().to(o_dtype)
     return call

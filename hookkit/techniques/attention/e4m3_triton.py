@@ -5,10 +5,10 @@ ops took 4.8 ms a call at Wan 2.1 14B's attention shape (40 heads x 128, 32,760 
 float32 temporaries and a pass over the tensor per op; two kernels a tensor read it twice and write one byte a value.
 Under torch.compile the torch ops are traced instead and inductor fuses them into the block's graph.
 
-The result is the torch ops' bit for bit (`flashinfer_fa3.quantize_torch`; tested in Triton's interpreter): K's
-mean over the tokens comes from the same torch reduction, K is smoothed in float32, a head's amax is a max (exact in
-any order), its scale is computed by the caller's rule (`flashinfer_fa3.scale_of`), and each value is multiplied by
-the scale's float32 inverse, clamped to +-448 and rounded to the nearest e4m3, ties to even.
+The result is the torch ops' bit for bit (`flashinfer_fa3.quantize_torch`; tested in Triton's interpreter): K's mean
+over the tokens comes from the same torch reduction (V's from the caller), K and V are smoothed in float32, a head's
+amax is a max (exact in any order), its scale is computed by the caller's rule (`flashinfer_fa3.scale_of`), and each
+value is multiplied by the scale's float32 inverse, clamped to +-448 and rounded to the nearest e4m3, ties to even.
 
 1. `_block_amax_kernel`: one program per block of `BLOCK // D` tokens of one head writes the block's amax;
 2. torch reduces the blocks' amaxes to the head's, the scale rule makes scales and inverses (`[B, H]`);
@@ -111,10 +111,12 @@ def head_quantize(x: torch.Tensor, scale_of: Callable[[torch.Tensor], torch.Tens
 
 
 def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             scale_of: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, ...]:
+             scale_of: Callable[[torch.Tensor], torch.Tensor],
+             mean_of_value: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """`flashinfer_fa3.quantize`'s result, `(q8, k8, v8, q_scale, k_scale, v_scale)`, by the kernels above; `scale_of`
-    makes a head's scale from its amax (`flashinfer_fa3.scale_of`)."""
+    makes a head's scale from its amax (`flashinfer_fa3.scale_of`), `mean_of_value` (float32 `[B, H, 1, D]`), where
+    given, is taken out of V as K's mean is out of K."""
     q8, q_scale = head_quantize(query, scale_of)
     k8, k_scale = head_quantize(key, scale_of, key.mean(dim=2, keepdim=True, dtype=torch.float32))
-    v8, v_scale = head_quantize(value, scale_of)
+    v8, v_scale = head_quantize(value, scale_of, mean_of_value)
     return q8, k8, v8, q_scale, k_scale, v_scale

@@ -9,9 +9,15 @@ exponentials; FA3's ping-pong schedule overlaps them (Triton cannot express it).
 
 The fp8 quantization (torch ops where the mode answers SDPA, so that regional `Compile` fuses them into the block;
 outside torch.compile on a GPU, `e4m3_triton`'s kernels, the same bits): Q, K and V in e4m3, one scale per (batch,
-head), amax / 448; K first smoothed (its mean over the tokens subtracted per channel, in float32). Smoothing changes
-no output (every score of a query moves by the same q·mean, which softmax removes) and leaves K's e4m3 range to what
-varies between tokens. The kernel quantizes P itself (scaled by 448) and dequantizes with the scales it is given.
+head), amax / 448; K and V first smoothed (each one's mean over the tokens subtracted per channel, in float32), V's
+mean added back to the output. Smoothing changes no output (every score of a query moves by the same q·mean, which
+softmax removes; every row of attention weights sums to 1, so it passes V's mean through unchanged) and leaves the
+e4m3 ranges to what varies between tokens. V's matters beyond its range: Hopper's fp8 tensor cores accumulate a product
+into a sum aligned to the larger of the two with about 14 bits (DeepSeek-V3's report), so where V's channels carry an
+offset every key shares, P·V grows into a sum whose low bits each further block of keys loses. On `check`'s heads shaped
+like real activations FlashInfer's kernel erred 14.5x its arithmetic without it (an H100; a CPU model of that
+accumulation, `tests/flashinfer_stand_in.py`, gives the same, and smoothing V takes it to 1.0x). The kernel quantizes P
+itself (scaled by 448) and dequantizes with the scales it is given.
 
 Layout: diffusers hands SDPA `[B, H, N, D]` tensors; FlashInfer's single-sequence call takes `[N, H, D]` views with any
 strides (it reads them), one call per batch element, and writes `[N, H, D]`: the output is returned as the
@@ -72,22 +78,33 @@ def to_e4m3(t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (t.float() * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def quantize_torch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def value_mean(value: torch.Tensor) -> torch.Tensor:
+    """V's mean over the tokens per (batch, head, channel), float32 `[B, H, 1, D]`: what `quantize` takes out of V and
+    `attention` adds back to the output (module docstring)."""
+    return value.mean(dim=2, keepdim=True, dtype=torch.float32)
+
+
+def quantize_torch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   mean_of_value: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """`quantize` in torch ops: what torch.compile traces and fuses, and what the CPU runs."""
     key = key.float() - key.mean(dim=2, keepdim=True, dtype=torch.float32)
+    if mean_of_value is not None:
+        value = value.float() - mean_of_value
     scales = [head_scales(t) for t in (query, key, value)]
     return (*(to_e4m3(t, s) for t, s in zip((query, key, value), scales, strict=True)), *scales)
 
 
-def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def quantize(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             mean_of_value: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """`[B, H, N, D]` Q, K, V as e4m3 tensors of the same shape and their float32 `[B, H]` scales:
-    `(q8, k8, v8, q_scale, k_scale, v_scale)`; K smoothed first, in float32 (module docstring). On a CUDA device
-    outside torch.compile, by two Triton kernels a tensor (`e4m3_triton`), the torch ops' result bit for bit."""
+    `(q8, k8, v8, q_scale, k_scale, v_scale)`; K smoothed first, in float32 (module docstring), and V less
+    `mean_of_value` (`value_mean`) where given. On a CUDA device outside torch.compile, by two Triton kernels a
+    tensor (`e4m3_triton`), the torch ops' result bit for bit."""
     if query.is_cuda and not torch.compiler.is_compiling():
         from hookkit.techniques.attention import e4m3_triton
 
-        return e4m3_triton.quantize(query, key, value, scale_of)
-    return quantize_torch(query, key, value)
+        return e4m3_triton.quantize(query, key, value, scale_of, mean_of_value)
+    return quantize_torch(query, key, value, mean_of_value)
 
 
 def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tuple[torch.Tensor, ...] | None,
@@ -122,13 +139,15 @@ def run_half(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_sca
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
               causal: bool = False, fp8: bool = True,
               kernels: tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = (run_half, run_fp8),
-              ) -> torch.Tensor:
+              smooth_value: bool = True) -> torch.Tensor:
     """SDPA's result for `[B, H, N, D]` fp16/bf16 inputs, by FlashInfer's fp8 kernel (quantization included) or, with
     `fp8=False`, its bf16/fp16 kernel; heads FlashInfer has no kernel for zero-padded (`padded_size`).
 
     Args:
         kernels: what runs the bf16 and the fp8 kernel (`run_half`, `run_fp8`: hookkit's hooks pass the same as ops
             torch.compile keeps opaque, so that the padding and the quantization are traced around them).
+        smooth_value: for the fp8 kernel, take V's mean over the tokens out before quantizing and add it to the
+            output (module docstring); False runs V as it comes (for measurements of what smoothing changes).
     """
     dim = query.shape[-1]
     sm_scale = softmax_scale(query, scale)  # of the heads as they are: padding changes no score
@@ -142,7 +161,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     if not fp8:
         out = half(query, key, value, sm_scale, causal)
     else:
-        out = low(*quantize(query, key, value), sm_scale, causal, query.dtype)
+        mean = value_mean(value) if smooth_value else None
+        out = low(*quantize(query, key, value, mean), sm_scale, causal, query.dtype)
+        if mean is not None:
+            out = (out.float() + mean).to(query.dtype)  # keeps the kernel's [B, N, H, D] memory layout
     return out if size == dim else out[..., :dim]
 
 
@@ -164,13 +186,17 @@ def reference(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: tor
 
 
 def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, smooth_value: bool = True) -> torch.Tensor:
     """What `attention(...)` with the fp8 kernel computes, in float32 torch ops: the same zero-padding and quantization
-    (`quantize_torch`), then `reference`; float32 `[B, H, N, D]`."""
+    (`quantize_torch`, V smoothed as `smooth_value` says), then `reference`, V's mean added back; float32
+    `[B, H, N, D]`."""
     dim = query.shape[-1]
     size = padded_size(dim) or dim
-    codes = quantize_torch(*(F.pad(t, (0, size - dim)) for t in (query, key, value)))
-    return reference(*codes, softmax_scale(query, scale))[..., :dim]
+    sm_scale = softmax_scale(query, scale)  # of the heads as they are: padding changes no score
+    query, key, value = (F.pad(t, (0, size - dim)) for t in (query, key, value))
+    mean = value_mean(value) if smooth_value else None
+    out = reference(*quantize_torch(query, key, value, mean), sm_scale)
+    return (out if mean is None else out + mean)[..., :dim]
 
 
 #: the fewest keys hookkit runs FlashInfer's fp8 kernel on. Measured against its own arithmetic (`reference`) on an
