@@ -1,10 +1,11 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
-kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's
-quantization as it runs eagerly (Triton kernels), `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as
-regional `Compile` runs it inside a block, `flashinfer_fp8_kernel` alone on inputs quantized once), and TensorRT-LLM's
-FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on
-its packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_bf16`: its bf16 kernel on
-`[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
+kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's quantization as
+it runs eagerly (Triton kernels; V smoothed, its mean added back), `flashinfer_fp8_unsmoothed_v` the same with V as
+it comes, `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as regional `Compile` runs them around
+the kernel in a block, `flashinfer_fp8_kernel` alone on inputs quantized once, V as it comes), and TensorRT-LLM's
+FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on its
+packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_bf16`: its bf16 kernel on `[tokens,
+heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -36,7 +37,8 @@ from benchmarks.fmha_v2_site import MODULE as FMHA_V2_MODULE  # noqa: E402 - und
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
-           "flashinfer_fp8", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel", "fmha_v2_fp8_kernel",
+           "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel",
+           "fmha_v2_fp8_kernel",
            "fmha_v2_bf16")
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
@@ -84,10 +86,21 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
 
         if name in ("flashinfer_bf16", "flashinfer_fp8"):
             return lambda q, k, v: flashinfer_fa3.attention(q, k, v, fp8=name == "flashinfer_fp8")
+        if name == "flashinfer_fp8_unsmoothed_v":
+            return lambda q, k, v: flashinfer_fa3.attention(q, k, v, smooth_value=False)
         if name == "flashinfer_fp8_compiled":
-            quantize = torch.compile(flashinfer_fa3.quantize, fullgraph=True)
-            return lambda q, k, v: flashinfer_fa3.run_fp8(*quantize(q, k, v), flashinfer_fa3.softmax_scale(q, None),
-                                                          False, q.dtype)
+            def quantize_smoothed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                mean = flashinfer_fa3.value_mean(v)
+                return (*flashinfer_fa3.quantize(q, k, v, mean), mean)
+
+            quantize = torch.compile(quantize_smoothed, fullgraph=True)
+            add_mean = torch.compile(lambda out, mean: (out.float() + mean).to(out.dtype), fullgraph=True)
+
+            def compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                *codes, mean = quantize(q, k, v)
+                return add_mean(flashinfer_fa3.run_fp8(*codes, flashinfer_fa3.softmax_scale(q, None), False, q.dtype),
+                                mean)
+            return compiled
         quantized: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
 
         def kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

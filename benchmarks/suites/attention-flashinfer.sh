@@ -8,7 +8,8 @@
 # (seconds, 420; then SIGINT, so that pytest names the tests failed so far).
 source "$(dirname "$0")/../suite_lib.sh"
 timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 \
-  --kernels sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 flashinfer_fp8_compiled flashinfer_fp8_kernel \
+  --kernels sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 flashinfer_fp8_unsmoothed_v flashinfer_fp8_compiled \
+  flashinfer_fp8_kernel \
   --out "$OUT/attention_flashinfer.json" > "$OUT/attention_flashinfer.log" 2>&1
 note "attention-flashinfer kernels rc $?"
 # FMHA v2 in a process of its own (its CUDA error checks end the process), cuDNN again beside it
