@@ -175,7 +175,8 @@ def test_fp8_layer_norm_rows_kernel_builds_for_hopper_in_wans_float32_form() -> 
     types = _typed("h_ptr a_ptr b_ptr q_ptr s_ptr width tokens stride_h stride_a stride_b eps",
                    ["*bf16", "*fp32", "*fp32", "*fp8e4nv", "*fp32"] + ["i32"] * 5 + ["fp32"])
     text = triton_ir(fp8_rows_triton._fp8_quantize_layer_norm_rows_kernel, types,
-                     dict(BLOCK=8192, PTX=True, ROUNDED=False, ROWS=4), num_warps=8)
+                     dict(BLOCK=8192, PTX=True, ROUNDED=False, ROWS=fp8_rows_triton.LAYER_NORM_ROWS[False]),
+                     num_warps=8)  # the form's default tokens a program
     assert text.count("cvt.rn.bf16.f32") == 2  # y and the scale: one rounding each, none between the ops
 
 

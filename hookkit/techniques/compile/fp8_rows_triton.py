@@ -212,8 +212,11 @@ def _batch_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return rows, rows.stride(0) if rows.shape[0] > 1 else 0
 
 
-#: tokens one program of the AdaLN kernel quantizes, sharing one load of the modulation rows
-LAYER_NORM_ROWS = 1
+#: tokens one program of the AdaLN kernel quantizes, sharing one load of the modulation rows, by `rounded` (the bf16
+#: form, Flux's; False: Wan's float32 form). Measured on one H100 (BENCHMARKS.md, "Wan's float32 AdaLN input in one
+#: pass"): Wan 2.1 14B's input (32,760 tokens of 5,120) takes 469 us at one token a program and 326 us at 16 (343 at 4,
+#: 330 at 8); Flux's (4,608 of 3,072) 27.1 us at one and 35.5 us at two
+LAYER_NORM_ROWS = {True: 1, False: 16}
 
 
 def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None,
@@ -221,7 +224,7 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
     """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes);
     `rounded=False`: Wan's float32 form, one rounding to bf16 at the end; `use_ptx=False` rounds in integer arithmetic
     on a GPU too (benchmarks compare the two); `rows_per_program`: tokens a program quantizes (default
-    `LAYER_NORM_ROWS`; benchmarks sweep it), the same values for any."""
+    `LAYER_NORM_ROWS` of the form; benchmarks sweep it), the same values for any."""
     batch, tokens, width = h.shape
     flat = _rows(h)
     a_rows, stride_a = _batch_rows(a)
@@ -230,7 +233,7 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
     s = torch.empty((batch * tokens, 1), device=h.device, dtype=torch.float32)
     if batch * tokens:
         block = triton.next_power_of_2(width)
-        rows = LAYER_NORM_ROWS if rows_per_program is None else rows_per_program
+        rows = LAYER_NORM_ROWS[rounded] if rows_per_program is None else rows_per_program
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(triton.cdiv(tokens, rows), batch)](
                 flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
