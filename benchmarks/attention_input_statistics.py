@@ -1,10 +1,10 @@
-"""K's channel means and V's channel amax for `hookkit_fp8` at a video shape: torch's three reductions against
-`fp8_triton.channel_statistics`'s one pass over each, and `fp8_triton.quantize_inputs` whole.
+"""K's and V's channel means and smoothed V's channel amax for `hookkit_fp8` at a video shape: torch's four reductions
+against `fp8_triton.channel_statistics`'s one pass over each, and `fp8_triton.quantize_inputs` whole.
 
 Default shape: Wan 2.1 14B at 480x832x81 frames (32,760 tokens, 40 heads x 128, batch 1, bf16), in the layout a
 diffusers attention processor hands SDPA: `[B, S, H, D]` tensors seen through a transpose as `[B, H, S, D]`. Each row
-is timed as CUDA-graph replays after warm-up (median and min-max of `--repeats`); the kernel's K means are compared
-with torch's (largest difference) and its V amax must equal torch's.
+is timed as CUDA-graph replays after warm-up (median and min-max of `--repeats`); the kernel's results are compared
+with torch's (largest difference of each: float32 sums in another order).
 
     python benchmarks/attention_input_statistics.py --out attention_input_statistics.json
     python benchmarks/attention_input_statistics.py --blocks 4 8 16 32 64 --programs 256 512 1024 2048 4096 8192
@@ -43,11 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def torch_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What `quantize_inputs` computed before `channel_statistics`: three strided reductions."""
+def torch_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`channel_statistics`'s results by torch's strided reductions, one a statistic."""
     b, h, _, d = k.shape
-    mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d)
-    return mean, torch.maximum(v.amax(dim=2), -v.amin(dim=2)).float().reshape(b * h, d)
+    k_mean = k.mean(dim=2, dtype=torch.float32).reshape(b * h, d)
+    v_mean = v.mean(dim=2, dtype=torch.float32).reshape(b * h, d)
+    top, bottom = (t.float().reshape(b * h, d) for t in (v.amax(dim=2), v.amin(dim=2)))
+    return k_mean, v_mean, torch.maximum(top - v_mean, v_mean - bottom)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -60,10 +62,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                .to(torch.bfloat16).transpose(1, 2) for _ in range(3))
     bytes_kv = 2 * k.numel() * k.element_size()
     rows: list[dict[str, Any]] = []
-    want_mean, want_amax = torch_statistics(k, v)
-    mean, amax = fp8_triton.channel_statistics(k, v)
-    checks = {"k_mean_max_abs_diff": (mean - want_mean).abs().max().item(), "v_amax_equal": torch.equal(amax, want_amax)}
-    for name, fn in (("torch: k.mean, v.amax, v.amin", lambda: torch_statistics(k, v)),
+    want = torch_statistics(k, v)
+    names = ("k_mean", "v_mean", "v_amax")
+    checks = {f"{name}_max_abs_diff": (got - expected).abs().max().item()
+              for name, got, expected in zip(names, fp8_triton.channel_statistics(k, v), want, strict=True)}
+    for name, fn in (("torch: k.mean, v.mean, v.amax, v.amin", lambda: torch_statistics(k, v)),
                      ("hookkit: channel_statistics", lambda: fp8_triton.channel_statistics(k, v)),
                      ("quantize_inputs (Q, K, V codes and scales)", lambda: fp8_triton.quantize_inputs(q, k, v))):
         timed = time_graph_replays(fn, args.repeats, args.warmup)
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             spread = summary(timed.times_ms)
             rows.append({"row": f"channel_statistics, {block} rows a step, about {programs} programs", **spread,
                          "block": block, "programs": programs, "timing": timed.how,
-                         "v_amax_equal": torch.equal(fp8_triton.channel_statistics(k, v)[1], want_amax)})
+                         "v_amax_max_abs_diff": (fp8_triton.channel_statistics(k, v)[2] - want[2]).abs().max().item()})
             print(f"{rows[-1]['row']:<60} {spread['median_ms'] * 1e3:8.1f} us", flush=True)
     finally:
         fp8_triton.STATISTICS_BLOCK, fp8_triton.STATISTICS_PROGRAMS = defaults

@@ -55,7 +55,7 @@ def _typed(names: str, kinds: list[str]) -> dict[str, str]:
     return dict(zip(names.split(), kinds, strict=True))
 
 
-FP8_ATTENTION_ARGS = "q_src k_src v_src qs_ptr ks_ptr vs_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks " \
+FP8_ATTENTION_ARGS = "q_src k_src v_src qs_ptr ks_ptr vs_ptr vm_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks " \
                      "stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb stride_mh stride_mq " \
                      "stride_mk stride_cb stride_ch stride_cq"
 #: the mask arguments as an unmasked launch passes them (a float32 tensor for each pointer, zeros for the strides)
@@ -66,7 +66,7 @@ UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
 @pytest.mark.parametrize("qk_int8", [True, False])
 def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(loop: int, qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
-    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
                    + UNMASKED)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=loop, TMA=False,
@@ -78,7 +78,7 @@ def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(l
 @pytest.mark.parametrize("qk_int8", [True, False])
 def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
-    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
                    + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
@@ -97,7 +97,7 @@ def test_mask_tiles_kernel_builds_for_hopper() -> None:
 def test_fp8_attention_kernel_builds_for_hopper_with_tma_descriptors_and_f16_exponentials() -> None:
     desc = "tensordesc<i8[128, 128]>"
     types = _typed(FP8_ATTENTION_ARGS, [desc, desc, "tensordesc<fp8e4nv[128, 128]>", "*fp32", "*fp32", "*fp32",
-                                        "*bf16"] + ["i32"] * 8 + UNMASKED)
+                                        "*fp32", "*bf16"] + ["i32"] * 8 + UNMASKED)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=True, EXP_F16=True, LOOP=0, TMA=True,
                           INTERPRET=False, MASKED=False))
@@ -108,8 +108,8 @@ def test_fp8_attention_kernel_builds_for_hopper_with_tma_descriptors_and_f16_exp
                                        (fp8_triton.K_MODE, False), (fp8_triton.V_MODE, False)])  # V: e4m3 only
 def test_fp8_quantize_kernel_builds_for_hopper_in_every_mode(mode: int, int8: bool) -> None:
     codes = "*i8" if int8 else "*fp8e4nv"
-    types = _typed("x_ptr channel_ptr codes_ptr scales_ptr heads tokens blocks stride_b stride_h stride_s multiplier",
-                   ["*bf16", "*fp32", codes, "*fp32"] + ["i32"] * 6 + ["fp32"])
+    types = _typed("x_ptr channel_ptr mean_ptr codes_ptr scales_ptr heads tokens blocks stride_b stride_h stride_s "
+                   "multiplier", ["*bf16", "*fp32", "*fp32", codes, "*fp32"] + ["i32"] * 6 + ["fp32"])
     text = triton_ir(fp8_triton._quantize_kernel, types,
                      dict(D=128, BLOCK=128, MODE=mode, INT8=int8, INTERPRET=False))
     assert "tt.store" in text
@@ -117,8 +117,9 @@ def test_fp8_quantize_kernel_builds_for_hopper_in_every_mode(mode: int, int8: bo
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp16"])
 def test_fp8_attentions_channel_statistics_kernel_builds_for_hopper(dtype: str) -> None:
-    types = _typed("k_ptr v_ptr k_sums_ptr v_amax_ptr heads tokens per_split splits k_stride_b k_stride_h k_stride_s "
-                   "v_stride_b v_stride_h v_stride_s", [dtype, dtype, "*fp32", "*fp32"] + ["i32"] * 10)
+    types = _typed("k_ptr v_ptr k_sums_ptr v_sums_ptr v_max_ptr v_min_ptr heads tokens per_split splits k_stride_b "
+                   "k_stride_h k_stride_s v_stride_b v_stride_h v_stride_s", [dtype, dtype] + ["*fp32"] * 4
+                   + ["i32"] * 10)
     text = triton_ir(fp8_triton._channel_statistics_kernel, types, dict(D=128, BLOCK=fp8_triton.STATISTICS_BLOCK))
     assert "tt.reduce" in text and "scf.for" in text
 

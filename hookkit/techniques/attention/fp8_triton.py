@@ -9,13 +9,18 @@ int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate
 1. Quantization (one pass per tensor): Q per block of `BLOCK_M` rows, scaled by its own amax (the scale also carries
    `softmax_scale · log2(e)`: base-2 scores); K smoothed first (`k − mean over tokens`: softmax ignores the per-query
    constant `q · mean(k)`, and diffusion keys share a large channel offset; SageAttention, arXiv 2410.02367), then per
-   block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V in e4m3 per channel (P·V factors that scale out of
-   the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along the summed axis.
-   K's channel means and V's channel amax come from one pass over each (`channel_statistics`), not three reductions.
+   block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V smoothed too (its mean over the tokens subtracted per
+   channel and added to the output: every row of attention weights sums to 1), then in e4m3 per channel (P·V factors
+   that scale out of the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along
+   the summed axis. V's smoothing matters beyond its range: Hopper's fp8 tensor cores add each block of products to
+   an accumulator aligned to the larger of the two with about 14 bits, so a P·V sum that grows with every block of
+   keys (values sharing a channel offset) loses the low bits of the later blocks; on an H100 the kernel erred 63x its
+   arithmetic on such a head at 8,192 keys before (BENCHMARKS.md). K's channel means and V's channel means and ranges
+   come from one pass over each (`channel_statistics`), not five reductions.
 2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly (int32)
    and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
    `exp2(s − max + 8)`, i.e. scaled by 256 into e4m3's range (the running sum carries the factor), times the e4m3 V
-   block into fp32; at the end V's channel scales over the running sum. The `loop`, `tma` and `exp_f16` variants
+   block into fp32; at the end V's channel scales over the running sum, plus V's channel means. The `loop`, `tma` and `exp_f16` variants
    (benchmarks/attention_fp8_tiling.py compares them; none is faster on an H200) are kept to be measured again.
 """
 
@@ -48,13 +53,13 @@ Q_MODE, K_MODE, V_MODE = 0, 1, 2
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, channel_ptr, codes_ptr, scales_ptr, heads, tokens, blocks, stride_b, stride_h, stride_s,
-                     multiplier, D: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, INT8: tl.constexpr,
-                     INTERPRET: tl.constexpr):
+def _quantize_kernel(x_ptr, channel_ptr, mean_ptr, codes_ptr, scales_ptr, heads, tokens, blocks, stride_b, stride_h,
+                     stride_s, multiplier, D: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
+                     INT8: tl.constexpr, INTERPRET: tl.constexpr):
     """One block of `BLOCK` rows of one head of `x` to e4m3 (int8 with `INT8`, Q and K only). Q_MODE: per-block scale
-    (times `multiplier`); K_MODE: the channel means (`channel_ptr`) subtracted first; V_MODE: divided by the channel
-    scales (`channel_ptr` holds their inverses), stored transposed `[batch * heads, D, blocks * BLOCK]`. Rows past
-    `tokens` are stored as zeros."""
+    (times `multiplier`); K_MODE: the channel means (`channel_ptr`) subtracted first; V_MODE: the channel means
+    (`mean_ptr`) subtracted, then divided by the channel scales (`channel_ptr` holds their inverses), stored transposed
+    `[batch * heads, D, blocks * BLOCK]`. Rows past `tokens` are stored as zeros."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -65,6 +70,7 @@ def _quantize_kernel(x_ptr, channel_ptr, codes_ptr, scales_ptr, heads, tokens, b
                 other=0.0).to(tl.float32)
     padded = blocks * BLOCK
     if MODE == 2:
+        x = tl.where(valid, x - tl.load(mean_ptr + bh * D + dims)[None, :], 0.0)
         x = x * tl.load(channel_ptr + bh * D + dims)[None, :]
         x = tl.minimum(tl.maximum(x, -_FP8_MAX), _FP8_MAX)
         tl.store(codes_ptr + bh * D * padded + dims[None, :] * padded + rows[:, None], _to_fp8(x, INTERPRET))
@@ -83,11 +89,12 @@ def _quantize_kernel(x_ptr, channel_ptr, codes_ptr, scales_ptr, heads, tokens, b
 
 
 @triton.jit
-def _channel_statistics_kernel(k_ptr, v_ptr, k_sums_ptr, v_amax_ptr, heads, tokens, per_split, splits, k_stride_b,
-                               k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s, D: tl.constexpr,
-                               BLOCK: tl.constexpr):
-    """One split of one head's tokens: the float32 sum of K over them per channel and V's largest magnitude per
-    channel, into row `(batch * heads + head) * splits + split` of `k_sums_ptr` and `v_amax_ptr` (`[*, D]`)."""
+def _channel_statistics_kernel(k_ptr, v_ptr, k_sums_ptr, v_sums_ptr, v_max_ptr, v_min_ptr, heads, tokens, per_split,
+                               splits, k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s,
+                               D: tl.constexpr, BLOCK: tl.constexpr):
+    """One split of one head's tokens: the float32 sums of K and of V over them per channel and V's largest and
+    smallest value per channel, into row `(batch * heads + head) * splits + split` of `k_sums_ptr`, `v_sums_ptr`,
+    `v_max_ptr` and `v_min_ptr` (`[*, D]`)."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -98,15 +105,21 @@ def _channel_statistics_kernel(k_ptr, v_ptr, k_sums_ptr, v_amax_ptr, heads, toke
     v_base = v_ptr + batch * v_stride_b + head * v_stride_h
     k_acc = tl.zeros([BLOCK, D], tl.float32)
     v_acc = tl.zeros([BLOCK, D], tl.float32)
+    v_top = tl.full([BLOCK, D], float("-inf"), tl.float32)
+    v_bottom = tl.full([BLOCK, D], float("inf"), tl.float32)
     for row0 in range(start, end, BLOCK):
         rows = row0 + tl.arange(0, BLOCK)
         valid = rows[:, None] < end
         k_acc += tl.load(k_base + rows[:, None] * k_stride_s + dims[None, :], mask=valid, other=0.0).to(tl.float32)
         v = tl.load(v_base + rows[:, None] * v_stride_s + dims[None, :], mask=valid, other=0.0).to(tl.float32)
-        v_acc = tl.maximum(v_acc, tl.abs(v))
+        v_acc += v
+        v_top = tl.maximum(v_top, tl.where(valid, v, float("-inf")))
+        v_bottom = tl.minimum(v_bottom, tl.where(valid, v, float("inf")))
     out = (bh * splits + split) * D + dims
     tl.store(k_sums_ptr + out, tl.sum(k_acc, 0))
-    tl.store(v_amax_ptr + out, tl.max(v_acc, 0))
+    tl.store(v_sums_ptr + out, tl.sum(v_acc, 0))
+    tl.store(v_max_ptr + out, tl.max(v_top, 0))
+    tl.store(v_min_ptr + out, tl.min(v_bottom, 0))
 
 
 @triton.jit
@@ -217,7 +230,8 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
 
 
 @triton.jit
-def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks,
+def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, out_ptr, heads, q_tokens, k_tokens,
+                          q_blocks,
                           k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr, stride_mb,
                           stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
@@ -231,7 +245,7 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
     query block visits only the key blocks `order_ptr` lists for it (`mask_tiles.key_block_order`: `counts_ptr` holds
     how many allow every pair, which come first and run as unmasked blocks, and how many allow some, which load their
     mask tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as torch's SDPA gives
-    them. `stride_c*`: the block lists' row strides per batch, head and query block (0 where the mask broadcasts)."""
+    them (V's mean, `vm_ptr`, is added to every other row). `stride_c*`: the block lists' row strides per batch, head and query block (0 where the mask broadcasts)."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -293,22 +307,23 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, out_ptr, 
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, last, k_tokens, cols, dims, D,
                                     BLOCK_N, True, QK_INT8, EXP_F16, TMA, INTERPRET)
     v_scale = tl.load(vs_ptr + bh * D + dims)
-    out = acc * v_scale[None, :] / l_i[:, None]
+    v_mean = tl.load(vm_ptr + bh * D + dims)
+    out = acc * v_scale[None, :] / l_i[:, None] + tl.where(l_i[:, None] < float("inf"), v_mean[None, :], 0.0)
     target = out_ptr + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + dims[None, :]
     tl.store(target, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_tokens)
 
 
 def _quantize(x: torch.Tensor, block: int, mode: int, channel: torch.Tensor | None, multiplier: float, int8: bool,
-              interpret: bool) -> tuple[torch.Tensor, torch.Tensor]:
+              interpret: bool, mean: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, s, d = x.shape
     blocks = triton.cdiv(s, block)
     shape = (b * h, d, blocks * block) if mode == V_MODE else (b * h, blocks * block, d)
     codes = torch.empty(shape, device=x.device, dtype=torch.int8 if int8 else torch.float8_e4m3fn)
     scales = torch.empty(b * h, blocks, device=x.device, dtype=torch.float32)
     dummy = scales if channel is None else channel
-    _quantize_kernel[(blocks, b * h)](x, dummy, codes, scales, h, s, blocks, x.stride(0), x.stride(1), x.stride(2),
-                                      multiplier, D=d, BLOCK=block, MODE=mode, INT8=int8,
-                                      INTERPRET=interpret)
+    _quantize_kernel[(blocks, b * h)](x, dummy, dummy if mean is None else mean, codes, scales, h, s, blocks,
+                                      x.stride(0), x.stride(1), x.stride(2), multiplier, D=d, BLOCK=block, MODE=mode,
+                                      INT8=int8, INTERPRET=interpret)
     return codes, scales
 
 
@@ -319,42 +334,46 @@ STATISTICS_BLOCK = 16
 STATISTICS_PROGRAMS = 1024
 
 
-def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K's mean over the tokens and V's largest magnitude over them, per (batch, head) and channel: float32
-    `[batch * heads, D]` each, for `[B, H, S, D]` inputs of any strides with contiguous channels.
+def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K's mean over the tokens, V's mean over them and the largest magnitude of V less its mean, per (batch, head)
+    and channel: float32 `[batch * heads, D]` each, for `[B, H, S, D]` inputs of any strides with contiguous channels.
 
-    Why one kernel: the reductions `k.mean(dim=2)`, `v.amax(dim=2)` and `v.amin(dim=2)` pass over K once and V twice,
-    each strided across tokens (Wan's `[B, S, H, D]` seen as `[B, H, S, D]`). Here each program reduces one split of
-    one head's tokens in registers; the splits' partial results are combined by torch in a fixed order, so the result
-    is the same on every run (no atomics). V's amax is exact; K's mean is a float32 sum in another order than torch's.
+    Why one kernel: the reductions `k.mean(dim=2)`, `v.mean(dim=2)`, `v.amax(dim=2)` and `v.amin(dim=2)` pass over K
+    once and V three times, each strided across tokens (Wan's `[B, S, H, D]` seen as `[B, H, S, D]`). Here each program
+    reduces one split of one head's tokens in registers; the splits' partial results are combined by torch in a fixed
+    order, so the result is the same on every run (no atomics). The smoothed amax is `max(v_max - mean, mean - v_min)`:
+    V's extremes are exact, the means float32 sums in another order than torch's.
     """
     b, h, s, d = k.shape
     splits = max(1, min(triton.cdiv(STATISTICS_PROGRAMS, b * h), triton.cdiv(s, STATISTICS_BLOCK)))
     per_split = max(1, triton.cdiv(triton.cdiv(s, splits), STATISTICS_BLOCK)) * STATISTICS_BLOCK
     splits = max(1, triton.cdiv(s, per_split))
-    k_sums = torch.empty(b * h * splits, d, device=k.device, dtype=torch.float32)
-    v_amax = torch.empty_like(k_sums)
-    _channel_statistics_kernel[(splits, b * h)](k, v, k_sums, v_amax, h, s, per_split, splits, k.stride(0),
-                                                k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                                                D=d, BLOCK=STATISTICS_BLOCK, num_warps=4)
+    k_sums, v_sums, v_max, v_min = (torch.empty(b * h * splits, d, device=k.device, dtype=torch.float32)
+                                    for _ in range(4))
+    _channel_statistics_kernel[(splits, b * h)](k, v, k_sums, v_sums, v_max, v_min, h, s, per_split, splits,
+                                                k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                                                v.stride(2), D=d, BLOCK=STATISTICS_BLOCK, num_warps=4)
     k_mean = k_sums.view(b * h, splits, d).sum(dim=1).div_(s)
-    return k_mean, v_amax.view(b * h, splits, d).amax(dim=1)
+    v_mean = v_sums.view(b * h, splits, d).sum(dim=1).div_(s)
+    top = v_max.view(b * h, splits, d).amax(dim=1)
+    bottom = v_min.view(b * h, splits, d).amin(dim=1)
+    return k_mean, v_mean, torch.maximum(top - v_mean, v_mean - bottom)
 
 
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     block_m: int = 128, block_n: int = 128, qk_int8: bool = True) -> tuple[torch.Tensor, ...]:
     """The kernel's inputs (step 1 of the module docstring): Q and smoothed K codes with their per-block scales
-    (Q's times `scale · log2(e)`), V's transposed e4m3 codes and per-channel scales, each `[batch * heads, ...]`.
-    The arguments are `attention`'s."""
+    (Q's times `scale · log2(e)`), smoothed V's transposed e4m3 codes, per-channel scales and channel means, each
+    `[batch * heads, ...]`. The arguments are `attention`'s."""
     d = q.shape[-1]
     interpret = not q.is_cuda
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
-    k_mean, v_amax = channel_statistics(k, v)
+    k_mean, v_mean, v_amax = channel_statistics(k, v)
     v_amax = v_amax.clamp_min_(1e-20)
     k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
-    v_codes, _ = _quantize(v, block_n, V_MODE, FP8_MAX / v_amax, 1.0, False, interpret)
-    return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous()
+    v_codes, _ = _quantize(v, block_n, V_MODE, FP8_MAX / v_amax, 1.0, False, interpret, v_mean)
+    return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous(), v_mean
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
@@ -378,8 +397,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
-        q_codes, q_scales, k_codes, k_scales, v_codes, v_scales = quantize_inputs(q, k, v, scale, block_m, block_n,
-                                                                                  qk_int8)
+        q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, v_mean = quantize_inputs(q, k, v, scale, block_m,
+                                                                                          block_n, qk_int8)
         out = torch.empty_like(q)
         grid = (triton.cdiv(sq, block_m), b * h)
         options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
@@ -390,7 +409,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
             k_codes = TensorDescriptor.from_tensor(k_codes.view(-1, d), [block_n, d])
             v_codes = TensorDescriptor.from_tensor(v_codes.view(-1, v_codes.shape[-1]), [d, block_n])
         masked = mask_tiles.kernel_args(mask, sq, sk, block_m, block_n, q_scales)
-        _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, out, h, sq, sk,
+        _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, v_mean, out, h, sq, sk,
                                     q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
                                     *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8,
                                     EXP_F16=exp_f16, LOOP=loop, TMA=tma, INTERPRET=interpret,
@@ -402,7 +421,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
               qk_int8: bool = True) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
-    V and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
+    smoothed V and P, the same scales, V's mean added back. For tests: the kernel's online softmax differs from this only by float rounding (the
     running max is the row max, except where P's rounding to fp8 sees a different shift)."""
     b, h, sq, d = q.shape
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -422,6 +441,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     qf, kf, vf = q.float(), k.float(), v.float()
     qd = blocks_fp8(qf, block_m)
     kd = blocks_fp8(kf - kf.mean(dim=2, keepdim=True), block_n)
+    v_mean = vf.mean(dim=2, keepdim=True)
+    vf = vf - v_mean
     v_step = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-20) / FP8_MAX
     vd = (vf / v_step).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * v_step
     s = qd @ kd.transpose(-1, -2) * (softmax_scale * LOG2_E)
@@ -431,4 +452,4 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     p = torch.exp2(s - torch.where(top == float("-inf"), 0.0, top) + P_SHIFT)
     total = p.sum(dim=-1, keepdim=True)
     out = p.to(torch.float8_e4m3fn).float() @ vd / torch.where(total > 0, total, float("inf"))
-    return out.to(q.dtype)
+    return (out + torch.where(total > 0, v_mean, 0.0)).to(q.dtype)
