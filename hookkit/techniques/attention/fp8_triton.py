@@ -9,14 +9,16 @@ int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate
 1. Quantization (one pass per tensor): Q per block of `BLOCK_M` rows, scaled by its own amax (the scale also carries
    `softmax_scale · log2(e)`: base-2 scores); K smoothed first (`k − mean over tokens`: softmax ignores the per-query
    constant `q · mean(k)`, and diffusion keys share a large channel offset; SageAttention, arXiv 2410.02367), then per
-   block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V smoothed too (its mean over the tokens subtracted per
-   channel and added to the output: every row of attention weights sums to 1), then in e4m3 per channel (P·V factors
-   that scale out of the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along
-   the summed axis. V's smoothing matters beyond its range: Hopper's fp8 tensor cores add each block of products to
-   an accumulator aligned to the larger of the two with about 14 bits, so a P·V sum that grows with every block of
-   keys (values sharing a channel offset) loses the low bits of the later blocks; on an H100 the kernel erred 63x its
-   arithmetic on such a head at 8,192 keys before (BENCHMARKS.md). K's channel means and V's channel means and ranges
-   come from one pass over each (`channel_statistics`), not five reductions.
+   block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V in e4m3 per channel (P·V factors that scale out of
+   the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along the summed axis;
+   on calls of `SMOOTH_V_MIN_KEYS` keys or more V is smoothed first (its mean over the tokens subtracted per channel
+   and added to the output: every row of attention weights sums to 1). Why there: Hopper's fp8 tensor cores add each
+   block of products to an accumulator aligned to the larger of the two with about 14 bits, so a P·V sum that grows
+   with every block of keys (values sharing a channel offset) loses the low bits of the later blocks; on an H100 the
+   kernel erred 6.2x its arithmetic on such a head at 2,048 keys and 19.6x at 8,192 (BENCHMARKS.md). Over a few
+   blocks that loss is small, and smoothing is not free there: on the trained video model's 192-token calls it
+   raised the arithmetic's error (1.63 to 2.17 %, the worst call 2.74 to 6.04 %; CPU). K's channel means and V's
+   channel means and extremes come from one pass over each (`channel_statistics`), not five reductions.
 2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly (int32)
    and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
    `exp2(s − max + 8)`, i.e. scaled by 256 into e4m3's range (the running sum carries the factor), times the e4m3 V
@@ -334,15 +336,16 @@ STATISTICS_BLOCK = 16
 STATISTICS_PROGRAMS = 1024
 
 
-def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """K's mean over the tokens, V's mean over them and the largest magnitude of V less its mean, per (batch, head)
-    and channel: float32 `[batch * heads, D]` each, for `[B, H, S, D]` inputs of any strides with contiguous channels.
+def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """K's mean over the tokens, V's mean over them and V's largest and smallest value, per (batch, head) and channel:
+    float32 `[batch * heads, D]` each, `(k_mean, v_mean, v_max, v_min)`, for `[B, H, S, D]` inputs of any strides with
+    contiguous channels.
 
     Why one kernel: the reductions `k.mean(dim=2)`, `v.mean(dim=2)`, `v.amax(dim=2)` and `v.amin(dim=2)` pass over K
     once and V three times, each strided across tokens (Wan's `[B, S, H, D]` seen as `[B, H, S, D]`). Here each program
     reduces one split of one head's tokens in registers; the splits' partial results are combined by torch in a fixed
-    order, so the result is the same on every run (no atomics). The smoothed amax is `max(v_max - mean, mean - v_min)`:
-    V's extremes are exact, the means float32 sums in another order than torch's.
+    order, so the result is the same on every run (no atomics). V's extremes are exact, the means float32 sums in
+    another order than torch's.
     """
     b, h, s, d = k.shape
     splits = max(1, min(triton.cdiv(STATISTICS_PROGRAMS, b * h), triton.cdiv(s, STATISTICS_BLOCK)))
@@ -355,22 +358,34 @@ def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
                                                 v.stride(2), D=d, BLOCK=STATISTICS_BLOCK, num_warps=4)
     k_mean = k_sums.view(b * h, splits, d).sum(dim=1).div_(s)
     v_mean = v_sums.view(b * h, splits, d).sum(dim=1).div_(s)
-    top = v_max.view(b * h, splits, d).amax(dim=1)
-    bottom = v_min.view(b * h, splits, d).amin(dim=1)
-    return k_mean, v_mean, torch.maximum(top - v_mean, v_mean - bottom)
+    return k_mean, v_mean, v_max.view(b * h, splits, d).amax(dim=1), v_min.view(b * h, splits, d).amin(dim=1)
+
+
+#: the fewest keys on which V is smoothed (module docstring): the shortest length its departure was measured at
+SMOOTH_V_MIN_KEYS = 2048
+
+
+def smooths_values(keys: int) -> bool:
+    """Whether a call over `keys` keys smooths V (`SMOOTH_V_MIN_KEYS`)."""
+    return keys >= SMOOTH_V_MIN_KEYS
 
 
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     block_m: int = 128, block_n: int = 128, qk_int8: bool = True) -> tuple[torch.Tensor, ...]:
     """The kernel's inputs (step 1 of the module docstring): Q and smoothed K codes with their per-block scales
-    (Q's times `scale · log2(e)`), smoothed V's transposed e4m3 codes, per-channel scales and channel means, each
-    `[batch * heads, ...]`. The arguments are `attention`'s."""
+    (Q's times `scale · log2(e)`), V's transposed e4m3 codes, per-channel scales and the channel means taken out of it
+    (zeros where the call does not smooth V, `smooths_values`), each `[batch * heads, ...]`. The arguments are
+    `attention`'s."""
     d = q.shape[-1]
     interpret = not q.is_cuda
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
-    k_mean, v_mean, v_amax = channel_statistics(k, v)
-    v_amax = v_amax.clamp_min_(1e-20)
+    k_mean, v_mean, top, bottom = channel_statistics(k, v)
+    if smooths_values(k.shape[2]):
+        v_amax = torch.maximum(top - v_mean, v_mean - bottom).clamp_min_(1e-20)
+    else:
+        v_mean = torch.zeros_like(v_mean)
+        v_amax = torch.maximum(top, -bottom).clamp_min_(1e-20)
     k_codes, k_scales = _quantize(k, block_n, K_MODE, k_mean, 1.0, qk_int8, interpret)
     v_codes, _ = _quantize(v, block_n, V_MODE, FP8_MAX / v_amax, 1.0, False, interpret, v_mean)
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous(), v_mean
@@ -421,7 +436,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
               qk_int8: bool = True) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
-    smoothed V and P, the same scales, V's mean added back. For tests: the kernel's online softmax differs from this only by float rounding (the
+    V (smoothed where `smooths_values`, its mean added back) and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
     running max is the row max, except where P's rounding to fp8 sees a different shift)."""
     b, h, sq, d = q.shape
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -441,7 +456,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     qf, kf, vf = q.float(), k.float(), v.float()
     qd = blocks_fp8(qf, block_m)
     kd = blocks_fp8(kf - kf.mean(dim=2, keepdim=True), block_n)
-    v_mean = vf.mean(dim=2, keepdim=True)
+    v_mean = vf.mean(dim=2, keepdim=True) if smooths_values(k.shape[2]) else torch.zeros_like(vf[:, :, :1])
     vf = vf - v_mean
     v_step = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-20) / FP8_MAX
     vd = (vf / v_step).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * v_step
