@@ -8,9 +8,9 @@ arithmetic is within rounding of the mirror for keys that fit one of its tiles (
 there) and has the mirror's error against SDPA beyond it (where it rounds P against a running maximum).
 
 Kernels: "flashinfer_fp8" (`flashinfer_fa3.attention`, the heads zero-padded as hookkit runs them, V smoothed; its
-mirror `flashinfer_fa3.reference_attention`; needs the flashinfer package and a Hopper GPU), "flashinfer_fp8_unsmoothed_v"
-(the same with V as it comes: what smoothing V changes) and "hookkit_fp8" (hookkit's Triton kernel, the control: its
-mirror `fp8_triton.reference` is known to match it; SM 8.9+). Kinds:
+mirror `flashinfer_fa3.reference_attention`; needs the flashinfer package and a Hopper GPU),
+"flashinfer_fp8_unsmoothed_v" (the same with V as it comes: what smoothing V changes) and "hookkit_fp8" (hookkit's
+Triton kernel, the control: its mirror `fp8_triton.reference` is known to match it; SM 8.9+). Kinds:
 
   gaussian   Q, K, V ~ N(0, 1)
   offsets    the same plus a channel offset twice the spread, each head 1x, 2x, 3x, ... the first: real activations

@@ -55,9 +55,9 @@ def _typed(names: str, kinds: list[str]) -> dict[str, str]:
     return dict(zip(names.split(), kinds, strict=True))
 
 
-FP8_ATTENTION_ARGS = "q_src k_src v_src qs_ptr ks_ptr vs_ptr vm_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks " \
-                     "stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb stride_mh stride_mq " \
-                     "stride_mk stride_cb stride_ch stride_cq"
+FP8_ATTENTION_ARGS = ("q_src k_src v_src qs_ptr ks_ptr vs_ptr vm_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks "
+                      "stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb stride_mh stride_mq "
+                      "stride_mk stride_cb stride_ch stride_cq")
 #: the mask arguments as an unmasked launch passes them (a float32 tensor for each pointer, zeros for the strides)
 UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
 
@@ -66,7 +66,7 @@ UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
 @pytest.mark.parametrize("qk_int8", [True, False])
 def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(loop: int, qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
-    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
                    + UNMASKED)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=loop, TMA=False,
@@ -78,7 +78,7 @@ def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(l
 @pytest.mark.parametrize("qk_int8", [True, False])
 def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
-    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16"] + ["i32"] * 8
+    types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
                    + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,

@@ -9,15 +9,9 @@ exponentials; FA3's ping-pong schedule overlaps them (Triton cannot express it).
 
 The fp8 quantization (torch ops where the mode answers SDPA, so that regional `Compile` fuses them into the block;
 outside torch.compile on a GPU, `e4m3_triton`'s kernels, the same bits): Q, K and V in e4m3, one scale per (batch,
-head), amax / 448; K and V first smoothed (each one's mean over the tokens subtracted per channel, in float32), V's
-mean added back to the output. Smoothing changes no output (every score of a query moves by the same q·mean, which
-softmax removes; every row of attention weights sums to 1, so it passes V's mean through unchanged) and leaves the
-e4m3 ranges to what varies between tokens. V's matters beyond its range: Hopper's fp8 tensor cores accumulate a product
-into a sum aligned to the larger of the two with about 14 bits (DeepSeek-V3's report), so where V's channels carry an
-offset every key shares, P·V grows into a sum whose low bits each further block of keys loses. On `check`'s heads shaped
-like real activations FlashInfer's kernel erred 14.5x its arithmetic without it (an H100; a CPU model of that
-accumulation, `tests/flashinfer_stand_in.py`, gives the same, and smoothing V takes it to 1.0x). The kernel quantizes P
-itself (scaled by 448) and dequantizes with the scales it is given.
+head), amax / 448; K and V first smoothed (each one's mean over the tokens subtracted per channel in float32, V's
+added back to the output: no output changes; the e4m3 ranges keep what varies between tokens, and V's smoothing keeps
+Hopper's fp8 accumulation precise, `value_mean`). FlashInfer quantizes P (times 448) and dequantizes by the scales.
 
 Layout: diffusers hands SDPA `[B, H, N, D]` tensors; FlashInfer's single-sequence call takes `[N, H, D]` views with any
 strides (it reads them), one call per batch element, and writes `[N, H, D]`: the output is returned as the
@@ -80,7 +74,13 @@ def to_e4m3(t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def value_mean(value: torch.Tensor) -> torch.Tensor:
     """V's mean over the tokens per (batch, head, channel), float32 `[B, H, 1, D]`: what `quantize` takes out of V and
-    `attention` adds back to the output (module docstring)."""
+    `attention` adds back to the output (every row of attention weights sums to 1, so the mean passes through).
+
+    Why beyond V's range: Hopper's fp8 tensor cores add each product to a sum aligned to the larger of the two with
+    about 14 bits (DeepSeek-V3's report), so where V's channels carry an offset every key shares, P·V grows into a sum
+    whose low bits each further block of keys loses. On `check`'s head shaped like real activations FlashInfer's kernel
+    erred 14.5x its arithmetic without smoothing and 1.09x with it (an H100, 8,192 keys; a CPU model of that
+    accumulation, `tests/flashinfer_stand_in.py`, gives 21x and 1.15x)."""
     return value.mean(dim=2, keepdim=True, dtype=torch.float32)
 
 

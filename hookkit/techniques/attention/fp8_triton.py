@@ -1,7 +1,6 @@
 """hookkit's fp8 attention kernel (`Attention(low_precision="hookkit_fp8")`): both products on fp8 tensor cores.
 
-Imported on first use (importing triton is slow); on the CPU it runs only under Triton's interpreter
-(`TRITON_INTERPRET=1`), which is how the tests check its arithmetic against `reference`, its torch mirror.
+Imported on first use (importing triton is slow); on the CPU it runs in Triton's interpreter (tests: `reference`).
 
 Why: on Hopper fp8 tensor cores run twice as fast as bf16 ones, and at video lengths attention is most of a step; the
 int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate. For `[B, H, S, D]` fp16/bf16 inputs:
@@ -11,19 +10,14 @@ int8 kernel (`int8_triton`) halves only Q·Kᵀ, so its P·V keeps the bf16 rate
    constant `q · mean(k)`, and diffusion keys share a large channel offset; SageAttention, arXiv 2410.02367), then per
    block of `BLOCK_N` rows; Q and K in int8 (default) or e4m3. V in e4m3 per channel (P·V factors that scale out of
    the sum over keys), stored transposed: Hopper's fp8 products take both operands contiguous along the summed axis;
-   on calls of `SMOOTH_V_MIN_KEYS` keys or more V is smoothed first (its mean over the tokens subtracted per channel
-   and added to the output: every row of attention weights sums to 1). Why there: Hopper's fp8 tensor cores add each
-   block of products to an accumulator aligned to the larger of the two with about 14 bits, so a P·V sum that grows
-   with every block of keys (values sharing a channel offset) loses the low bits of the later blocks; on an H100 the
-   kernel erred 6.2x its arithmetic on such a head at 2,048 keys and 19.6x at 8,192 (BENCHMARKS.md). Over a few
-   blocks that loss is small, and smoothing is not free there: on the trained video model's 192-token calls it
-   raised the arithmetic's error (1.63 to 2.17 %, the worst call 2.74 to 6.04 %; CPU). K's channel means and V's
-   channel means and extremes come from one pass over each (`channel_statistics`), not five reductions.
-2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly (int32)
-   and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
+   on calls of `SMOOTH_V_MIN_KEYS` keys or more V is smoothed first (its mean over the tokens subtracted per channel,
+   added to the output: attention weights sum to 1). K's and V's channel means and V's extremes come from one pass
+   over each (`channel_statistics`), not five reductions.
+2. The kernel, one program per `BLOCK_M` query rows of one head: per key block the product accumulates exactly
+   (int32) and is rescaled by the two blocks' scales; online softmax (flash-attention's running max and sum); P =
    `exp2(s − max + 8)`, i.e. scaled by 256 into e4m3's range (the running sum carries the factor), times the e4m3 V
-   block into fp32; at the end V's channel scales over the running sum, plus V's channel means. The `loop`, `tma` and `exp_f16` variants
-   (benchmarks/attention_fp8_tiling.py compares them; none is faster on an H200) are kept to be measured again.
+   block into fp32; at the end V's channel scales over the running sum, plus V's channel means. The `loop`, `tma` and
+   `exp_f16` variants (none faster on an H200: benchmarks/attention_fp8_tiling.py) are kept to be measured again.
 """
 
 from __future__ import annotations
@@ -233,9 +227,8 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
 
 @triton.jit
 def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, out_ptr, heads, q_tokens, k_tokens,
-                          q_blocks,
-                          k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr, stride_mb,
-                          stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
+                          q_blocks, k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr,
+                          stride_mb, stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
                           LOOP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr):
     """LOOP 0: one key block after the other; 1: the next block's Q·Kᵀ issued before this block's softmax (the
@@ -244,10 +237,11 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, o
     tensor-memory accelerator (q_src, k_src, v_src are descriptors), else by pointers.
 
     MASKED (LOOP 0, pointers): a boolean mask (`mask_ptr`, read through its strides) says which pairs attend. The
-    query block visits only the key blocks `order_ptr` lists for it (`mask_tiles.key_block_order`: `counts_ptr` holds
-    how many allow every pair, which come first and run as unmasked blocks, and how many allow some, which load their
-    mask tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as torch's SDPA gives
-    them (V's mean, `vm_ptr`, is added to every other row). `stride_c*`: the block lists' row strides per batch, head and query block (0 where the mask broadcasts)."""
+    query block visits only the key blocks `order_ptr` lists for it (`mask_tiles.key_block_order`: `counts_ptr`
+    holds how many allow every pair, which come first and run as unmasked blocks, and how many allow some, which
+    load their mask tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as
+    torch's SDPA gives them (V's mean, `vm_ptr`, is added to every other row). `stride_c*`: the block lists' row
+    strides per batch, head and query block (0 where the mask broadcasts)."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -361,7 +355,12 @@ def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
     return k_mean, v_mean, v_max.view(b * h, splits, d).amax(dim=1), v_min.view(b * h, splits, d).amin(dim=1)
 
 
-#: the fewest keys on which V is smoothed (module docstring): the shortest length its departure was measured at
+#: the fewest keys on which V is smoothed. Why smooth: Hopper's fp8 tensor cores add each block of products to an
+#: accumulator aligned to the larger of the two with about 14 bits, so a P·V sum that grows with every block of keys
+#: (values sharing a channel offset) loses the low bits of the later blocks; on an H100 the kernel erred 6.2x its
+#: arithmetic on such a head at 2,048 keys and 19.6x at 8,192 (BENCHMARKS.md). Why not below: over a few blocks that
+#: loss is small, and smoothing is not free: on the trained video model's 192-token calls it raised the arithmetic's
+#: error (1.63 to 2.17 %, the worst call 2.74 to 6.04 %; CPU). 2,048: the shortest length the departure was measured at
 SMOOTH_V_MIN_KEYS = 2048
 
 
@@ -435,9 +434,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
               qk_int8: bool = True) -> torch.Tensor:
-    """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed K,
-    V (smoothed where `smooths_values`, its mean added back) and P, the same scales. For tests: the kernel's online softmax differs from this only by float rounding (the
-    running max is the row max, except where P's rounding to fp8 sees a different shift)."""
+    """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed
+    K, V (smoothed where `smooths_values`, its mean added back) and P, the same scales. For tests: the kernel's
+    online softmax differs from this only by float rounding (the running max is the row max, except where P's
+    rounding to fp8 sees a different shift)."""
     b, h, sq, d = q.shape
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 
