@@ -746,6 +746,54 @@ def test_hookkits_kernels_take_boolean_masks_skipping_what_they_mask_in_tritons_
     assert result["int8 all true is unmasked"] is True
 
 
+FP8_MASKED_SMOOTHED_INTERPRETED = """
+import json
+import torch
+import torch.nn.functional as F
+from hookkit.techniques.attention import fp8_triton
+
+fp8_triton.SMOOTH_V_MIN_KEYS = 64  # smooth V on these short calls, as on the long ones
+g = torch.Generator().manual_seed(0)
+
+def qkv(b, sq, sk, d=32):
+    q, k, v = (torch.randn(b, 2, n, d, generator=g) for n in (sq, sk, sk))
+    return [t.to(torch.bfloat16) for t in (q, k, v + 4.0 * torch.randn(b, 2, 1, d, generator=g))]  # V offset
+
+def case(q, k, v, mask):
+    out = fp8_triton.attention(q, k, v, mask=mask, block_m=32, block_n=32)
+    mirror = fp8_triton.reference(q, k, v, mask=mask, block_m=32, block_n=32)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    allowed = mask.any(dim=-1, keepdim=True).expand_as(ref)
+    err = (out.float() - ref).abs()[allowed]
+    return out, [(out.float() - mirror.float()).abs().max().item() / mirror.float().abs().max().item(),
+                 (err.mean() / ref.abs()[allowed].mean()).item()]
+
+valid = torch.arange(100) < 70
+out, padding = case(*qkv(1, 100, 100), (valid[:, None] & valid[None, :])[None, None])
+keys = torch.ones(2, 1, 1, 90, dtype=torch.bool)
+keys[0, ..., 50:] = False
+keys[1, ..., 80:] = False
+_, key_padding = case(*qkv(2, 40, 90), keys)
+anything = torch.rand(1, 2, 64, 64, generator=g) > 0.5
+anything[:, :, 5] = False
+any_out, any_mask = case(*qkv(1, 64, 64), anything)
+print(json.dumps({"padding": padding, "key padding": key_padding, "any mask": any_mask,
+                  "padding rows": out[:, :, 70:].abs().max().item(),
+                  "row with no key": any_out[:, :, 5].abs().max().item()}))
+"""
+
+
+def test_masked_calls_with_values_smoothed_keep_rows_without_keys_at_zero_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    # V's mean is added to every row that attends to some key, not to a row the mask leaves without one (SDPA's 0),
+    # per batch element and head, as the mirror does
+    result = interpreted(FP8_MASKED_SMOOTHED_INTERPRETED)
+    for name in ("padding", "key padding", "any mask"):
+        off_mirror, mean_rel = result[name]
+        assert off_mirror <= 2.0 ** -6 and mean_rel < 0.01, (name, result[name])  # the offset dominates the output
+    assert result["padding rows"] == 0.0 and result["row with no key"] == 0.0
+
+
 OPS_INTERPRETED = """
 import json
 import torch
