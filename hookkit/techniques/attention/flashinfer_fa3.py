@@ -164,7 +164,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
         mean = value_mean(value) if smooth_value else None
         out = low(*quantize(query, key, value, mean), sm_scale, causal, query.dtype)
         if mean is not None:
-            out = (out.float() + mean).to(query.dtype)  # keeps the kernel's [B, N, H, D] memory layout
+            out = out.add_(mean)  # in float32, one rounding to out's dtype, in place: the kernel's [B, N, H, D] layout
     return out if size == dim else out[..., :dim]
 
 
