@@ -256,6 +256,20 @@ def test_rows_without_an_eager_row_get_no_speed_up_psnr_or_reference_cell(tmp_pa
     assert [line.split("|")[7].strip() for line in body] == ["—", "—"]
 
 
+def test_rows_without_an_eager_row_still_count_their_non_finite_output_values(tmp_path: Path) -> None:
+    rows = [_row("regional-compile", 4.0), _row(SECOND, 2.0)]
+    for row in rows:
+        row["peak_memory_gb"] = 1.0
+    torch.save(torch.tensor([0.0, 1.0, 2.0]), tmp_path / "regional-compile.pt")
+    torch.save(torch.tensor([0.0, float("nan"), float("-inf")]), tmp_path / f"{SECOND}.pt")
+    from hookkit.tools.bench.runner import _compare
+
+    _compare(rows, tmp_path, None)
+    assert [(r["nonfinite"], r["speedup"], r["psnr_db"]) for r in rows] == [(0, None, None), (2, None, None)]
+    second = bench.markdown_table(rows).splitlines()[3].split("|")
+    assert second[8].strip() == "2 non-finite output values: no PSNR"
+
+
 def _compared(tmp_path: Path, eager: torch.Tensor, second: torch.Tensor) -> list[dict]:
     """The eager row and SECOND compared from their saved outputs, as `hookkit bench` compares its rows."""
     from hookkit.tools.bench.runner import _compare

@@ -226,31 +226,34 @@ def _nonfinite(output: torch.Tensor) -> int:
 
 
 def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> None:
-    """Speed-up and PSNR of every row against the eager row (the first; none without it: `--no-eager`), and each
-    row's count of non-finite output values (`nonfinite`): an output with NaN or infinity gets no PSNR, nor does any
-    row when the reference has them, and the table says so rather than printing "nan"."""
+    """Each row's count of non-finite output values (`nonfinite`, with or without an eager row: a fast row whose
+    output is NaN has measured nothing worth having), then speed-up and PSNR of every row against the eager row (the
+    first; none without it: `--no-eager`). An output with NaN or infinity gets no PSNR, nor does any row when the
+    reference has them, and the table says so rather than printing "nan"."""
+    for row in rows:
+        path = out_dir / f"{row['config']}.pt"
+        if row["status"] == "ok" and path.is_file():
+            row["nonfinite"] = _nonfinite(torch.load(path))
     ref_row = rows[0]
     if ref_row["config"] != "eager":
         return
     ref_path = out_dir / f"{ref_row['config']}.pt"
     reference = torch.load(ref_path) if ref_row["status"] == "ok" and ref_path.is_file() else None
-    for row in rows:  # the eager row first: its `nonfinite` is known before any other row is compared
+    for row in rows:
         if row["status"] != "ok":
             continue
         if ref_row["status"] == "ok":
             row["speedup"] = ref_row["latency_s"] / row["latency_s"]
         path = out_dir / f"{row['config']}.pt"
-        if reference is not None and path.is_file():
-            output = reference if row is ref_row else torch.load(path)
-            row["nonfinite"] = _nonfinite(output)
-            if row["nonfinite"] or ref_row["nonfinite"]:
-                continue
-            if output.shape == reference.shape:
-                value = psnr(reference, output, peak)
-                row["psnr_db"] = None if math.isinf(value) else value
-                row["identical"] = torch.equal(reference, output)
-            else:
-                row["note"] = (row["note"] + f"; output shape {tuple(output.shape)} differs").lstrip("; ")
+        if reference is None or not path.is_file() or row["nonfinite"] or ref_row["nonfinite"]:
+            continue
+        output = reference if row is ref_row else torch.load(path)
+        if output.shape == reference.shape:
+            value = psnr(reference, output, peak)
+            row["psnr_db"] = None if math.isinf(value) else value
+            row["identical"] = torch.equal(reference, output)
+        else:
+            row["note"] = (row["note"] + f"; output shape {tuple(output.shape)} differs").lstrip("; ")
 
 
 def _status_line(row: dict[str, Any]) -> str:
