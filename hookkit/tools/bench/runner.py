@@ -230,24 +230,21 @@ def _compare(rows: list[dict[str, Any]], out_dir: Path, peak: float | None) -> N
     output is NaN has measured nothing worth having), then speed-up and PSNR of every row against the eager row (the
     first; none without it: `--no-eager`). An output with NaN or infinity gets no PSNR, nor does any row when the
     reference has them, and the table says so rather than printing "nan"."""
-    for row in rows:
-        path = out_dir / f"{row['config']}.pt"
-        if row["status"] == "ok" and path.is_file():
-            row["nonfinite"] = _nonfinite(torch.load(path))
     ref_row = rows[0]
-    if ref_row["config"] != "eager":
-        return
-    ref_path = out_dir / f"{ref_row['config']}.pt"
-    reference = torch.load(ref_path) if ref_row["status"] == "ok" and ref_path.is_file() else None
-    for row in rows:
-        if row["status"] != "ok":
+    reference = None
+    for row in rows:  # the eager row first: its output and `nonfinite` are known before any other row is compared
+        path = out_dir / f"{row['config']}.pt"
+        output = torch.load(path) if row["status"] == "ok" and path.is_file() else None
+        if output is not None:
+            row["nonfinite"] = _nonfinite(output)
+        if ref_row["config"] != "eager" or row["status"] != "ok":
             continue
+        if row is ref_row:
+            reference = output
         if ref_row["status"] == "ok":
             row["speedup"] = ref_row["latency_s"] / row["latency_s"]
-        path = out_dir / f"{row['config']}.pt"
-        if reference is None or not path.is_file() or row["nonfinite"] or ref_row["nonfinite"]:
+        if reference is None or output is None or row["nonfinite"] or ref_row["nonfinite"]:
             continue
-        output = reference if row is ref_row else torch.load(path)
         if output.shape == reference.shape:
             value = psnr(reference, output, peak)
             row["psnr_db"] = None if math.isinf(value) else value
