@@ -38,8 +38,7 @@ from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_repl
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
            "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel",
-           "fmha_v2_fp8_kernel",
-           "fmha_v2_bf16")
+           "fmha_v2_fp8_kernel", "fmha_v2_bf16")
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
 
