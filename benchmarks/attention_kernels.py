@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--no-graphs", action="store_true", help="time plain calls with CUDA events, not graph replays")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--flashinfer-aot", type=Path, default=None,
+                   help="load FlashInfer's prebuilt modules from this folder (<module>/<module>.so) instead of its "
+                        "package's: a build with other tiles (benchmarks/flashinfer_fp8_tiles.py)")
     args = p.parse_args(argv)
     if args.tokens < 1 or args.dim < 1 or args.batch < 1 or min(args.heads) < 1:
         p.error("--tokens, --heads, --dim and --batch must be positive")
@@ -222,9 +225,21 @@ def fp32_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return out
 
 
+def use_flashinfer_modules(folder: Path) -> None:
+    """Point FlashInfer at `folder` for its prebuilt modules (its `jit.env.FLASHINFER_AOT_DIR`, read at each module's
+    load), before any module loads; a module it does not hold is compiled as usual."""
+    if not folder.is_dir():
+        raise SystemExit(f"--flashinfer-aot: expected a folder of prebuilt FlashInfer modules, got {folder}")
+    import flashinfer.jit.env as jit_env
+
+    jit_env.FLASHINFER_AOT_DIR = folder.resolve()
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if args.flashinfer_aot is not None:
+        use_flashinfer_modules(args.flashinfer_aot)
     results: list[dict[str, Any]] = []
     for heads in args.heads:
         g = torch.Generator(device).manual_seed(0)
@@ -252,7 +267,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                "argv": sys.argv[1:] if argv is None else argv, "flops_formula": "4 * batch * N^2 * heads * dim"}
+                "argv": sys.argv[1:] if argv is None else argv,
+                "flashinfer_aot": None if args.flashinfer_aot is None else str(args.flashinfer_aot),
+                "flops_formula": "4 * batch * N^2 * heads * dim"}
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     return results
 

@@ -385,6 +385,52 @@ def test_the_kernels_are_prebuilt_by_the_given_python_for_hopper_with_the_packag
     assert env["PATH"].startswith(f"{tmp_path / 'bin'}:/opt/cuda-13.0/bin:")
 
 
+def _fp8_dispatch_header(tile_128: tuple[int, int, int]) -> str:
+    """The part of FlashInfer's `hopper/quantization/prefill_sm90.cuh` the tile builder edits: the single-sequence
+    dispatch, heads of 64 first (a tile the builder must leave alone), then heads of 128 with `tile_128`."""
+    dispatch = "    SingleFP8PrefillWithKVCacheKernelTraitsDispatched<\n        FP8AttentionKernelTraits<true, HEAD_DIM,\n" \
+        "                                 /*CTA_Q_=*/{},\n                                 /*CTA_KV_=*/{},\n" \
+        "                                 /*NUM_STAGES_=*/{}, typename Params::DTypeQ>\n"
+    return ("cudaError_t SingleFP8PrefillWithKVCacheDispatched(Params& params, cudaStream_t stream) {\n"
+            "  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256);\n"
+            "  if constexpr (HEAD_DIM == 64) {\n" + dispatch.format(192, 128, 4) +
+            "  } else if constexpr (HEAD_DIM == 128) {\n" + dispatch.format(*tile_128) + "  }\n}\n")
+
+
+def test_the_tile_builder_puts_the_tile_in_the_fp8_dispatch_for_heads_of_128_only(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    tiles = benchmark_script("flashinfer_fp8_tiles")
+    header = tmp_path / "prefill_sm90.cuh"
+    header.write_text(_fp8_dispatch_header((128, 192, 2)))
+    tiles.patch(header, *tiles.tile("q192kv128s3"))
+    assert header.read_text() == _fp8_dispatch_header((192, 128, 3))
+
+
+def test_the_tile_builder_refuses_a_header_whose_dispatch_it_does_not_know(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    tiles = benchmark_script("flashinfer_fp8_tiles")
+    header = tmp_path / "prefill_sm90.cuh"
+    header.write_text(_fp8_dispatch_header((128, 128, 2)))
+    with pytest.raises(SystemExit, match="fp8 dispatch for heads of 128 is not the one this script patches"):
+        tiles.patch(header, 128, 256, 2)
+
+
+@pytest.mark.parametrize("name,why", [("q128kv200s2", "multiples of 64"), ("q128kv256s5", "stages 1-4"),
+                                      ("128x256", "expected a tile like q128kv256s2")])
+def test_the_tile_builder_refuses_a_tile_flashinfers_fp8_kernel_cannot_take(
+        benchmark_script: Callable[[str], ModuleType], name: str, why: str) -> None:
+    tiles = benchmark_script("flashinfer_fp8_tiles")
+    with pytest.raises(tiles.argparse.ArgumentTypeError, match=why):
+        tiles.tile(name)
+
+
+def test_the_kernel_benchmark_refuses_a_flashinfer_module_folder_that_does_not_exist(
+        benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
+    kernels = benchmark_script("attention_kernels")
+    with pytest.raises(SystemExit, match=f"expected a folder of prebuilt FlashInfer modules, got {tmp_path / 'no'}"):
+        kernels.use_flashinfer_modules(tmp_path / "no")
+
+
 # --- the FMHA v2 archive for the GPU machine ----------------------------------------------------------------------
 
 
@@ -559,3 +605,45 @@ def test_the_nonfinite_locator_finds_nothing_in_a_finite_call_and_counts_rows_wi
     assert [(r["first_module"], r["attention"]) for r in report["transformer_calls"]] == [(None, None)] * 2
     mask = torch.tensor([[True, False], [False, False]])
     assert bench.rows_without_keys(mask) == 1 and bench.rows_without_keys(None) == 0
+
+
+KERNEL_WATCH = """
+import json, sys
+import torch
+sys.path.insert(0, "benchmarks")
+import first_nonfinite
+from hookkit.techniques.attention import fp8_triton
+
+real = fp8_triton.attention
+
+def nan_under_a_mask(q, k, v, scale=None, mask=None, **options):  # a kernel that misreads masks: row 5 of head 1
+    out = real(q, k, v, scale, mask, **options)
+    if mask is not None:
+        out[0, 1, 5, 3] = float("nan")
+    return out
+
+fp8_triton.attention = nan_under_a_mask
+calls = []
+first_nonfinite.watch_kernel("fp8_triton", calls)
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 80, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+valid = torch.arange(80) < 70
+fp8_triton.attention(q, k, v)
+fp8_triton.attention(q, k, v, None, (valid[:, None] & valid[None, :])[None, None])
+fp8_triton.attention(q, k, v, None, (valid[:, None] & valid[None, :])[None, None])
+print(json.dumps(calls))
+"""
+
+
+def test_the_nonfinite_locator_records_the_kernels_first_nonfinite_call_and_the_same_call_unmasked(
+        interpreted: Callable[[str], Any]) -> None:
+    first, second, third = interpreted(KERNEL_WATCH)
+    assert first == {"call": 0, "nonfinite_values": 0} and third == {"call": 2, "nonfinite_values": 1}
+    assert {k: second[k] for k in ("nonfinite_values", "nonfinite_rows", "heads_with_nonfinite", "first_rows",
+                                   "valid_prefix", "prefix_nonfinite_values", "unmasked_nonfinite_values",
+                                   "sdpa_nonfinite_values", "inputs_finite")} == {
+        "nonfinite_values": 1, "nonfinite_rows": 1, "heads_with_nonfinite": 1, "first_rows": [5], "valid_prefix": 70,
+        "prefix_nonfinite_values": 0, "unmasked_nonfinite_values": 0, "sdpa_nonfinite_values": 0,
+        "inputs_finite": True}
+    assert second["mask"] == {"dtype": "torch.bool", "shape": [1, 1, 80, 80], "stride": [6400, 6400, 80, 1],
+                              "rows_without_keys": 10, "keys_allowed": 4900}
