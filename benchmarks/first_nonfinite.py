@@ -11,6 +11,10 @@ fully-masked rows from the model's arithmetic. The checks read values back to th
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 --width 832 --frames 81 \
         --steps 1 --sdpa cudnn --out first_nonfinite.json
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
+
+`--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=...)` on every block (eager, no
+compile) and records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block
+scales, the mask, how many output rows are non-finite and whether SDPA on the same inputs is finite.
 """
 
 from __future__ import annotations
@@ -107,6 +111,48 @@ def watch(transformer: torch.nn.Module) -> list[dict[str, Any]]:
     return records
 
 
+def watch_kernel(module: str, calls: list[dict[str, Any]]) -> None:
+    """Wrap `hookkit.techniques.attention.<module>.attention` (the op looks it up at each call): each call appends
+    its count of non-finite output values to `calls`; the first non-finite one also what its inputs were."""
+    import importlib
+
+    kernels = importlib.import_module(f"hookkit.techniques.attention.{module}")
+    attention = kernels.attention
+
+    def watched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                mask: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
+        out = attention(q, k, v, scale, mask, **options)
+        record: dict[str, Any] = {"call": len(calls), "nonfinite_values": _nonfinite(out)}
+        if record["nonfinite_values"] and not any(c["nonfinite_values"] for c in calls):
+            bad_rows = (~torch.isfinite(out.float())).any(dim=-1)  # [B, H, Sq]
+            rows = bad_rows.any(dim=(0, 1)).nonzero().flatten()
+            q_codes, q_scales, k_codes, k_scales, *_ = kernels.quantize_inputs(q, k, v, scale)
+            sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            record.update({
+                "shape": list(q.shape), "inputs_finite": all(finite(t) for t in (q, k, v)),
+                "amax": {n: t.float().abs().amax().item() for n, t in (("q", q), ("k", k), ("v", v))},
+                "scales": {n: [s.min().item(), s.max().item()] for n, s in (("q", q_scales), ("k", k_scales))},
+                "mask": None if mask is None else {"dtype": str(mask.dtype), "shape": list(mask.shape),
+                                                    "stride": list(mask.stride()),
+                                                    "rows_without_keys": rows_without_keys(mask),
+                                                    "keys_allowed": int(mask.sum())},
+                "nonfinite_rows": int(bad_rows.sum()), "heads_with_nonfinite": int(bad_rows.any(dim=2).sum()),
+                "first_rows": rows[:8].tolist(), "last_rows": rows[-8:].tolist(),
+                "sdpa_nonfinite_values": _nonfinite(sdpa),
+                # the same kernel without the mask: over every token, and over the valid prefix where the mask is a
+                # padding mask (its valid tokens first), which is what the masked call computes on the valid rows
+                "unmasked_nonfinite_values": _nonfinite(attention(q, k, v, scale, **options))})
+            if mask is not None and mask.dtype == torch.bool:
+                valid = int(mask.reshape(-1, mask.shape[-1])[0].sum())
+                record["valid_prefix"] = valid
+                record["prefix_nonfinite_values"] = _nonfinite(attention(q[:, :, :valid], k[:, :, :valid],
+                                                                         v[:, :, :valid], scale, **options))
+        calls.append(record)
+        return out
+
+    kernels.attention = watched
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -117,15 +163,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None,
+                   help="the pipeline's dtype: bfloat16, float16 or float32 (default: bfloat16 on a GPU, else float32)")
     p.add_argument("--sdpa", choices=sorted(BACKENDS), default=None,
                    help="pin SDPA's backend (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    p.add_argument("--hookkit-attention", choices=("hookkit_fp8", "hookkit_int8"), default=None,
+                   help="run with hookkit.Attention(low_precision=...) and record its kernel's first non-finite call")
     args = p.parse_args(argv)
     if args.out is not None and not args.out.parent.is_dir():
         raise SystemExit(f"--out: expected a file in an existing folder, got {args.out}")
     opts = models.ModelOptions(name=args.model, full=args.full, arch=args.arch, height=args.height, width=args.width,
-                               frames=args.frames, steps=args.steps, device=args.device)
-    report = locate(models.load_pipeline(opts), opts, args.sdpa)
+                               frames=args.frames, steps=args.steps, device=args.device, dtype=args.dtype)
+    pipe = models.load_pipeline(opts)
+    kernel_calls: list[dict[str, Any]] = []
+    if args.hookkit_attention is not None:
+        import hookkit
+
+        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision=args.hookkit_attention)))
+        watch_kernel(args.hookkit_attention.removeprefix("hookkit_") + "_triton", kernel_calls)
+    report = locate(pipe, opts, args.sdpa)
+    report["kernel_calls"] = kernel_calls
+    if kernel_calls:
+        print(f"kernel calls: {len(kernel_calls)}; first non-finite: " + json.dumps(
+            next((c for c in kernel_calls if c["nonfinite_values"]), None)))
     first = report["first_call"]
     print(f"output finite: {report['output_finite']}; first transformer call with a non-finite value: {first}")
     if first is not None:
