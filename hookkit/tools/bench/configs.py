@@ -157,6 +157,13 @@ def _configs() -> dict[str, BenchConfig]:
                     setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile())),
                     fields=frozenset({"quantize", "compile"}), needs_cuda=True,
                     description="torchao fp8 dynamic per-row + regional compile"),
+        BenchConfig(name="hookkit-fp8+cache-fast+compile", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True)),
+                    fields=frozenset({"cache", "quantize", "compile", "memo"}), needs_cuda=True,
+                    description="static 'fast' DBCache + fp8 dynamic per-row + regional compile, bf16 attention: "
+                                "cache-dit's best configuration's techniques, for models whose forward refuses "
+                                "whole-transformer graphs (HunyuanVideo 1.5)"),
         BenchConfig(name="hookkit-fp8+cuda-graphs", kind="hookkit",
                     setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"),
                                              compile=_compile(cuda_graphs="transformer"), memo=True)),
