@@ -99,8 +99,9 @@ def collect(res: Path) -> dict[str, Any]:
 
 
 def _ok(rows: list[dict[str, Any]], config: str) -> dict[str, Any] | None:
+    """The row of `config` where it ran and its output held no non-finite value (a fast NaN row meets no goal)."""
     row = next((r for r in rows if r.get("config") == config), None)
-    return row if row is not None and row.get("status") == "ok" else None
+    return row if row is not None and row.get("status") == "ok" and not row.get("nonfinite") else None
 
 
 def goals(doc: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -322,6 +322,12 @@ def test_the_peer_report_reads_each_group_from_its_suites_folders(report: Module
     assert doc["step_profile"] == {"rows": []} and doc["quality"] is None and doc["held_memory"] is None
 
 
+def test_the_peer_report_counts_no_row_whose_output_was_non_finite(report: ModuleType) -> None:
+    rows = [{"config": report.FAST, "status": "ok", "latency_s": 0.5, "nonfinite": 3},
+            {"config": report.PEER, "status": "ok", "latency_s": 1.0, "nonfinite": 0}]
+    assert report._ok(rows, report.FAST) is None and report._ok(rows, report.PEER) == rows[1]
+
+
 # --- kernel timing -----------------------------------------------------------------------------------------------
 
 
