@@ -3,17 +3,17 @@ top-level modules and its blocks, and every SDPA call watched, recording per tra
 the first attention call whose output holds NaN or infinity (with whether that call's inputs were finite and how many
 of its query rows the mask leaves no key), and the largest magnitude each block's output reached.
 
-Why: HunyuanVideo 1.5's eager output at 480x832x81 on an H100 held non-finite values (no PSNR could be computed
-against it), while the same transformer at full depth and width is finite on the CPU at small sizes (BENCHMARKS.md,
-"On one H100: the fp8 kernel under the padding mask"). `--sdpa` pins SDPA's backend, to tell a kernel's
-fully-masked rows from the model's arithmetic. The checks read values back to the host: a diagnosis, not a timing.
+Why: HunyuanVideo 1.5's output at 480x832x81 on an H100 was all non-finite with hookkit's fp8 attention kernel,
+finite in stock eager under every SDPA backend (BENCHMARKS.md, "On one H100: `hookkit_fp8` under the padding mask
+turns the output non-finite"). `--sdpa` pins SDPA's backend, to tell a kernel's fully-masked rows from the model's
+arithmetic. The checks read values back to the host: a diagnosis, not a timing.
 
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 --width 832 --frames 81 \
         --steps 1 --sdpa cudnn --out first_nonfinite.json
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
 
 `--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=...)` on every block (eager, no
-compile) and records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block
+compile; masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted) and records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block
 scales, the mask, how many output rows are non-finite and whether SDPA on the same inputs is finite.
 """
 
@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kernel_calls: list[dict[str, Any]] = []
     if args.hookkit_attention is not None:
         import hookkit
+        from hookkit.techniques.attention import hooks
 
+        hooks.MASKED_MAX_KEYS = sys.maxsize  # the guard lifted: the kernel takes the masked calls it turned non-finite
         hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision=args.hookkit_attention)))
         watch_kernel(args.hookkit_attention.removeprefix("hookkit_") + "_triton", kernel_calls)
     report = locate(pipe, opts, args.sdpa)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Where HunyuanVideo 1.5's eager output at 480x832x81 turns non-finite (full size, random weights, one step): the
 # first module and SDPA call per transformer call, under torch's SDPA choice and pinned to cuDNN and the efficient
-# kernel. benchmarks/first_nonfinite.py: first_nonfinite_BACKEND.json and .log. ~4 GPU minutes on one H100.
+# kernel; then with hookkit's fp8 attention kernel on every block, which turned the output non-finite (its first
+# non-finite call, that call's inputs, and the same call unmasked and over the valid prefix).
+# benchmarks/first_nonfinite.py: first_nonfinite_BACKEND.json and .log, first_nonfinite_hookkit_fp8.json and .log.
+# ~5 GPU minutes on one H100.
 # Settings: T_NONFINITE (seconds per run, 240).
 source "$(dirname "$0")/../suite_lib.sh"
 for backend in default cudnn efficient; do
@@ -12,3 +15,7 @@ for backend in default cudnn efficient; do
     > "$OUT/first_nonfinite_$backend.log" 2>&1
   note "first-nonfinite $backend rc $? $(grep -E '^(output finite|\{)' "$OUT/first_nonfinite_$backend.log" | tr '\n' ' ' | cut -c1-400)"
 done
+timeout "${T_NONFINITE:-240}" python3 benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 \
+  --width 832 --frames 81 --steps 1 --hookkit-attention hookkit_fp8 --out "$OUT/first_nonfinite_hookkit_fp8.json" \
+  > "$OUT/first_nonfinite_hookkit_fp8.log" 2>&1
+note "first-nonfinite hookkit_fp8 rc $? $(grep -E '^(output finite|kernel calls)' "$OUT/first_nonfinite_hookkit_fp8.log" | tr '\n' ' ' | cut -c1-600)"
