@@ -613,6 +613,21 @@ def test_the_nonfinite_locator_finds_nothing_in_a_finite_call_and_counts_rows_wi
     assert bench.rows_without_keys(mask) == 1 and bench.rows_without_keys(None) == 0
 
 
+@pytest.mark.slow
+def test_the_masked_call_check_runs_the_kernel_on_hunyuanvideo15s_own_padding_masked_call(tmp_path: Path) -> None:
+    out = tmp_path / "masked_call.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "masked_attention_call.py"), "--frames", "1", "--height",
+                           "256", "--width", "256", "--heads", "0", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    # 16 x 16 latent tokens, 256 ByT5 and 1,000 Qwen2.5-VL tokens valid, then the 729 image tokens, padding in t2v
+    assert (report["shape"], report["valid"], report["padding_mask"]) == ([1, 16, 2241, 128], 1512, True)
+    [row] = report["rows"]
+    assert (row["head"], row["nonfinite"], row["padding_rows_max_abs"]) == (0, 0, 0.0)
+    assert row["mean_rel_error_valid_rows"] < 0.05  # the kernel's bound at Wan's shape
+
+
 KERNEL_WATCH = """
 import json, sys
 import torch
