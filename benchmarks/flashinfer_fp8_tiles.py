@@ -18,7 +18,6 @@ tiles.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -28,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.flashinfer_site import aot_env  # noqa: E402 - under a folder of sys.path
+
 #: the dispatch FlashInfer 0.2.14.post1 has for heads of 128 in its single-sequence fp8 kernel
 DISPATCH = "/*CTA_Q_=*/{},\n                                 /*CTA_KV_=*/{},\n                                 /*NUM_STAGES_=*/{},"
 STOCK = DISPATCH.format(128, 192, 2)
@@ -81,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
         tile(name)  # every name checked before the first build
     if not args.site.is_file():
         p.error(f"--site: expected FlashInfer's site archive (benchmarks/flashinfer_site.py), got {args.site}")
-    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     for name in args.tiles:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -89,9 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                 tar.extractall(work / "site", filter="data")
             shutil.rmtree(work / "site" / "flashinfer" / "data" / "aot", ignore_errors=True)
             patch(work / "site" / "flashinfer" / "data" / HEADER, *tile(name))
-            env = {**os.environ, "PYTHONPATH": str(work / "site"), "FLASHINFER_WORKSPACE_BASE": str(work / "jit"),
-                   "TORCH_CUDA_ARCH_LIST": "9.0a", "CUDA_HOME": cuda,
-                   "PATH": f"{args.aot_python.parent}{os.pathsep}{cuda}/bin{os.pathsep}{os.environ.get('PATH', '')}"}
+            env = aot_env(args.aot_python, work / "site" / "flashinfer", work)
             out = args.out / name
             shutil.rmtree(out, ignore_errors=True)
             r = subprocess.run([str(args.aot_python), "-c", BUILD, str(out)], env=env, capture_output=True, text=True)

@@ -98,13 +98,19 @@ def build_aot(package: Path, heads: list[int]) -> None:
             print(f"built {spec.name}.so: {target.stat().st_size / 2**20:.1f} MiB", flush=True)
 
 
-def prebuild(python: Path, package: Path, heads: str, work: Path) -> None:
-    """`build_aot` in `python` (the GPU machine's torch), for sm_90a, its JIT workspace under `work`."""
+def aot_env(python: Path, package: Path, work: Path) -> dict[str, str]:
+    """The environment FlashInfer's JIT builds modules in for the GPU machine: `package` importable, its workspace
+    under `work`, sm_90a, CUDA_HOME's nvcc (default /usr/local/cuda) and `python`'s folder first on the PATH."""
     env = {**os.environ, "PYTHONPATH": str(package.parent), "FLASHINFER_WORKSPACE_BASE": str(work / "jit"),
            "TORCH_CUDA_ARCH_LIST": "9.0a", "CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda")}
     env["PATH"] = f"{python.parent}{os.pathsep}{env['CUDA_HOME']}/bin{os.pathsep}{env.get('PATH', '')}"
-    subprocess.run([str(python), __file__, "--build-aot-into", str(package), "--aot-heads", heads], env=env,
-                   check=True)
+    return env
+
+
+def prebuild(python: Path, package: Path, heads: str, work: Path) -> None:
+    """`build_aot` in `python` (the GPU machine's torch), for sm_90a, its JIT workspace under `work`."""
+    subprocess.run([str(python), __file__, "--build-aot-into", str(package), "--aot-heads", heads],
+                   env=aot_env(python, package, work), check=True)
 
 
 def main(argv: list[str] | None = None) -> Path:
