@@ -126,7 +126,7 @@ def watch_kernel(module: str, calls: list[dict[str, Any]]) -> None:
         if record["nonfinite_values"] and not any(c["nonfinite_values"] for c in calls):
             bad_rows = (~torch.isfinite(out.float())).any(dim=-1)  # [B, H, Sq]
             rows = bad_rows.any(dim=(0, 1)).nonzero().flatten()
-            q_codes, q_scales, k_codes, k_scales, *_ = kernels.quantize_inputs(q, k, v, scale)
+            _, q_scales, _, k_scales, *_ = kernels.quantize_inputs(q, k, v, scale)  # the kernel's own scales
             sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             record.update({
                 "shape": list(q.shape), "inputs_finite": all(finite(t) for t in (q, k, v)),
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sdpa", choices=sorted(BACKENDS), default=None,
                    help="pin SDPA's backend (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
-    p.add_argument("--hookkit-attention", choices=("hookkit_fp8", "hookkit_int8"), default=None,
+    p.add_argument("--hookkit-attention", choices=("hookkit_fp8",), default=None,
                    help="run with hookkit.Attention(low_precision=...) and record its kernel's first non-finite call")
     args = p.parse_args(argv)
     if args.out is not None and not args.out.parent.is_dir():
