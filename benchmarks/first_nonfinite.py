@@ -13,8 +13,9 @@ arithmetic. The checks read values back to the host: a diagnosis, not a timing.
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
 
 `--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=...)` on every block (eager, no
-compile; masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted) and records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block
-scales, the mask, how many output rows are non-finite and whether SDPA on the same inputs is finite.
+compile; masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted) and records the kernel's first call whose output
+is non-finite: its inputs' largest magnitudes and per-block scales, the mask, how many output rows are non-finite,
+whether SDPA on the same inputs is finite, and the same call unmasked and over the mask's valid prefix.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hookkit.tools import zoo  # noqa: E402
+from hookkit.tools.bench.runner import _nonfinite  # noqa: E402
 
 
 class Captured(Exception):
@@ -92,7 +93,7 @@ def run_heads(call: dict[str, Any], kernel: str, heads: list[int]) -> list[dict[
         out = module.attention(q[:, head], k[:, head], v[:, head], None, mask).float()
         seconds = time.perf_counter() - start
         exact = F.scaled_dot_product_attention(q[:, head, :n].float(), k[:, head, :n].float(), v[:, head, :n].float())
-        rows.append({"head": h, "nonfinite": int((~torch.isfinite(out)).sum()),
+        rows.append({"head": h, "nonfinite": _nonfinite(out),
                      "mean_rel_error_valid_rows": ((out[:, :, :n] - exact).abs().sum() / exact.abs().sum()).item(),
                      "padding_rows_max_abs": out[:, :, n:].abs().max().item(), "seconds": seconds})
         print(json.dumps(rows[-1]), flush=True)
