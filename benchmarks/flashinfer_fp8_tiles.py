@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.flashinfer_site import aot_env  # noqa: E402 - under a folder of sys.path
 
 #: the dispatch FlashInfer 0.2.14.post1 has for heads of 128 in its single-sequence fp8 kernel
-DISPATCH = "/*CTA_Q_=*/{},\n                                 /*CTA_KV_=*/{},\n                                 /*NUM_STAGES_=*/{},"
+_INDENT = "\n" + " " * 33  # the header's alignment of the traits' arguments
+DISPATCH = _INDENT.join(("/*CTA_Q_=*/{},", "/*CTA_KV_=*/{},", "/*NUM_STAGES_=*/{},"))
 STOCK = DISPATCH.format(128, 192, 2)
 HEADER = "include/flashinfer/attention/hopper/quantization/prefill_sm90.cuh"
 TILE = re.compile(r"q(\d+)kv(\d+)s(\d+)")
@@ -65,7 +66,8 @@ def patch(header: Path, cta_q: int, cta_kv: int, stages: int) -> None:
     """Put the tile in the single-sequence dispatch for heads of 128 (the first branch of that size after
     `SingleFP8PrefillWithKVCacheDispatched`); fails when the header is not the one this script knows."""
     text = header.read_text()
-    start = text.index("if constexpr (HEAD_DIM == 128)", text.index("cudaError_t SingleFP8PrefillWithKVCacheDispatched"))
+    dispatch = text.index("cudaError_t SingleFP8PrefillWithKVCacheDispatched")
+    start = text.index("if constexpr (HEAD_DIM == 128)", dispatch)
     at = text.find(STOCK, start)
     if at < 0 or at - start > 400:
         raise SystemExit(f"{header}: FlashInfer's fp8 dispatch for heads of 128 is not the one this script patches")

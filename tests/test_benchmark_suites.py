@@ -394,7 +394,8 @@ def test_the_kernels_are_prebuilt_by_the_given_python_for_hopper_with_the_packag
 def _fp8_dispatch_header(tile_128: tuple[int, int, int]) -> str:
     """The part of FlashInfer's `hopper/quantization/prefill_sm90.cuh` the tile builder edits: the single-sequence
     dispatch, heads of 64 first (a tile the builder must leave alone), then heads of 128 with `tile_128`."""
-    dispatch = "    SingleFP8PrefillWithKVCacheKernelTraitsDispatched<\n        FP8AttentionKernelTraits<true, HEAD_DIM,\n" \
+    dispatch = "    SingleFP8PrefillWithKVCacheKernelTraitsDispatched<\n" \
+        "        FP8AttentionKernelTraits<true, HEAD_DIM,\n" \
         "                                 /*CTA_Q_=*/{},\n                                 /*CTA_KV_=*/{},\n" \
         "                                 /*NUM_STAGES_=*/{}, typename Params::DTypeQ>\n"
     return ("cudaError_t SingleFP8PrefillWithKVCacheDispatched(Params& params, cudaStream_t stream) {\n"

@@ -19,7 +19,8 @@ done
 timeout "${T_NONFINITE:-240}" python3 benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 \
   --width 832 --frames 81 --steps 1 --hookkit-attention hookkit_fp8 --out "$OUT/first_nonfinite_hookkit_fp8.json" \
   > "$OUT/first_nonfinite_hookkit_fp8.log" 2>&1
-note "first-nonfinite hookkit_fp8 rc $? $(grep -E '^(output finite|kernel calls)' "$OUT/first_nonfinite_hookkit_fp8.log" | tr '\n' ' ' | cut -c1-600)"
-timeout "${T_NONFINITE:-240}" python3 benchmarks/masked_attention_call.py --device cuda --out "$OUT/masked_call_gpu.json" \
-  > "$OUT/masked_call_gpu.log" 2>&1
+note "first-nonfinite hookkit_fp8 rc $? $(grep -E '^(output finite|kernel calls)' \
+  "$OUT/first_nonfinite_hookkit_fp8.log" | tr '\n' ' ' | cut -c1-600)"
+timeout "${T_NONFINITE:-240}" python3 benchmarks/masked_attention_call.py --device cuda \
+  --out "$OUT/masked_call_gpu.json" > "$OUT/masked_call_gpu.log" 2>&1
 note "masked call on the GPU rc $? $(grep -c '"nonfinite": 0,' "$OUT/masked_call_gpu.log") of 16 heads finite"
