@@ -12,10 +12,13 @@ arithmetic. The checks read values back to the host: a diagnosis, not a timing.
         --steps 1 --sdpa cudnn --out first_nonfinite.json
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
 
-`--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=...)` on every block (eager, no
-compile; masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted) and records the kernel's first call whose output
-is non-finite: its inputs' largest magnitudes and per-block scales, the mask, how many output rows are non-finite,
-whether SDPA on the same inputs is finite, and the same call unmasked and over the mask's valid prefix.
+`--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=..., full_first=0,
+full_last=0)`: the kernel on every block and step (masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted), and
+records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block scales, the
+mask, how many output rows are non-finite, whether SDPA on the same inputs is finite, and the same call unmasked and
+over the mask's valid prefix. `--fp8-gemms` adds `hookkit.Quantize(scheme="fp8_row")` and `--compile` hookkit's
+regional compile, the recipe of the bench rows whose output was non-finite; under `--compile` only the kernel's calls
+and the transformer's output are watched (compiled regions would take the module hooks and SDPA watch in).
 """
 
 from __future__ import annotations
@@ -77,9 +80,10 @@ class Watch(TorchFunctionMode):
         return out
 
 
-def watch(transformer: torch.nn.Module) -> list[dict[str, Any]]:
-    """Hooks on `transformer`: each call appends its record to the list returned, its modules (to depth 2) fill it in;
-    `Watch` over the same list adds the SDPA calls."""
+def watch(transformer: torch.nn.Module, modules: bool = True) -> list[dict[str, Any]]:
+    """Hooks on `transformer`: each call appends its record to the list returned, its modules (to depth 2, with
+    `modules`; not under compile, whose regions take their hooks in) fill it in; `Watch` over the same list adds the
+    SDPA calls."""
     records: list[dict[str, Any]] = []
 
     def before_call(module: torch.nn.Module, args: Any) -> None:
@@ -104,7 +108,7 @@ def watch(transformer: torch.nn.Module) -> list[dict[str, Any]]:
 
     transformer.register_forward_pre_hook(before_call)
     transformer.register_forward_hook(after_call)
-    for name, module in transformer.named_modules():
+    for name, module in transformer.named_modules() if modules else ():
         if name and name.count(".") <= 1:
             before, after = named(name)
             module.register_forward_pre_hook(before)
@@ -171,6 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     p.add_argument("--hookkit-attention", choices=("hookkit_fp8",), default=None,
                    help="run with hookkit.Attention(low_precision=...) and record its kernel's first non-finite call")
+    p.add_argument("--fp8-gemms", action="store_true", help="with hookkit.Quantize(scheme='fp8_row')")
+    p.add_argument("--compile", action="store_true", help="with hookkit's regional compile (SDPA calls not watched)")
     args = p.parse_args(argv)
     if args.out is not None and not args.out.parent.is_dir():
         raise SystemExit(f"--out: expected a file in an existing folder, got {args.out}")
@@ -178,14 +184,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                frames=args.frames, steps=args.steps, device=args.device, dtype=args.dtype)
     pipe = models.load_pipeline(opts)
     kernel_calls: list[dict[str, Any]] = []
-    if args.hookkit_attention is not None:
+    if args.hookkit_attention is not None or args.fp8_gemms or args.compile:
         import hookkit
         from hookkit.techniques.attention import hooks
 
         hooks.MASKED_MAX_KEYS = sys.maxsize  # the guard lifted: the kernel takes the masked calls it turned non-finite
-        hookkit.enable(pipe, hookkit.Spec(attention=hookkit.Attention(low_precision=args.hookkit_attention)))
-        watch_kernel(args.hookkit_attention.removeprefix("hookkit_") + "_triton", kernel_calls)
-    report = locate(pipe, opts, args.sdpa)
+        attention = None if args.hookkit_attention is None else hookkit.Attention(
+            low_precision=args.hookkit_attention, full_first=0, full_last=0)
+        hookkit.enable(pipe, hookkit.Spec(
+            attention=attention, quantize=hookkit.Quantize(scheme="fp8_row") if args.fp8_gemms else None,
+            compile=hookkit.Compile(regional=True) if args.compile else None))
+        if args.hookkit_attention is not None:
+            watch_kernel(args.hookkit_attention.removeprefix("hookkit_") + "_triton", kernel_calls)
+    report = locate(pipe, opts, args.sdpa, watch_sdpa=not args.compile)
     report["kernel_calls"] = kernel_calls
     if kernel_calls:
         print(f"kernel calls: {len(kernel_calls)}; first non-finite: " + json.dumps(
@@ -199,16 +210,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-def locate(pipe: Any, opts: models.ModelOptions, sdpa: str | None) -> dict[str, Any]:
-    """One call of `pipe` as `opts` describes it, watched (`watch`): the report `main` writes."""
-    records = watch(pipe.transformer)
+def locate(pipe: Any, opts: models.ModelOptions, sdpa: str | None, watch_sdpa: bool = True) -> dict[str, Any]:
+    """One call of `pipe` as `opts` describes it, watched (`watch`; its SDPA calls too with `watch_sdpa`): the
+    report `main` writes."""
+    records = watch(pipe.transformer, modules=watch_sdpa)
     if sdpa is None:
         backend: Any = nullcontext()
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         backend = sdpa_kernel([getattr(SDPBackend, BACKENDS[sdpa])])
-    with torch.no_grad(), backend, Watch(records):
+    with torch.no_grad(), backend, Watch(records) if watch_sdpa else nullcontext():
         output = models.output_of(pipe(**models.call_kwargs(pipe, opts, models.output_type_for(opts))))
     for record in records:
         record.pop("current")
