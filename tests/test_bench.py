@@ -290,6 +290,13 @@ def test_a_row_whose_output_has_nan_gets_no_psnr_and_says_how_many_values(tmp_pa
     assert (second[7].strip(), second[8].strip()) == ("—", "2 non-finite output values: no PSNR")
 
 
+def test_a_row_whose_output_has_nan_gets_no_speedup_in_the_table(tmp_path: Path) -> None:
+    rows = _compared(tmp_path, torch.arange(4.0), torch.tensor([0.0, float("nan"), 2, 3]))
+    assert rows[1]["speedup"] == 2.0  # kept in the JSON: the time was measured
+    second = bench.markdown_table(rows).splitlines()[3].split("|")
+    assert second[6].strip() == "— (non-finite output)"
+
+
 def test_an_eager_reference_with_nan_gives_no_row_a_psnr(tmp_path: Path) -> None:
     rows = _compared(tmp_path, torch.tensor([0.0, float("nan"), 2, 3]), torch.tensor([0.0, 1, 2, 3]))
     assert [(r["nonfinite"], r["psnr_db"], r["speedup"]) for r in rows] == [(1, None, 1.0), (0, None, 2.0)]

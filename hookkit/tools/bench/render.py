@@ -128,7 +128,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{bounds[0]:.4f}–{bounds[1]:.4f}" if bounds else "—",
             f"{row['warmup_s']:.2f}" if ok and row["warmup_s"] is not None else "—",
             f"{row['peak_memory_gb']:.3f}" if ok else "—",
-            f"{row['speedup']:.2f}x{mark}" if ok and row["speedup"] is not None else "—",
+            speedup_cell(row, mark, reference=i == 0 and row["config"] == "eager") if ok else "—",
             psnr_cell,
             "; ".join(notes),
         ])
@@ -139,6 +139,16 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     above = "\n".join(f"Note: {caveat}." for caveat in caveats)
     below = "\n".join(f"¹ {caveat}." for caveat in caveats)
     return f"{above}\n\n{text}\n\n{below}"
+
+
+def speedup_cell(row: dict[str, Any], mark: str, reference: bool) -> str:
+    """The table's speed-up of an ok row: none for a row whose output holds non-finite values (a wrong answer is no
+    speed-up; the eager reference keeps its 1.00x), none without an eager row."""
+    if row["speedup"] is None:
+        return "—"
+    if row.get("nonfinite") and not reference:
+        return "— (non-finite output)"
+    return f"{row['speedup']:.2f}x{mark}"
 
 
 def environment(device: torch.device) -> dict[str, Any]:
