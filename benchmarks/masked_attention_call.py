@@ -77,9 +77,14 @@ def capture(device: str, frames: int, height: int, width: int, min_tokens: int) 
     return held
 
 
+#: `run_heads`' name for one launch over every head at once, as the pipeline runs the kernel
+ALL_HEADS = -1
+
+
 def run_heads(call: dict[str, Any], kernel: str, heads: list[int]) -> list[dict[str, Any]]:
-    """The kernel on each of `heads` under the call's padding mask: its non-finite values, its error on the valid
-    rows against float32 SDPA over the valid tokens, the padding rows' largest magnitude, seconds."""
+    """The kernel on each of `heads` (`ALL_HEADS`: every head in one launch) under the call's padding mask: its
+    non-finite values, its error on the valid rows against float32 SDPA over the valid tokens, the padding rows'
+    largest magnitude, seconds."""
     import importlib
 
     module = importlib.import_module(f"hookkit.techniques.attention.{kernel}")
@@ -88,12 +93,12 @@ def run_heads(call: dict[str, Any], kernel: str, heads: list[int]) -> list[dict[
     mask = (valid[:, None] & valid[None, :])[None, None]
     rows = []
     for h in heads:
-        head = slice(h, h + 1)
+        head = slice(None) if h == ALL_HEADS else slice(h, h + 1)
         start = time.perf_counter()
         out = module.attention(q[:, head], k[:, head], v[:, head], None, mask).float()
         seconds = time.perf_counter() - start
         exact = F.scaled_dot_product_attention(q[:, head, :n].float(), k[:, head, :n].float(), v[:, head, :n].float())
-        rows.append({"head": h, "nonfinite": _nonfinite(out),
+        rows.append({"head": "all" if h == ALL_HEADS else h, "nonfinite": _nonfinite(out),
                      "mean_rel_error_valid_rows": ((out[:, :, :n] - exact).abs().sum() / exact.abs().sum()).item(),
                      "padding_rows_max_abs": out[:, :, n:].abs().max().item(), "seconds": seconds})
         print(json.dumps(rows[-1]), flush=True)
@@ -104,7 +109,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--kernel", default="fp8_triton", choices=("fp8_triton", "int8_triton"))
-    p.add_argument("--heads", type=int, nargs="+", default=None, help="heads to run (default: every head)")
+    p.add_argument("--heads", type=int, nargs="+", default=None,
+                   help="heads to run, one launch each, -1 for all heads in one launch as the pipeline runs them "
+                        "(default: -1, then every head)")
     p.add_argument("--frames", type=int, default=81)
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "torch": torch.__version__, "kernel": args.kernel, "shape": list(q.shape), "valid": call["valid"],
               "padding_mask": call["padding_mask"],
               "amax": {n: t.float().abs().amax().item() for n, t in (("q", q), ("k", k), ("v", v))},
-              "rows": run_heads(call, args.kernel, args.heads or list(range(q.shape[1])))}
+              "rows": run_heads(call, args.kernel, args.heads or [ALL_HEADS, *range(q.shape[1])])}
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1))
     return report

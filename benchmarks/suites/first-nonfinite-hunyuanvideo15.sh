@@ -4,7 +4,7 @@
 # choice); then with hookkit's fp8 attention kernel on every block and step, which turned the output non-finite (its
 # first non-finite call, that call's inputs, and the same call unmasked and over the valid prefix), eager in bf16 and
 # with the failing bench rows' recipe (fp8 GEMMs + regional compile); then the kernel alone on the first block's own
-# masked call, every head (benchmarks/masked_attention_call.py, which the CPU ran on head 0).
+# masked call, all heads in one launch then each head (benchmarks/masked_attention_call.py; the CPU ran head 0).
 # benchmarks/first_nonfinite.py: first_nonfinite_BACKEND.json and .log, first_nonfinite_hookkit_fp8.json and .log,
 # first_nonfinite_hookkit_fp8_gemms_compile.json and .log; masked_call_gpu.json and .log. ~8 GPU minutes on one H100.
 # Settings: T_NONFINITE (seconds per run, 300), BACKENDS (default "default cudnn efficient"; "" runs none).
@@ -28,4 +28,4 @@ for recipe in "" "--fp8-gemms --compile"; do
 done
 timeout "${T_NONFINITE:-300}" python3 benchmarks/masked_attention_call.py --device cuda \
   --out "$OUT/masked_call_gpu.json" > "$OUT/masked_call_gpu.log" 2>&1
-note "masked call on the GPU rc $? $(grep -c '"nonfinite": 0,' "$OUT/masked_call_gpu.log") of 16 heads finite"
+note "masked call on the GPU rc $? $(grep -c '"nonfinite": 0,' "$OUT/masked_call_gpu.log") of 17 launches finite (all heads at once, then each)"
