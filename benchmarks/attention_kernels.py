@@ -5,7 +5,9 @@ it comes, `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as 
 the kernel in a block, `flashinfer_fp8_kernel` alone on inputs quantized once, V as it comes), and TensorRT-LLM's
 FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on its
 packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_bf16`: its bf16 kernel on `[tokens,
-heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA).
+heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA), and FlashAttention-3's own Hopper kernels
+where `benchmarks/fa3_site.py` prebuilt them (`fa3_fp8_kernel`: its e4m3 kernel alone on inputs quantized once per
+head, as FlashInfer's port of it is fed; `fa3_bf16`: its bf16 kernel).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -38,7 +40,7 @@ from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_repl
 
 KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
            "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel",
-           "fmha_v2_fp8_kernel", "fmha_v2_bf16")
+           "fmha_v2_fp8_kernel", "fmha_v2_bf16", "fa3_fp8_kernel", "fa3_bf16")
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
 FMHA_V2_WORKSPACE = 128 << 20
 
@@ -115,6 +117,8 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         return kernel_only
     if name.startswith("fmha_v2"):
         return fmha_v2_fn(name.removeprefix("fmha_v2_"))
+    if name.startswith("fa3"):
+        return fa3_fn(fp8=name == "fa3_fp8_kernel")
     from hookkit.techniques.attention import fp8_triton, int8_triton
 
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
@@ -184,6 +188,40 @@ def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
         qs, ks, vs = state["scales"]
         call(state["inputs"], state["layout"], out, batch, tokens, qs * ks * dim ** -0.5, vs)
         return out.unflatten(0, (batch, tokens)).transpose(1, 2)
+    return run
+
+
+def fa3_fn(fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """FlashAttention-3's own Hopper forward (`flash_attn_interface`, prebuilt by benchmarks/fa3_site.py) on
+    `[B, H, N, D]` inputs, bf16 out as a `[B, H, N, D]` view of its `[B, N, H, D]` output. With `fp8`, its e4m3
+    kernel alone on inputs quantized once (Q, smoothed K and V each scaled per head by amax / 448, as `flashinfer_fa3`
+    quantizes for FlashInfer's port of the same kernel, `flashinfer_fp8_kernel`); else its bf16 kernel on inputs laid
+    out as `[B, N, H, D]` once. Raises where the module is missing or off a CUDA device."""
+    from flash_attn_interface import flash_attn_func
+
+    state: dict[str, Any] = {}
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not q.is_cuda:
+            raise RuntimeError("FlashAttention-3 runs on a CUDA device only")
+        key = (id(q), id(k), id(v))
+        if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
+            if fp8:
+                k_smoothed = k.float() - k.float().mean(dim=2, keepdim=True)
+                parts, scales = [], []
+                for t in (q.float(), k_smoothed, v.float()):
+                    scale = t.abs().amax(dim=(2, 3)).clamp(min=2.0 ** -100) / 448.0  # [B, H]
+                    parts.append((t / scale[:, :, None, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+                                 .transpose(1, 2).contiguous())
+                    scales.append(scale.float().contiguous())
+                state.update(inputs=parts, descale=dict(zip(("q_descale", "k_descale", "v_descale"), scales,
+                                                            strict=True)))
+            else:
+                state.update(inputs=[t.transpose(1, 2).contiguous() for t in (q, k, v)], descale={})
+            state["key"] = key
+        out = flash_attn_func(*state["inputs"], softmax_scale=q.shape[-1] ** -0.5, causal=False, **state["descale"])
+        out = out[0] if isinstance(out, tuple) else out
+        return out.transpose(1, 2)
     return run
 
 

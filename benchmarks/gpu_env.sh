@@ -12,7 +12,9 @@
 # no flashinfer yet, unpacks it there first: FlashInfer's package and the sources its JIT compiles, and the kernels
 # prebuilt for this machine's torch where it holds them; one that does not load here is removed (FlashInfer then
 # compiles it at first use, as without it). Likewise fmha-v2-site.tar.gz (benchmarks/fmha_v2_site.py), when SITE has
-# no fmha_v2 yet: TensorRT-LLM's FMHA v2 module prebuilt and the tvm_ffi package that loads it.
+# no fmha_v2 yet: TensorRT-LLM's FMHA v2 module prebuilt and the tvm_ffi package that loads it. Likewise
+# fa3-site.tar.gz (benchmarks/fa3_site.py), when SITE has no flash_attn_3 yet: FlashAttention-3's own Hopper forward
+# module prebuilt and its Python interface.
 
 gpu_env() {  # gpu_env [REPO]
   local here repo whl site
@@ -44,6 +46,12 @@ PY
   if [ -f "$whl/fmha-v2-site.tar.gz" ] && [ ! -d "$site/fmha_v2" ]; then
     mkdir -p "$site" && tar xzf "$whl/fmha-v2-site.tar.gz" -C "$site" || {
       echo "gpu_env.sh: could not unpack $whl/fmha-v2-site.tar.gz into $site" >&2
+      return 1
+    }
+  fi
+  if [ -f "$whl/fa3-site.tar.gz" ] && [ ! -d "$site/flash_attn_3" ]; then
+    mkdir -p "$site" && tar xzf "$whl/fa3-site.tar.gz" -C "$site" || {
+      echo "gpu_env.sh: could not unpack $whl/fa3-site.tar.gz into $site" >&2
       return 1
     }
   fi
