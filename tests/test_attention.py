@@ -852,7 +852,7 @@ def test_the_benchmark_records_every_kernel_even_the_ones_that_cannot_run(tmp_pa
     rows = {r["kernel"]: r for r in json.loads(out.read_text())["results"]}
     assert list(rows) == ["sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8",
                           "flashinfer_bf16", "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled",
-                          "flashinfer_fp8_kernel", "fmha_v2_fp8_kernel", "fmha_v2_bf16"]
+                          "flashinfer_fp8_kernel", "fmha_v2_fp8_kernel", "fmha_v2_bf16", "fa3_fp8_kernel", "fa3_bf16"]
     assert rows["hookkit_int8"]["error"] is None and rows["hookkit_int8"]["max_abs_error"] < 0.05
     assert rows["hookkit_fp8"]["error"] is None and rows["hookkit_fp8"]["mean_rel_error"] < 0.05
     assert len(rows["hookkit_int8"]["times_ms"]) == len(rows["hookkit_fp8"]["times_ms"]) == 2
@@ -860,6 +860,7 @@ def test_the_benchmark_records_every_kernel_even_the_ones_that_cannot_run(tmp_pa
     assert rows["flashinfer_fp8"]["error"] is not None and rows["flashinfer_fp8"]["times_ms"] == []  # no CPU kernel
     assert rows["flashinfer_fp8_compiled"]["error"].startswith("ModuleNotFoundError")  # refused before compiling
     assert rows["fmha_v2_fp8_kernel"]["error"] is not None and rows["fmha_v2_fp8_kernel"]["times_ms"] == []
+    assert rows["fa3_fp8_kernel"]["error"] is not None and rows["fa3_fp8_kernel"]["times_ms"] == []
 
 
 # --- GPU: the kernels at a video shape -----------------------------------------------------------------------------
