@@ -7,7 +7,8 @@
 # over the valid prefix), eager in bf16 and with the failing bench rows' recipe (fp8 GEMMs + regional compile).
 # benchmarks/first_nonfinite.py: first_nonfinite_BACKEND.json and .log, first_nonfinite_hookkit_fp8.json and .log,
 # first_nonfinite_hookkit_fp8_gemms_compile.json and .log; masked_call_gpu.json and .log. ~8 GPU minutes on one H100.
-# Settings: T_NONFINITE (seconds per run, 300), BACKENDS (default "default cudnn efficient"; "" runs none).
+# Settings: T_NONFINITE (seconds per run, 300), BACKENDS (default "default cudnn efficient"; "" runs none), RECIPES
+# (the kernel's runs: default "eager gemms-compile").
 source "$(dirname "$0")/../suite_lib.sh"
 timeout "${T_NONFINITE:-300}" python3 benchmarks/masked_attention_call.py --device cuda \
   --out "$OUT/masked_call_gpu.json" > "$OUT/masked_call_gpu.log" 2>&1
@@ -20,7 +21,9 @@ for backend in ${BACKENDS-default cudnn efficient}; do
     > "$OUT/first_nonfinite_$backend.log" 2>&1
   note "first-nonfinite $backend rc $? $(grep -E '^(output finite|\{)' "$OUT/first_nonfinite_$backend.log" | tr '\n' ' ' | cut -c1-400)"
 done
-for recipe in "" "--fp8-gemms --compile"; do
+for which in ${RECIPES-eager gemms-compile}; do
+  recipe=""
+  [ "$which" = gemms-compile ] && recipe="--fp8-gemms --compile"
   name=hookkit_fp8${recipe:+_gemms_compile}
   # shellcheck disable=SC2086  # the recipe's flags, split
   timeout "${T_NONFINITE:-300}" python3 benchmarks/first_nonfinite.py --model hunyuanvideo15 --full --height 480 \
