@@ -13,10 +13,9 @@ arithmetic. The checks read values back to the host: a diagnosis, not a timing.
     python benchmarks/first_nonfinite.py --model hunyuanvideo15 --steps 1 --device cpu      (the tiny model)
 
 `--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=..., full_first=0,
-full_last=0)`: the kernel on every block and step (masked calls of any length, `hooks.MASKED_MAX_KEYS` lifted), and
-records the kernel's first call whose output is non-finite: its inputs' largest magnitudes and per-block scales, the
-mask, how many output rows are non-finite, whether SDPA on the same inputs is finite, and the same call unmasked and
-over the mask's valid prefix. `--fp8-gemms` adds `hookkit.Quantize(scheme="fp8_row")` and `--compile` hookkit's
+full_last=0)`: the kernel on every block and step, and records the kernel's first call whose output is non-finite:
+its inputs' largest magnitudes and per-block scales, the mask, how many output rows are non-finite, whether SDPA on
+the same inputs is finite, and the same call unmasked and over the mask's valid prefix. `--fp8-gemms` adds `hookkit.Quantize(scheme="fp8_row")` and `--compile` hookkit's
 regional compile, the recipe of the bench rows whose output was non-finite; under `--compile` only the kernel's calls
 and the transformer's output are watched (compiled regions would take the module hooks and SDPA watch in).
 """
@@ -186,9 +185,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kernel_calls: list[dict[str, Any]] = []
     if args.hookkit_attention is not None or args.fp8_gemms or args.compile:
         import hookkit
-        from hookkit.techniques.attention import hooks
-
-        hooks.MASKED_MAX_KEYS = sys.maxsize  # the guard lifted: the kernel takes the masked calls it turned non-finite
         attention = None if args.hookkit_attention is None else hookkit.Attention(
             low_precision=args.hookkit_attention, full_first=0, full_last=0)
         hookkit.enable(pipe, hookkit.Spec(

@@ -127,11 +127,32 @@ def test_the_op_is_eager_torchaos_per_row_quantization_of_the_concatenation() ->
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
 
     attn, mlp = inputs(32, 128)
-    expected = Float8Tensor.from_hp(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=-1), granularity=PerRow())
+    expected = Float8Tensor.from_hp(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=-1), granularity=PerRow(),
+                                    hp_value_lb=fp8_rows.AMAX_FLOOR)
     data, scale = fp8_quantize_rows([attn, mlp], [False, True])
     assert data.dtype == torch.float8_e4m3fn and data.shape == (1, 8, 160) and scale.shape == (1, 8, 1)
     assert torch.equal(data.view(torch.uint8), expected.qdata.view(torch.uint8))
     assert torch.equal(scale, expected.scale)
+
+
+def test_an_all_zero_row_quantizes_to_zeros_with_torchaos_lower_bound() -> None:
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
+
+    attn, mlp = inputs(32, 128)
+    attn[0, 3], mlp[0, 3] = 0.0, 0.0  # gelu(0) is 0: row 3 is all zero
+    expected = Float8Tensor.from_hp(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=-1), granularity=PerRow(),
+                                    hp_value_lb=fp8_rows.AMAX_FLOOR)
+    data, scale = fp8_quantize_rows([attn, mlp], [False, True])
+    assert torch.equal(data[0, 3].view(torch.uint8), torch.zeros(160, dtype=torch.uint8))
+    assert scale[0, 3, 0].item() == float(torch.tensor(2.0 ** -14, dtype=torch.bfloat16) / 448)
+    assert torch.equal(data.view(torch.uint8), expected.qdata.view(torch.uint8)) and torch.equal(scale, expected.scale)
+
+
+def test_the_kernels_amax_floor_is_the_one_hookkits_fp8_configs_give_torchao() -> None:
+    from hookkit.techniques.quantize.torchao import ACTIVATION_AMAX_FLOOR
+
+    assert fp8_rows.AMAX_FLOOR == ACTIVATION_AMAX_FLOOR
 
 
 def test_the_op_refuses_pieces_of_different_rows() -> None:
@@ -543,7 +564,8 @@ for rows in (1, 5):
     q = torch.empty(48, {width}, dtype=torch.float8_e4m3fn)
     s = torch.empty(48, 1)
     kernels._fp8_quantize_layer_norm_rows_kernel[(-(-24 // rows), 2)](
-        flat, a_rows, b_rows, q, s, {width}, 24, flat.stride(0), stride_a, stride_b, 1e-6, BLOCK={block}, PTX=False,
+        flat, a_rows, b_rows, q, s, {width}, 24, flat.stride(0), stride_a, stride_b, 1e-6,
+        kernels.floor_in(torch.bfloat16), BLOCK={block}, PTX=False,
         ROUNDED={not float_form}, ROWS=rows)
     out[rows] = (q.view(torch.uint8), s)
 print(json.dumps({{"rows": 48, "scales_equal": [int((out[r][1] == ref.reshape(48, 1)).sum()) for r in (1, 5)],
@@ -608,6 +630,7 @@ def test_gpu_the_kernel_without_gelu_is_bitwise_the_reference(dtype: torch.dtype
     g = torch.Generator(device="cuda").manual_seed(0)
     pieces = [torch.randn(37, 8, w, generator=g, device="cuda").to(dtype) * 3 for w in (300, 1200)]
     pieces[0][0, 0, :2] = torch.tensor([-0.0, 0.0])  # the fp8 codes of -0 and +0 differ: the sign must survive
+    pieces[0][1, 2], pieces[1][1, 2] = 0.0, 0.0  # an all-zero row: zero codes, the scale of AMAX_FLOOR
     assert_kernel_is_bitwise_the_reference(pieces)
 
 

@@ -492,6 +492,30 @@ def test_every_scheme_maps_to_a_torchao_config_that_leaves_inductor_alone() -> N
     assert [type(g).__name__ for g in make_config("fp8_tensor").granularity] == ["PerTensor", "PerTensor"]
 
 
+@pytest.mark.parametrize("scheme", ["fp8_row", "fp8_tensor"])
+def test_the_fp8_schemes_bound_the_activation_amax_below(scheme: str) -> None:
+    # without the bound an all-zero row is quantized with the scale 0: 0 / 0 = NaN in the Linear's output
+    assert make_config(scheme).activation_value_lb == quantize_module.ACTIVATION_AMAX_FLOOR == 2.0 ** -14
+
+
+@pytest.mark.parametrize("scheme", ["fp8_row", "fp8_tensor"])
+def test_an_fp8_linear_gives_an_all_zero_input_row_its_bias(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an attention output row of a fully masked query is 0 (HunyuanVideo 1.5's padding tokens under hookkit's fp8
+    # attention kernel); its output projection must give the bias there, as bf16 does, not NaN
+    from torchao.quantization import quant_api, quantize_
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    x[1] = 0.0
+    quantize_(layer, make_config(scheme))
+    with torch.no_grad():
+        out = layer(x)
+    assert bool(torch.isfinite(out).all())
+    assert torch.equal(out[1], layer.bias)
+
+
 def test_mx_schemes_without_torchaos_prototype_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchao.prototype.mx_formats", None)  # makes the import fail
     for scheme in ("nvfp4", "mxfp8"):

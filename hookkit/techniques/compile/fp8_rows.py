@@ -34,6 +34,10 @@ from hookkit.techniques.compile.graph_pass import has_triton as _has_triton, is_
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448.0
+#: the smallest row amax the scale is taken from: `quantize.torchao.ACTIVATION_AMAX_FLOOR`, which hookkit's fp8 configs
+#: give torchao (an all-zero row then quantizes to zeros, not 0 / 0 = NaN). The pass also rewrites a quantization
+#: without that bound (a torchao config of the user's); the kernels then give such a row zeros where eager gives NaN.
+AMAX_FLOOR = 2.0 ** -14
 #: the widest piece the kernel holds in registers (4 chunks of 4,096 columns); wider ones stay inductor's
 MAX_WIDTH = 16384
 #: pieces per row the kernel takes (Flux: attention + MLP)
@@ -49,10 +53,11 @@ DEVICES: tuple[str, ...] = ("cuda",)
 
 
 def _reference(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager torchao's arithmetic, op for op (`_choose_scale_float8` + `_quantize_affine_float8`, per row)."""
+    """Eager torchao's arithmetic, op for op (`_choose_scale_float8` with `AMAX_FLOOR` as its lower bound +
+    `_quantize_affine_float8`, per row)."""
     parts = [F.gelu(p, approximate="tanh") if g else p for p, g in zip(pieces, gelu, strict=True)]
     x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).to(torch.float32)
+    scale = (x.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / FP8_MAX).to(torch.float32)
     return (x.to(torch.float32) / scale).clamp(min=-FP8_MAX, max=FP8_MAX).to(FP8), scale
 
 
@@ -236,9 +241,32 @@ def gelu_tanh_source(node: Any) -> torch.fx.Node | None:
     return None
 
 
+def _floored(node: Any) -> Any:
+    """A of torchao's lower bound on the amax A (`activation_value_lb`, `AMAX_FLOOR`), else `node` itself. Post-grad, a
+    bf16/fp16 A is bounded in float32 and rounded back: `convert(clamp_min(convert(A, f32), AMAX_FLOOR), A.dtype)`;
+    a float32 A as `clamp_min(A, AMAX_FLOOR)` (or `clamp(A, AMAX_FLOOR)`)."""
+    rounded = node if _is(node, _CONVERT) and node.args[1] in _LOW else None
+    inner = rounded.args[0] if rounded is not None else node
+    if _is(inner, aten.clamp.default) and len(inner.args) >= 2 and _number(inner.args[1], AMAX_FLOOR) \
+            and (len(inner.args) < 3 or inner.args[2] is None) and not inner.kwargs:
+        amax = inner.args[0]
+    else:
+        amax = _split(inner, aten.clamp_min.default, AMAX_FLOOR)
+    if amax is None:
+        return node
+    if rounded is not None:  # the bound taken in float32: A came in as convert(A, f32), and goes back to A's dtype
+        if not (_is(amax, _CONVERT) and amax.args[1] == torch.float32):
+            return node
+        amax = amax.args[0]
+        if _val(amax) is None or _val(amax).dtype != rounded.args[1]:
+            return node
+    return amax
+
+
 def _row_quantization(q: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
     """(X, scale) when `q` is torchao's per-row fp8 quantization of X (last dimension, e4m3, 448):
-    `convert(clamp_max(clamp_min(convert(X, f32) / s, -448), 448), e4m3)`, `s = convert(amax(|X|, [-1], True) / 448, f32)`."""
+    `convert(clamp_max(clamp_min(convert(X, f32) / s, -448), 448), e4m3)`, `s = convert(amax(|X|, [-1], True) / 448, f32)`
+    (the amax floored at `AMAX_FLOOR` or not)."""
     if not _is(q, _CONVERT) or q.args[1] != FP8:
         return None
     clamped = q.args[0]
@@ -257,7 +285,7 @@ def _row_quantization(q: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] |
     if not (_is(xf, _CONVERT) and xf.args[1] == torch.float32 and _is(scale, _CONVERT) and scale.args[1] == torch.float32):
         return None
     x = xf.args[0]
-    amax = _split(scale.args[0], aten.div.Tensor, FP8_MAX)
+    amax = _floored(_split(scale.args[0], aten.div.Tensor, FP8_MAX))
     if not _is(amax, aten.amax.default) or not _is(amax.args[0], aten.abs.default) or amax.args[0].args[0] is not x:
         return None
     val = _val(x)

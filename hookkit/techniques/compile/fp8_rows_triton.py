@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from hookkit.techniques.compile.fp8_rows import AMAX_FLOOR
+
 #: columns per register chunk; a piece takes at most MAX_CHUNKS of them (wider pieces stay inductor's: fp8_rows)
 CHUNK = 4096
 MAX_CHUNKS = 4
@@ -68,7 +70,7 @@ def _put(q_ptr, offset, x, scale, inverse, width, C: tl.constexpr, CHUNK: tl.con
 
 # One program per row: up to 4 chunks of piece A and 4 of piece B held in registers, read once.
 @triton.jit
-def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stride_a, stride_b,
+def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stride_a, stride_b, floor,
                               CHUNK: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
                               GELU_A: tl.constexpr, GELU_B: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -95,6 +97,7 @@ def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stri
     if NB > 3:
         b3 = _chunk(b_ptr, row, stride_b, width_b, 3, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b3))
+    amax = tl.maximum(amax, floor)  # torchao's lower bound (fp8_rows.AMAX_FLOOR in the input dtype)
     # eager divides the amax by 448 in the input dtype: IEEE division (div_rn), rounded to that dtype
     scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(a_ptr.dtype.element_ty).to(tl.float32)
     inverse = tl.math.div_rn(scale * 0.0 + 1.0, scale)
@@ -115,6 +118,11 @@ def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stri
     if NB > 3:
         _put(q_ptr, out + width_a, b3, scale, inverse, width_b, 3, CHUNK, FAST)
     tl.store(s_ptr + row, scale)
+
+
+def floor_in(dtype: torch.dtype) -> float:
+    """`fp8_rows.AMAX_FLOOR` as eager's clamp of a `dtype` amax rounds it (the same value in bf16 and fp16)."""
+    return float(torch.tensor(AMAX_FLOOR, dtype=dtype))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -140,7 +148,7 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
         lanes = (na + nb) * chunk
         with torch.cuda.device(a.device):
             _fp8_quantize_rows_kernel[(rows,)](
-                a, b, q, s, width_a, width_b, a.stride(0), b.stride(0), CHUNK=chunk, NA=na, NB=nb,
+                a, b, q, s, width_a, width_b, a.stride(0), b.stride(0), floor_in(a.dtype), CHUNK=chunk, NA=na, NB=nb,
                 GELU_A=bool(gelu[0]), GELU_B=bool(two and gelu[1]), FAST=bool(fast),
                 num_warps=8 if lanes >= 8192 else 4 if lanes >= 2048 else 2)
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)
@@ -175,7 +183,7 @@ def ptx() -> bool:
 # token of a batch element: loaded once per program, not once per row (float32 rows of 5,120 are 40 KB a token).
 @triton.jit
 def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, width, tokens, stride_h, stride_a,
-                                         stride_b, eps, BLOCK: tl.constexpr, PTX: tl.constexpr,
+                                         stride_b, eps, floor, BLOCK: tl.constexpr, PTX: tl.constexpr,
                                          ROUNDED: tl.constexpr, ROWS: tl.constexpr):
     batch = tl.program_id(1).to(tl.int64)
     first = tl.program_id(0).to(tl.int64) * ROWS
@@ -196,7 +204,7 @@ def _fp8_quantize_layer_norm_rows_kernel(h_ptr, a_ptr, b_ptr, q_ptr, s_ptr, widt
                 y = _round_bf16(_round_bf16(_round_bf16(normed, PTX) * a, PTX) + b, PTX)
             else:
                 y = _round_bf16(normed * a + b, PTX)
-            amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0)
+            amax = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0), floor)
             scale = _round_bf16(tl.math.div_rn(amax, amax * 0.0 + 448.0), PTX)
             q = tl.clamp(y / scale, -448.0, 448.0)
             tl.store(q_ptr + row * width + cols, q.to(tl.float8e4nv), mask=mask)
@@ -236,7 +244,7 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
         rows = LAYER_NORM_ROWS[rounded] if rows_per_program is None else rows_per_program
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(triton.cdiv(tokens, rows), batch)](
-                flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), BLOCK=block,
+                flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), floor_in(torch.bfloat16), BLOCK=block,
                 PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded, ROWS=rows,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)

@@ -112,6 +112,17 @@ _GPUS = {(8, 9): "Ada, Hopper or Blackwell, e.g. L4, L40S, H100, H200, B200",
          (10, 0): "Blackwell, e.g. B200, GB200, RTX PRO 6000"}
 
 
+#: the smallest activation amax torchao's dynamic fp8 quantization scales by (`activation_value_lb`). Why: without it
+#: an all-zero row (or tensor) gets the scale 0 and quantizes to 0 / 0 = NaN, and the Linear's output row is NaN
+#: (torchao 0.17, eager and compiled). Zero rows are real: attention under a padding mask gives its fully masked
+#: queries 0 (SDPA's and hookkit's kernels), and HunyuanVideo 1.5's output projection then turned the whole video
+#: non-finite (BENCHMARKS.md). With the floor a zero row quantizes to zeros, as bf16 computes it. 2**-14: exact in
+#: bf16 and fp16, and its scale (2**-14 / 448, taken in the input's dtype) is not 0 in fp16 either; only rows whose
+#: largest value is below it (about 6e-5) are scaled differently, still finely. `compile.fp8_rows.AMAX_FLOOR` is the
+#: same value (its fused kernels match it).
+ACTIVATION_AMAX_FLOOR = 2.0 ** -14
+
+
 def make_config(scheme: str) -> Any:
     """The torchao config of `scheme`, never allowed to change global inductor settings.
 
@@ -131,10 +142,10 @@ def make_config(scheme: str) -> Any:
             )
     except ImportError as exc:
         raise UnsupportedError(f"Quantize(scheme={scheme!r}) needs torchao: pip install 'torchao>=0.17' ({exc}).") from None
-    if scheme == "fp8_row":
-        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
-    if scheme == "fp8_tensor":
-        return Float8DynamicActivationFloat8WeightConfig(granularity=PerTensor(), set_inductor_config=False)
+    if scheme in ("fp8_row", "fp8_tensor"):
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if scheme == "fp8_row" else PerTensor(),
+                                                         activation_value_lb=ACTIVATION_AMAX_FLOOR,
+                                                         set_inductor_config=False)
     if scheme == "fp8_weight_only":
         return Float8WeightOnlyConfig(set_inductor_config=False)
     # version=2 (Int8Tensor): the default of torchao 0.18, opt-in on 0.17 where version 1 is deprecated.
