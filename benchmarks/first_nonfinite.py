@@ -15,9 +15,10 @@ arithmetic. The checks read values back to the host: a diagnosis, not a timing.
 `--hookkit-attention hookkit_fp8` runs the call with `hookkit.Attention(low_precision=..., full_first=0,
 full_last=0)`: the kernel on every block and step, and records the kernel's first call whose output is non-finite:
 its inputs' largest magnitudes and per-block scales, the mask, how many output rows are non-finite, whether SDPA on
-the same inputs is finite, and the same call unmasked and over the mask's valid prefix. `--fp8-gemms` adds `hookkit.Quantize(scheme="fp8_row")` and `--compile` hookkit's
-regional compile, the recipe of the bench rows whose output was non-finite; under `--compile` only the kernel's calls
-and the transformer's output are watched (compiled regions would take the module hooks and SDPA watch in).
+the same inputs is finite, and the same call unmasked and over the mask's valid prefix. `--fp8-gemms` adds
+`hookkit.Quantize(scheme="fp8_row")` and `--compile` hookkit's regional compile, the recipe of the bench rows whose
+output was non-finite; under `--compile` only the kernel's calls and the transformer's output are watched (compiled
+regions would take the module hooks and SDPA watch in).
 """
 
 from __future__ import annotations

@@ -98,11 +98,13 @@ def kernel_split(fn: Any, calls: int = 10) -> dict[str, Any]:
 
 
 def compiled_row(name: str, option: str, m: int) -> dict[str, Any]:
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    from torchao.quantization import quantize_
+
+    from hookkit.techniques.quantize.torchao import make_config
 
     cls, inputs = patterns(m)[name]
     module = cls().to("cuda", torch.bfloat16).eval()
-    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
+    quantize_(module, make_config("fp8_row"))  # hookkit's fp8 per-row config (its amax bound included)
     torch._dynamo.reset()
     extra: dict[str, Any] = dict(OPTIONS[option])
     rows = None

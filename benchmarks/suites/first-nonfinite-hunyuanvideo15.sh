@@ -12,7 +12,8 @@
 source "$(dirname "$0")/../suite_lib.sh"
 timeout "${T_NONFINITE:-300}" python3 benchmarks/masked_attention_call.py --device cuda \
   --out "$OUT/masked_call_gpu.json" > "$OUT/masked_call_gpu.log" 2>&1
-note "masked call on the GPU rc $? $(grep -c '"nonfinite": 0,' "$OUT/masked_call_gpu.log") of 17 launches finite (all heads at once, then each)"
+note "masked call on the GPU rc $? $(grep -c '"nonfinite": 0,' "$OUT/masked_call_gpu.log") of 17 launches finite" \
+  "(all heads at once, then each)"
 for backend in ${BACKENDS-default cudnn efficient}; do
   sdpa=()
   [ "$backend" = default ] || sdpa=(--sdpa "$backend")

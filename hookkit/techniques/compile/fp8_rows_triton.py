@@ -244,7 +244,8 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
         rows = LAYER_NORM_ROWS[rounded] if rows_per_program is None else rows_per_program
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(triton.cdiv(tokens, rows), batch)](
-                flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps), floor_in(torch.bfloat16), BLOCK=block,
-                PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded, ROWS=rows,
+                flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps),
+                floor_in(torch.bfloat16), BLOCK=block, PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded,
+                ROWS=rows,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)
