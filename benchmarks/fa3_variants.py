@@ -20,6 +20,7 @@ Variants (--variant):
     tile192x128  {192, 128, true, true}, each only where none of causal, local, paged KV (non-TMA), V column-major,
                  softcap apply; every other case, bf16 included, keeps FA3's choice. The host (flash_api) calls the
                  same function with the same arguments, so its scheduler sees the same tile.
+    ptxas128-<tile>  both: the tile patch, built with ptxas 12.8.
 
     python benchmarks/fa3_variants.py --variant ptxas128 --ptxas /tmp/fa3/pt128/x/nvidia/cuda_nvcc/bin/ptxas \\
         --aot-python /tmp/torch211/bin/python \\
@@ -47,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fa3_site  # noqa: E402
 
 TILES = {"tile128x256": (128, 256), "tile128x192": (128, 192), "tile192x128": (192, 128)}
-VARIANTS = ("ptxas128", *TILES)
+VARIANTS = ("ptxas128", *TILES, *(f"ptxas128-{tile}" for tile in TILES))
 
 #: FA3's fp8 hdim<=128 line of tile_size_fwd_sm90 (0251105a2fb1)
 FP8_HDIM128 = ("            return {128, paged_kv_non_TMA ? 160 : (v_colmajor || (softcap && is_local) ? 192 : 224), "
@@ -75,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
                    help="ptxas 12.8 (bin/ptxas of the nvidia-cuda-nvcc-cu12==12.8.93 wheel); for ptxas128")
     p.add_argument("--variants-dir", type=Path, default=Path("/tmp/fa3/variants"))
     mine, rest = p.parse_known_args(argv)
-    if mine.variant == "ptxas128" and (mine.ptxas is None or not mine.ptxas.is_file()):
+    if mine.variant.startswith("ptxas128") and (mine.ptxas is None or not mine.ptxas.is_file()):
         p.error("--variant ptxas128 needs --ptxas PATH (pip download --no-deps nvidia-cuda-nvcc-cu12==12.8.93, "
                 "unzip, nvidia/cuda_nvcc/bin/ptxas)")
     folder = mine.variants_dir / mine.variant
@@ -161,14 +162,16 @@ def main(argv: list[str] | None = None) -> Path:
         src = work / "src"
         fa_commit, cutlass_commit = fa3_site.lay_out(args, src)
         print(f"flash-attention {fa_commit}, CUTLASS {cutlass_commit}", flush=True)
-        if mine.variant == "ptxas128":
+        diff = ""
+        tile = mine.variant.removeprefix("ptxas128").removeprefix("-")
+        if tile:
+            diff += patch_tile(src / "hopper", TILES[tile])
+        if mine.variant.startswith("ptxas128"):
             overlay = cuda_overlay(mine.ptxas.resolve(), work / "cuda-ptxas128")
             os.environ["CUDA_HOME"] = str(overlay)
-            diff = ("# no source change; CUDA_HOME is an overlay of CUDA 13.0 whose bin/ptxas is this wrapper around\n"
-                    "# ptxas 12.8.93 (nvidia-cuda-nvcc-cu12==12.8.93), copied to <overlay>/ptxas-12.8/ptxas\n"
-                    + "".join(difflib.unified_diff([], WRAPPER.splitlines(True), "/dev/null", "b/<overlay>/bin/ptxas")))
-        else:
-            diff = patch_tile(src / "hopper", TILES[mine.variant])
+            diff += ("# CUDA_HOME is an overlay of CUDA 13.0 whose bin/ptxas is this wrapper around\n"
+                     "# ptxas 12.8.93 (nvidia-cuda-nvcc-cu12==12.8.93), copied to <overlay>/ptxas-12.8/ptxas\n"
+                     + "".join(difflib.unified_diff([], WRAPPER.splitlines(True), "/dev/null", "b/<overlay>/bin/ptxas")))
         (folder / "patch.diff").write_text(diff)
         env = fa3_site.build_env(args.aot_python, src, args.jobs)
         fa3_site.check_toolchain(args.aot_python, env)
