@@ -123,7 +123,8 @@ def patch_tile(hopper: Path, tile: tuple[int, int]) -> str:
                                         "a/hopper/tile_size.h", "b/hopper/tile_size.h"))
 
 
-KERNEL = re.compile(r"Function properties for (_ZN7cutlass13device_kernelIN5flash11enable_sm90INS1_16FlashAttnFwdSm90\S*)")
+KERNEL = re.compile(r"Function properties for "
+                    r"(_ZN7cutlass13device_kernelIN5flash11enable_sm90INS1_16FlashAttnFwdSm90\S*)")
 
 
 def resource_lines(log: Path) -> str:
@@ -135,11 +136,13 @@ def resource_lines(log: Path) -> str:
         if not match:
             continue
         name = match.group(1)
-        tile = re.search(r"NS6_IJNS7_ILi(\d+)EEENS7_ILi(\d+)EEE", name) or re.search(r"ILi(\d+)EEENS\d*_ILi(\d+)EEE", name)
+        tile = (re.search(r"NS6_IJNS7_ILi(\d+)EEENS7_ILi(\d+)EEE", name)
+                or re.search(r"ILi(\d+)EEENS\d*_ILi(\d+)EEE", name))
         dtype = "e4m3" if "float_e4m3_t" in name else "bf16"
         flags = re.search(r"NS_4arch4Sm90E((?:Lb[01]E)+)", name)
         causal = flags and flags.group(1).startswith("Lb1")
-        sched = re.search(r"NS1_\d+(StaticPersistent|DynamicPersistent|SingleTile|VarlenDynamicPersistent)\w*?TileScheduler", name)
+        sched = re.search(r"NS1_\d+(StaticPersistent|DynamicPersistent|SingleTile|VarlenDynamicPersistent)"
+                          r"\w*?TileScheduler", name)
         spill = next((l.strip() for l in lines[i + 1:i + 3] if "spill" in l), "?")
         regs = next((re.search(r"Used \d+ registers", l).group(0) for l in lines[i + 1:i + 4]
                      if re.search(r"Used \d+ registers", l)), "?")
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> Path:
             os.environ["CUDA_HOME"] = str(overlay)
             diff += ("# CUDA_HOME is an overlay of CUDA 13.0 whose bin/ptxas is this wrapper around\n"
                      "# ptxas 12.8.93 (nvidia-cuda-nvcc-cu12==12.8.93), copied to <overlay>/ptxas-12.8/ptxas\n"
-                     + "".join(difflib.unified_diff([], WRAPPER.splitlines(True), "/dev/null", "b/<overlay>/bin/ptxas")))
+                     + "".join(difflib.unified_diff([], WRAPPER.splitlines(True), "/dev/null",
+                                                    "b/<overlay>/bin/ptxas")))
         (folder / "patch.diff").write_text(diff)
         env = fa3_site.build_env(args.aot_python, src, args.jobs)
         fa3_site.check_toolchain(args.aot_python, env)
