@@ -214,7 +214,7 @@ def layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[dict
     variants = [(True, None), (False, None)] + [(True, n) for n in args.adaln_rows]
     for use_ptx, per_program in variants:
         fn = lambda use_ptx=use_ptx, n=per_program: fp8_rows_triton.quantize_layer_norm(  # noqa: E731
-            h, a, b, EPS, use_ptx=use_ptx, rows_per_program=n)
+            h, a, b, EPS, use_ptx=use_ptx, rows_per_program=n, floor=fp8_rows.floor_in(h.dtype))
         times = timed_us(fn, args.iters, args.runs)
         data, scale = fn()
         name = ("ptx" if use_ptx else "int") + ("" if per_program is None else f", {per_program} tokens a program")
@@ -239,10 +239,11 @@ def wan_layer_norm_rows(args: argparse.Namespace, device: torch.device) -> list[
 
     traffic = h.numel() * 3  # bf16 read, fp8 written
     variants = {"inductor": torch.compile(lambda: fp8_rows._float_layer_norm_reference(h, a, b, EPS), fullgraph=True),
-                "kernel": lambda: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, rounded=False)}
+                "kernel": lambda: fp8_rows_triton.quantize_layer_norm(h, a, b, EPS, rounded=False,
+                                                                      floor=fp8_rows.floor_in(h.dtype))}
     for n in args.adaln_rows:
         variants[f"kernel, {n} tokens a program"] = lambda n=n: fp8_rows_triton.quantize_layer_norm(
-            h, a, b, EPS, rounded=False, rows_per_program=n)
+            h, a, b, EPS, rounded=False, rows_per_program=n, floor=fp8_rows.floor_in(h.dtype))
     rows = []
     for name, fn in variants.items():
         times = timed_us(fn, args.iters, args.runs)

@@ -565,7 +565,7 @@ for rows in (1, 5):
     s = torch.empty(48, 1)
     kernels._fp8_quantize_layer_norm_rows_kernel[(-(-24 // rows), 2)](
         flat, a_rows, b_rows, q, s, {width}, 24, flat.stride(0), stride_a, stride_b, 1e-6,
-        kernels.floor_in(torch.bfloat16), BLOCK={block}, PTX=False,
+        fp8_rows.floor_in(torch.bfloat16), BLOCK={block}, PTX=False,
         ROUNDED={not float_form}, ROWS=rows)
     out[rows] = (q.view(torch.uint8), s)
 print(json.dumps({{"rows": 48, "scales_equal": [int((out[r][1] == ref.reshape(48, 1)).sum()) for r in (1, 5)],

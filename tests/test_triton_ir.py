@@ -157,24 +157,24 @@ def test_int8_attention_kernel_builds_for_hopper(masked: bool) -> None:
 
 @pytest.mark.parametrize("two,gelu,fast", [(False, False, False), (True, True, True)])
 def test_fp8_rows_kernel_builds_for_hopper(two: bool, gelu: bool, fast: bool) -> None:
-    types = _typed("a_ptr b_ptr q_ptr s_ptr width_a width_b stride_a stride_b",
-                   ["*bf16", "*bf16", "*fp8e4nv", "*fp32"] + ["i32"] * 4)
+    types = _typed("a_ptr b_ptr q_ptr s_ptr width_a width_b stride_a stride_b floor",
+                   ["*bf16", "*bf16", "*fp8e4nv", "*fp32"] + ["i32"] * 4 + ["fp32"])
     text = triton_ir(fp8_rows_triton._fp8_quantize_rows_kernel, types,
                      dict(CHUNK=1024, NA=3, NB=2 if two else 0, GELU_A=gelu, GELU_B=gelu and two, FAST=fast))
     assert "tt.store" in text
 
 
 def test_fp8_layer_norm_rows_kernel_builds_for_hopper() -> None:
-    types = _typed("h_ptr a_ptr b_ptr q_ptr s_ptr width tokens stride_h stride_a stride_b eps",
-                   ["*bf16", "*bf16", "*bf16", "*fp8e4nv", "*fp32"] + ["i32"] * 5 + ["fp32"])
+    types = _typed("h_ptr a_ptr b_ptr q_ptr s_ptr width tokens stride_h stride_a stride_b eps floor",
+                   ["*bf16", "*bf16", "*bf16", "*fp8e4nv", "*fp32"] + ["i32"] * 5 + ["fp32"] * 2)
     text = triton_ir(fp8_rows_triton._fp8_quantize_layer_norm_rows_kernel, types,
                      dict(BLOCK=4096, PTX=True, ROUNDED=True, ROWS=4), num_warps=8)
     assert "cvt.rn.bf16.f32" in text
 
 
 def test_fp8_layer_norm_rows_kernel_builds_for_hopper_in_wans_float32_form() -> None:
-    types = _typed("h_ptr a_ptr b_ptr q_ptr s_ptr width tokens stride_h stride_a stride_b eps",
-                   ["*bf16", "*fp32", "*fp32", "*fp8e4nv", "*fp32"] + ["i32"] * 5 + ["fp32"])
+    types = _typed("h_ptr a_ptr b_ptr q_ptr s_ptr width tokens stride_h stride_a stride_b eps floor",
+                   ["*bf16", "*fp32", "*fp32", "*fp8e4nv", "*fp32"] + ["i32"] * 5 + ["fp32"] * 2)
     text = triton_ir(fp8_rows_triton._fp8_quantize_layer_norm_rows_kernel, types,
                      dict(BLOCK=8192, PTX=True, ROUNDED=False, ROWS=fp8_rows_triton.LAYER_NORM_ROWS[False]),
                      num_warps=8)  # the form's default tokens a program

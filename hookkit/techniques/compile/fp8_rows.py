@@ -52,6 +52,12 @@ DEVICES: tuple[str, ...] = ("cuda",)
 # --- the op ------------------------------------------------------------------------------------------------
 
 
+def floor_in(dtype: torch.dtype) -> float:
+    """`AMAX_FLOOR` as eager's clamp of a `dtype` amax holds it (the same value in bf16, fp16 and fp32): the bound
+    the Triton kernels take."""
+    return float(torch.tensor(AMAX_FLOOR, dtype=dtype))
+
+
 def _reference(pieces: Sequence[torch.Tensor], gelu: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager torchao's arithmetic, op for op (`_choose_scale_float8` with `AMAX_FLOOR` as its lower bound +
     `_quantize_affine_float8`, per row)."""
@@ -81,7 +87,7 @@ def _triton_quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast:
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     from hookkit.techniques.compile import fp8_rows_triton  # imports triton: CUDA only, on first use
 
-    return fp8_rows_triton.quantize(pieces, gelu, fast)
+    return fp8_rows_triton.quantize(pieces, gelu, fast, floor=floor_in(pieces[0].dtype))
 
 
 @torch.library.custom_op("hookkit::fp8_quantize_rows", mutates_args=())
@@ -141,7 +147,7 @@ def fp8_quantize_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torch.Tens
     if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
         from hookkit.techniques.compile import fp8_rows_triton
 
-        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps)
+        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps, floor=floor_in(h.dtype))
     return _layer_norm_reference(h, a, b, eps)
 
 
@@ -180,7 +186,7 @@ def fp8_quantize_float_layer_norm_rows(h: torch.Tensor, a: torch.Tensor, b: torc
     if h.is_cuda and _has_triton() and h.dtype == torch.bfloat16 and h.shape[-1] <= LAYER_NORM_MAX_WIDTH:
         from hookkit.techniques.compile import fp8_rows_triton
 
-        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps, rounded=False)
+        return fp8_rows_triton.quantize_layer_norm(h, a, b, eps, rounded=False, floor=floor_in(h.dtype))
     return _float_layer_norm_reference(h, a, b, eps)
 
 

@@ -19,8 +19,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from hookkit.techniques.compile.fp8_rows import AMAX_FLOOR
-
 #: columns per register chunk; a piece takes at most MAX_CHUNKS of them (wider pieces stay inductor's: fp8_rows)
 CHUNK = 4096
 MAX_CHUNKS = 4
@@ -97,7 +95,7 @@ def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stri
     if NB > 3:
         b3 = _chunk(b_ptr, row, stride_b, width_b, 3, CHUNK, GELU_B, FAST)
         amax = tl.maximum(amax, _amax(b3))
-    amax = tl.maximum(amax, floor)  # torchao's lower bound (fp8_rows.AMAX_FLOOR in the input dtype)
+    amax = tl.maximum(amax, floor)  # torchao's lower bound (fp8_rows.floor_in)
     # eager divides the amax by 448 in the input dtype: IEEE division (div_rn), rounded to that dtype
     scale = tl.math.div_rn(amax, amax * 0.0 + 448.0).to(a_ptr.dtype.element_ty).to(tl.float32)
     inverse = tl.math.div_rn(scale * 0.0 + 1.0, scale)
@@ -120,20 +118,16 @@ def _fp8_quantize_rows_kernel(a_ptr, b_ptr, q_ptr, s_ptr, width_a, width_b, stri
     tl.store(s_ptr + row, scale)
 
 
-def floor_in(dtype: torch.dtype) -> float:
-    """`fp8_rows.AMAX_FLOOR` as eager's clamp of a `dtype` amax rounds it (the same value in bf16 and fp16)."""
-    return float(torch.tensor(AMAX_FLOOR, dtype=dtype))
-
-
 def _rows(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1, t.shape[-1])
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = False
+def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = False, *, floor: float
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 data [..., sum of widths], float32 scale [..., 1]) of one or two pieces (fp8_rows checked them);
-    `fast`: tanh from exp and approximate division instead of libdevice's tanh and IEEE division."""
+    `fast`: tanh from exp and approximate division instead of libdevice's tanh and IEEE division; `floor`: the
+    smallest row amax (`fp8_rows.floor_in`: torchao's lower bound as the input's dtype holds it)."""
     lead = pieces[0].shape[:-1]
     a = _rows(pieces[0])
     two = len(pieces) == 2
@@ -148,7 +142,7 @@ def quantize(pieces: Sequence[torch.Tensor], gelu: Sequence[bool], fast: bool = 
         lanes = (na + nb) * chunk
         with torch.cuda.device(a.device):
             _fp8_quantize_rows_kernel[(rows,)](
-                a, b, q, s, width_a, width_b, a.stride(0), b.stride(0), floor_in(a.dtype), CHUNK=chunk, NA=na, NB=nb,
+                a, b, q, s, width_a, width_b, a.stride(0), b.stride(0), float(floor), CHUNK=chunk, NA=na, NB=nb,
                 GELU_A=bool(gelu[0]), GELU_B=bool(two and gelu[1]), FAST=bool(fast),
                 num_warps=8 if lanes >= 8192 else 4 if lanes >= 2048 else 2)
     return q.reshape(*lead, width_a + width_b), s.reshape(*lead, 1)
@@ -228,11 +222,13 @@ LAYER_NORM_ROWS = {True: 1, False: 16}
 
 
 def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float, use_ptx: bool | None = None,
-                        rounded: bool = True, rows_per_program: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        rounded: bool = True, rows_per_program: int | None = None, *, floor: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 data like h, float32 scale [..., 1]) of `layer_norm(h) * a + b` (fp8_rows checked the shapes);
     `rounded=False`: Wan's float32 form, one rounding to bf16 at the end; `use_ptx=False` rounds in integer arithmetic
     on a GPU too (benchmarks compare the two); `rows_per_program`: tokens a program quantizes (default
-    `LAYER_NORM_ROWS` of the form; benchmarks sweep it), the same values for any."""
+    `LAYER_NORM_ROWS` of the form; benchmarks sweep it), the same values for any; `floor`: the smallest row amax
+    (`fp8_rows.floor_in(torch.bfloat16)`)."""
     batch, tokens, width = h.shape
     flat = _rows(h)
     a_rows, stride_a = _batch_rows(a)
@@ -245,7 +241,7 @@ def quantize_layer_norm(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: 
         with torch.cuda.device(h.device):
             _fp8_quantize_layer_norm_rows_kernel[(triton.cdiv(tokens, rows), batch)](
                 flat, a_rows, b_rows, q, s, width, tokens, flat.stride(0), stride_a, stride_b, float(eps),
-                floor_in(torch.bfloat16), BLOCK=block, PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded,
+                float(floor), BLOCK=block, PTX=ptx() if use_ptx is None else use_ptx, ROUNDED=rounded,
                 ROWS=rows,
                 num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2)
     return q.reshape(batch, tokens, width), s.reshape(batch, tokens, 1)
