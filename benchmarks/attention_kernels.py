@@ -194,8 +194,8 @@ def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
 def fa3_fn(fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """FlashAttention-3's own Hopper forward (`flash_attn_interface`, prebuilt by benchmarks/fa3_site.py) on
     `[B, H, N, D]` inputs, bf16 out as a `[B, H, N, D]` view of its `[B, N, H, D]` output. With `fp8`, its e4m3
-    kernel alone on inputs quantized once (Q, smoothed K and V each scaled per head by amax / 448, as `flashinfer_fa3`
-    quantizes for FlashInfer's port of the same kernel, `flashinfer_fp8_kernel`); else its bf16 kernel on inputs laid
+    kernel alone on inputs quantized once by `flashinfer_fa3.quantize` (Q, smoothed K and V, a scale per head), the
+    codes FlashInfer's port of the same kernel is fed (`flashinfer_fp8_kernel`); else its bf16 kernel on inputs laid
     out as `[B, N, H, D]` once. Raises where the module is missing or off a CUDA device."""
     from flash_attn_interface import flash_attn_func
 
@@ -206,16 +206,13 @@ def fa3_fn(fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], to
             raise RuntimeError("FlashAttention-3 runs on a CUDA device only")
         key = (id(q), id(k), id(v))
         if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
-            if fp8:
-                k_smoothed = k.float() - k.float().mean(dim=2, keepdim=True)
-                parts, scales = [], []
-                for t in (q.float(), k_smoothed, v.float()):
-                    scale = t.abs().amax(dim=(2, 3)).clamp(min=2.0 ** -100) / 448.0  # [B, H]
-                    parts.append((t / scale[:, :, None, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-                                 .transpose(1, 2).contiguous())
-                    scales.append(scale.float().contiguous())
-                state.update(inputs=parts, descale=dict(zip(("q_descale", "k_descale", "v_descale"), scales,
-                                                            strict=True)))
+            if fp8:  # FlashInfer's port is fed the same codes and scales: the kernels alone differ
+                from hookkit.techniques.attention import flashinfer_fa3
+
+                *codes, q_scale, k_scale, v_scale = flashinfer_fa3.quantize(q, k, v)
+                state.update(inputs=[t.transpose(1, 2).contiguous() for t in codes],
+                             descale={"q_descale": q_scale.contiguous(), "k_descale": k_scale.contiguous(),
+                                      "v_descale": v_scale.contiguous()})
             else:
                 state.update(inputs=[t.transpose(1, 2).contiguous() for t in (q, k, v)], descale={})
             state["key"] = key
