@@ -17,6 +17,8 @@
 #       later device call (a fresh shell); what has not finished is collected as it stands.
 #   bash benchmarks/queue.sh run SUITE...                the same suites synchronously in this tree, into $W/res
 #                                                        (QUICK=1: the CPU plumbing check with tiny models)
+# A word VAR=value among the suites (start and run) sets VAR for the suites after it in its queue, so that two suites
+# reading the same setting get their own: start gpu-tests ROWS=a,b video-rows-wan21-flashinfer ROWS=c video-rows-....
 #
 # A lease of one command at a time, e.g. on nvidia-h200. The machine is given back 30 s after a call returns, and
 # a late next call starts a bare one (the queue and its results gone), so each call runs what fits in it and
@@ -52,6 +54,7 @@ check_suites() {  # check_suites ARG...: every ARG a suite or `--`, at least one
   local s bad=0 any=0
   for s in "$@"; do
     [ "$s" = -- ] && continue
+    setting "$s" && continue
     any=1
     [ -f "$HERE/suites/$s.sh" ] && continue
     echo "queue.sh: unknown suite '$s'; known suites: $(known | tr '\n' ' ')" >&2
@@ -59,6 +62,10 @@ check_suites() {  # check_suites ARG...: every ARG a suite or `--`, at least one
   done
   [ "$any" = 1 ] || usage
   [ "$bad" = 0 ] || exit 2
+}
+
+setting() {  # setting WORD: true when WORD is a VAR=value setting of the suites after it, not a suite
+  [[ $1 =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]
 }
 
 log() {  # log TEXT: one time-stamped line of queue.log
@@ -87,7 +94,9 @@ lane() {  # lane N SUITE...: one queue (started by `start`, in the snapshot)
   local n=$1 s
   shift
   cd "$REPO" || exit 1
-  for s in "$@"; do LANE=$n run_suite "$s"; done
+  for s in "$@"; do
+    if setting "$s"; then export "${s?}" && log "setting $s"; else LANE=$n run_suite "$s"; fi
+  done
   echo done > "$RES/lane$n.done"
 }
 

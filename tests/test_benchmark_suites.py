@@ -179,6 +179,28 @@ def test_list_prints_every_suite_with_its_description() -> None:
     assert listed == {path.stem: path.read_text().splitlines()[1][2:] for path in SUITES}
 
 
+def test_a_setting_word_among_the_suites_holds_for_the_suites_after_it(tmp_path: Path) -> None:
+    """`run first ROWS=b second`: the second suite sees ROWS=b, the first the environment's ROWS."""
+    fake = tmp_path / "repo" / "benchmarks"
+    (fake / "suites").mkdir(parents=True)
+    shutil.copy(QUEUE, fake / "queue.sh")
+    shutil.copy(BENCHMARKS / "gpu_env.sh", fake / "gpu_env.sh")
+    for name in ("first", "second"):
+        (fake / "suites" / f"{name}.sh").write_text('#!/usr/bin/env bash\n# echoes ROWS\necho "$ROWS" > "$OUT/rows"\n')
+    env = {**fake_python(tmp_path, imports=True), "W": str(tmp_path / "w"), "ROWS": "a"}
+    done = bash(str(fake / "queue.sh"), "run", "first", "ROWS=b,c", "second", env=env)
+    assert done.returncode == 0, done.stderr
+    res = tmp_path / "w" / "res"
+    assert (res / "first" / "rows").read_text() == "a\n"
+    assert (res / "second" / "rows").read_text() == "b,c\n"
+
+
+def test_setting_words_alone_are_no_suite_and_print_the_usage(tmp_path: Path) -> None:
+    done = bash(str(QUEUE), "run", "ROWS=b", env={"W": str(tmp_path / "w")})
+    assert done.returncode == 2 and done.stderr.startswith("usage:")
+    assert not (tmp_path / "w").exists()
+
+
 def finished_queue(w: Path) -> None:
     """A queue folder as `start` leaves it once its one suite has exited: what `collect` reads."""
     res = w / "res"
