@@ -224,6 +224,12 @@ def relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return ((out - expected).abs().mean() / expected.abs().mean()).item()
 
 
+def error_ratio(out: torch.Tensor, mirror: torch.Tensor, exact: torch.Tensor) -> float:
+    """`out`'s error against `exact` (float32 attention) over `mirror`'s, the kernel's arithmetic in PyTorch: how much
+    more the kernel errs than its quantization implies (1.0: no more)."""
+    return relative_error(out, exact) / relative_error(mirror, exact)
+
+
 def check_inputs(head_dim: int, tokens: int, dtype: torch.dtype, device: torch.device,
                  offset_in: str = "qkv") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`check`'s seeded `[1, 4, tokens, head_dim]` Q, K and V (its docstring says what the 4 heads are).
@@ -264,8 +270,8 @@ def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) ->
     for h in range(q.shape[1]):
         qh, kh, vh = (t[:, h:h + 1] for t in (q, k, v))
         exact = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float())
-        error = relative_error(out[:, h:h + 1], exact)
-        errors.append(error / relative_error(reference_attention(qh, kh, vh), exact) if fp8 else error)
+        head = out[:, h:h + 1]
+        errors.append(error_ratio(head, reference_attention(qh, kh, vh), exact) if fp8 else relative_error(head, exact))
     return max(errors, key=lambda e: e if e == e else float("inf"))  # a NaN head is the largest
 
 
