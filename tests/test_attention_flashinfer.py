@@ -393,18 +393,18 @@ def test_heads_larger_than_flashinfers_largest_kernel_are_refused(stand_in: Stan
 
 
 def test_enable_has_flashinfer_build_the_kernel_for_each_head_size(stand_in: StandIn) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
-    build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
-    build_flashinfer("flashinfer", "kernel", [128], torch.float16, torch.device("cpu"))
+    check_hopper_kernel("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+    check_hopper_kernel("flashinfer", "kernel", [128], torch.float16, torch.device("cpu"))
     assert [(c["shapes"][0], c["dtype"], c["o_dtype"]) for c in stand_in.calls] == [
         ((120, 4, 128), torch.float8_e4m3fn, torch.bfloat16), ((120, 4, 128), torch.float16, torch.float16)]
 
 
 def test_enable_checks_each_head_size_through_the_padded_kernel_it_runs_at(stand_in: StandIn) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
-    build_flashinfer("flashinfer", "kernel", [32, 64, 96], torch.bfloat16, torch.device("cpu"))
+    check_hopper_kernel("flashinfer", "kernel", [32, 64, 96], torch.bfloat16, torch.device("cpu"))
     assert [(c["shapes"][0], c["sm_scale"]) for c in stand_in.calls] == [
         ((120, 4, 64), 32 ** -0.5), ((120, 4, 64), 64 ** -0.5), ((120, 4, 128), 96 ** -0.5)]
 
@@ -490,7 +490,7 @@ def test_the_fp8_reference_is_fp32_attention_of_the_dequantized_inputs_with_p_ro
 
 
 def test_an_fp8_kernel_off_by_a_tenth_is_refused_at_enable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
     module = StandIn()
     record = module.single_prefill_with_kv_cache
@@ -501,12 +501,12 @@ def test_an_fp8_kernel_off_by_a_tenth_is_refused_at_enable(monkeypatch: pytest.M
                                                r"at most 1\.5x what its own arithmetic \(flashinfer_fa3\.reference\) "
                                                r"errs on each head of enable's check \(seeded random inputs, 120 "
                                                r"tokens\), got 1\.82x: "):
-        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+        check_hopper_kernel("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
     module = StandIn(version="9.9.9")
     record = module.single_prefill_with_kv_cache
@@ -519,7 +519,7 @@ def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
     monkeypatch.setattr(module, "single_prefill_with_kv_cache", divides_by_the_scales)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError) as err:
-        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+        check_hopper_kernel("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
     message = str(err.value)
     assert message.startswith("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer's kernel for heads of 128 "
                               "(torch.bfloat16) to err against float32 attention at most 1.5x what its own arithmetic "
@@ -531,7 +531,7 @@ def test_a_flashinfer_whose_fp8_scales_mean_something_else_is_refused_at_enable(
 
 def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_at_enable(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
     module = StandIn()
     monkeypatch.setattr(module, "single_prefill_with_kv_cache",
@@ -540,11 +540,11 @@ def test_an_fp8_kernel_applying_the_first_heads_scales_to_every_head_is_refused_
     with pytest.raises(UnsupportedError, match=r"errs on each head of enable's check \(seeded random inputs, 120 "
                                                r"tokens\), got 13\.4x: "
                                                r"FlashInfer 0\.2\.14\.post1 computes"):
-        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+        check_hopper_kernel("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
     module = StandIn()
     record = module.single_prefill_with_kv_cache
@@ -555,11 +555,11 @@ def test_a_kernel_that_returns_nan_is_refused_at_enable(monkeypatch: pytest.Monk
                                                r"on each head of enable's "
                                                r"check \(seeded random inputs, 120 tokens\), got nan: "
                                                r"FlashInfer 0\.2\.14\.post1 computes"):
-        build_flashinfer("flashinfer", "kernel", [64], torch.bfloat16, torch.device("cpu"))
+        check_hopper_kernel("flashinfer", "kernel", [64], torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookkit.techniques.attention.hooks import build_flashinfer
+    from hookkit.techniques.attention.hooks import check_hopper_kernel
 
     def no_compiler(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("Ninja build failed: nvcc: not found\nmore lines")
@@ -568,7 +568,7 @@ def test_a_kernel_flashinfer_cannot_build_is_refused_with_its_reason(monkeypatch
     monkeypatch.setattr(module, "single_prefill_with_kv_cache", no_compiler)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     with pytest.raises(UnsupportedError) as err:
-        build_flashinfer("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
+        check_hopper_kernel("flashinfer_fp8", "low_precision", [128], torch.bfloat16, torch.device("cpu"))
     assert str(err.value) == ("Attention.low_precision: 'flashinfer_fp8' expected FlashInfer to build and run its "
                               "kernel for heads of 128 (torch.bfloat16), got RuntimeError: Ninja build failed: nvcc: "
                               "not found. FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler "

@@ -250,7 +250,8 @@ def check_inputs(head_dim: int, tokens: int, dtype: torch.dtype, device: torch.d
     return q, k, v
 
 
-def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) -> float:
+def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool,
+          kernels: tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = (run_half, run_fp8)) -> float:
     """Run a kernel once, as hookkit runs it on heads of `head_dim` (zero-padded where FlashInfer has no kernel of that
     size), on seeded random inputs (`CHECK_TOKENS[fp8]` tokens, 4 heads: two Gaussian, two shaped like real
     activations, with channel offsets twice their spread, the second of each pair 3x the first, so that a kernel
@@ -263,9 +264,13 @@ def check(head_dim: int, dtype: torch.dtype, device: torch.device, fp8: bool) ->
     failed build is a refusal there, not an error in the first denoising step; and a kernel that computes something
     else (a FlashInfer release whose scale semantics differ, a module built for another torch, a kernel that errs on
     some head size or length) is refused, not run.
+
+    Args:
+        kernels: what runs the bf16 and the fp8 kernel, passed on to `attention` (FA3's own fp8 kernel,
+            `fa3_hopper.run_fp8`, is checked as FlashInfer's port of it is).
     """
     q, k, v = check_inputs(head_dim, CHECK_TOKENS[fp8], dtype, device)
-    out = attention(q, k, v, fp8=fp8).float()
+    out = attention(q, k, v, fp8=fp8, kernels=kernels).float()
     errors = []
     for h in range(q.shape[1]):
         qh, kh, vh = (t[:, h:h + 1] for t in (q, k, v))

@@ -9,15 +9,16 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot take
-(a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads, too few keys for FlashInfer's fp8
-kernel: known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never
-run with (package, dtype, head size, no CUDA device or one too old; FlashInfer's kernels where they do not build,
-which `enable` has them do) is refused at enable. Under regional `Compile` dynamo traces the mode into each compiled
-block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that takes). Under
-whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key (`AttentionGraphs`: one graph
-per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op calls
-SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
-compile, graphs split at a dynamic cache decision, and ring attention are refused.
+(a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads, too few keys for the Hopper fp8
+kernels: known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never
+run with (package, dtype, head size, no CUDA device or one too old; FlashInfer's and FA3's kernels where they do not
+build or compute something else, which `enable` checks by running them) is refused at enable. Under regional
+`Compile` dynamo traces the mode into each compiled block (one compiled entry per kernel, chosen again at every call;
+`KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the
+graph key (`AttentionGraphs`: one graph per kernel, each replay counted as its capture ran). Under Ulysses context
+parallelism diffusers' "native" op calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the
+mode answers that call. A whole-model compile, graphs split at a dynamic cache decision, and ring attention are
+refused.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from hookkit.core.registry import Args, Kwargs, ModelHook
 from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
 from hookkit.errors import SpecError, UnsupportedError
-from hookkit.techniques.attention import flashinfer_fa3
+from hookkit.techniques.attention import fa3_hopper, flashinfer_fa3
 from hookkit.techniques.attention.spec import LOW_KERNELS, Attention
 
 if TYPE_CHECKING:
@@ -61,23 +62,33 @@ PHASES = ("first", "middle", "last")
 ANY_DEVICE = ("native", "_native_math")
 #: kernels that take any SDPA call (mask, dropout, grouped-query heads); the others fall back to "native" for those
 TAKES_ALL = ("native", "_native_math", "_native_efficient")
-#: the package each kernel imports (module name, pip name)
-PACKAGES = {"flash": ("flash_attn", "flash-attn"), "sage": ("sageattention", "sageattention"),
-            "hookkit_int8": ("triton", "triton"), "hookkit_fp8": ("triton", "triton"),
-            "flashinfer": ("flashinfer", "flashinfer-python"), "flashinfer_fp8": ("flashinfer", "flashinfer-python")}
+#: the package each kernel imports (module name) and how to install it (the refusal's instruction where it is missing):
+#: FA3's has no PyPI package, it is built from source
+PACKAGES = {"flash": ("flash_attn", "`pip install flash-attn`"),
+            "sage": ("sageattention", "`pip install sageattention`"),
+            "hookkit_int8": ("triton", "`pip install triton`"), "hookkit_fp8": ("triton", "`pip install triton`"),
+            "flashinfer": ("flashinfer", "`pip install flashinfer-python`"),
+            "flashinfer_fp8": ("flashinfer", "`pip install flashinfer-python`"),
+            "fa3_fp8": (fa3_hopper.MODULE, "FA3 has no PyPI package: build flash-attention's hopper/ folder "
+                                           f"(`{fa3_hopper.BUILD}`)")}
 #: kernels that need fp16 or bf16 inputs
 HALF_ONLY = ("_native_cudnn", "_native_flash", "flash", "sage", "hookkit_int8", "hookkit_fp8", "flashinfer",
-             "flashinfer_fp8")
+             "flashinfer_fp8", "fa3_fp8")
 #: the oldest GPU generation (compute capability) each CUDA-only kernel runs on: int8/bf16 tensor cores, Ampere;
 #: fp8 tensor cores, Ada (8.9) and Hopper
 MIN_CAPABILITY = {"_native_cudnn": (8, 0), "_native_flash": (8, 0), "_native_efficient": (5, 0), "flash": (8, 0),
                   "sage": (8, 0), "hookkit_int8": (8, 0), "hookkit_fp8": (8, 9), "flashinfer": (9, 0),
-                  "flashinfer_fp8": (9, 0)}
-#: kernels built for one GPU generation only (compute capability major): FlashInfer's FA3 kernel is sm_90a code
-#: (Hopper's warpgroup MMA and TMA), which no other generation runs
-ONLY_MAJOR = {"flashinfer": 9, "flashinfer_fp8": 9}
+                  "flashinfer_fp8": (9, 0), "fa3_fp8": (9, 0)}
+#: kernels built for one GPU generation only (compute capability major): FA3's kernels (FlashInfer's port and FA3's
+#: own) are sm_90a code (Hopper's warpgroup MMA and TMA), which no other generation runs
+ONLY_MAJOR = {"flashinfer": 9, "flashinfer_fp8": 9, "fa3_fp8": 9}
 #: FlashInfer's FA3 kernels (`flashinfer_fa3`)
 FLASHINFER_KERNELS = ("flashinfer", "flashinfer_fp8")
+#: the Hopper fp8 kernels fed `flashinfer_fa3.quantize`'s codes: FlashInfer's port of FA3's e4m3 kernel and FA3's own
+#: (`fa3_hopper`); both are taken only on calls of at least `flashinfer_fa3.FP8_MIN_KEYS` keys
+HOPPER_FP8_KERNELS = ("flashinfer_fp8", "fa3_fp8")
+#: the kernels enable runs once on seeded inputs and refuses where they raise or err too much (`check_hopper_kernel`)
+CHECKED_KERNELS = FLASHINFER_KERNELS + ("fa3_fp8",)
 #: the head sizes FlashInfer's fp8 kernel is taken at: those whose output a GPU has shown to be the kernel's own
 #: arithmetic (`flashinfer_fa3.reference`). On the trained models' heads of 32, zero-padded to 64, it gave 13-18 %
 #: error, 6-13x its arithmetic's 1.4-2.2 % (BENCHMARKS.md); 64 and 256 are not yet measured. It is also taken only on
@@ -94,6 +105,8 @@ def head_sizes_ok(kernel: str, dim: int) -> bool:
         return dim in (32, 64, 128)
     if kernel == "flashinfer_fp8":
         return dim in FLASHINFER_FP8_HEADS
+    if kernel == "fa3_fp8":
+        return dim in fa3_hopper.HEADS
     if kernel == "flashinfer":
         return flashinfer_fa3.padded_size(dim) is not None
     if kernel == "sage":  # sageattention 1.0.6's kernels
@@ -109,6 +122,9 @@ def head_size_text(kernel: str) -> str:
     if kernel == "flashinfer_fp8":
         sizes = " or ".join(map(str, FLASHINFER_FP8_HEADS))
         return f"{sizes} (the sizes a GPU has shown it computes its own arithmetic at)"
+    if kernel == "fa3_fp8":
+        sizes = " or ".join(map(str, fa3_hopper.HEADS))
+        return f"{sizes} (the sizes its kernel is built and measured at)"
     if kernel == "flashinfer":
         return "up to 256"
     return "64, 96 or 128" if kernel == "sage" else "a multiple of 8 up to 256"
@@ -145,7 +161,7 @@ def unsupported(kernel: str, a: dict[str, Any]) -> str | None:
         return f"dtype {q.dtype}"
     if not head_sizes_ok(kernel, q.shape[-1]) or v.shape[-1] != q.shape[-1]:
         return f"head size {q.shape[-1]}"
-    if kernel == "flashinfer_fp8" and k.shape[2] < flashinfer_fa3.FP8_MIN_KEYS:
+    if kernel in HOPPER_FP8_KERNELS and k.shape[2] < flashinfer_fa3.FP8_MIN_KEYS:
         return f"fewer than {flashinfer_fa3.FP8_MIN_KEYS} keys"
     if not q.is_cuda:
         return "not on CUDA"
@@ -203,11 +219,24 @@ def flashinfer_fp8_attention(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tenso
     return flashinfer_fa3.run_fp8(q8, k8, v8, q_scale, k_scale, v_scale, sm_scale, causal, out_dtype)
 
 
-@flashinfer_fp8_attention.register_fake
-def _(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
-      v_scale: torch.Tensor, sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
-    b, h, n, d = q8.shape  # the real output's layout: a [B, H, N, D] view of [B, N, H, D]
+@torch.library.custom_op("hookkit::fa3_fp8_attention", mutates_args=())
+def fa3_fp8_attention(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor,
+                      k_scale: torch.Tensor, v_scale: torch.Tensor, sm_scale: float, causal: bool,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """FA3's own e4m3 kernel on the inputs `flashinfer_fa3.quantize` made (those FlashInfer's port gets), as an op
+    torch.compile keeps opaque; flash_attn_interface is imported at the first call."""
+    return fa3_hopper.run_fp8(q8, k8, v8, q_scale, k_scale, v_scale, sm_scale, causal, out_dtype)
+
+
+def _fp8_fake(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+              v_scale: torch.Tensor, sm_scale: float, causal: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """The traced output of both Hopper fp8 ops: the real one's layout, a [B, H, N, D] view of [B, N, H, D]."""
+    b, h, n, d = q8.shape
     return q8.new_empty((b, n, h, d), dtype=out_dtype).transpose(1, 2)
+
+
+flashinfer_fp8_attention.register_fake(_fp8_fake)
+fa3_fp8_attention.register_fake(_fp8_fake)
 
 
 @torch.library.custom_op("hookkit::flashinfer_attention", mutates_args=())
@@ -223,14 +252,17 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sm_scale: flo
     return query.new_empty((b, n, h, d)).transpose(1, 2)
 
 
-#: FlashInfer's kernels as the ops above: the padding and quantization `flashinfer_fa3.attention` does around them
-#: are traced and fused under compile
-_FLASHINFER_OPS = (flashinfer_attention, flashinfer_fp8_attention)
+#: the bf16 and fp8 kernels `flashinfer_fa3.attention` runs for each of its kernel names, as the ops above: the padding
+#: and quantization it does around them are traced and fused under compile. "fa3_fp8" runs FA3's own fp8 kernel on
+#: the quantization FlashInfer's port gets (its bf16 kernel is never run: no bf16 call has this name)
+_HOPPER_OPS = {"flashinfer": (flashinfer_attention, flashinfer_fp8_attention),
+               "flashinfer_fp8": (flashinfer_attention, flashinfer_fp8_attention),
+               "fa3_fp8": (flashinfer_attention, fa3_fp8_attention)}
 
 
-def _flashinfer(a: dict[str, Any], fp8: bool) -> torch.Tensor:
-    return flashinfer_fa3.attention(a["query"], a["key"], a["value"], a["scale"], bool(a["is_causal"]), fp8=fp8,
-                                    kernels=_FLASHINFER_OPS)
+def _hopper(kernel: str, a: dict[str, Any]) -> torch.Tensor:
+    return flashinfer_fa3.attention(a["query"], a["key"], a["value"], a["scale"], bool(a["is_causal"]),
+                                    fp8=kernel != "flashinfer", kernels=_HOPPER_OPS[kernel])
 
 
 @torch.compiler.disable  # sageattention's Python (asserts, in-place smoothing) stays out of dynamo's graphs
@@ -266,8 +298,8 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
         return op(a["query"], a["key"], a["value"], a["scale"], a["attn_mask"])
     if kernel == "sage":
         return _sage(a)
-    if kernel in FLASHINFER_KERNELS:
-        return _flashinfer(a, fp8=kernel == "flashinfer_fp8")
+    if kernel in _HOPPER_OPS:
+        return _hopper(kernel, a)
     return _flash(a)
 
 
@@ -577,7 +609,7 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
         package = PACKAGES.get(kernel)
         if package is not None and importlib.util.find_spec(package[0]) is None:
             raise UnsupportedError(f"Attention.{where}: {kernel!r} needs the {package[0]!r} package, which is not "
-                                   f"installed. `pip install {package[1]}`, or choose another kernel.")
+                                   f"installed. {package[1]}, or choose another kernel.")
         if kernel in FLASHINFER_KERNELS:
             _check_flashinfer_version(kernel, where)
         if kernel in HALF_ONLY:
@@ -610,37 +642,87 @@ def check_kernels(spec: Attention, transformer: torch.nn.Module, blocks: list[tu
                                      torch.cuda.get_device_name(device))
         if refusal is not None:
             raise UnsupportedError(refusal)
-        if kernel in FLASHINFER_KERNELS:
+        if kernel in CHECKED_KERNELS:
             sizes = {_head_size(module) for (_, _, block), kept in zip(blocks, full) if not kept or where == "kernel"
                      for _, module in _attention_modules(block)}
-            build_flashinfer(kernel, where, sorted(s for s in sizes if s is not None), _model_dtype(transformer),
-                             device)
+            check_hopper_kernel(kernel, where, sorted(s for s in sizes if s is not None), _model_dtype(transformer),
+                                device)
 
 
-def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dtype | None,
-                     device: torch.device) -> None:
-    """Have FlashInfer build `kernel` ("flashinfer" or "flashinfer_fp8") now for each head size of `sizes` (at the
-    kernel size it runs at, `flashinfer_fa3.padded_size`), and check what it computes there, padding included
-    (`flashinfer_fa3.check`): its first call compiles with nvcc (unless the package holds the module prebuilt), so a
-    missing compiler or a failed build is a refusal at enable, with the fix; so is a kernel that errs more than
-    `flashinfer_fa3.CHECK_BOUND` allows."""
-    fp8 = kernel == "flashinfer_fp8"
+@attrs.frozen
+class _Checked:
+    """How enable's check (`check_hopper_kernel`) runs one Hopper kernel, and what its logs and refusals say."""
+
+    #: whose kernel it is ("FlashInfer", "FA3")
+    owner: str
+    #: what `flashinfer_fa3.check` runs as the bf16 and the fp8 kernel (the plain functions: enable runs eagerly)
+    kernels: tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
+    #: what the first log line adds: what the kernel's first call does
+    first_use: str
+    #: what a refusal of a check that raised says was expected ("FlashInfer to build and run its kernel")
+    runs: str
+    #: what a check that raised a TypeError means, after its message ("" where nothing in particular)
+    type_error: str
+    #: the fix where the check raised
+    raised_fix: str
+    #: what computed a wrong output, "{version}" the module's `__version__`
+    computed_by: str
+    #: the fix where the kernel erred too much
+    wrong_fix: str
+
+
+def _flashinfer_checked(other: str) -> _Checked:
+    """FlashInfer's kernel as enable checks it; `other`: the kernel a refusal suggests instead."""
+    return _Checked(owner="FlashInfer", kernels=(flashinfer_fa3.run_half, flashinfer_fa3.run_fp8),
+                    first_use="; its first use compiles it with nvcc (minutes, cached under ~/.cache/flashinfer) "
+                              "unless the package holds it prebuilt",
+                    runs="FlashInfer to build and run its kernel", type_error="",
+                    raised_fix="FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler on PATH (or "
+                               f"set CUDA_HOME), or choose {other}.",
+                    computed_by="FlashInfer {version}",
+                    wrong_fix=f"Choose {other}, or install a FlashInfer release from 0.2.14 to 0.7.4.")
+
+
+_FA3_FIX = ("Choose 'flashinfer_fp8' (FlashInfer's port of the kernel) or 'hookkit_fp8', or rebuild FA3 from "
+            f"flash-attention's hopper/ folder (`{fa3_hopper.BUILD}`).")
+#: each checked kernel (`CHECKED_KERNELS`) as enable's check runs and words it
+_CHECKED = {
+    "flashinfer": _flashinfer_checked("'_native_cudnn'"),
+    "flashinfer_fp8": _flashinfer_checked("'hookkit_fp8'"),
+    "fa3_fp8": _Checked(owner="FA3", kernels=(flashinfer_fa3.run_half, fa3_hopper.run_fp8),
+                        first_use=f", built from flash-attention's hopper/ folder ({fa3_hopper.MODULE})",
+                        runs=f"FA3's {fa3_hopper.MODULE} to run its e4m3 kernel",
+                        type_error=" (a TypeError here: an FA3 build whose flash_attn_func takes no q_descale, "
+                                   "k_descale and v_descale, older than its fp8 kernel's per-head descales)",
+                        raised_fix=_FA3_FIX, computed_by=f"this FA3 build ({fa3_hopper.MODULE})", wrong_fix=_FA3_FIX),
+}
+
+
+def check_hopper_kernel(kernel: str, where: str, sizes: list[int], dtype: torch.dtype | None,
+                        device: torch.device) -> None:
+    """Run `kernel` (one of `CHECKED_KERNELS`: FlashInfer's "flashinfer" and "flashinfer_fp8", FA3's own "fa3_fp8")
+    once for each head size of `sizes` (at the kernel size it runs at, `flashinfer_fa3.padded_size`), and check what
+    it computes there, padding included (`flashinfer_fa3.check`). Why at enable: FlashInfer's first call compiles with
+    nvcc (unless the package holds the module prebuilt), so a missing compiler or a failed build is a refusal here,
+    with the fix, not an error in the first denoising step; an FA3 build whose call differs from hookkit's (no fp8
+    descales) is refused likewise; and a kernel that errs more than `flashinfer_fa3.CHECK_BOUND` allows (NaN included)
+    is refused, not run."""
+    checked = _CHECKED[kernel]
+    fp8 = kernel != "flashinfer"
     dtype = dtype or torch.bfloat16
-    other = "'hookkit_fp8'" if fp8 else "'_native_cudnn'"
     for dim in sizes:
         size = flashinfer_fa3.padded_size(dim)
         padded = f", zero-padded to {size}" if size != dim else ""
-        logger.info("attention: FlashInfer's {} kernel for heads of {}{} ({}); its first use compiles it with nvcc "
-                    "(minutes, cached under ~/.cache/flashinfer) unless the package holds it prebuilt", kernel, dim,
-                    padded, dtype)
+        logger.info("attention: {}'s {} kernel for heads of {}{} ({}){}", checked.owner, kernel, dim, padded, dtype,
+                    checked.first_use)
         try:
-            error = flashinfer_fa3.check(dim, dtype, device, fp8=fp8)
-        except Exception as exc:  # noqa: BLE001 - any failure of FlashInfer's build or call is the refusal's reason
+            error = flashinfer_fa3.check(dim, dtype, device, fp8=fp8, kernels=checked.kernels)
+        except Exception as exc:  # noqa: BLE001 - any failure of the kernel's build or call is the refusal's reason
             reason = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer to build and run its "
-                                   f"kernel for heads of {dim}{padded} ({dtype}), got {type(exc).__name__}: {reason}. "
-                                   "FlashInfer compiles the kernel with nvcc at first use: put CUDA's compiler on PATH "
-                                   f"(or set CUDA_HOME), or choose {other}.") from exc
+            meaning = checked.type_error if isinstance(exc, TypeError) else ""
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected {checked.runs} for heads of {dim}{padded} "
+                                   f"({dtype}), got {type(exc).__name__}: {reason}{meaning}. "
+                                   f"{checked.raised_fix}") from exc
         bound = flashinfer_fa3.CHECK_BOUND[fp8]
         if fp8:
             expected = (f"to err against float32 attention at most {bound}x what its own arithmetic "
@@ -650,15 +732,16 @@ def build_flashinfer(kernel: str, where: str, sizes: list[int], dtype: torch.dty
             expected = f"to match float32 attention within a mean relative error of {bound}"
             got = f"{error:.3g}"
         if not error <= bound:  # NaN included
-            version = getattr(sys.modules.get("flashinfer"), "__version__", "unknown")
-            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected FlashInfer's kernel for heads of {dim}"
-                                   f"{padded} ({dtype}) {expected} on each head of enable's check (seeded random "
-                                   f"inputs, {flashinfer_fa3.CHECK_TOKENS[fp8]} tokens), got {got}: FlashInfer "
-                                   f"{version} computes something other than what hookkit's call means. Choose "
-                                   f"{other}, or install a FlashInfer release from 0.2.14 to 0.7.4.")
-        logger.info("attention: FlashInfer's {} kernel for heads of {}: its worst head on enable's check {}", kernel,
-                    dim, got + (" its arithmetic's error against float32 attention" if fp8
-                                else " mean relative error against float32 attention"))
+            version = getattr(sys.modules.get(PACKAGES[kernel][0]), "__version__", "unknown")
+            raise UnsupportedError(f"Attention.{where}: {kernel!r} expected {checked.owner}'s kernel for heads of "
+                                   f"{dim}{padded} ({dtype}) {expected} on each head of enable's check (seeded random "
+                                   f"inputs, {flashinfer_fa3.CHECK_TOKENS[fp8]} tokens), got {got}: "
+                                   f"{checked.computed_by.format(version=version)} computes something other than "
+                                   f"what hookkit's call means. {checked.wrong_fix}")
+        logger.info("attention: {}'s {} kernel for heads of {}: its worst head on enable's check {}", checked.owner,
+                    kernel, dim, got + (" its arithmetic's error against float32 attention" if fp8
+                                        else " mean relative error against float32 attention"))
+
 
 
 def capability_refusal(kernel: str, where: str, capability: tuple[int, int], device_name: str) -> str | None:

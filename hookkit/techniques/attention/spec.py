@@ -14,8 +14,9 @@ from hookkit.errors import field_error
 FULL_KERNELS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "_native_math", "flash",
                 "flashinfer")
 #: the low-precision kernels: hookkit's Triton kernels (int8 Q·Kᵀ with fp16 P·V; int8 Q·Kᵀ with e4m3 P·V),
-#: SageAttention's (the `sageattention` package) and FlashInfer's FA3 fp8 kernel (the `flashinfer-python` package)
-LOW_KERNELS = ("hookkit_int8", "hookkit_fp8", "sage", "flashinfer_fp8")
+#: SageAttention's (the `sageattention` package), FlashInfer's FA3 fp8 kernel (the `flashinfer-python` package) and
+#: FA3's own fp8 kernel (the `flash_attn_interface` module built from flash-attention's hopper/ folder)
+LOW_KERNELS = ("hookkit_int8", "hookkit_fp8", "sage", "flashinfer_fp8", "fa3_fp8")
 KERNELS = FULL_KERNELS + LOW_KERNELS
 
 
@@ -51,8 +52,11 @@ class Attention:
             `sageattn`, K smoothed by hookkit, out of place); "flashinfer_fp8" (FlashInfer's FA3 kernel, Hopper only,
             heads of 128 only (on heads of 32 padded to 64 it gave 6-13x the error of its own arithmetic): Q, smoothed K
             and V in e4m3 with a scale per head, both products on fp8 tensor cores; the `flashinfer-python` package,
-            which compiles the kernel with nvcc at its first use: at `enable`, where its output is checked); any
-            full-precision name (to compare kernels); None runs `kernel` everywhere.
+            which compiles the kernel with nvcc at its first use: at `enable`, where its output is checked); "fa3_fp8"
+            (FlashAttention-3's own e4m3 kernel, of which "flashinfer_fp8" is a port, fed the same quantization;
+            Hopper only, heads of 128 only; the `flash_attn_interface` module, which has no PyPI package: build
+            flash-attention's hopper/ folder (`python setup.py install` there); its output is checked at `enable` as
+            "flashinfer_fp8"'s); any full-precision name (to compare kernels); None runs `kernel` everywhere.
         full_first: how many of the first denoising steps run `kernel` in every block (default 2).
         full_last: how many of the last steps run `kernel` in every block (default 2; needs the number of steps: a
             pipeline call, or `handle.generation(num_steps=...)`; without it no step counts as one of the last).
