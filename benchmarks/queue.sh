@@ -155,6 +155,7 @@ start)
   rm -rf "$W" && mkdir -p "$RES" "$W/repo" || exit 1
   (cd "$REPO" && tar -c --exclude=./.git --exclude=./.venv --exclude=./.whl .) | tar -x -C "$W/repo" || exit 1
   source "$HERE/gpu_env.sh" && gpu_env "$W/repo" || exit 1
+  export WHL=${WHL:-$REPO/.whl}  # the snapshot has no .whl: suites read prebuilt archives from the checkout's
   nvidia-smi -L > "$RES/gpus.txt" 2>&1
   write_settings
   lanes=() current=""
