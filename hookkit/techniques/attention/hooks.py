@@ -11,14 +11,13 @@ raises. Processors reach SDPA through diffusers' "native" backend: enable refuse
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot take
 (a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads, too few keys for the Hopper fp8
 kernels: known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never
-run with (package, dtype, head size, no CUDA device or one too old; FlashInfer's and FA3's kernels where they do not
-build or compute something else, which `enable` checks by running them) is refused at enable. Under regional
-`Compile` dynamo traces the mode into each compiled block (one compiled entry per kernel, chosen again at every call;
-`KernelMode` says what that takes). Under whole-transformer CUDA graphs the kernel of the step's phase is part of the
-graph key (`AttentionGraphs`: one graph per kernel, each replay counted as its capture ran). Under Ulysses context
-parallelism diffusers' "native" op calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the
-mode answers that call. A whole-model compile, graphs split at a dynamic cache decision, and ring attention are
-refused.
+run with (package, dtype, head size, no CUDA device or one too old; the Hopper kernels where they do not build or
+compute something else: `enable` runs them) is refused at enable. Under regional `Compile` dynamo traces the mode into
+each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that takes).
+Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key (`AttentionGraphs`: one
+graph per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op
+calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A
+whole-model compile, graphs split at a dynamic cache decision, and ring attention are refused.
 """
 
 from __future__ import annotations
