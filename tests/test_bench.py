@@ -784,6 +784,21 @@ def test_the_output_row_caches_the_fast_steps_running_nothing_of_the_transformer
         assert attrs.evolve(output, cache=None) == attrs.evolve(residual, cache=None)  # everything else alike
 
 
+def test_the_fa3_rows_are_the_flashinfer_rows_with_fa3s_own_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    seen: list[hookkit.Spec] = []
+    monkeypatch.setattr(hookkit, "enable", lambda pipe, spec: seen.append(spec))
+    for row in ("hookkit-fp8+compile+{}-fp8-attention", "hookkit-fp8+cache-fast-output+compile+{}-fp8-attention"):
+        seen.clear()
+        for kernel in ("fa3", "flashinfer"):
+            bench.CONFIGS[row.format(kernel)].setup(SimpleNamespace(pipe=None, handle=None))
+        fa3, flashinfer = seen
+        assert (fa3.attention.low_precision, flashinfer.attention.low_precision) == ("fa3_fp8", "flashinfer_fp8")
+        assert attrs.evolve(fa3, attention=None) == attrs.evolve(flashinfer, attention=None)
+        assert bench.CONFIGS[row.format("fa3")].needs_module == "flash_attn_interface"
+
+
 def test_the_fastest_image_row_with_fp8_attention_runs_it_under_transformer_graphs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.core import compat

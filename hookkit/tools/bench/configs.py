@@ -291,6 +291,21 @@ def _configs() -> dict[str, BenchConfig]:
                     needs_module="flashinfer",
                     description="as hookkit-fp8+cache-fast+compile+flashinfer-fp8-attention, a cached step running "
                                 "nothing of the transformer (its output extrapolated)"),
+        BenchConfig(name="hookkit-fp8+compile+fa3-fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(quantize=hookkit.Quantize(scheme="fp8_row"), compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step("fa3_fp8"))),
+                    fields=frozenset({"quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flash_attn_interface",
+                    description="as hookkit-fp8+compile+flashinfer-fp8-attention with FA3's own e4m3 kernel (needs "
+                                "FA3 built from flash-attention's hopper/ and a Hopper GPU)"),
+        BenchConfig(name="hookkit-fp8+cache-fast-output+compile+fa3-fp8-attention", kind="hookkit",
+                    setup=_hookkit(lambda: S(cache=_cache_fast_output(), quantize=hookkit.Quantize(scheme="fp8_row"),
+                                             compile=_compile(), memo=True,
+                                             attention=_fp8_attention_every_step("fa3_fp8"))),
+                    fields=frozenset({"cache", "quantize", "compile", "memo", "attention"}), needs_cuda=True,
+                    needs_module="flash_attn_interface",
+                    description="as hookkit-fp8+cache-fast-output+compile+flashinfer-fp8-attention with FA3's own e4m3 "
+                                "kernel (needs FA3 built from flash-attention's hopper/ and a Hopper GPU)"),
         BenchConfig(name="hookkit-all", kind="hookkit",
                     setup=_hookkit(lambda: S(cache=_cache_fast(), memo=True, sync_free=True, compile=_compile())),
                     fields=frozenset({"cache", "memo", "sync_free", "compile"}),
