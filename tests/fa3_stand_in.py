@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from flashinfer_stand_in import fa3_semantics
+
 
 class StandIn(types.ModuleType):
     """A `flash_attn_interface` module for the CPU: FA3's fp8 semantics, each call recorded.
@@ -40,11 +42,9 @@ class StandIn(types.ModuleType):
         qf, kf, vf = (t.float().transpose(1, 2) * (ones if s is None else s.float())[:, :, None, None]
                       for t, s in zip((q, k, v), descales))  # [B, H, N, D]
         scale = dim ** -0.5 if softmax_scale is None else softmax_scale
+        out = fa3_semantics(qf, kf, vf, scale, causal, fp8=q_descale is not None)
+        out = out.transpose(1, 2).contiguous().to(torch.bfloat16)  # [B, N, H, D]
+        if not self.returns_lse:
+            return out
         scores = qf @ kf.transpose(-1, -2) * scale
-        if causal:
-            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-        p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-        # the fp8 kernel rounds P * 448 to e4m3 for P·V and divides by 448 and the row sums of P before rounding
-        pv = p if q_descale is None else (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
-        out = (pv @ vf / p.sum(dim=-1, keepdim=True)).transpose(1, 2).contiguous().to(torch.bfloat16)  # [B, N, H, D]
-        return (out, torch.logsumexp(scores, dim=-1)) if self.returns_lse else out
+        return out, torch.logsumexp(scores, dim=-1)

@@ -35,14 +35,20 @@ class StandIn(types.ModuleType):
         ones = torch.ones(q.shape[1])
         qf, kf, vf = (t.float().transpose(0, 1) * (ones if s is None else s)[:, None, None]
                       for t, s in zip((q, k, v), scales))
-        scores = qf @ kf.transpose(1, 2) * sm_scale
-        if causal:
-            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-        p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-        # the fp8 kernel rounds P * 448 to e4m3 for P·V and divides by 448 and the row sums of P before rounding
-        pv = p if scale_q is None else (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0
-        out = pv @ vf / p.sum(dim=-1, keepdim=True)
+        out = fa3_semantics(qf, kf, vf, sm_scale, causal, fp8=scale_q is not None)
         return out.transpose(0, 1).contiguous().to(o_dtype)  # [N, H, D], as FlashInfer allocates it
+
+
+def fa3_semantics(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, sm_scale: float, causal: bool,
+                  fp8: bool) -> torch.Tensor:
+    """What FA3's kernel (FlashInfer's port and FA3's own) computes from dequantized float32 `[..., N, D]` Q, K, V: the
+    fp8 kernel rounds P * 448 to e4m3 for P·V and divides by 448 and the row sums of P before rounding."""
+    scores = qf @ kf.transpose(-1, -2) * sm_scale
+    if causal:
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    pv = (p * 448.0).to(torch.float8_e4m3fn).float() / 448.0 if fp8 else p
+    return pv @ vf / p.sum(dim=-1, keepdim=True)
 
 
 def applying_first_heads_scales(call: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
