@@ -1,13 +1,14 @@
 """Attention kernels at a video shape: cuDNN SDPA, flash SDPA, sageattention (if importable), hookkit's int8 and fp8
-kernels, FlashInfer's FA3 kernels (if importable: `flashinfer_bf16`; `flashinfer_fp8` with hookkit's quantization as
-it runs eagerly (Triton kernels; V smoothed, its mean added back), `flashinfer_fp8_unsmoothed_v` the same with V as
-it comes, `flashinfer_fp8_compiled` with its torch ops compiled by inductor, as regional `Compile` runs them around
-the kernel in a block, `flashinfer_fp8_kernel` alone on inputs quantized once, V as it comes), and TensorRT-LLM's
-FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on its
-packed `[tokens, 3, heads, dim]` input, quantized once per tensor; `fmha_v2_bf16`: its bf16 kernel on `[tokens,
-heads, dim]` Q, K, V, laid out once, as diffusers has them before SDPA), and FlashAttention-3's own Hopper kernels
-where `benchmarks/fa3_site.py` prebuilt them (`fa3_fp8_kernel`: its e4m3 kernel alone on inputs quantized once per
-head, as FlashInfer's port of it is fed; `fa3_bf16`: its bf16 kernel).
+kernels (`hookkit_fp8` as `Attention` runs it, V smoothed from 2,048 keys; `hookkit_fp8_unsmoothed_v` with V as it
+comes; `hookkit_fp8_kernel` the kernel alone on inputs quantized once), FlashInfer's FA3 kernels (if importable:
+`flashinfer_bf16`; `flashinfer_fp8` with hookkit's quantization as it runs eagerly (Triton kernels; V smoothed, its mean
+added back), `flashinfer_fp8_unsmoothed_v` the same with V as it comes, `flashinfer_fp8_compiled` with its torch ops
+compiled by inductor, as regional `Compile` runs them around the kernel in a block, `flashinfer_fp8_kernel` alone on
+inputs quantized once, V as it comes), and TensorRT-LLM's FMHA v2 kernels where `benchmarks/fmha_v2_site.py` prebuilt
+them (`fmha_v2_fp8_kernel`: the e4m3 kernel alone on its packed `[tokens, 3, heads, dim]` input, quantized once per
+tensor; `fmha_v2_bf16`: its bf16 kernel on `[tokens, heads, dim]` Q, K, V, laid out once, as diffusers has them before
+SDPA), and FlashAttention-3's own Hopper kernels where `benchmarks/fa3_site.py` prebuilt them (`fa3_fp8_kernel`: its
+e4m3 kernel alone on inputs quantized once per head, as FlashInfer's port of it is fed; `fa3_bf16`: its bf16 kernel).
 
 Default shape: Wan 2.1 at 480x832x81 frames, 32,760 tokens, batch 1, bf16, 40 heads x 128 (14B) and 12 heads x 128
 (1.3B). Each kernel is timed as CUDA-graph replays (CUDA events around each replay; a kernel that cannot be captured is
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.fmha_v2_site import MODULE as FMHA_V2_MODULE  # noqa: E402 - under a folder of sys.path
 from benchmarks.timing import EVENTS_PLAIN, summary, time_calls, time_graph_replays  # noqa: E402
 
-KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "flashinfer_bf16",
+KERNELS = ("sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8", "hookkit_fp8_unsmoothed_v",
+           "hookkit_fp8_kernel", "flashinfer_bf16",
            "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled", "flashinfer_fp8_kernel",
            "fmha_v2_fp8_kernel", "fmha_v2_bf16", "fa3_fp8_kernel", "fa3_bf16")
 #: FMHA v2's scratch memory (FlashInfer's callers pass 128 MiB)
@@ -121,10 +123,21 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         return fa3_fn(fp8=name == "fa3_fp8_kernel")
     from hookkit.techniques.attention import fp8_triton, int8_triton
 
+    tiles = {} if torch.cuda.is_available() else {"block_m": 32, "block_n": 32}  # the interpreter: small tiles, quick
+    if name == "hookkit_fp8_unsmoothed_v":
+        return lambda q, k, v: fp8_triton.attention(q, k, v, smooth_value=False, **tiles)
+    if name == "hookkit_fp8_kernel":
+        inputs: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
+
+        def fp8_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            key = (id(q), id(k), id(v))
+            if key not in inputs:
+                inputs.clear()
+                inputs[key] = fp8_triton.quantize_inputs(q, k, v, **tiles)
+            return fp8_triton.run_quantized(q, k.shape[2], inputs[key], **tiles)
+        return fp8_kernel_only
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
-    if not torch.cuda.is_available():  # the interpreter: small tiles keep it quick
-        return lambda q, k, v: module.attention(q, k, v, block_m=32, block_n=32)
-    return module.attention
+    return lambda q, k, v: module.attention(q, k, v, **tiles)
 
 
 def _packed(parts: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -651,6 +651,44 @@ def test_the_fp8_kernel_smooths_values_on_calls_of_many_keys_in_tritons_interpre
     assert scale_over_amax == pytest.approx(1.0, abs=1e-5) and off_mirror <= 2.0 ** -6
 
 
+
+def test_the_fp8_kernel_smooths_values_as_asked_whatever_the_length() -> None:
+    from hookkit.techniques.attention import fp8_triton
+
+    # benchmarks time V smoothed and not at one length: `smooth_value` overrides the length rule both ways
+    assert [fp8_triton.smooths_values(n, True) for n in (68, 32760)] == [True, True]
+    assert [fp8_triton.smooths_values(n, False) for n in (68, 32760)] == [False, False]
+
+
+KERNEL_ALONE_INTERPRETED = """
+import json
+import torch
+from hookkit.techniques.attention import fp8_triton
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (64, 100, 100))
+v = v + 8.0 * torch.randn(1, 2, 1, 32, generator=g)  # a channel offset: smoothing changes V's codes
+q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+inputs = fp8_triton.quantize_inputs(q, k, v, block_m=32, block_n=32, smooth_value=True)
+alone = fp8_triton.run_quantized(q, 100, inputs, block_m=32, block_n=32)
+whole = fp8_triton.attention(q, k, v, block_m=32, block_n=32, smooth_value=True)
+mirror = fp8_triton.reference(q, k, v, block_m=32, block_n=32, smooth_value=True).float()
+long_k, long_v = (torch.randn(1, 1, 2048, 32, generator=g).to(torch.bfloat16) for _ in range(2))
+kept = fp8_triton.quantize_inputs(q[:, :1], long_k, long_v, block_m=32, block_n=32, smooth_value=False)[-1]
+print(json.dumps({"alone is whole": torch.equal(alone, whole), "smoothed at 100 keys": bool(inputs[-1].any()),
+                  "off mirror": ((whole.float() - mirror).abs().max() / mirror.abs().max()).item(),
+                  "2048 keys kept as they come": not bool(kept.any())}))
+"""
+
+
+def test_the_fp8_kernel_alone_on_quantized_inputs_is_the_whole_call_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    # `run_quantized` on `quantize_inputs`' output gives attention's output bit for bit (the benchmark times the
+    # kernel apart from its passes); V smoothed on request at 100 keys and left as it comes at 2,048 on request
+    result = interpreted(KERNEL_ALONE_INTERPRETED)
+    assert result["alone is whole"] and result["smoothed at 100 keys"] and result["2048 keys kept as they come"]
+    assert result["off mirror"] <= 2.0 ** -6  # the mirror smooths alike: two bf16 roundings of the largest value
+
 CHANNEL_STATISTICS_INTERPRETED = """
 import json
 import torch
@@ -848,11 +886,14 @@ def test_the_benchmark_records_every_kernel_even_the_ones_that_cannot_run(tmp_pa
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {r["kernel"]: r for r in json.loads(out.read_text())["results"]}
     assert list(rows) == ["sdpa_cudnn", "sdpa_flash", "sageattention", "hookkit_int8", "hookkit_fp8",
-                          "flashinfer_bf16", "flashinfer_fp8", "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled",
+                          "hookkit_fp8_unsmoothed_v", "hookkit_fp8_kernel", "flashinfer_bf16", "flashinfer_fp8",
+                          "flashinfer_fp8_unsmoothed_v", "flashinfer_fp8_compiled",
                           "flashinfer_fp8_kernel", "fmha_v2_fp8_kernel", "fmha_v2_bf16", "fa3_fp8_kernel", "fa3_bf16"]
     assert rows["hookkit_int8"]["error"] is None and rows["hookkit_int8"]["max_abs_error"] < 0.05
     assert rows["hookkit_fp8"]["error"] is None and rows["hookkit_fp8"]["mean_rel_error"] < 0.05
     assert len(rows["hookkit_int8"]["times_ms"]) == len(rows["hookkit_fp8"]["times_ms"]) == 2
+    for name in ("hookkit_fp8_unsmoothed_v", "hookkit_fp8_kernel"):  # V as it comes; the kernel alone
+        assert rows[name]["error"] is None and rows[name]["mean_rel_error"] < 0.05 and len(rows[name]["times_ms"]) == 2
     assert rows["sdpa_cudnn"]["error"] is not None and rows["sdpa_cudnn"]["times_ms"] == []
     assert rows["flashinfer_fp8"]["error"] is not None and rows["flashinfer_fp8"]["times_ms"] == []  # no CPU kernel
     assert rows["flashinfer_fp8_compiled"]["error"].startswith("ModuleNotFoundError")  # refused before compiling

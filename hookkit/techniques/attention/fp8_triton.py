@@ -364,13 +364,15 @@ def channel_statistics(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
 SMOOTH_V_MIN_KEYS = 2048
 
 
-def smooths_values(keys: int) -> bool:
-    """Whether a call over `keys` keys smooths V (`SMOOTH_V_MIN_KEYS`)."""
-    return keys >= SMOOTH_V_MIN_KEYS
+def smooths_values(keys: int, smooth_value: bool | None = None) -> bool:
+    """Whether a call over `keys` keys smooths V: `smooth_value` where given (benchmarks time both ways), else from
+    `SMOOTH_V_MIN_KEYS` keys."""
+    return keys >= SMOOTH_V_MIN_KEYS if smooth_value is None else smooth_value
 
 
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                    block_m: int = 128, block_n: int = 128, qk_int8: bool = True) -> tuple[torch.Tensor, ...]:
+                    block_m: int = 128, block_n: int = 128, qk_int8: bool = True,
+                    smooth_value: bool | None = None) -> tuple[torch.Tensor, ...]:
     """The kernel's inputs (step 1 of the module docstring): Q and smoothed K codes with their per-block scales
     (Q's times `scale · log2(e)`), V's transposed e4m3 codes, per-channel scales and the channel means taken out of it
     (zeros where the call does not smooth V, `smooths_values`), each `[batch * heads, ...]`. The arguments are
@@ -380,7 +382,7 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q_codes, q_scales = _quantize(q, block_m, Q_MODE, None, softmax_scale * LOG2_E, qk_int8, interpret)
     k_mean, v_mean, top, bottom = channel_statistics(k, v)
-    if smooths_values(k.shape[2]):
+    if smooths_values(k.shape[2], smooth_value):
         v_amax = torch.maximum(top - v_mean, v_mean - bottom).clamp_min_(1e-20)
     else:
         v_mean = torch.zeros_like(v_mean)
@@ -393,7 +395,7 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = 4,
               num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
-              tma: bool = False) -> torch.Tensor:
+              tma: bool = False, smooth_value: bool | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the fp8
     kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed `[B, S, H, D]` view
     in, one out: diffusers' transpose back is then free).
@@ -403,16 +405,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     row with no allowed key is 0, as in SDPA.
     `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`, `loop`, `tma`: the kernel's tiling, Q·Kᵀ's
     precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
-    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA)."""
-    b, h, sq, d = q.shape
+    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA).
+    `smooth_value`: smooth V or not whatever the length (`smooths_values`; None, what `Attention` runs: by length)."""
+    b, h, sq, _ = q.shape
     sk = k.shape[2]
-    interpret = not q.is_cuda
     if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
-        q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, v_mean = quantize_inputs(q, k, v, scale, block_m,
-                                                                                          block_n, qk_int8)
+        inputs = quantize_inputs(q, k, v, scale, block_m, block_n, qk_int8, smooth_value)
+    return run_quantized(q, sk, inputs, mask, block_m, block_n, num_warps, num_stages, qk_int8, exp_f16, loop, tma)
+
+
+def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None = None,
+                  block_m: int = 128, block_n: int = 128, num_warps: int | None = 4, num_stages: int | None = 3,
+                  qk_int8: bool = True, exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
+    """The kernel alone (step 2 of the module docstring) on `inputs`, what `quantize_inputs` made of `q` and `keys`
+    keys with the same `block_m`, `block_n` and `qk_int8`: `attention` without its quantization passes, so that a
+    benchmark can time the two apart. The other arguments are `attention`'s (its checks of `mask` are not repeated)."""
+    b, h, sq, d = q.shape
+    interpret = not q.is_cuda
+    q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, v_mean = inputs
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         out = torch.empty_like(q)
         grid = (triton.cdiv(sq, block_m), b * h)
         options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
@@ -422,8 +436,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
             q_codes = TensorDescriptor.from_tensor(q_codes.view(-1, d), [block_m, d])
             k_codes = TensorDescriptor.from_tensor(k_codes.view(-1, d), [block_n, d])
             v_codes = TensorDescriptor.from_tensor(v_codes.view(-1, v_codes.shape[-1]), [d, block_n])
-        masked = mask_tiles.kernel_args(mask, sq, sk, block_m, block_n, q_scales)
-        _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, v_mean, out, h, sq, sk,
+        masked = mask_tiles.kernel_args(mask, sq, keys, block_m, block_n, q_scales)
+        _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, v_mean, out, h, sq, keys,
                                     q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
                                     *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8,
                                     EXP_F16=exp_f16, LOOP=loop, TMA=tma, INTERPRET=interpret,
@@ -433,7 +447,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
-              qk_int8: bool = True) -> torch.Tensor:
+              qk_int8: bool = True, smooth_value: bool | None = None) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed
     K, V (smoothed where `smooths_values`, its mean added back) and P, the same scales. For tests: the kernel's
     online softmax differs from this only by float rounding (the running max is the row max, except where P's
@@ -456,7 +470,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     qf, kf, vf = q.float(), k.float(), v.float()
     qd = blocks_fp8(qf, block_m)
     kd = blocks_fp8(kf - kf.mean(dim=2, keepdim=True), block_n)
-    v_mean = vf.mean(dim=2, keepdim=True) if smooths_values(k.shape[2]) else torch.zeros_like(vf[:, :, :1])
+    v_mean = (vf.mean(dim=2, keepdim=True) if smooths_values(k.shape[2], smooth_value)
+              else torch.zeros_like(vf[:, :, :1]))
     vf = vf - v_mean
     v_step = vf.abs().amax(dim=2, keepdim=True).clamp_min(1e-20) / FP8_MAX
     vd = (vf / v_step).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * v_step
