@@ -1,8 +1,8 @@
 """Build `.whl/fa3-site.tar.gz` for the GPU machine: FlashAttention-3's own Hopper forward kernel, prebuilt.
 
-Why: hookkit's fastest attention is FlashInfer's port of FA3's e4m3 forward kernel, at 1.51x cuDNN at 32,760
-tokens, 40 heads x 128 (Wan 2.1 14B's attention shape). To know whether the port leaves speed behind, we measure it
-against FA3's own kernel, the `flash_attn_3` extension in the `hopper/` folder of Dao-AILab/flash-attention. The GPU
+Why: `Attention(low_precision="fa3_fp8")` runs FA3's own e4m3 forward kernel, the fastest attention hookkit has
+measured at Wan 2.1 14B's shape (40 heads x 128, 32,760 tokens; BENCHMARKS.md), ahead of FlashInfer's port of it. It is
+the `flash_attn_3` extension in the `hopper/` folder of Dao-AILab/flash-attention, with no wheel on PyPI. The GPU
 machine has no nvcc and no internet, so nvcc compiles it here, against the torch the GPU machine has (2.11.0+cu130,
 Python 3.12), and the archive carries the built module and its Python interface.
 
