@@ -1,5 +1,5 @@
-# Sourced by every benchmarks/suites/NAME.sh: the settings that several suites share, and their two helpers (one
-# `hookkit bench-one` row, one `hookkit bench` matrix). A suite runs in the repository root and writes under $OUT;
+# Sourced by every benchmarks/suites/NAME.sh: the settings that several suites share, and their three helpers (one
+# `hookkit bench-one` row, one `hookkit bench` matrix, one attention_kernels.py process). A suite runs in the repository root and writes under $OUT;
 # benchmarks/queue.sh sets OUT to $W/res/NAME. By hand, on a machine where hookkit and its packages import:
 #
 #   OUT=out/peers-flux-512 bash benchmarks/suites/peers-flux-512.sh
@@ -34,6 +34,20 @@ SUITE_SETTINGS="RUNS ROW_TIMEOUT QUICK FAST MOD DYN PEER AUTOTUNE UNCACHED"
 
 note() {  # note TEXT: one time-stamped line of the suite's log
   echo "[$(date -u +%H:%M:%S)] $*"
+}
+
+kernel_times() {  # kernel_times NAME SECONDS KERNEL... [-- ARG...]: one benchmarks/attention_kernels.py process at
+  # Wan 2.1 14B's attention (40 heads x 128, 32,760 tokens) timing the KERNELs (ARGs after `--` passed on), into
+  # $OUT/NAME.json and NAME.log; notes its exit status and each kernel's summary line
+  local name=$1 seconds=$2 kernels=() extra=() rc
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do kernels+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && extra=("$@")
+  timeout "$seconds" python3 benchmarks/attention_kernels.py --heads 40 --kernels "${kernels[@]}" "${extra[@]}" \
+    --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  rc=$?
+  note "$name rc $rc $(grep -E "^($(IFS='|'; echo "${kernels[*]}")) " "$OUT/$name.log" | tr -s ' ' | cut -c1-160 \
+    | tr '\n' ';')"
 }
 
 row() {  # row MODEL SIZE CONFIG [cold]: one `hookkit bench-one` process; $OUT/CONFIG.json and CONFIG.err

@@ -86,6 +86,20 @@ def test_every_script_and_test_file_a_suite_names_exists(suite: Path) -> None:
     assert [path for path in sorted(named) if not (ROOT / path).is_file()] == []
 
 
+def test_kernel_times_writes_the_json_and_log_and_notes_each_kernels_line(tmp_path: Path) -> None:
+    # the attention suites' one process of benchmarks/attention_kernels.py; here on the CPU (Triton's interpreter),
+    # its shape replaced after `--`, and python3 the test's own interpreter
+    env = {"OUT": str(tmp_path), "TRITON_INTERPRET": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = bash("-c", 'source benchmarks/suite_lib.sh && kernel_times cpu_rows 120 hookkit_int8 sdpa_cudnn -- '
+                      '--device cpu --tokens 96 --heads 1 --dim 64 --repeats 2 --warmup 1', env=env)
+    assert done.returncode == 0, done.stderr
+    rows = [r["kernel"] for r in json.loads((tmp_path / "cpu_rows.json").read_text())["results"]]
+    assert rows == ["hookkit_int8", "sdpa_cudnn"] and (tmp_path / "cpu_rows.log").is_file()
+    note = done.stdout.strip()
+    assert " cpu_rows rc 0 hookkit_int8 1 96 " in note and ";sdpa_cudnn 1 96 " in note
+
+
 def test_every_suite_passes_bash_syntax_check() -> None:
     scripts = [*SUITES, QUEUE, BENCHMARKS / "suite_lib.sh", BENCHMARKS / "gpu_env.sh"]
     failed = {path.name: done.stderr for path in scripts if (done := bash("-n", str(path))).returncode != 0}

@@ -20,9 +20,6 @@ for tarball in "${builds[@]}"; do
   [ "$name" = fa3-site ] && name=stock
   site="$OUT/site-$name"
   mkdir -p "$site" && tar xzf "$tarball" -C "$site" || { note "$name: could not unpack $tarball"; continue; }
-  PYTHONPATH="$site:${PYTHONPATH:-}" timeout "${T_FA3:-300}" python3 benchmarks/attention_kernels.py --heads 40 \
-    --kernels sdpa_cudnn fa3_fp8_kernel --out "$OUT/attention_fa3_$name.json" > "$OUT/attention_fa3_$name.log" 2>&1
-  note "$name rc $? $(grep -E '^(sdpa_cudnn|fa3_fp8_kernel) ' "$OUT/attention_fa3_$name.log" | tr -s ' ' | cut -c1-120 \
-    | tr '\n' ';')"
+  PYTHONPATH="$site:${PYTHONPATH:-}" kernel_times "attention_fa3_$name" "${T_FA3:-300}" sdpa_cudnn fa3_fp8_kernel
   rm -rf "$site"
 done

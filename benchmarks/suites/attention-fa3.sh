@@ -5,8 +5,4 @@
 # .whl/fa3-site.tar.gz (benchmarks/fa3_site.py) and .whl/flashinfer-site.tar.gz (gpu_env.sh unpacks both).
 # attention_fa3.json and .log. ~2 GPU minutes. Settings: T_FA3 (seconds, 400).
 source "$(dirname "$0")/../suite_lib.sh"
-timeout "${T_FA3:-400}" python3 benchmarks/attention_kernels.py --heads 40 \
-  --kernels sdpa_cudnn flashinfer_fp8_kernel fa3_fp8_kernel fa3_bf16 \
-  --out "$OUT/attention_fa3.json" > "$OUT/attention_fa3.log" 2>&1
-note "attention-fa3 kernels rc $? $(grep -E '^(sdpa_cudnn|flashinfer_fp8_kernel|fa3_)' "$OUT/attention_fa3.log" \
-  | tr -s ' ' | cut -c1-160 | tr '\n' ';')"
+kernel_times attention_fa3 "${T_FA3:-400}" sdpa_cudnn flashinfer_fp8_kernel fa3_fp8_kernel fa3_bf16

@@ -8,15 +8,9 @@
 source "$(dirname "$0")/../suite_lib.sh"
 TILES=${TILES:-${WHL:-.whl}/flashinfer-fp8-tiles}
 KERNELS="sdpa_cudnn flashinfer_fp8_kernel flashinfer_fp8"
-rows_of() {  # rows_of LOG: the kernels' summary lines of one attention_kernels.py log, on one line
-  grep -E '^(sdpa_cudnn|flashinfer_fp8)' "$1" | tr -s ' ' | cut -c1-80 | tr '\n' ';'
-}
-timeout "${T_TILE:-300}" python3 benchmarks/attention_kernels.py --heads 40 --kernels $KERNELS \
-  --out "$OUT/tiles_stock.json" > "$OUT/tiles_stock.log" 2>&1
-note "stock tile (q128kv192s2) rc $? $(rows_of "$OUT/tiles_stock.log")"
+# shellcheck disable=SC2086 # KERNELS is a word list
+kernel_times tiles_stock "${T_TILE:-300}" $KERNELS  # FlashInfer's own tile, q128kv192s2
 for dir in "$TILES"/*/; do
-  name=$(basename "$dir")
-  timeout "${T_TILE:-300}" python3 benchmarks/attention_kernels.py --heads 40 --kernels $KERNELS \
-    --flashinfer-aot "$dir" --out "$OUT/tiles_$name.json" > "$OUT/tiles_$name.log" 2>&1
-  note "$name rc $? $(rows_of "$OUT/tiles_$name.log")"
+  # shellcheck disable=SC2086
+  kernel_times "tiles_$(basename "$dir")" "${T_TILE:-300}" $KERNELS -- --flashinfer-aot "$dir"
 done

@@ -7,15 +7,10 @@
 # .log, gpu_tests_flashinfer.log (failed tests named in the suite's log). Settings: T_AFI (seconds, 600), T_TESTS
 # (seconds, 420; then SIGINT, so that pytest names the tests failed so far).
 source "$(dirname "$0")/../suite_lib.sh"
-timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 \
-  --kernels sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 flashinfer_fp8_unsmoothed_v flashinfer_fp8_compiled \
-  flashinfer_fp8_kernel \
-  --out "$OUT/attention_flashinfer.json" > "$OUT/attention_flashinfer.log" 2>&1
-note "attention-flashinfer kernels rc $?"
+kernel_times attention_flashinfer "${T_AFI:-600}" sdpa_cudnn hookkit_fp8 flashinfer_bf16 flashinfer_fp8 \
+  flashinfer_fp8_unsmoothed_v flashinfer_fp8_compiled flashinfer_fp8_kernel
 # FMHA v2 in a process of its own (its CUDA error checks end the process), cuDNN again beside it
-timeout "${T_AFI:-600}" python3 benchmarks/attention_kernels.py --heads 40 --kernels sdpa_cudnn fmha_v2_fp8_kernel \
-  fmha_v2_bf16 --out "$OUT/attention_fmha_v2.json" > "$OUT/attention_fmha_v2.log" 2>&1
-note "fmha v2 kernels rc $? $(grep -E '^fmha_v2' "$OUT/attention_fmha_v2.log" | tr -s ' ' | cut -c1-160 | tr '\n' ';')"
+kernel_times attention_fmha_v2 "${T_AFI:-600}" sdpa_cudnn fmha_v2_fp8_kernel fmha_v2_bf16
 timeout -s INT -k 30 "${T_TESTS:-420}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
   tests/test_attention_flashinfer.py > "$OUT/gpu_tests_flashinfer.log" 2>&1
 note "flashinfer gpu tests rc $? $(tail -1 "$OUT/gpu_tests_flashinfer.log")"

@@ -5,8 +5,4 @@
 # call on H100s; the kernel took 28.44 ms with its quantization before, on an H100)? In the kernel or in its passes?
 # attention_hookkit_fp8.json and .log. ~1 GPU minute. Settings: T_KERNELS (seconds, 300).
 source "$(dirname "$0")/../suite_lib.sh"
-timeout "${T_KERNELS:-300}" python3 benchmarks/attention_kernels.py --heads 40 \
-  --kernels sdpa_cudnn hookkit_fp8 hookkit_fp8_unsmoothed_v hookkit_fp8_kernel \
-  --out "$OUT/attention_hookkit_fp8.json" > "$OUT/attention_hookkit_fp8.log" 2>&1
-note "attention-hookkit-fp8 rc $? $(grep -E '^(sdpa_cudnn|hookkit_fp8)' "$OUT/attention_hookkit_fp8.log" \
-  | tr -s ' ' | cut -c1-160 | tr '\n' ';')"
+kernel_times attention_hookkit_fp8 "${T_KERNELS:-300}" sdpa_cudnn hookkit_fp8 hookkit_fp8_unsmoothed_v hookkit_fp8_kernel
