@@ -70,6 +70,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def prepared_once(prepare: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any],
+                  run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+                  ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`fn(q, k, v)` that times a kernel alone: `prepare(q, k, v)` (quantization, layout) runs once per input
+    tensors (the timing loop passes the same ones every call), `run(q, k, v, prepared)` at every call."""
+    memo: dict[tuple[int, ...], Any] = {}
+
+    def alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        key = (id(q), id(k), id(v))
+        if key not in memo:
+            memo.clear()
+            memo[key] = prepare(q, k, v)
+        return run(q, k, v, memo[key])
+    return alone
+
+
 def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """`fn(q, k, v)` for `[B, H, N, D]` tensors; raises if the kernel is unavailable."""
     if name in ("sdpa_cudnn", "sdpa_flash"):
@@ -107,16 +123,8 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
                 return add_mean(flashinfer_fa3.run_fp8(*codes, flashinfer_fa3.softmax_scale(q, None), False, q.dtype),
                                 mean)
             return compiled
-        quantized: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
-
-        def kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            key = (id(q), id(k), id(v))
-            if key not in quantized:
-                quantized.clear()
-                quantized[key] = flashinfer_fa3.quantize(q, k, v)
-            return flashinfer_fa3.run_fp8(*quantized[key], flashinfer_fa3.softmax_scale(q, None), False,
-                                          q.dtype)
-        return kernel_only
+        return prepared_once(flashinfer_fa3.quantize, lambda q, k, v, codes: flashinfer_fa3.run_fp8(
+            *codes, flashinfer_fa3.softmax_scale(q, None), False, q.dtype))
     if name.startswith("fmha_v2"):
         return fmha_v2_fn(name.removeprefix("fmha_v2_"))
     if name.startswith("fa3"):
@@ -127,15 +135,8 @@ def kernel_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
     if name == "hookkit_fp8_unsmoothed_v":
         return lambda q, k, v: fp8_triton.attention(q, k, v, smooth_value=False, **tiles)
     if name == "hookkit_fp8_kernel":
-        inputs: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # the kernel alone: inputs quantized once
-
-        def fp8_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            key = (id(q), id(k), id(v))
-            if key not in inputs:
-                inputs.clear()
-                inputs[key] = fp8_triton.quantize_inputs(q, k, v, **tiles)
-            return fp8_triton.run_quantized(q, k.shape[2], inputs[key], **tiles)
-        return fp8_kernel_only
+        return prepared_once(lambda q, k, v: fp8_triton.quantize_inputs(q, k, v, **tiles),
+                             lambda q, k, v, inputs: fp8_triton.run_quantized(q, k.shape[2], inputs, **tiles))
     module = fp8_triton if name == "hookkit_fp8" else int8_triton
     return lambda q, k, v: module.attention(q, k, v, **tiles)
 
@@ -182,26 +183,24 @@ def fmha_v2_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
                        state["starts"], state["starts"], layout, tokens, tokens, batch, "padding", 1.0, bmm1, bmm2,
                        -1, 0, False, 0.0, 0.0, None, None)
 
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Any, str]:
         if not q.is_cuda:
             raise RuntimeError("FMHA v2 runs on a CUDA device only")
+        if kind == "fp8_kernel":
+            packed, scales = packed_e4m3(q, k, v)
+            return (packed,) * 3, scales, "packed_qkv"
+        return tuple(t.transpose(1, 2).flatten(0, 1).contiguous() for t in (q, k, v)), (1.0, 1.0, 1.0), "separate_q_k_v"
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            prepared: tuple[tuple[torch.Tensor, ...], Any, str]) -> torch.Tensor:
+        inputs, (qs, ks, vs), layout = prepared
         batch, heads, tokens, dim = q.shape
         out = state.get("out")
         if out is None:
             out = state["out"] = torch.empty(batch * tokens, heads, dim, dtype=torch.bfloat16, device=q.device)
-        key = (id(q), id(k), id(v))
-        if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
-            if kind == "fp8_kernel":
-                packed, scales = packed_e4m3(q, k, v)
-                state.update(inputs=(packed,) * 3, scales=scales, layout="packed_qkv")
-            else:
-                inputs = tuple(t.transpose(1, 2).flatten(0, 1).contiguous() for t in (q, k, v))
-                state.update(inputs=inputs, scales=(1.0, 1.0, 1.0), layout="separate_q_k_v")
-            state["key"] = key
-        qs, ks, vs = state["scales"]
-        call(state["inputs"], state["layout"], out, batch, tokens, qs * ks * dim ** -0.5, vs)
+        call(inputs, layout, out, batch, tokens, qs * ks * dim ** -0.5, vs)
         return out.unflatten(0, (batch, tokens)).transpose(1, 2)
-    return run
+    return prepared_once(prepare, run)
 
 
 def fa3_fn(fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -212,27 +211,26 @@ def fa3_fn(fp8: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], to
     out as `[B, N, H, D]` once. Raises where the module is missing or off a CUDA device."""
     from flash_attn_interface import flash_attn_func
 
-    state: dict[str, Any] = {}
-
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         if not q.is_cuda:
             raise RuntimeError("FlashAttention-3 runs on a CUDA device only")
-        key = (id(q), id(k), id(v))
-        if state.get("key") != key:  # the inputs prepared once: the kernel alone is timed
-            if fp8:  # FlashInfer's port is fed the same codes and scales: the kernels alone differ
-                from hookkit.techniques.attention import flashinfer_fa3
+        if not fp8:
+            return [t.transpose(1, 2).contiguous() for t in (q, k, v)], {}
+        from hookkit.techniques.attention import flashinfer_fa3  # FlashInfer's port is fed the same codes and scales
 
-                *codes, q_scale, k_scale, v_scale = flashinfer_fa3.quantize(q, k, v)
-                state.update(inputs=[t.transpose(1, 2).contiguous() for t in codes],
-                             descale={"q_descale": q_scale.contiguous(), "k_descale": k_scale.contiguous(),
-                                      "v_descale": v_scale.contiguous()})
-            else:
-                state.update(inputs=[t.transpose(1, 2).contiguous() for t in (q, k, v)], descale={})
-            state["key"] = key
-        out = flash_attn_func(*state["inputs"], softmax_scale=q.shape[-1] ** -0.5, causal=False, **state["descale"])
+        *codes, q_scale, k_scale, v_scale = flashinfer_fa3.quantize(q, k, v)
+        return ([t.transpose(1, 2).contiguous() for t in codes],
+                {"q_descale": q_scale.contiguous(), "k_descale": k_scale.contiguous(),
+                 "v_descale": v_scale.contiguous()})
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            prepared: tuple[list[torch.Tensor], dict[str, torch.Tensor]]) -> torch.Tensor:
+        inputs, descale = prepared
+        out = flash_attn_func(*inputs, softmax_scale=q.shape[-1] ** -0.5, causal=False, **descale)
         out = out[0] if isinstance(out, tuple) else out
         return out.transpose(1, 2)
-    return run
+    return prepared_once(prepare, run)
 
 
 def _times_ms(fn: Callable[[], Any], repeats: int, warmup: int, device: str, graphs: bool) -> tuple[list[float], str]:

@@ -475,6 +475,23 @@ def test_the_tile_builder_refuses_a_tile_flashinfers_fp8_kernel_cannot_take(
         tiles.tile(name)
 
 
+def test_the_kernel_benchmark_prepares_a_kernels_inputs_once_per_input_tensors(
+        benchmark_script: Callable[[str], ModuleType]) -> None:
+    import torch
+
+    kernels = benchmark_script("attention_kernels")
+    prepared: list[int] = []
+
+    def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+        prepared.append(len(prepared))
+        return prepared[-1]
+
+    alone = kernels.prepared_once(prepare, lambda q, k, v, n: q + n)
+    q, k, v = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+    assert [alone(q, k, v).tolist() for _ in range(3)] == [[0.0, 0.0]] * 3  # timed calls: prepared once
+    assert alone(torch.ones(2), k, v).tolist() == [2.0, 2.0] and prepared == [0, 1]  # new inputs: prepared again
+
+
 def test_the_kernel_benchmark_refuses_a_flashinfer_module_folder_that_does_not_exist(
         benchmark_script: Callable[[str], ModuleType], tmp_path: Path) -> None:
     kernels = benchmark_script("attention_kernels")
