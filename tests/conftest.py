@@ -58,6 +58,7 @@ def benchmark_script() -> Callable[[str], ModuleType]:
         path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # (dataclasses look their module up there)
         spec.loader.exec_module(module)
         return module
     return load

@@ -303,8 +303,10 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, o
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, v_src, v_row0, padded, last, k_tokens, cols, dims, D,
                                     BLOCK_N, True, QK_INT8, EXP_F16, TMA, INTERPRET)
     v_scale = tl.load(vs_ptr + bh * D + dims)
-    v_mean = tl.load(vm_ptr + bh * D + dims)
-    out = acc * v_scale[None, :] / l_i[:, None] + tl.where(l_i[:, None] < float("inf"), v_mean[None, :], 0.0)
+    v_mean = tl.load(vm_ptr + bh * D + dims)[None, :]
+    if MASKED:  # only here: in the unmasked kernel this `where` made Triton 3.6 spill in the key loop (kernel_spills)
+        v_mean = tl.where(l_i[:, None] < float("inf"), v_mean, 0.0)
+    out = acc * v_scale[None, :] / l_i[:, None] + v_mean
     target = out_ptr + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + dims[None, :]
     tl.store(target, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_tokens)
 
