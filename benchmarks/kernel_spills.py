@@ -2,8 +2,8 @@
 
 Why: a kernel whose key loop spills registers to local memory runs far slower on the GPU while its arithmetic (all the
 CPU interpreter checks) stays the same. A one-line change to `hookkit_fp8`'s epilogue (a `where` on the running sum)
-made Triton 3.6's build spill 40 times in every key block of the unmasked kernel and cost it 43 % on an H100
-(BENCHMARKS.md); nothing on the CPU showed it until the kernel was built the way its launch builds it. This script
+made Triton 3.6's build spill in every key block of the unmasked kernel, much slower on an H100 (BENCHMARKS.md);
+nothing on the CPU showed it until the kernel was built the way its launch builds it. This script
 does that without a GPU: Triton's own launch binder specializes the arguments of the real call (which integers divide
 by 16, which pointers are aligned), `triton.compile` builds for sm_90a, `ptxas -v` reports registers and spill bytes
 and `cuobjdump -sass` the machine code, in which each loop (a backward branch) is searched for spill stores (`STL`)
