@@ -6,7 +6,7 @@ attention call and hands it to SDPA. Valid tokens come first (diffusers reorders
 then padding), so the valid rows of the masked attention equal attention over the valid prefix with no mask. A masked
 SDPA call cannot take the flash kernel; this measures what it takes instead, the time the mask costs, and
 hookkit_fp8 and hookkit_int8 with the mask (they skip the key blocks it leaves out, `mask_tiles.mask_tiles`), and
-hookkit_fp8 in 8 warps as well as its default 4 (masked, its key loops spill no registers in 8: kernel_spills.py).
+hookkit_fp8 in the other warp count beside its default (`fp8_triton.launch_warps`), masked and on the valid prefix.
 
 Shapes: batch 1, 16 heads x 128; 32,760 video tokens (21 x 30 x 52 latents) and 1,985 text and image tokens (1,000
 Qwen2.5-VL, 256 ByT5, 729 image), of which the 729 image tokens are padding in text-to-video: 34,016 valid of 34,745.
@@ -108,15 +108,15 @@ run("prefix_flash", prefix("FLASH_ATTENTION"), valid_flops)
 try:
     from hookkit.techniques.attention import fp8_triton, int8_triton, mask_tiles
 
-    def fp8_prefix(num_warps: int = 4) -> torch.Tensor:
+    def fp8_prefix(num_warps: int | None = None) -> torch.Tensor:
         o = torch.zeros_like(q)
         o[:, :, :VALID] = fp8_triton.attention(q[:, :, :VALID], k[:, :, :VALID], v[:, :, :VALID], None,
                                                num_warps=num_warps)
         return o
     run("prefix_hookkit_fp8", fp8_prefix, valid_flops)
     run("masked_hookkit_fp8", lambda: fp8_triton.attention(q, k, v, None, mask), valid_flops)
-    # 8 warps: the masked kernel's key loops spill no registers so (benchmarks/kernel_spills.py), with 4 they do
-    run("masked_hookkit_fp8_8_warps", lambda: fp8_triton.attention(q, k, v, None, mask, num_warps=8), valid_flops)
+    # the other warp count beside each default (`fp8_triton.launch_warps`: 8 masked, 4 not)
+    run("masked_hookkit_fp8_4_warps", lambda: fp8_triton.attention(q, k, v, None, mask, num_warps=4), valid_flops)
     run("prefix_hookkit_fp8_8_warps", lambda: fp8_prefix(num_warps=8), valid_flops)
     run("masked_hookkit_int8", lambda: int8_triton.attention(q, k, v, None, mask), valid_flops)
     run("masked_hookkit_fp8_with_build", lambda: fp8_triton.attention(q, k, v, None, build_mask()), valid_flops)

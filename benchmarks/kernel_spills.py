@@ -140,10 +140,12 @@ def report(compiled: Any, arch: int = 90) -> dict[str, Any]:
 
 
 def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
-                         block_m: int = 128, block_n: int = 128) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+                         block_m: int = 128, block_n: int = 128,
+                         warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The `_fp8_attention_kernel` launch of `fp8_triton.run_quantized` for a self-attention call of `tokens` tokens
     and `heads` heads of `dim` as Wan's processor makes it (`[B, S, H, D]` seen as `[B, H, S, D]`: the output's
-    strides), with `Attention`'s defaults; `masked`: with a boolean padding mask, as HunyuanVideo 1.5's calls."""
+    strides), with `Attention`'s defaults; `masked`: with a boolean padding mask, as HunyuanVideo 1.5's calls;
+    `warps`: other than the launch's (`fp8_triton.launch_warps`)."""
     from hookkit.techniques.attention import fp8_triton
 
     blocks = -(-tokens // block_m)
@@ -162,7 +164,8 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
         mask_args = [scales] * 3 + [0] * 7
     args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides, *mask_args)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
-                  INTERPRET=False, MASKED=masked, num_warps=4, num_stages=3)
+                  INTERPRET=False, MASKED=masked, num_warps=fp8_triton.launch_warps(masked) if warps is None else warps,
+                  num_stages=3)
     return fp8_triton._fp8_attention_kernel, args, kwargs
 
 

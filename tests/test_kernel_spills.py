@@ -1,4 +1,4 @@
-"""benchmarks/kernel_spills.py: the loops of a kernel's machine code and their spills, and hookkit_fp8's key loop.
+"""benchmarks/kernel_spills.py: the loops of a kernel's machine code and their spills, and hookkit_fp8's key loops.
 
 Why: `hookkit_fp8`'s unmasked kernel once spilled registers in every key block as the GPU machine's Triton built it (a
 `where` in the epilogue), 43 % slower on an H100 with the same arithmetic; the interpreter tests could not see it.
@@ -57,3 +57,13 @@ def test_unmasked_fp8_kernel_spills_nothing_in_its_key_loop_at_wan_14b_call(spil
     row = spills.report(spills.build(kernel, args, kwargs))
     assert len(row["loops"]) == 1
     assert row["loops"][0]["spill_stores"] == 0
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"),
+                    reason="TRITON_INTERPRET is set: the kernels are interpreted functions, not compiled ones")
+def test_masked_fp8_kernel_as_launched_spills_nothing_in_its_key_loops(spills: ModuleType) -> None:
+    pytest.importorskip("triton")
+    kernel, args, kwargs = spills.fp8_attention_launch(tokens=34745, heads=16, dim=128, masked=True)
+    row = spills.report(spills.build(kernel, args, kwargs))
+    assert kwargs["num_warps"] == 8
+    assert [loop["spill_stores"] for loop in row["loops"]] == [0, 0]

@@ -82,7 +82,7 @@ def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: boo
                    + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
-                          INTERPRET=False, MASKED=True))
+                          INTERPRET=False, MASKED=True), num_warps=fp8_triton.launch_warps(True))
     # the some-pairs loop runs the softmax with SAFE (its last constexpr): rows that saw no allowed key yet
     assert re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)
 

@@ -394,8 +394,16 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous(), v_mean
 
 
+def launch_warps(masked: bool) -> int:
+    """The kernel's warps by default: 4, or 8 with a mask. Why 8 there: as Triton 3.6 builds the masked kernel in 4
+    warps its key loops spill registers in every block (the unmasked one's does not), in 8 they spill nothing
+    (benchmarks/kernel_spills.py), and the masked call runs faster so on an H100 (BENCHMARKS.md); the unmasked kernel
+    is faster in 4."""
+    return 8 if masked else 4
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = 4,
+              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = None,
               num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
               tma: bool = False, smooth_value: bool | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the fp8
@@ -407,7 +415,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     row with no allowed key is 0, as in SDPA.
     `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`, `loop`, `tma`: the kernel's tiling, Q·Kᵀ's
     precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
-    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA).
+    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA; `num_warps` None:
+    `launch_warps`).
     `smooth_value`: smooth V or not whatever the length (`smooths_values`; None, what `Attention` runs: by length)."""
     b, h, sq, _ = q.shape
     sk = k.shape[2]
@@ -420,7 +429,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 
 def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None = None,
-                  block_m: int = 128, block_n: int = 128, num_warps: int | None = 4, num_stages: int | None = 3,
+                  block_m: int = 128, block_n: int = 128, num_warps: int | None = None, num_stages: int | None = 3,
                   qk_int8: bool = True, exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
     """The kernel alone (step 2 of the module docstring) on `inputs`, what `quantize_inputs` made of `q` and `keys`
     keys with the same `block_m`, `block_n` and `qk_int8`: `attention` without its quantization passes, so that a
@@ -431,7 +440,8 @@ def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], 
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         out = torch.empty_like(q)
         grid = (triton.cdiv(sq, block_m), b * h)
-        options = {k_: v_ for k_, v_ in (("num_warps", num_warps), ("num_stages", num_stages)) if v_ is not None}
+        warps = launch_warps(mask is not None) if num_warps is None else num_warps
+        options = {k_: v_ for k_, v_ in (("num_warps", warps), ("num_stages", num_stages)) if v_ is not None}
         if tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
