@@ -1,4 +1,4 @@
-"""Registers and spills of hookkit's fp8 attention kernel as the installed Triton builds it for Hopper, on the CPU.
+"""Registers and spills of hookkit's fp8 attention kernels as the installed Triton builds them for Hopper, on the CPU.
 
 Why: a kernel whose key loop spills registers to local memory runs far slower on the GPU while its arithmetic (all the
 CPU interpreter checks) stays the same. A one-line change to `hookkit_fp8`'s epilogue (a `where` on the running sum)
@@ -10,6 +10,7 @@ and `cuobjdump -sass` the machine code, in which each loop (a backward branch) i
 and loads (`LDL`).
 
     python benchmarks/kernel_spills.py                      # Wan 2.1 14B's call: 40 heads x 128, 32,760 tokens
+                                                            # (masked as HunyuanVideo 1.5's, and the mask's tiles)
     python benchmarks/kernel_spills.py --tokens 8192 --out out/kernel_spills.json
 
 Triton's builds differ by version (the GPU machine's 3.6 spilled where 3.9 does not), so a result holds for the Triton
@@ -169,6 +170,18 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     return fp8_triton._fp8_attention_kernel, args, kwargs
 
 
+def mask_tiles_launch(tokens: int = 34745, block: int = 128) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The `_mask_tiles_kernel` launch of `mask_tiles.mask_tiles` for a `[1, 1, tokens, tokens]` boolean mask (as
+    HunyuanVideo 1.5's processor builds it: every query row its own, rows `tokens` bytes apart)."""
+    from hookkit.techniques.attention import mask_tiles
+
+    blocks = -(-tokens // block)
+    args = (torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int8), tokens, tokens, blocks, blocks, 1,
+            0, 0, tokens, 1)
+    return mask_tiles._mask_tiles_kernel, args, dict(BLOCK_M=block, BLOCK_N=block,
+                                                     ROWS=min(mask_tiles.TILE_ROWS_A_STEP, block))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=32760, help="self-attention length (default: Wan 2.1 14B's)")
@@ -185,9 +198,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     result: dict[str, Any] = {"triton": triton.__version__, "arch": args.arch, "tokens": args.tokens,
                               "heads": args.heads, "dim": args.dim, "kernels": {}}
-    for masked in (False, True):
-        name = "hookkit_fp8 masked" if masked else "hookkit_fp8"
-        kernel, kernel_args, kwargs = fp8_attention_launch(args.tokens, args.heads, args.dim, masked)
+    launches = {"hookkit_fp8": fp8_attention_launch(args.tokens, args.heads, args.dim, False),
+                "hookkit_fp8 masked": fp8_attention_launch(args.tokens, args.heads, args.dim, True),
+                "mask tiles": mask_tiles_launch(args.tokens)}
+    for name, (kernel, kernel_args, kwargs) in launches.items():
         row = report(build(kernel, kernel_args, kwargs, args.arch), args.arch)
         result["kernels"][name] = row
         in_loops = sum(loop["spill_stores"] for loop in row["loops"])

@@ -67,3 +67,12 @@ def test_masked_fp8_kernel_as_launched_spills_nothing_in_its_key_loops(spills: M
     row = spills.report(spills.build(kernel, args, kwargs))
     assert kwargs["num_warps"] == 8
     assert [loop["spill_stores"] for loop in row["loops"]] == [0, 0]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True"),
+                    reason="TRITON_INTERPRET is set: the kernels are interpreted functions, not compiled ones")
+def test_mask_tile_classification_at_hunyuanvideo15s_mask_spills_nothing(spills: ModuleType) -> None:
+    pytest.importorskip("triton")
+    kernel, args, kwargs = spills.mask_tiles_launch(tokens=34745)
+    row = spills.report(spills.build(kernel, args, kwargs))
+    assert (row["spill_store_bytes"], row["spill_load_bytes"]) == (0, 0)

@@ -90,7 +90,8 @@ def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: boo
 def test_mask_tiles_kernel_builds_for_hopper() -> None:
     types = _typed("mask_ptr states_ptr mask_rows k_tokens q_blocks k_blocks heads stride_mb stride_mh stride_mq "
                    "stride_mk", ["*u8", "*i8"] + ["i32"] * 9)
-    text = triton_ir(mask_tiles._mask_tiles_kernel, types, dict(BLOCK_M=128, BLOCK_N=128))
+    text = triton_ir(mask_tiles._mask_tiles_kernel, types,
+                     dict(BLOCK_M=128, BLOCK_N=128, ROWS=mask_tiles.TILE_ROWS_A_STEP))
     assert "tt.store" in text
 
 

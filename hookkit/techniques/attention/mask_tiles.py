@@ -20,25 +20,33 @@ import triton.language as tl
 
 @triton.jit
 def _mask_tiles_kernel(mask_ptr, states_ptr, mask_rows, k_tokens, q_blocks, k_blocks, heads, stride_mb, stride_mh,
-                       stride_mq, stride_mk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       stride_mq, stride_mk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     """What one `BLOCK_M` x `BLOCK_N` tile of a boolean mask allows: 0 no pair, 1 every pair, 2 some. Rows past
     `mask_rows` (the last block's padding queries, stored nowhere) allow everything; keys past `k_tokens` nothing, so
     the last key block of a length that is no multiple of `BLOCK_N` is never "every pair". `states_ptr` is
     `[mask batch, mask heads, q_blocks, k_blocks]` int8; the mask is read through its strides (0 where it broadcasts),
-    once."""
+    once, `ROWS` rows a step: the whole tile at once, 128 values a thread in 4 warps, made ptxas spill kilobytes a
+    thread (benchmarks/kernel_spills.py)."""
     block_n = tl.program_id(0)
     block_m = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     batch, head = bh // heads, bh % heads
-    rows = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
     keys = block_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = (rows[:, None] < mask_rows) & (keys[None, :] < k_tokens)
-    allowed = tl.load(mask_ptr + batch * stride_mb + head * stride_mh + rows[:, None].to(tl.int64) * stride_mq
-                      + keys[None, :] * stride_mk, mask=inside, other=0).to(tl.int32)
-    some = tl.max(tl.max(allowed, 1), 0)
-    every = tl.min(tl.min(tl.where(rows[:, None] < mask_rows, allowed, 1), 1), 0)
-    state = tl.where(some == 0, 0, tl.where(every == 1, 1, 2))
+    columns = mask_ptr + batch * stride_mb + head * stride_mh + keys[None, :] * stride_mk
+    some = tl.zeros([ROWS, BLOCK_N], tl.int32)
+    every = tl.full([ROWS, BLOCK_N], 1, tl.int32)
+    for row0 in range(0, BLOCK_M, ROWS):
+        rows = block_m * BLOCK_M + row0 + tl.arange(0, ROWS)
+        inside = (rows[:, None] < mask_rows) & (keys[None, :] < k_tokens)
+        allowed = tl.load(columns + rows[:, None].to(tl.int64) * stride_mq, mask=inside, other=0).to(tl.int32)
+        some = tl.maximum(some, allowed)
+        every = tl.minimum(every, tl.where(rows[:, None] < mask_rows, allowed, 1))
+    state = tl.where(tl.max(tl.max(some, 1), 0) == 0, 0, tl.where(tl.min(tl.min(every, 1), 0) == 1, 1, 2))
     tl.store(states_ptr + (bh * q_blocks + block_m) * k_blocks + block_n, state.to(tl.int8))
+
+
+#: mask rows `_mask_tiles_kernel` reads a step (16 values a thread in 4 warps)
+TILE_ROWS_A_STEP = 16
 
 
 @triton.jit
@@ -69,7 +77,8 @@ def mask_tiles(mask: torch.Tensor, q_tokens: int, k_tokens: int, block_m: int = 
     states = torch.empty(mb, mh, q_blocks, k_blocks, device=mask.device, dtype=torch.int8)
     strides = [0 if n == 1 else s for n, s in zip(mask.shape, mask.stride(), strict=True)]
     _mask_tiles_kernel[(k_blocks, q_blocks, mb * mh)](mask.view(torch.uint8), states, mq, k_tokens, q_blocks, k_blocks,
-                                                      mh, *strides, BLOCK_M=block_m, BLOCK_N=block_n)
+                                                      mh, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
+                                                      ROWS=min(TILE_ROWS_A_STEP, block_m))
     return states
 
 
