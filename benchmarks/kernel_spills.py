@@ -1,4 +1,4 @@
-"""Registers and spills of hookkit's fp8 attention kernels as the installed Triton builds them for Hopper, on the CPU.
+"""Registers and spills of hookkit's attention kernels as the installed Triton builds them for Hopper, on the CPU.
 
 Why: a kernel whose key loop spills registers to local memory runs far slower on the GPU while its arithmetic (all the
 CPU interpreter checks) stays the same. A one-line change to `hookkit_fp8`'s epilogue (a `where` on the running sum)
@@ -10,7 +10,7 @@ and `cuobjdump -sass` the machine code, in which each loop (a backward branch) i
 and loads (`LDL`).
 
     python benchmarks/kernel_spills.py                      # Wan 2.1 14B's call: 40 heads x 128, 32,760 tokens
-                                                            # (masked as HunyuanVideo 1.5's, and the mask's tiles)
+                                                            # (masked as HunyuanVideo 1.5's, the mask's tiles, int8)
     python benchmarks/kernel_spills.py --tokens 8192 --out out/kernel_spills.json
 
 Triton's builds differ by version (the GPU machine's 3.6 spilled where 3.9 does not), so a result holds for the Triton
@@ -170,6 +170,31 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     return fp8_triton._fp8_attention_kernel, args, kwargs
 
 
+def int8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
+                          warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The `_int8_attention_kernel` launch of `int8_triton.attention` (`hookkit_int8`, `Attention`'s default
+    `low_precision`) for the call `fp8_attention_launch` describes: V in Wan's layout, 128 x 64 tiles, Triton's
+    default warps unless `warps`."""
+    from hookkit.techniques.attention import int8_triton
+
+    block_m, block_n = 128, 64
+    scales = torch.empty(64, dtype=torch.float32)
+    v_strides = (tokens * heads * dim, dim, heads * dim)  # Wan's `[B, S, H, D]` seen as `[B, H, S, D]`
+    out_strides = (heads * tokens * dim, tokens * dim, dim)  # the kernel's own contiguous output
+    if masked:
+        mask_args = [torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int32),
+                     torch.empty(64, dtype=torch.int32), 0, 0, 0, 1, 0, 0, 0]
+    else:
+        mask_args = [scales] * 3 + [0] * 7
+    args = (torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.bfloat16),
+            scales, torch.empty(64, dtype=torch.float32), torch.empty(64, dtype=torch.bfloat16), heads, tokens, tokens,
+            -(-tokens // block_m), -(-tokens // block_n), *v_strides, *out_strides, *mask_args)
+    kwargs: dict[str, Any] = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, MASKED=masked)
+    if warps is not None:
+        kwargs["num_warps"] = warps
+    return int8_triton._int8_attention_kernel, args, kwargs
+
+
 def mask_tiles_launch(tokens: int = 34745, block: int = 128) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The `_mask_tiles_kernel` launch of `mask_tiles.mask_tiles` for a `[1, 1, tokens, tokens]` boolean mask (as
     HunyuanVideo 1.5's processor builds it: every query row its own, rows `tokens` bytes apart)."""
@@ -200,7 +225,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "heads": args.heads, "dim": args.dim, "kernels": {}}
     launches = {"hookkit_fp8": fp8_attention_launch(args.tokens, args.heads, args.dim, False),
                 "hookkit_fp8 masked": fp8_attention_launch(args.tokens, args.heads, args.dim, True),
-                "mask tiles": mask_tiles_launch(args.tokens)}
+                "mask tiles": mask_tiles_launch(args.tokens),
+                "hookkit_int8": int8_attention_launch(args.tokens, args.heads, args.dim, False),
+                "hookkit_int8 masked": int8_attention_launch(args.tokens, args.heads, args.dim, True)}
     for name, (kernel, kernel_args, kwargs) in launches.items():
         row = report(build(kernel, kernel_args, kwargs, args.arch), args.arch)
         result["kernels"][name] = row
