@@ -6,8 +6,10 @@ Why: `hookkit_fp8`'s unmasked kernel once spilled registers in every key block a
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -81,3 +83,14 @@ def test_mask_tile_classification_at_hunyuanvideo15s_mask_spills_nothing(spills:
     kernel, args, kwargs = spills.mask_tiles_launch(tokens=34745)
     row = spills.report(spills.build(kernel, args, kwargs))
     assert (row["spill_store_bytes"], row["spill_load_bytes"]) == (0, 0)
+
+
+@builds_for_hopper
+def test_the_report_covers_every_attention_launch_and_names_its_triton(spills: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    import triton
+
+    result = spills.main(["--tokens", "4096", "--heads", "8", "--out", str(tmp_path / "spills.json")])
+    assert set(result["kernels"]) == {"hookkit_fp8", "hookkit_fp8 masked", "mask tiles", "hookkit_int8",
+                                      "hookkit_int8 masked"}
+    assert json.loads((tmp_path / "spills.json").read_text())["triton"] == triton.__version__
