@@ -140,6 +140,15 @@ def report(compiled: Any, arch: int = 90) -> dict[str, Any]:
             "loops": [asdict(loop) for loop in loops(sass)]}
 
 
+def _mask_args(masked: bool, dummy: torch.Tensor) -> list[Any]:
+    """The ten mask arguments of an attention kernel's launch as `mask_tiles.kernel_args` passes them: for a
+    `[1, 1, 1, S]` key mask (bytes, block lists, counts, strides), or without one (`dummy` and zeros)."""
+    if masked:
+        return [torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int32),
+                torch.empty(64, dtype=torch.int32), 0, 0, 0, 1, 0, 0, 0]
+    return [dummy] * 3 + [0] * 7
+
+
 def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
                          block_m: int = 128, block_n: int = 128,
                          warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -159,11 +168,8 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     inputs = (tensor(torch.int8), tensor(torch.int8), tensor(torch.float8_e4m3fn), scales, tensor(torch.float32),
               tensor(torch.float32), tensor(torch.float32))
     out_strides = (tokens * heads * dim, dim, heads * dim)
-    if masked:  # a [1, 1, 1, S] key mask as `mask_tiles.kernel_args` passes it: bytes, block lists, counts, strides
-        mask_args = [tensor(torch.uint8), tensor(torch.int32), tensor(torch.int32), 0, 0, 0, 1, 0, 0, 0]
-    else:
-        mask_args = [scales] * 3 + [0] * 7
-    args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides, *mask_args)
+    args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides,
+            *_mask_args(masked, scales))
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
                   INTERPRET=False, MASKED=masked, num_warps=fp8_triton.launch_warps(masked) if warps is None else warps,
                   num_stages=3)
@@ -181,14 +187,9 @@ def int8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, 
     scales = torch.empty(64, dtype=torch.float32)
     v_strides = (tokens * heads * dim, dim, heads * dim)  # Wan's `[B, S, H, D]` seen as `[B, H, S, D]`
     out_strides = (heads * tokens * dim, tokens * dim, dim)  # the kernel's own contiguous output
-    if masked:
-        mask_args = [torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int32),
-                     torch.empty(64, dtype=torch.int32), 0, 0, 0, 1, 0, 0, 0]
-    else:
-        mask_args = [scales] * 3 + [0] * 7
     args = (torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.bfloat16),
             scales, torch.empty(64, dtype=torch.float32), torch.empty(64, dtype=torch.bfloat16), heads, tokens, tokens,
-            -(-tokens // block_m), -(-tokens // block_n), *v_strides, *out_strides, *mask_args)
+            -(-tokens // block_m), -(-tokens // block_n), *v_strides, *out_strides, *_mask_args(masked, scales))
     kwargs: dict[str, Any] = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, MASKED=masked)
     if warps is not None:
         kwargs["num_warps"] = warps
