@@ -10,7 +10,8 @@ and `cuobjdump -sass` the machine code, in which each loop (a backward branch) i
 and loads (`LDL`).
 
     python benchmarks/kernel_spills.py                      # Wan 2.1 14B's call: 40 heads x 128, 32,760 tokens
-                                                            # (masked as HunyuanVideo 1.5's, the mask's tiles, int8)
+                                                            # (masked as HunyuanVideo 1.5's, also in 4 warps on
+                                                            # smaller tiles; the mask's tiles, int8)
     python benchmarks/kernel_spills.py --tokens 8192 --out out/kernel_spills.json
 
 Triton's builds differ by version (the GPU machine's 3.6 spilled where 3.9 does not), so a result holds for the Triton
@@ -208,6 +209,10 @@ def mask_tiles_launch(tokens: int = 34745, block: int = 128) -> tuple[Any, tuple
                                                      ROWS=min(mask_tiles.TILE_ROWS_A_STEP, block))
 
 
+#: (BLOCK_M, BLOCK_N) of the masked kernel in 4 warps that the report builds beside the launch's own (8 warps, 128 x 128)
+MASKED_TILE_CANDIDATES = ((64, 128), (128, 64))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=32760, help="self-attention length (default: Wan 2.1 14B's)")
@@ -226,6 +231,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "heads": args.heads, "dim": args.dim, "kernels": {}}
     launches = {"hookkit_fp8": fp8_attention_launch(args.tokens, args.heads, args.dim, False),
                 "hookkit_fp8 masked": fp8_attention_launch(args.tokens, args.heads, args.dim, True),
+                # the masked kernel in 4 warps on smaller tiles: candidates for the masked default
+                # (benchmarks/attention_padding_mask.py times them)
+                **{f"hookkit_fp8 masked 4 warps {bm}x{bn}": fp8_attention_launch(args.tokens, args.heads, args.dim,
+                                                                                 True, bm, bn, 4)
+                   for bm, bn in MASKED_TILE_CANDIDATES},
                 "mask tiles": mask_tiles_launch(args.tokens),
                 "hookkit_int8": int8_attention_launch(args.tokens, args.heads, args.dim, False),
                 "hookkit_int8 masked": int8_attention_launch(args.tokens, args.heads, args.dim, True)}

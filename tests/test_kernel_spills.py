@@ -91,6 +91,7 @@ def test_the_report_covers_every_attention_launch_and_names_its_triton(spills: M
     import triton
 
     result = spills.main(["--tokens", "4096", "--heads", "8", "--out", str(tmp_path / "spills.json")])
-    assert set(result["kernels"]) == {"hookkit_fp8", "hookkit_fp8 masked", "mask tiles", "hookkit_int8",
+    assert set(result["kernels"]) == {"hookkit_fp8", "hookkit_fp8 masked", "hookkit_fp8 masked 4 warps 64x128",
+                                      "hookkit_fp8 masked 4 warps 128x64", "mask tiles", "hookkit_int8",
                                       "hookkit_int8 masked"}
     assert json.loads((tmp_path / "spills.json").read_text())["triton"] == triton.__version__
