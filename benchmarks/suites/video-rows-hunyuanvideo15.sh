@@ -8,7 +8,8 @@
 # syncs with the host). Settings: ROWS (comma-separated rows), RUNS and ROW_TIMEOUT as video-rows.sh takes them;
 # HEIGHT, WIDTH, FRAMES, STEPS pass through. ~22 GPU minutes on one H200, more than one device call (collect in a
 # later call): cache-dit's row compiles for more than 420 s on this model (an H100 ended it there), so a row may take
-# 900 s here.
+# 900 s here at 6 steps. At STEPS=50 cache-dit's row takes about 1,000 s on an H100 (a first call of about 600 s and two
+# of about 160; estimated from the 6-step row), hookkit's about 270: give ROW_TIMEOUT=1500.
 runs=${RUNS:-"--runs 2 --warmup 1"} row_timeout=${ROW_TIMEOUT:-900}  # before the shared defaults
 source "$(dirname "$0")/../suite_lib.sh"
 rows=${ROWS:-hookkit-fp8+cache-fast+compile+fp8-attention,hookkit-fp8+cache-fast+compile,cache-dit+fp8+compile}
