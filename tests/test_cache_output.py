@@ -194,8 +194,9 @@ def test_a_diffusers_output_comes_back_as_the_same_class() -> None:
 # --- pipelines: branches, graphs, removal ----------------------------------------------------------------------
 
 
-def test_each_cfg_branch_extrapolates_its_own_outputs() -> None:
-    pipe = zoo.tiny_pipeline("wan")
+@pytest.mark.parametrize("name", ["wan", "hunyuanvideo15"])  # CFG in the pipeline's loop, and through its guider
+def test_each_cfg_branch_extrapolates_its_own_outputs(name: str) -> None:
+    pipe = zoo.tiny_pipeline(name)
     handle = hookkit.enable(pipe, hookkit.Spec(cache=output_cache(1, mask=(1, 1, 0, 1))))
     outputs: dict[tuple[int, int], torch.Tensor] = {}
     wrapped = pipe.transformer.forward  # hookkit's wrapper: its output is what the pipeline sees
@@ -207,7 +208,7 @@ def test_each_cfg_branch_extrapolates_its_own_outputs() -> None:
 
     pipe.transformer.forward = record
     try:
-        pipe(**zoo.call_kwargs("wan", steps=4))
+        pipe(**zoo.call_kwargs(name, steps=4))
     finally:
         pipe.transformer.forward = wrapped
     assert sorted({b for _, b in outputs}) == [0, 1]
