@@ -6,9 +6,9 @@ attention call and hands it to SDPA. Valid tokens come first (diffusers reorders
 then padding), so the valid rows of the masked attention equal attention over the valid prefix with no mask. A masked
 SDPA call cannot take the flash kernel; this measures what it takes instead, the time the mask costs, and
 hookkit_fp8 and hookkit_int8 with the mask (they skip the key blocks it leaves out, `mask_tiles.mask_tiles`), and
-hookkit_fp8 in the other warp count beside its default (`fp8_triton.launch_warps`), masked and on the valid prefix,
-and masked in 4 warps on 64 x 128 and 128 x 64 tiles (whose every-pair loops Triton 3.6 builds without spill stores,
-where it spills on 128 x 128: benchmarks/kernel_spills.py).
+hookkit_fp8 in other tilings beside its launch (`fp8_triton.launch`: 64 x 128 tiles in 4 warps masked, 128 x 128 in 4
+unmasked): over the valid prefix in 8 warps, masked in `kernel_spills.MASKED_ALTERNATIVES` (128 x 128 in 8 warps and in
+4, whose every-pair loop Triton 3.6 builds with spills, and 128 x 64 in 4: benchmarks/kernel_spills.py).
 
 Shapes: batch 1, 16 heads x 128; 32,760 video tokens (21 x 30 x 52 latents) and 1,985 text and image tokens (1,000
 Qwen2.5-VL, 256 ByT5, 729 image), of which the 729 image tokens are padding in text-to-video: 34,016 valid of 34,745.
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.kernel_spills import MASKED_TILE_CANDIDATES  # noqa: E402
+from benchmarks.kernel_spills import MASKED_ALTERNATIVES  # noqa: E402
 from benchmarks.timing import summary, time_calls  # noqa: E402
 
 if len(sys.argv) < 2 or not torch.cuda.is_available():
@@ -118,18 +118,16 @@ try:
         return o
     run("prefix_hookkit_fp8", fp8_prefix, valid_flops)
     run("masked_hookkit_fp8", lambda: fp8_triton.attention(q, k, v, None, mask), valid_flops)
-    # the other warp count beside each default (`fp8_triton.launch_warps`: 8 masked, 4 not)
-    run("masked_hookkit_fp8_4_warps", lambda: fp8_triton.attention(q, k, v, None, mask, num_warps=4), valid_flops)
+    # other tilings beside the launch's (`fp8_triton.launch`)
     run("prefix_hookkit_fp8_8_warps", lambda: fp8_prefix(num_warps=8), valid_flops)
-    # masked in 4 warps on smaller tiles (kernel_spills.MASKED_TILE_CANDIDATES: no spill stores in the every-pair loop
-    # as Triton 3.6 builds them): a candidate for the masked default where faster than 8 warps on 128 x 128
-    for block_m, block_n in MASKED_TILE_CANDIDATES:
-        run(f"masked_hookkit_fp8_4_warps_{block_m}x{block_n}",
-            lambda bm=block_m, bn=block_n: fp8_triton.attention(q, k, v, None, mask, block_m=bm, block_n=bn,
-                                                                num_warps=4), valid_flops)
+    for block_m, block_n, warps in MASKED_ALTERNATIVES:
+        run(f"masked_hookkit_fp8_{warps}_warps_{block_m}x{block_n}",
+            lambda bm=block_m, bn=block_n, w=warps: fp8_triton.attention(q, k, v, None, mask, block_m=bm, block_n=bn,
+                                                                         num_warps=w), valid_flops)
     run("masked_hookkit_int8", lambda: int8_triton.attention(q, k, v, None, mask), valid_flops)
     run("masked_hookkit_fp8_with_build", lambda: fp8_triton.attention(q, k, v, None, build_mask()), valid_flops)
-    out["mask_tiles"] = timeit(lambda: mask_tiles.key_block_order(mask_tiles.mask_tiles(mask, L, L)))
+    tiles = fp8_triton.launch(True)[:2]
+    out["mask_tiles"] = timeit(lambda: mask_tiles.key_block_order(mask_tiles.mask_tiles(mask, L, L, *tiles)))
 except Exception:
     out["prefix_hookkit_fp8"] = {"error": traceback.format_exc()[-1500:]}
 print(json.dumps(out, indent=1))

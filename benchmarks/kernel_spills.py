@@ -151,14 +151,17 @@ def _mask_args(masked: bool, dummy: torch.Tensor) -> list[Any]:
 
 
 def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
-                         block_m: int = 128, block_n: int = 128,
+                         block_m: int | None = None, block_n: int | None = None,
                          warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The `_fp8_attention_kernel` launch of `fp8_triton.run_quantized` for a self-attention call of `tokens` tokens
     and `heads` heads of `dim` as Wan's processor makes it (`[B, S, H, D]` seen as `[B, H, S, D]`: the output's
     strides), with `Attention`'s defaults; `masked`: with a boolean padding mask, as HunyuanVideo 1.5's calls;
-    `warps`: other than the launch's (`fp8_triton.launch_warps`)."""
+    `block_m`, `block_n`, `warps`: other than the launch's (`fp8_triton.launch`)."""
     from hookkit.techniques.attention import fp8_triton
 
+    launch_m, launch_n, launch_warps = fp8_triton.launch(masked)
+    block_m = launch_m if block_m is None else block_m
+    block_n = launch_n if block_n is None else block_n
     blocks = -(-tokens // block_m)
     key_blocks = -(-tokens // block_n)
 
@@ -172,7 +175,7 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides,
             *_mask_args(masked, scales))
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
-                  INTERPRET=False, MASKED=masked, num_warps=fp8_triton.launch_warps(masked) if warps is None else warps,
+                  INTERPRET=False, MASKED=masked, num_warps=launch_warps if warps is None else warps,
                   num_stages=3)
     return fp8_triton._fp8_attention_kernel, args, kwargs
 
@@ -197,20 +200,23 @@ def int8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, 
     return int8_triton._int8_attention_kernel, args, kwargs
 
 
-def mask_tiles_launch(tokens: int = 34745, block: int = 128) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def mask_tiles_launch(tokens: int = 34745) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The `_mask_tiles_kernel` launch of `mask_tiles.mask_tiles` for a `[1, 1, tokens, tokens]` boolean mask (as
-    HunyuanVideo 1.5's processor builds it: every query row its own, rows `tokens` bytes apart)."""
-    from hookkit.techniques.attention import mask_tiles
+    HunyuanVideo 1.5's processor builds it: every query row its own, rows `tokens` bytes apart), on the tiles of the
+    masked fp8 kernel's launch (`fp8_triton.launch`)."""
+    from hookkit.techniques.attention import fp8_triton, mask_tiles
 
-    blocks = -(-tokens // block)
-    args = (torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int8), tokens, tokens, blocks, blocks, 1,
-            0, 0, tokens, 1)
-    return mask_tiles._mask_tiles_kernel, args, dict(BLOCK_M=block, BLOCK_N=block,
-                                                     ROWS=min(mask_tiles.TILE_ROWS_A_STEP, block))
+    block_m, block_n, _ = fp8_triton.launch(True)
+    args = (torch.empty(64, dtype=torch.uint8), torch.empty(64, dtype=torch.int8), tokens, tokens,
+            -(-tokens // block_m), -(-tokens // block_n), 1, 0, 0, tokens, 1)
+    return mask_tiles._mask_tiles_kernel, args, dict(BLOCK_M=block_m, BLOCK_N=block_n,
+                                                     ROWS=min(mask_tiles.TILE_ROWS_A_STEP, block_m))
 
 
-#: (BLOCK_M, BLOCK_N) of the masked kernel in 4 warps that the report builds beside the launch's own (8 warps, 128 x 128)
-MASKED_TILE_CANDIDATES = ((64, 128), (128, 64))
+#: (BLOCK_M, BLOCK_N, warps) of the masked fp8 kernel that the report builds (and benchmarks/attention_padding_mask.py
+#: times) beside the launch's own (`fp8_triton.launch`: 64 x 128 in 4 warps): the launch before it (128 x 128 in 8
+#: warps), 128 x 128 in 4 (its every-pair loop spills) and 128 x 64 in 4
+MASKED_ALTERNATIVES = ((128, 128, 8), (128, 128, 4), (128, 64, 4))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -231,11 +237,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "heads": args.heads, "dim": args.dim, "kernels": {}}
     launches = {"hookkit_fp8": fp8_attention_launch(args.tokens, args.heads, args.dim, False),
                 "hookkit_fp8 masked": fp8_attention_launch(args.tokens, args.heads, args.dim, True),
-                # the masked kernel in 4 warps on smaller tiles: candidates for the masked default
-                # (benchmarks/attention_padding_mask.py times them)
-                **{f"hookkit_fp8 masked 4 warps {bm}x{bn}": fp8_attention_launch(args.tokens, args.heads, args.dim,
-                                                                                 True, bm, bn, 4)
-                   for bm, bn in MASKED_TILE_CANDIDATES},
+                # the masked kernel's other tilings (benchmarks/attention_padding_mask.py times them)
+                **{f"hookkit_fp8 masked {w} warps {bm}x{bn}": fp8_attention_launch(args.tokens, args.heads, args.dim,
+                                                                                   True, bm, bn, w)
+                   for bm, bn, w in MASKED_ALTERNATIVES},
                 "mask tiles": mask_tiles_launch(args.tokens),
                 "hookkit_int8": int8_attention_launch(args.tokens, args.heads, args.dim, False),
                 "hookkit_int8 masked": int8_attention_launch(args.tokens, args.heads, args.dim, True)}

@@ -866,11 +866,47 @@ print(json.dumps({{"off mirror": ((out.float() - mirror.float()).abs().max() / m
 @pytest.mark.parametrize("tiles", [(16, 32), (32, 16)])
 def test_masked_calls_on_unequal_tiles_match_the_mirror_in_tritons_interpreter(
         interpreted: Callable[[str], Any], tiles: tuple[int, int]) -> None:
-    # the masked kernel's tiles as 64 x 128 and 128 x 64 are to 128 x 128 (the candidates for the masked default,
-    # benchmarks/kernel_spills.py): query and key blocks of different sizes classify and run the same pairs
+    # the masked kernel's tiles as 64 x 128 (its launch, `fp8_triton.launch`) and 128 x 64 are to 128 x 128: query and
+    # key blocks of different sizes classify and run the same pairs
     result = interpreted(FP8_MASKED_TILES_INTERPRETED.format(tiles=tiles))
     assert result["off mirror"] < 0.03 and result["mean rel"] < 0.05, result  # as the unmasked kernel's bounds
     assert result["padding rows"] == 0.0
+
+
+FP8_LAUNCH_TILES_INTERPRETED = """
+import json
+import torch
+from hookkit.techniques.attention import fp8_triton
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 1, 150, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+q[:, :, 64:128] *= 0.25  # query rows 64-127 a block of their own amax on 64-row tiles, not on 128-row ones
+valid = torch.arange(150) < 120
+mask = (valid[:, None] & valid[None, :])[None, None]
+masked_m, masked_n, _ = fp8_triton.launch(True)
+plain_m, plain_n, _ = fp8_triton.launch(False)
+print(json.dumps({
+    "masked": torch.equal(fp8_triton.attention(q, k, v, mask=mask),
+                          fp8_triton.attention(q, k, v, mask=mask, block_m=masked_m, block_n=masked_n)),
+    "unmasked": torch.equal(fp8_triton.attention(q, k, v), fp8_triton.attention(q, k, v, block_m=plain_m,
+                                                                                 block_n=plain_n)),
+    "masked mirror": torch.equal(fp8_triton.reference(q, k, v, mask=mask),
+                                 fp8_triton.reference(q, k, v, mask=mask, block_m=masked_m, block_n=masked_n)),
+    "mirror differs at 128 x 128": not torch.equal(fp8_triton.reference(q, k, v, mask=mask),
+                                                   fp8_triton.reference(q, k, v, mask=mask, block_m=128,
+                                                                        block_n=128))}))
+"""
+
+
+def test_the_kernel_and_its_mirror_take_launchs_tiles_by_default_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    # masked calls launch on 64 x 128 tiles (Triton 3.6 builds the masked kernel on 128 x 128 in 4 warps with spills),
+    # so Q is quantized in blocks of 64 rows there; the mirror follows, so a test's default mirror is the default call's
+    from hookkit.techniques.attention import fp8_triton
+
+    assert (fp8_triton.launch(True), fp8_triton.launch(False)) == ((64, 128, 4), (128, 128, 4))
+    assert interpreted(FP8_LAUNCH_TILES_INTERPRETED) == {"masked": True, "unmasked": True, "masked mirror": True,
+                                                          "mirror differs at 128 x 128": True}
 
 
 OPS_INTERPRETED = """

@@ -80,9 +80,10 @@ def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: boo
     codes = "*i8" if qk_int8 else "*fp8e4nv"
     types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
                    + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
+    block_m, block_n, warps = fp8_triton.launch(True)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
-                     dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
-                          INTERPRET=False, MASKED=True), num_warps=fp8_triton.launch_warps(True))
+                     dict(D=128, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
+                          INTERPRET=False, MASKED=True), num_warps=warps)
     # the some-pairs loop runs the softmax with SAFE (its last constexpr): rows that saw no allowed key yet
     assert re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)
 

@@ -394,16 +394,18 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return q_codes, q_scales, k_codes, k_scales, v_codes, (v_amax / FP8_MAX).contiguous(), v_mean
 
 
-def launch_warps(masked: bool) -> int:
-    """The kernel's warps by default: 4, or 8 with a mask. Why 8 there: as Triton 3.6 builds the masked kernel in 4
-    warps its key loops spill registers in every block (the unmasked one's does not), in 8 they spill nothing
-    (benchmarks/kernel_spills.py), and the masked call runs faster so on an H100 (BENCHMARKS.md); the unmasked kernel
-    is faster in 4."""
-    return 8 if masked else 4
+def launch(masked: bool) -> tuple[int, int, int]:
+    """The kernel's tiling by default: `(block_m, block_n, num_warps)`, 128 x 128 tiles in 4 warps, or 64 x 128 in
+    4 warps with a mask. Why smaller tiles there: as Triton 3.6 builds the masked kernel on 128 x 128 tiles in 4 warps
+    its every-pair key loop spills registers (the unmasked one's does not), on 64 x 128 nothing spills
+    (benchmarks/kernel_spills.py), and that launch runs the masked call fastest on an H100 of those measured (8 warps
+    on 128 x 128, 4 on 128 x 64; BENCHMARKS.md); the unmasked kernel is fastest on 128 x 128 in 4."""
+    return (64, 128, 4) if masked else (128, 128, 4)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128, num_warps: int | None = None,
+              mask: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
+              num_warps: int | None = None,
               num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
               tma: bool = False, smooth_value: bool | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the fp8
@@ -415,14 +417,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     row with no allowed key is 0, as in SDPA.
     `block_m`, `block_n`, `num_warps`, `num_stages`, `qk_int8`, `exp_f16`, `loop`, `tma`: the kernel's tiling, Q·Kᵀ's
     precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
-    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA; `num_warps` None:
-    `launch_warps`).
+    (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA; `block_m`,
+    `block_n`, `num_warps` None: `launch`'s).
     `smooth_value`: smooth V or not whatever the length (`smooths_values`; None, what `Attention` runs: by length)."""
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
+    tiles = launch(mask is not None)
+    block_m = tiles[0] if block_m is None else block_m
+    block_n = tiles[1] if block_n is None else block_n
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         inputs = quantize_inputs(q, k, v, scale, block_m, block_n, qk_int8, smooth_value)
     return run_quantized(q, sk, inputs, mask, block_m, block_n, num_warps, num_stages, qk_int8, exp_f16, loop, tma)
@@ -440,7 +445,7 @@ def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], 
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         out = torch.empty_like(q)
         grid = (triton.cdiv(sq, block_m), b * h)
-        warps = launch_warps(mask is not None) if num_warps is None else num_warps
+        warps = launch(mask is not None)[2] if num_warps is None else num_warps
         options = {k_: v_ for k_, v_ in (("num_warps", warps), ("num_stages", num_stages)) if v_ is not None}
         if tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -458,14 +463,17 @@ def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], 
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-              mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 128,
+              mask: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
               qk_int8: bool = True, smooth_value: bool | None = None) -> torch.Tensor:
     """What the kernel computes, in torch (float32, the whole score matrix): the same quantization of Q, smoothed
     K, V (smoothed where `smooths_values`, its mean added back) and P, the same scales. For tests: the kernel's
     online softmax differs from this only by float rounding (the running max is the row max, except where P's
-    rounding to fp8 sees a different shift)."""
+    rounding to fp8 sees a different shift). `block_m`, `block_n` None: `launch`'s, as `attention`'s."""
     b, h, sq, d = q.shape
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    tiles = launch(mask is not None)
+    block_m = tiles[0] if block_m is None else block_m
+    block_n = tiles[1] if block_n is None else block_n
 
     def blocks_fp8(x: torch.Tensor, block: int) -> torch.Tensor:
         s = x.shape[2]
