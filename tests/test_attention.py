@@ -1062,7 +1062,11 @@ def test_gpu_fp8_attention_runs_under_hunyuanvideo15s_padding_mask_eagerly_and_c
     hookkit.enable(compiled, hookkit.Spec(attention=FP8_MIDDLE, compile=hookkit.Compile()))
     expected = _call_hunyuanvideo15_bf16(eager)
     assert set(phases(handle)["middle"]["attention_calls"]) == {"hookkit_fp8"}
-    assert handle.summary().features["attention"].data["fallbacks"] == {}
+    data = handle.summary().features["attention"].data
+    assert data["fallbacks"] == {}
+    # every call took the processor's padding mask as its validity row (`outer_masks`)
+    assert data["padding_masks_as_rows"]["calls"] == {
+        f"middle/{k}": n for k, n in phases(handle)["middle"]["attention_calls"].items()}
     # inductor's fused norms and RoPE round differently, and fp8 quantization turns a rounding into an e4m3 step: 1.1 %
     # apart after 4 steps on an H100 (0.2 % for the tiny Flux); a kernel misreading the mask is off by tens of percent
     assert relative_error(_call_hunyuanvideo15_bf16(compiled), expected) < 3e-2

@@ -9,15 +9,15 @@ wrapping hook (`new_forward`), not a pre/post pair: the mode leaves the stack in
 raises. Processors reach SDPA through diffusers' "native" backend: enable refuses processors set to another backend.
 
 A block call counts once per kernel and step phase ("first", "middle", "last"). An attention call a kernel cannot take
-(a mask, except a boolean one for hookkit's kernels; dropout, grouped-query heads, too few keys for the Hopper fp8
-kernels: known only at the call) runs as "native" and is counted as a fallback with its reason. What a kernel can never
-run with (package, dtype, head size, no CUDA device or one too old; the Hopper kernels where they do not build or
-compute something else: `enable` runs them) is refused at enable. Under regional `Compile` dynamo traces the mode into
-each compiled block (one compiled entry per kernel, chosen again at every call; `KernelMode` says what that takes).
+(a mask, except a boolean one for hookkit's kernels, which take an outer-AND padding mask as its row: `outer_masks`;
+dropout, grouped-query heads, too few keys for the Hopper fp8 kernels: known only at the call) runs as "native" and is
+counted as a fallback with its reason. What a kernel can never run with (package, dtype, head size, no CUDA device or
+one too old; the Hopper kernels where they do not build or compute something else: `enable` runs them) is refused at
+enable. Under regional `Compile` dynamo traces the mode into each compiled block (an entry per kernel: `KernelMode`).
 Under whole-transformer CUDA graphs the kernel of the step's phase is part of the graph key (`AttentionGraphs`: one
 graph per kernel, each replay counted as its capture ran). Under Ulysses context parallelism diffusers' "native" op
-calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A
-whole-model compile, graphs split at a dynamic cache decision, and ring attention are refused.
+calls SDPA after its all-to-all, on the whole sequence for this rank's heads: the mode answers that call. A whole-model
+compile, graphs split at a dynamic cache decision, and ring attention are refused.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from hookkit.core.removal import Removable
 from hookkit.core.summary import FeatureSummary, table
 from hookkit.errors import SpecError, UnsupportedError
 from hookkit.techniques.attention import fa3_hopper, flashinfer_fa3
+from hookkit.techniques.attention.outer_masks import OuterMasks
 from hookkit.techniques.attention.spec import LOW_KERNELS, Attention
 
 if TYPE_CHECKING:
@@ -302,6 +303,19 @@ def run_kernel(kernel: str, func: Callable[..., Any], args: tuple[Any, ...], kwa
     return _flash(a)
 
 
+#: the outcome `_note_traced` counts for a call site answered with the padding mask taken as its validity row
+VALIDITY_ROW = "=validity row"
+
+
+def run_with_validity_row(kernel: str, a: dict[str, Any], row: torch.Tensor) -> torch.Tensor:
+    """The SDPA call `a` (its mask the outer AND of `row`, `[B, 1, 1, S]`: `outer_masks`) by hookkit's `kernel`
+    under the key mask `row`, the rows of the padding queries set to 0, as the kernel gives a row with no allowed key:
+    the same attention, without reading an S x S mask."""
+    op = int8_attention if kernel == "hookkit_int8" else fp8_attention
+    out = op(a["query"], a["key"], a["value"], a["scale"], row)
+    return out.masked_fill(~row.transpose(2, 3), 0.0)
+
+
 class KernelMode(TorchFunctionMode):
     """Answers `F.scaled_dot_product_attention` with one kernel; passes everything else on. One per kernel and
     handle (stable objects: torch.compile guards on the modes on the stack, so a compiled block gets one entry per
@@ -318,6 +332,8 @@ class KernelMode(TorchFunctionMode):
         super().__init__()
         self.kernel = kernel
         self.shared = shared
+        #: hookkit's kernels take an outer-AND padding mask as its validity row (`outer_masks`); None for the others
+        self.masks = OuterMasks() if kernel in HOOKKIT_KERNELS else None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -325,9 +341,22 @@ class KernelMode(TorchFunctionMode):
         if func is torch.Tensor.unflatten:
             return torch.unflatten(*args, **kwargs)
         if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.masks is not None:
+                self.masks.observe(func, args, kwargs, out)
+            return out
         traced = torch.compiler.is_compiling()
-        reason = unsupported(self.kernel, _sdpa_args(args, kwargs))
+        a = _sdpa_args(args, kwargs)
+        row = None if self.masks is None else self.masks.take(a["attn_mask"], a["query"], a["key"])
+        if row is not None and unsupported(self.kernel, {**a, "attn_mask": row}) is None:
+            if traced:
+                shared_key, kernel, outcome = self.shared.key, self.kernel, VALIDITY_ROW  # noqa: F841
+                comptime(_note_traced)
+            else:
+                self.shared.record("call", (self.kernel,))
+                self.shared.record("row", (self.kernel,))
+            return run_with_validity_row(self.kernel, a, row)
+        reason = unsupported(self.kernel, a)
         if traced:  # the locals `_note_traced` reads (constants while dynamo traces)
             shared_key, kernel, outcome = self.shared.key, self.kernel, reason or ""  # noqa: F841
             comptime(_note_traced)
@@ -338,6 +367,11 @@ class KernelMode(TorchFunctionMode):
         if not traced:
             self.shared.record("call", (self.kernel,))
         return run_kernel(self.kernel, func, args, kwargs)
+
+    def clear(self) -> None:
+        """Forget any mask followed (at each block call: a block that raised may have left one)."""
+        if self.masks is not None:
+            self.masks.clear()
 
 
 #: the handles' shared states by `_Shared.key`, for `_note_traced` (which gets constants, not objects, from dynamo)
@@ -366,12 +400,16 @@ def _note_traced(ctx: Any) -> None:
 @attrs.define
 class _Calls:
     """What one generation ran: block calls per (phase, kernel), attention calls per (phase, kernel) answered by a
-    kernel other than "native" (which runs unobserved), fallbacks per (phase, kernel, reason)."""
+    kernel other than "native" (which runs unobserved), fallbacks per (phase, kernel, reason), and the attention
+    calls whose padding mask was taken as its validity row."""
 
     block_calls: Counter[tuple[str, str]] = attrs.field(factory=Counter)
     #: attention calls a kernel other than "native" answered, per (phase, kernel)
     attention_calls: Counter[tuple[str, str]] = attrs.field(factory=Counter)
     fallbacks: Counter[tuple[str, str, str]] = attrs.field(factory=Counter)
+    #: of the attention calls, those whose outer-AND padding mask the kernel took as its validity row
+    #: (`outer_masks`), per (phase, kernel)
+    validity_rows: Counter[tuple[str, str]] = attrs.field(factory=Counter)
     steps: dict[str, set[int]] = attrs.field(factory=dict)
 
 
@@ -425,6 +463,8 @@ class _Shared:
             calls.steps.setdefault(key[0], set()).add(step)
         elif kind == "call":
             calls.attention_calls[key] += n  # type: ignore[index]
+        elif kind == "row":
+            calls.validity_rows[key] += n  # type: ignore[index]
         else:
             calls.fallbacks[key] += n  # type: ignore[index]
 
@@ -519,11 +559,13 @@ class AttentionBlockHook(ModelHook):
         mode = shared.modes.get(kernel)
         if mode is None:  # "native": torch's SDPA as it is
             return call_next(*args, **kwargs)
+        mode.clear()
         push_mode(mode)
         try:
             return call_next(*args, **kwargs)
         finally:
             remove_mode(mode)
+            mode.clear()  # a block that raised leaves no mask held
 
 
 def _install_graphs(shared: _Shared) -> AttentionGraphs:
@@ -822,10 +864,16 @@ class _AttentionFeature(BaseFeature):
                      for k, n in kernels.items()]
         fallbacks = {f"{p}/{k}/{r}": n for (p, k, r), n in sorted(calls.fallbacks.items())}
         shared: _Shared | None = ctx.kept()
-        traced = {f"{k}/{r}" if r else k: n for (k, r), n in sorted(shared.traced.items())} if shared else {}
+        sites: Counter[tuple[str, str]] = shared.traced if shared else Counter()
+        traced: Counter[str] = Counter()
+        for (k, r), n in sorted(sites.items()):
+            traced[k if r in ("", VALIDITY_ROW) else f"{k}/{r}"] += n
+        rows_taken = {"calls": {f"{p}/{k}": n for (p, k), n in sorted(calls.validity_rows.items())},
+                      "compiled_call_sites": {k: n for (k, r), n in sorted(sites.items()) if r == VALIDITY_ROW}}
         data = {"kernel": spec.kernel, "low_precision": spec.low_precision, "full_first": spec.full_first,
                 "full_last": spec.full_last, "full_blocks": len([a for a in ctx.attachments() if a.param("full")]),
-                "phases": phases, "fallbacks": fallbacks, "compiled_call_sites": traced}
+                "phases": phases, "fallbacks": fallbacks, "compiled_call_sites": dict(traced),
+                "padding_masks_as_rows": rows_taken}
         text = table(["phase", "steps", "kernel", "block calls", "attention calls"], rows)
         if fallbacks:
             text += "\n" + table(["phase/kernel/reason (ran as 'native')", "attention calls"],
@@ -833,6 +881,10 @@ class _AttentionFeature(BaseFeature):
         if traced:
             text += "\n" + table(["compiled blocks: kernel, or kernel/reason (ran as 'native')", "call sites traced"],
                                  [[k, n] for k, n in traced.items()])
+        taken = [[f"calls {k}", n] for k, n in rows_taken["calls"].items()]
+        taken += [[f"compiled call sites {k}", n] for k, n in rows_taken["compiled_call_sites"].items()]
+        if taken:
+            text += "\n" + table(["padding masks taken as their validity row", "count"], taken)
         return FeatureSummary(name=NAME, data=data, text=text)
 
 
