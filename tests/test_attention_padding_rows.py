@@ -2,8 +2,8 @@
 regional compile, with the same output; and the kernel under that row gives what it gives under the full mask.
 
 On the CPU hookkit's fp8 kernel runs only in Triton's interpreter, so the pipeline tests answer its op with a stand-in
-(torch's SDPA math, recording the mask it is given) and let the kernel take the CPU's float32 calls; the kernel's own arithmetic under
-the row is checked in the interpreter.
+(torch's SDPA math, recording the mask it is given) and let the kernel take the CPU's float32 calls; the kernel's own
+arithmetic under the row is checked in the interpreter.
 """
 
 from __future__ import annotations
