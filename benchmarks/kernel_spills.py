@@ -159,9 +159,7 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     `block_m`, `block_n`, `warps`: other than the launch's (`fp8_triton.launch`)."""
     from hookkit.techniques.attention import fp8_triton
 
-    launch_m, launch_n, launch_warps = fp8_triton.launch(masked)
-    block_m = launch_m if block_m is None else block_m
-    block_n = launch_n if block_n is None else block_n
+    block_m, block_n = fp8_triton.launch_tiles(masked, block_m, block_n)
     blocks = -(-tokens // block_m)
     key_blocks = -(-tokens // block_n)
 
@@ -175,7 +173,7 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
     args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides,
             *_mask_args(masked, scales))
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
-                  INTERPRET=False, MASKED=masked, num_warps=launch_warps if warps is None else warps,
+                  INTERPRET=False, MASKED=masked, num_warps=fp8_triton.launch(masked)[2] if warps is None else warps,
                   num_stages=3)
     return fp8_triton._fp8_attention_kernel, args, kwargs
 

@@ -403,6 +403,12 @@ def launch(masked: bool) -> tuple[int, int, int]:
     return (64, 128, 4) if masked else (128, 128, 4)
 
 
+def launch_tiles(masked: bool, block_m: int | None, block_n: int | None) -> tuple[int, int]:
+    """`block_m` and `block_n`, each `launch`'s where None."""
+    launch_m, launch_n, _ = launch(masked)
+    return launch_m if block_m is None else block_m, launch_n if block_n is None else block_n
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
               num_warps: int | None = None,
@@ -425,9 +431,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
-    tiles = launch(mask is not None)
-    block_m = tiles[0] if block_m is None else block_m
-    block_n = tiles[1] if block_n is None else block_n
+    block_m, block_n = launch_tiles(mask is not None, block_m, block_n)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         inputs = quantize_inputs(q, k, v, scale, block_m, block_n, qk_int8, smooth_value)
     return run_quantized(q, sk, inputs, mask, block_m, block_n, num_warps, num_stages, qk_int8, exp_f16, loop, tma)
@@ -471,9 +475,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     rounding to fp8 sees a different shift). `block_m`, `block_n` None: `launch`'s, as `attention`'s."""
     b, h, sq, d = q.shape
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    tiles = launch(mask is not None)
-    block_m = tiles[0] if block_m is None else block_m
-    block_n = tiles[1] if block_n is None else block_n
+    block_m, block_n = launch_tiles(mask is not None, block_m, block_n)
 
     def blocks_fp8(x: torch.Tensor, block: int) -> torch.Tensor:
         s = x.shape[2]
