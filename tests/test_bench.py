@@ -131,6 +131,21 @@ def test_a_row_whose_attention_kernel_answered_every_call_has_no_fallback_note()
     assert "fell back" not in bench.markdown_table([row])
 
 
+def test_a_row_whose_kernel_took_padding_masks_as_rows_says_how_many() -> None:
+    row = _timed_row("hookkit-fp8+cache-fast+compile+fp8-attention", [1.0, 1.0, 1.0])
+    row["features"] = {"attention": {"fallbacks": {}, "compiled_call_sites": {"hookkit_fp8": 1},
+                                     "padding_masks_as_rows": {"calls": {"middle/hookkit_fp8": 3},
+                                                               "compiled_call_sites": {"hookkit_fp8": 1}}}}
+    assert "padding masks taken as validity rows: 3 calls, 1 compiled call site" in bench.markdown_table([row])
+
+
+def test_a_row_whose_kernel_took_no_padding_mask_as_a_row_has_no_such_note() -> None:
+    row = _timed_row("hookkit-fp8+compile+fp8-attention", [1.0, 1.0, 1.0])
+    row["features"] = {"attention": {"fallbacks": {}, "compiled_call_sites": {"hookkit_fp8": 2},
+                                     "padding_masks_as_rows": {"calls": {}, "compiled_call_sites": {}}}}
+    assert "validity rows" not in bench.markdown_table([row])
+
+
 def test_a_two_expert_rows_table_names_each_experts_cached_steps() -> None:
     """Each expert of Wan 2.2 keeps its own residuals: the second one computes its first step whatever the mask."""
     from hookkit.tools.bench.runner import _companion_data, _summary_data

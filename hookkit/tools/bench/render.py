@@ -55,6 +55,20 @@ def attention_fallbacks(features: dict[str, Any]) -> str | None:
     return "attention fell back to SDPA: " + ", ".join(f"{r} ({n}x)" for r, n in sorted(reasons.items()))
 
 
+def attention_rows(features: dict[str, Any]) -> str | None:
+    """A note when the row's attention kernel took padding masks as their validity rows (`outer_masks`: the S x S
+    mask neither classified nor, compiled, built), counted as the summary counts them: eager calls and call sites
+    traced into compiled blocks. What the kernel ran is part of what the row measures."""
+    data = features.get("attention")
+    rows = data.get("padding_masks_as_rows") if isinstance(data, dict) else None
+    if not isinstance(rows, dict):
+        return None
+    calls = sum((rows.get("calls") or {}).values())
+    sites = sum((rows.get("compiled_call_sites") or {}).values())
+    taken = [f"{n} {what}{'s' if n != 1 else ''}" for n, what in ((calls, "call"), (sites, "compiled call site")) if n]
+    return "padding masks taken as validity rows: " + ", ".join(taken) if taken else None
+
+
 def spread(row: dict[str, Any]) -> tuple[float, float] | None:
     """(min, max) of a row's timed runs, None without them (a skipped row, or an older JSON)."""
     latencies = row.get("latencies_s") or []
@@ -105,6 +119,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         fallbacks = attention_fallbacks(row.get("features") or {})
         if fallbacks:
             notes.append(fallbacks)
+        as_rows = attention_rows(row.get("features") or {})
+        if as_rows:
+            notes.append(as_rows)
         if ok and row.get("cold") is not None and row.get("time_to_first_image_s") is not None:
             notes.append(f"cold caches: first image {row['time_to_first_image_s']:.1f} s after enable")
         if ok and row.get("graphs_compiled_while_timed"):
