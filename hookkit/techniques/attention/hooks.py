@@ -348,17 +348,12 @@ class KernelMode(TorchFunctionMode):
         traced = torch.compiler.is_compiling()
         a = _sdpa_args(args, kwargs)
         row = None if self.masks is None else self.masks.take(a["attn_mask"], a["query"], a["key"])
-        if row is not None and unsupported(self.kernel, {**a, "attn_mask": row}) is None:
-            if traced:
-                shared_key, kernel, outcome = self.shared.key, self.kernel, VALIDITY_ROW  # noqa: F841
-                comptime(_note_traced)
-            else:
-                self.shared.record("call", (self.kernel,))
-                self.shared.record("row", (self.kernel,))
-            return run_with_validity_row(self.kernel, a, row)
-        reason = unsupported(self.kernel, a)
+        if row is not None and unsupported(self.kernel, {**a, "attn_mask": row}) is not None:
+            row = None  # the kernel cannot take the row: the full mask decides as before
+        reason = None if row is not None else unsupported(self.kernel, a)
         if traced:  # the locals `_note_traced` reads (constants while dynamo traces)
-            shared_key, kernel, outcome = self.shared.key, self.kernel, reason or ""  # noqa: F841
+            outcome = VALIDITY_ROW if row is not None else reason or ""  # noqa: F841
+            shared_key, kernel = self.shared.key, self.kernel  # noqa: F841
             comptime(_note_traced)
         if reason is not None:
             if not traced:
@@ -366,6 +361,10 @@ class KernelMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if not traced:
             self.shared.record("call", (self.kernel,))
+            if row is not None:
+                self.shared.record("row", (self.kernel,))
+        if row is not None:
+            return run_with_validity_row(self.kernel, a, row)
         return run_kernel(self.kernel, func, args, kwargs)
 
     def clear(self) -> None:
