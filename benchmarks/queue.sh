@@ -160,15 +160,16 @@ start)
   write_settings
   lanes=() current=""
   for s in "$@"; do
-    if [ "$s" = -- ]; then lanes+=("$current"); current=""; else current="$current $s"; fi
+    # each word shell-quoted, so that a setting holding spaces (GPU_TESTS="a.py b.py") stays one word
+    if [ "$s" = -- ]; then lanes+=("$current"); current=""; else current="$current $(printf %q "$s")"; fi
   done
   lanes+=("$current")
   echo "${#lanes[@]}" > "$RES/lanes"
   for n in "${!lanes[@]}"; do
     gpu=()
     [ "${#lanes[@]}" -gt 1 ] && gpu=(env "CUDA_VISIBLE_DEVICES=$n")
-    # shellcheck disable=SC2086 # the lane's suites are words
-    "${gpu[@]}" setsid bash "$W/repo/benchmarks/queue.sh" lane "$n" ${lanes[$n]} > "$RES/lane$n.out" 2>&1 < /dev/null &
+    eval "words=(${lanes[$n]})"
+    "${gpu[@]}" setsid bash "$W/repo/benchmarks/queue.sh" lane "$n" "${words[@]}" > "$RES/lane$n.out" 2>&1 < /dev/null &
     echo $! > "$RES/lane$n.pid"
     echo "started queue $n:${lanes[$n]}"
   done

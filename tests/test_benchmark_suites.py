@@ -217,6 +217,25 @@ def test_a_setting_word_among_the_suites_holds_for_the_suites_after_it(tmp_path:
     assert (res / "second" / "rows").read_text() == "b,c\n"
 
 
+def test_a_started_queue_keeps_a_setting_that_holds_spaces_one_word(tmp_path: Path) -> None:
+    """`start "GPU_TESTS=a.py b.py" first`: the suite sees both files, not a suite named `b.py`."""
+    fake = tmp_path / "repo" / "benchmarks"
+    (fake / "suites").mkdir(parents=True)
+    shutil.copy(QUEUE, fake / "queue.sh")
+    shutil.copy(BENCHMARKS / "gpu_env.sh", fake / "gpu_env.sh")
+    (fake / "suites" / "first.sh").write_text('#!/usr/bin/env bash\n# echoes GPU_TESTS\necho "$GPU_TESTS" > "$OUT/tests"\n')
+    env = {**fake_python(tmp_path, imports=True), "W": str(tmp_path / "w")}
+    done = bash(str(fake / "queue.sh"), "start", "GPU_TESTS=a.py b.py", "first", env=env)
+    assert done.returncode == 0, done.stderr
+    res = tmp_path / "w" / "res"
+    for _ in range(100):
+        if (res / "lane0.done").exists():
+            break
+        time.sleep(0.1)
+    assert (res / "first" / "tests").read_text() == "a.py b.py\n"
+    assert "b.py start" not in (res / "queue.log").read_text()
+
+
 def test_setting_words_alone_are_no_suite_and_print_the_usage(tmp_path: Path) -> None:
     done = bash(str(QUEUE), "run", "ROWS=b", env={"W": str(tmp_path / "w")})
     assert done.returncode == 2 and done.stderr.startswith("usage:")
