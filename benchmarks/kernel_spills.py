@@ -152,11 +152,13 @@ def _mask_args(masked: bool, dummy: torch.Tensor) -> list[Any]:
 
 def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
                          block_m: int | None = None, block_n: int | None = None,
-                         warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+                         warps: int | None = None, key_counts: bool = False) -> tuple[Any, tuple[Any, ...],
+                                                                                     dict[str, Any]]:
     """The `_fp8_attention_kernel` launch of `fp8_triton.run_quantized` for a self-attention call of `tokens` tokens
     and `heads` heads of `dim` as Wan's processor makes it (`[B, S, H, D]` seen as `[B, H, S, D]`: the output's
     strides), with `Attention`'s defaults; `masked`: with a boolean padding mask, as HunyuanVideo 1.5's calls;
-    `block_m`, `block_n`, `warps`: other than the launch's (`fp8_triton.launch`)."""
+    `key_counts`: unmasked, each batch element's key loop ending at its count of valid keys (the validity row's
+    launch); `block_m`, `block_n`, `warps`: other than the launch's (`fp8_triton.launch`)."""
     from hookkit.techniques.attention import fp8_triton
 
     block_m, block_n = fp8_triton.launch_tiles(masked, block_m, block_n)
@@ -171,10 +173,10 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
               tensor(torch.float32), tensor(torch.float32))
     out_strides = (tokens * heads * dim, dim, heads * dim)
     args = (*inputs, tensor(torch.bfloat16), heads, tokens, tokens, blocks, key_blocks, *out_strides,
-            *_mask_args(masked, scales))
+            *_mask_args(masked, scales), tensor(torch.int32) if key_counts else scales)
     kwargs = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
-                  INTERPRET=False, MASKED=masked, num_warps=fp8_triton.launch(masked)[2] if warps is None else warps,
-                  num_stages=3)
+                  INTERPRET=False, MASKED=masked, KEY_COUNTS=key_counts,
+                  num_warps=fp8_triton.launch(masked)[2] if warps is None else warps, num_stages=3)
     return fp8_triton._fp8_attention_kernel, args, kwargs
 
 
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"triton": triton.__version__, "arch": args.arch, "tokens": args.tokens,
                               "heads": args.heads, "dim": args.dim, "kernels": {}}
     launches = {"hookkit_fp8": fp8_attention_launch(args.tokens, args.heads, args.dim, False),
+                "hookkit_fp8 key counts": fp8_attention_launch(args.tokens, args.heads, args.dim, key_counts=True),
                 "hookkit_fp8 masked": fp8_attention_launch(args.tokens, args.heads, args.dim, True),
                 # the masked kernel's other tilings (benchmarks/attention_padding_mask.py times them)
                 **{f"hookkit_fp8 masked {w} warps {bm}x{bn}": fp8_attention_launch(args.tokens, args.heads, args.dim,

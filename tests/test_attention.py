@@ -1039,6 +1039,27 @@ def test_gpu_kernel_under_hunyuanvideo15s_padding_mask_matches_sdpa_on_the_valid
     assert out[:, :, 7700:].abs().max().item() == 0.0
 
 
+@pytest.mark.gpu
+def test_gpu_fp8_kernel_over_a_validity_rows_keys_matches_sdpa_on_the_valid_rows() -> None:
+    """The validity row's path (`hooks.run_with_validity_row`): keys valid anywhere reordered first, the unmasked
+    kernel's loop ending at each batch element's count."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need compute capability 8.9")
+    from hookkit.techniques.attention import hooks
+
+    q, k, v = (torch.cat([t, t.roll(1, dims=2)]) for t in _video_qkv(heads=4, tokens=8000))  # batch 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    valid = torch.stack([torch.rand(8000, device="cuda", generator=g) < 0.9,  # padding anywhere
+                         torch.arange(8000, device="cuda") < 7700])  # padding last, as HunyuanVideo 1.5's
+    row = valid.view(2, 1, 1, 8000)
+    out = hooks.run_with_validity_row("hookkit_fp8", {"query": q, "key": k, "value": v, "scale": None}, row)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=row)
+    rows = valid[:, None, :, None].expand_as(out)
+    err = (out.float() - ref)[rows].abs()
+    assert err.mean() / ref[rows].abs().mean() < 0.05  # the unmasked kernel's bound at Wan's shape
+    assert out[~rows].abs().max().item() == 0.0
+
+
 def _bf16_hunyuanvideo15_head32() -> Any:
     """The tiny HunyuanVideo 1.5 pipeline with heads of 32 (a size the fp8 kernel takes), bf16 on the GPU: its
     processor hands SDPA a boolean padding mask."""

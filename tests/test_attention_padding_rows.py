@@ -21,20 +21,30 @@ from hookkit.tools import zoo
 FP8_EVERY_STEP = hookkit.Attention(low_precision="hookkit_fp8", full_first=0, full_last=0)
 #: the tiny HunyuanVideo 1.5's self-attention: its video, text and image tokens
 TOKENS = 773
+#: of which valid (the mask's row): the video and the prompt's text tokens; the 729 image tokens are padding
+VALID = 44
 
 
 @pytest.fixture
-def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """hookkit_fp8's op answered by SDPA's math on the CPU; the masks' shapes it is given, in order."""
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """hookkit_fp8's ops answered by SDPA's math on the CPU; what each call is given, in order: the mask's shape for
+    the masked op, ("valid keys", counts) for the op that takes each batch element's first `counts` keys."""
     from hookkit.techniques.attention import hooks
 
-    shapes: list[tuple[int, ...]] = []
+    calls: list[Any] = []
 
     def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
            mask: torch.Tensor | None = None) -> torch.Tensor:
         if not torch.compiler.is_compiling():  # (a list append in a trace would be guarded on: a recompile a call)
-            shapes.append(tuple(mask.shape) if mask is not None else ())
+            calls.append(tuple(mask.shape) if mask is not None else ())
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+    def valid_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
+                   key_counts: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            calls.append(("valid keys", key_counts.tolist()))
+        first = torch.arange(key.shape[2])[None, :] < key_counts[:, None]
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=first[:, None, None, :], scale=scale)
 
     real = hooks.unsupported
 
@@ -43,9 +53,10 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
         return None if reason in ("not on CUDA", "dtype torch.float32") else reason
 
     monkeypatch.setattr(hooks, "fp8_attention", op)
+    monkeypatch.setattr(hooks, "fp8_attention_valid_keys", valid_keys)
     monkeypatch.setattr(hooks, "unsupported", unsupported)
     monkeypatch.setattr(hooks, "check_kernels", lambda *args, **kwargs: None)
-    return shapes
+    return calls
 
 
 def tiny() -> Any:
@@ -57,20 +68,20 @@ def run(pipe: Any) -> torch.Tensor:
     return pipe(**zoo.call_kwargs("hunyuanvideo15", steps=1)).frames
 
 
-def test_the_padding_mask_reaches_the_kernel_as_its_validity_row(stand_in: list[tuple[int, ...]]) -> None:
+def test_the_padding_mask_reaches_the_kernel_as_its_validity_row(stand_in: list[Any]) -> None:
     expected = run(tiny())
     pipe = tiny()
     handle = hookkit.enable(pipe, hookkit.Spec(attention=FP8_EVERY_STEP))
     out = run(pipe)
-    # 2 blocks x 2 CFG branches, each given the [B, 1, 1, S] row, not the [B, 1, S, S] mask
-    assert stand_in == [(1, 1, 1, TOKENS)] * 4
+    # 2 blocks x 2 CFG branches, each given its count of valid keys (the row's), not the [B, 1, S, S] mask
+    assert stand_in == [("valid keys", [VALID])] * 4
     assert handle.summary().features["attention"].data["padding_masks_as_rows"] == {
         "calls": {"middle/hookkit_fp8": 4}, "compiled_call_sites": {}}
     # the padding queries' rows are set to 0 after the kernel, as SDPA's math gives a row with no allowed key
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
 
 
-def test_without_the_row_the_same_calls_take_the_full_mask(stand_in: list[tuple[int, ...]],
+def test_without_the_row_the_same_calls_take_the_full_mask(stand_in: list[Any],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.techniques.attention.outer_masks import OuterMasks
 
@@ -83,7 +94,7 @@ def test_without_the_row_the_same_calls_take_the_full_mask(stand_in: list[tuple[
 
 
 def test_under_regional_compile_the_row_is_traced_without_graph_breaks_or_recompiles(
-        stand_in: list[tuple[int, ...]]) -> None:
+        stand_in: list[Any]) -> None:
     expected = run(tiny())
     pipe = tiny()
     handle = hookkit.enable(pipe, hookkit.Spec(attention=FP8_EVERY_STEP, compile=hookkit.Compile(backend="eager")))
@@ -100,7 +111,7 @@ def test_under_regional_compile_the_row_is_traced_without_graph_breaks_or_recomp
     assert data["padding_masks_as_rows"] == {"calls": {}, "compiled_call_sites": {"hookkit_fp8": 1}}
 
 
-def test_a_block_that_raises_leaves_no_mask_held(stand_in: list[tuple[int, ...]],
+def test_a_block_that_raises_leaves_no_mask_held(stand_in: list[Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from hookkit.core.registry import HookRegistry
     from hookkit.techniques.attention import hooks
@@ -142,7 +153,70 @@ print(json.dumps({"off mirror": ((by_row - mirror)[rows].abs().max() / mirror.ab
 def test_the_fp8_kernel_under_the_row_gives_the_full_masks_attention_in_tritons_interpreter(
         interpreted: Callable[[str], Any]) -> None:
     result = interpreted(ROW_INTERPRETED)
-    # the same pairs: on the valid rows within the kernel's own bound of its mirror and of its full-mask call (a
-    # query block holding padding rows visits its key blocks in another order), the padding rows exactly 0
+    # the same pairs: on the valid rows within the kernel's own bound of its mirror and of its full-mask call (another
+    # launch: the unmasked kernel over the valid keys, on larger tiles), the padding rows exactly 0
     assert result["off mirror"] < 0.03 and result["off full mask"] < 0.03, result
     assert result["padding rows"] == 0.0
+
+
+def test_keys_valid_anywhere_are_taken_first_in_their_order_and_counted(stand_in: list[Any]) -> None:
+    """The row need not be a prefix: K and V are reordered so that each batch element's valid keys come first, and
+    the op is given their count; the result is SDPA's under the outer-AND mask (padding rows 0)."""
+    from hookkit.techniques.attention import hooks
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8, generator=g) for _ in range(3))
+    valid = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0, 1, 1], [0, 0, 1, 1, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    row = valid.view(2, 1, 1, 10)
+    out = hooks.run_with_validity_row("hookkit_fp8", {"query": q, "key": k, "value": v, "scale": None}, row)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=row & row.transpose(2, 3))
+    expected = expected.masked_fill(~row.transpose(2, 3), 0.0)  # SDPA's math gives NaN to a row with no key
+    assert stand_in == [("valid keys", [6, 7])]
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+KEY_COUNTS_INTERPRETED = """
+import json
+import torch
+import torch.nn.functional as F
+from hookkit.techniques.attention import fp8_triton, hooks
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 2, 300, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+valid = torch.rand(2, 300, generator=g) < 0.6  # valid keys anywhere
+valid[1] = torch.arange(300) < 129  # a prefix one key past a 128-key block
+row = valid.view(2, 1, 1, 300)
+a = {"query": q, "key": k, "value": v, "scale": None}
+out = hooks.run_with_validity_row("hookkit_fp8", a, row).float()
+order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None].expand_as(k)
+first = (torch.arange(300)[None, :] < valid.sum(dim=1)[:, None]).view(2, 1, 1, 300)
+mirror = fp8_triton.reference(q, k.gather(2, order), v.gather(2, order), mask=first, block_m=128,
+                              block_n=128).float()
+exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=row)
+rows = valid[:, None, :, None].expand_as(out)
+print(json.dumps({"counts": valid.sum(dim=1).tolist(),
+                  "off mirror": ((out - mirror)[rows].abs().max() / mirror[rows].abs().max()).item(),
+                  "mean rel": ((out - exact)[rows].abs().mean() / exact[rows].abs().mean()).item(),
+                  "padding rows": out[~rows].abs().max().item()}))
+"""
+
+
+def test_the_fp8_kernel_over_the_valid_keys_computes_its_mirrors_arithmetic_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    result = interpreted(KEY_COUNTS_INTERPRETED)
+    assert result["counts"][1] == 129
+    # the kernel's arithmetic on the reordered keys (the unmasked launch's 128 x 128 tiles, the loop ending at the
+    # count): within its bounds of its mirror and of exact attention, as the unmasked kernel's; padding rows 0
+    assert result["off mirror"] < 0.03 and result["mean rel"] < 0.05, result
+    assert result["padding rows"] == 0.0
+
+
+@pytest.mark.parametrize("counts,mask", [(torch.tensor([3], dtype=torch.int64), None),
+                                         (torch.tensor([3, 3], dtype=torch.int32), None),
+                                         (torch.tensor([3], dtype=torch.int32), torch.ones(1, 1, 1, 8, dtype=torch.bool))])
+def test_key_counts_other_than_one_int32_count_a_batch_element_without_a_mask_are_refused(
+        counts: torch.Tensor, mask: torch.Tensor | None) -> None:
+    fp8_triton = pytest.importorskip("hookkit.techniques.attention.fp8_triton")
+    q = torch.zeros(1, 2, 8, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"key_counts takes no mask and an int32 tensor of shape \(1,\) on cpu"):
+        fp8_triton.attention(q, q, q, mask=mask, key_counts=counts)

@@ -57,9 +57,11 @@ def _typed(names: str, kinds: list[str]) -> dict[str, str]:
 
 FP8_ATTENTION_ARGS = ("q_src k_src v_src qs_ptr ks_ptr vs_ptr vm_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks "
                       "stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb stride_mh stride_mq "
-                      "stride_mk stride_cb stride_ch stride_cq")
+                      "stride_mk stride_cb stride_ch stride_cq key_counts_ptr")
 #: the mask arguments as an unmasked launch passes them (a float32 tensor for each pointer, zeros for the strides)
 UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
+#: the fp8 kernel's key counts as a launch without them passes them (a float32 tensor)
+NO_KEY_COUNTS = ["*fp32"]
 
 
 @pytest.mark.parametrize("loop", [0, 1, 2, 3])
@@ -67,10 +69,10 @@ UNMASKED = ["*fp32"] * 3 + ["i32"] * 7
 def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(loop: int, qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
     types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
-                   + UNMASKED)
+                   + UNMASKED + NO_KEY_COUNTS)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=qk_int8, EXP_F16=False, LOOP=loop, TMA=False,
-                          INTERPRET=False, MASKED=False))
+                          INTERPRET=False, MASKED=False, KEY_COUNTS=False))
     assert "tt.dot" in text
     assert not re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)  # no SAFE softmax without a mask
 
@@ -79,13 +81,22 @@ def test_fp8_attention_kernel_builds_for_hopper_in_every_loop_and_qk_precision(l
 def test_fp8_attention_kernel_builds_for_hopper_with_a_boolean_mask(qk_int8: bool) -> None:
     codes = "*i8" if qk_int8 else "*fp8e4nv"
     types = _typed(FP8_ATTENTION_ARGS, [codes, codes, "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
-                   + ["*u8", "*i32", "*i32"] + ["i32"] * 7)
+                   + ["*u8", "*i32", "*i32"] + ["i32"] * 7 + NO_KEY_COUNTS)
     block_m, block_n, warps = fp8_triton.launch(True)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8, EXP_F16=False, LOOP=0, TMA=False,
-                          INTERPRET=False, MASKED=True), num_warps=warps)
+                          INTERPRET=False, MASKED=True, KEY_COUNTS=False), num_warps=warps)
     # the some-pairs loop runs the softmax with SAFE (its last constexpr): rows that saw no allowed key yet
     assert re.search(r"@\S*_softmax_pv__\S*_cTrue\(%acc", text)
+
+
+def test_fp8_attention_kernel_builds_for_hopper_with_key_counts() -> None:
+    types = _typed(FP8_ATTENTION_ARGS, ["*i8", "*i8", "*fp8e4nv"] + ["*fp32"] * 4 + ["*bf16"] + ["i32"] * 8
+                   + UNMASKED + ["*i32"])
+    text = triton_ir(fp8_triton._fp8_attention_kernel, types,
+                     dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=True, EXP_F16=False, LOOP=0, TMA=False,
+                          INTERPRET=False, MASKED=False, KEY_COUNTS=True))
+    assert "%key_counts_ptr" in text and "tt.load %key_counts_ptr" not in text  # read at an offset: the batch's count
 
 
 def test_mask_tiles_kernel_builds_for_hopper() -> None:
@@ -99,10 +110,10 @@ def test_mask_tiles_kernel_builds_for_hopper() -> None:
 def test_fp8_attention_kernel_builds_for_hopper_with_tma_descriptors_and_f16_exponentials() -> None:
     desc = "tensordesc<i8[128, 128]>"
     types = _typed(FP8_ATTENTION_ARGS, [desc, desc, "tensordesc<fp8e4nv[128, 128]>", "*fp32", "*fp32", "*fp32",
-                                        "*fp32", "*bf16"] + ["i32"] * 8 + UNMASKED)
+                                        "*fp32", "*bf16"] + ["i32"] * 8 + UNMASKED + NO_KEY_COUNTS)
     text = triton_ir(fp8_triton._fp8_attention_kernel, types,
                      dict(D=128, BLOCK_M=128, BLOCK_N=128, QK_INT8=True, EXP_F16=True, LOOP=0, TMA=True,
-                          INTERPRET=False, MASKED=False))
+                          INTERPRET=False, MASKED=False, KEY_COUNTS=False))
     assert "ex2.approx.f16x2" in text
 
 

@@ -228,9 +228,10 @@ def _key_block_split(acc, l_i, m_i, q, q_scale, k_ptr, ks_base, vt_ptr, k_row0, 
 @triton.jit
 def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, out_ptr, heads, q_tokens, k_tokens,
                           q_blocks, k_blocks, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr, counts_ptr,
-                          stride_mb, stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, EXP_F16: tl.constexpr,
-                          LOOP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, MASKED: tl.constexpr):
+                          stride_mb, stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq, key_counts_ptr,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
+                          EXP_F16: tl.constexpr, LOOP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+                          MASKED: tl.constexpr, KEY_COUNTS: tl.constexpr):
     """LOOP 0: one key block after the other; 1: the next block's Q·Kᵀ issued before this block's softmax (the
     tensor cores work while the exponentials run); 2: as 0, warp-specialized by Triton; 3: each block as two halves,
     the second's exponentials by polynomial (`_key_block_split`; pointers only). TMA: blocks loaded by Hopper's
@@ -241,7 +242,10 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, o
     holds how many allow every pair, which come first and run as unmasked blocks, and how many allow some, which
     load their mask tile); blocks that allow no pair are skipped. Rows that no key is allowed for come out 0, as
     torch's SDPA gives them (V's mean, `vm_ptr`, is added to every other row). `stride_c*`: the block lists' row
-    strides per batch, head and query block (0 where the mask broadcasts)."""
+    strides per batch, head and query block (0 where the mask broadcasts).
+
+    KEY_COUNTS (unmasked): batch element b attends to its first `key_counts_ptr[b]` keys only (int32, read on the
+    device: no host sync); the key blocks past them are never visited, as if `k_tokens` were that count."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -262,6 +266,9 @@ def _fp8_attention_kernel(q_src, k_src, v_src, qs_ptr, ks_ptr, vs_ptr, vm_ptr, o
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     last = k_blocks - 1  # only the last block can hold padding: no mask in the loop
+    if KEY_COUNTS:
+        k_tokens = tl.load(key_counts_ptr + batch)
+        last = tl.maximum(tl.cdiv(k_tokens, BLOCK_N), 1) - 1
     if MASKED:
         order, n_every, n_some = mask_tiles.key_block_list(order_ptr, counts_ptr, batch, head, block_m, k_blocks,
                                                            stride_cb, stride_ch, stride_cq)
@@ -413,7 +420,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
               mask: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
               num_warps: int | None = None,
               num_stages: int | None = 3, qk_int8: bool = True, exp_f16: bool = False, loop: int = 0,
-              tma: bool = False, smooth_value: bool | None = None) -> torch.Tensor:
+              tma: bool = False, smooth_value: bool | None = None,
+              key_counts: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the fp8
     kernel; `scale` defaults to `1 / sqrt(D)`. The output has q's dtype and strides (a transposed `[B, S, H, D]` view
     in, one out: diffusers' transpose back is then free).
@@ -425,24 +433,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     precision (int8 codes, SageAttention 2's recipe, instead of e4m3), exponential and loop variants, for benchmarks
     (the defaults are what `Attention` runs; `exp_f16` needs a GPU; a mask takes loop 0 without TMA; `block_m`,
     `block_n`, `num_warps` None: `launch`'s).
-    `smooth_value`: smooth V or not whatever the length (`smooths_values`; None, what `Attention` runs: by length)."""
+    `smooth_value`: smooth V or not whatever the length (`smooths_values`; None, what `Attention` runs: by length).
+    `key_counts`: None, or int32 `[B]` on q's device: batch element b attends to its first `key_counts[b]` keys only
+    (a padding mask whose valid keys come first, without a mask: the unmasked kernel, its key loop ending at the count;
+    the quantization still sees every key, which changes no score). Not with `mask`."""
     b, h, sq, _ = q.shape
     sk = k.shape[2]
     if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
+    if key_counts is not None and (mask is not None or key_counts.dtype != torch.int32
+                                   or tuple(key_counts.shape) != (b,) or key_counts.device != q.device):
+        raise ValueError(f"fp8_triton.attention: key_counts takes no mask and an int32 tensor of shape ({b},) on "
+                         f"{q.device}; got mask {None if mask is None else tuple(mask.shape)}, key_counts "
+                         f"{key_counts.dtype} {tuple(key_counts.shape)} on {key_counts.device}")
     block_m, block_n = launch_tiles(mask is not None, block_m, block_n)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         inputs = quantize_inputs(q, k, v, scale, block_m, block_n, qk_int8, smooth_value)
-    return run_quantized(q, sk, inputs, mask, block_m, block_n, num_warps, num_stages, qk_int8, exp_f16, loop, tma)
+    return run_quantized(q, sk, inputs, mask, block_m, block_n, num_warps, num_stages, qk_int8, exp_f16, loop, tma,
+                         key_counts)
 
 
 def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None = None,
                   block_m: int = 128, block_n: int = 128, num_warps: int | None = None, num_stages: int | None = 3,
-                  qk_int8: bool = True, exp_f16: bool = False, loop: int = 0, tma: bool = False) -> torch.Tensor:
+                  qk_int8: bool = True, exp_f16: bool = False, loop: int = 0, tma: bool = False,
+                  key_counts: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel alone (step 2 of the module docstring) on `inputs`, what `quantize_inputs` made of `q` and `keys`
     keys with the same `block_m`, `block_n` and `qk_int8`: `attention` without its quantization passes, so that a
-    benchmark can time the two apart. The other arguments are `attention`'s (its checks of `mask` are not repeated)."""
+    benchmark can time the two apart. The other arguments are `attention`'s (its checks of `mask` and `key_counts` are
+    not repeated)."""
     b, h, sq, d = q.shape
     interpret = not q.is_cuda
     q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, v_mean = inputs
@@ -460,9 +479,10 @@ def run_quantized(q: torch.Tensor, keys: int, inputs: tuple[torch.Tensor, ...], 
         masked = mask_tiles.kernel_args(mask, sq, keys, block_m, block_n, q_scales)
         _fp8_attention_kernel[grid](q_codes, k_codes, v_codes, q_scales, k_scales, v_scales, v_mean, out, h, sq, keys,
                                     q_scales.shape[1], k_scales.shape[1], out.stride(0), out.stride(1), out.stride(2),
-                                    *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n, QK_INT8=qk_int8,
-                                    EXP_F16=exp_f16, LOOP=loop, TMA=tma, INTERPRET=interpret,
-                                    MASKED=mask is not None, **options)
+                                    *masked, q_scales if key_counts is None else key_counts, D=d, BLOCK_M=block_m,
+                                    BLOCK_N=block_n, QK_INT8=qk_int8, EXP_F16=exp_f16, LOOP=loop, TMA=tma,
+                                    INTERPRET=interpret, MASKED=mask is not None,
+                                    KEY_COUNTS=key_counts is not None, **options)
     return out
 
 
