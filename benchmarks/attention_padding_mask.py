@@ -9,7 +9,9 @@ and hookkit_int8 with the mask (they skip the key blocks it leaves out, `mask_ti
 other tilings beside its launch (`fp8_triton.launch`: 64 x 128 tiles in 4 warps masked, 128 x 128 in 4 unmasked): over
 the valid prefix in 8 warps, masked in `kernel_spills.MASKED_ALTERNATIVES` (128 x 128 in 8 warps and in 4, whose every-
 pair loop Triton 3.6 builds with spills, and 128 x 64 in 4: benchmarks/kernel_spills.py), and under the mask's validity
-row as the attention mode runs it (`row_hookkit_fp8`: `hooks.run_with_validity_row`, no S x S mask read).
+row as the attention mode runs it (`row_hookkit_fp8`: `hooks.run_with_validity_row`, the unmasked kernel over the
+valid keys, reordered first and counted on the device) and as it ran before (`row_mask_hookkit_fp8`: the masked kernel
+under the `[B, 1, 1, S]` key mask); neither reads the S x S mask.
 
 Shapes: batch 1, 16 heads x 128; 32,760 video tokens (21 x 30 x 52 latents) and 1,985 text and image tokens (1,000
 Qwen2.5-VL, 256 ByT5, 729 image), of which the 729 image tokens are padding in text-to-video: 34,016 valid of 34,745.
@@ -125,13 +127,16 @@ try:
         run(f"masked_hookkit_fp8_{warps}_warps_{block_m}x{block_n}",
             lambda bm=block_m, bn=block_n, w=warps: fp8_triton.attention(q, k, v, None, mask, block_m=bm, block_n=bn,
                                                                          num_warps=w), valid_flops)
-    # the mask taken as its validity row, as the attention mode takes the processor's (`outer_masks`): the kernel
-    # under the [B, 1, 1, L] key mask, the padding queries' rows set to 0
+    # the mask taken as its validity row, as the attention mode takes the processor's (`outer_masks`): the unmasked
+    # kernel over the valid keys (reordered first, counted), and the masked kernel under the [B, 1, 1, L] key mask;
+    # each with the padding queries' rows set to 0
     from hookkit.techniques.attention import hooks
 
     row = F.pad(encoder_mask, (L - encoder_mask.shape[1], 0), value=True).view(B, 1, 1, L)
     sdpa_call = {"query": q, "key": k, "value": v, "scale": None}
     run("row_hookkit_fp8", lambda: hooks.run_with_validity_row("hookkit_fp8", sdpa_call, row), valid_flops)
+    run("row_mask_hookkit_fp8",
+        lambda: fp8_triton.attention(q, k, v, None, row).masked_fill(~row.transpose(2, 3), 0.0), valid_flops)
     run("masked_hookkit_int8", lambda: int8_triton.attention(q, k, v, None, mask), valid_flops)
     run("masked_hookkit_fp8_with_build", lambda: fp8_triton.attention(q, k, v, None, build_mask()), valid_flops)
     tiles = fp8_triton.launch(True)[:2]
