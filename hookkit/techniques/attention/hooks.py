@@ -336,7 +336,7 @@ def run_with_validity_row(kernel: str, a: dict[str, Any], row: torch.Tensor) -> 
         out = int8_attention(a["query"], a["key"], a["value"], a["scale"], row)
     else:
         key, value = a["key"], a["value"]
-        valid = row.expand(key.shape[0], 1, 1, key.shape[2]).reshape(key.shape[0], key.shape[2])
+        valid = row.flatten(1)  # [B, S]: `OuterMasks.take` gives a row of the call's batch and keys
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None]  # valid keys first
         key, value = key.gather(2, order.expand_as(key)), value.gather(2, order.expand_as(value))
         out = fp8_attention_valid_keys(a["query"], key, value, a["scale"], valid.sum(dim=1, dtype=torch.int32))
