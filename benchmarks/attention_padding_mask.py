@@ -11,7 +11,8 @@ the valid prefix in 8 warps, masked in `kernel_spills.MASKED_ALTERNATIVES` (128 
 pair loop Triton 3.6 builds with spills, and 128 x 64 in 4: benchmarks/kernel_spills.py), and under the mask's validity
 row as the attention mode runs it (`row_hookkit_fp8`: `hooks.run_with_validity_row`, the unmasked kernel over the
 valid keys, reordered first and counted on the device) and as it ran before (`row_mask_hookkit_fp8`: the masked kernel
-under the `[B, 1, 1, S]` key mask); neither reads the S x S mask.
+under the `[B, 1, 1, S]` key mask); neither reads the S x S mask. hookkit_int8 the same ways: over the valid prefix,
+masked, and under the validity row (`row_hookkit_int8`, `row_mask_hookkit_int8`).
 
 Shapes: batch 1, 16 heads x 128; 32,760 video tokens (21 x 30 x 52 latents) and 1,985 text and image tokens (1,000
 Qwen2.5-VL, 256 ByT5, 729 image), of which the 729 image tokens are padding in text-to-video: 34,016 valid of 34,745.
@@ -138,6 +139,15 @@ try:
     run("row_mask_hookkit_fp8",
         lambda: fp8_triton.attention(q, k, v, None, row).masked_fill(~row.transpose(2, 3), 0.0), valid_flops)
     run("masked_hookkit_int8", lambda: int8_triton.attention(q, k, v, None, mask), valid_flops)
+
+    def int8_prefix() -> torch.Tensor:
+        o = torch.zeros_like(q)
+        o[:, :, :VALID] = int8_triton.attention(q[:, :, :VALID], k[:, :, :VALID], v[:, :, :VALID], None)
+        return o
+    run("prefix_hookkit_int8", int8_prefix, valid_flops)
+    run("row_hookkit_int8", lambda: hooks.run_with_validity_row("hookkit_int8", sdpa_call, row), valid_flops)
+    run("row_mask_hookkit_int8",
+        lambda: int8_triton.attention(q, k, v, None, row).masked_fill(~row.transpose(2, 3), 0.0), valid_flops)
     run("masked_hookkit_fp8_with_build", lambda: fp8_triton.attention(q, k, v, None, build_mask()), valid_flops)
     tiles = fp8_triton.launch(True)[:2]
     out["mask_tiles"] = timeit(lambda: mask_tiles.key_block_order(mask_tiles.mask_tiles(mask, L, L, *tiles)))

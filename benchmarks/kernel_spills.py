@@ -181,10 +181,11 @@ def fp8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, m
 
 
 def int8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, masked: bool = False,
-                          warps: int | None = None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+                          warps: int | None = None,
+                          key_counts: bool = False) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The `_int8_attention_kernel` launch of `int8_triton.attention` (`hookkit_int8`, `Attention`'s default
     `low_precision`) for the call `fp8_attention_launch` describes: V in Wan's layout, 128 x 64 tiles, Triton's
-    default warps unless `warps`."""
+    default warps unless `warps`; `key_counts` as `fp8_attention_launch`'s."""
     from hookkit.techniques.attention import int8_triton
 
     block_m, block_n = 128, 64
@@ -193,8 +194,9 @@ def int8_attention_launch(tokens: int = 32760, heads: int = 40, dim: int = 128, 
     out_strides = (heads * tokens * dim, tokens * dim, dim)  # the kernel's own contiguous output
     args = (torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.int8), torch.empty(64, dtype=torch.bfloat16),
             scales, torch.empty(64, dtype=torch.float32), torch.empty(64, dtype=torch.bfloat16), heads, tokens, tokens,
-            -(-tokens // block_m), -(-tokens // block_n), *v_strides, *out_strides, *_mask_args(masked, scales))
-    kwargs: dict[str, Any] = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, MASKED=masked)
+            -(-tokens // block_m), -(-tokens // block_n), *v_strides, *out_strides, *_mask_args(masked, scales),
+            torch.empty(64, dtype=torch.int32) if key_counts else scales)
+    kwargs: dict[str, Any] = dict(D=dim, BLOCK_M=block_m, BLOCK_N=block_n, MASKED=masked, KEY_COUNTS=key_counts)
     if warps is not None:
         kwargs["num_warps"] = warps
     return int8_triton._int8_attention_kernel, args, kwargs
@@ -244,7 +246,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    for bm, bn, w in MASKED_ALTERNATIVES},
                 "mask tiles": mask_tiles_launch(args.tokens),
                 "hookkit_int8": int8_attention_launch(args.tokens, args.heads, args.dim, False),
-                "hookkit_int8 masked": int8_attention_launch(args.tokens, args.heads, args.dim, True)}
+                "hookkit_int8 masked": int8_attention_launch(args.tokens, args.heads, args.dim, True),
+                "hookkit_int8 key counts": int8_attention_launch(args.tokens, args.heads, args.dim, key_counts=True)}
     for name, (kernel, kernel_args, kwargs) in launches.items():
         row = report(build(kernel, kernel_args, kwargs, args.arch), args.arch)
         result["kernels"][name] = row

@@ -27,8 +27,8 @@ VALID = 44
 
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """hookkit_fp8's ops answered by SDPA's math on the CPU; what each call is given, in order: the mask's shape for
-    the masked op, ("valid keys", counts) for the op that takes each batch element's first `counts` keys."""
+    """hookkit's kernels' ops answered by SDPA's math on the CPU; what each call is given, in order: the mask's shape
+    for hookkit_fp8's masked op, (kernel, counts) for the ops that take each batch element's first `counts` keys."""
     from hookkit.techniques.attention import hooks
 
     calls: list[Any] = []
@@ -39,12 +39,14 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             calls.append(tuple(mask.shape) if mask is not None else ())
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
-    def valid_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-                   key_counts: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling():
-            calls.append(("valid keys", key_counts.tolist()))
-        first = torch.arange(key.shape[2])[None, :] < key_counts[:, None]
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=first[:, None, None, :], scale=scale)
+    def valid_keys(kernel: str) -> Callable[..., torch.Tensor]:
+        def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
+               key_counts: torch.Tensor) -> torch.Tensor:
+            if not torch.compiler.is_compiling():
+                calls.append((kernel, key_counts.tolist()))
+            first = torch.arange(key.shape[2])[None, :] < key_counts[:, None]
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=first[:, None, None, :], scale=scale)
+        return op
 
     real = hooks.unsupported
 
@@ -53,7 +55,8 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         return None if reason in ("not on CUDA", "dtype torch.float32") else reason
 
     monkeypatch.setattr(hooks, "fp8_attention", op)
-    monkeypatch.setattr(hooks, "fp8_attention_valid_keys", valid_keys)
+    monkeypatch.setattr(hooks, "fp8_attention_valid_keys", valid_keys("hookkit_fp8"))
+    monkeypatch.setattr(hooks, "int8_attention_valid_keys", valid_keys("hookkit_int8"))
     monkeypatch.setattr(hooks, "unsupported", unsupported)
     monkeypatch.setattr(hooks, "check_kernels", lambda *args, **kwargs: None)
     return calls
@@ -74,7 +77,7 @@ def test_the_padding_mask_reaches_the_kernel_as_its_validity_row(stand_in: list[
     handle = hookkit.enable(pipe, hookkit.Spec(attention=FP8_EVERY_STEP))
     out = run(pipe)
     # 2 blocks x 2 CFG branches, each given its count of valid keys (the row's), not the [B, 1, S, S] mask
-    assert stand_in == [("valid keys", [VALID])] * 4
+    assert stand_in == [("hookkit_fp8", [VALID])] * 4
     assert handle.summary().features["attention"].data["padding_masks_as_rows"] == {
         "calls": {"middle/hookkit_fp8": 4}, "compiled_call_sites": {}}
     # the padding queries' rows are set to 0 after the kernel, as SDPA's math gives a row with no allowed key
@@ -159,7 +162,8 @@ def test_the_fp8_kernel_under_the_row_gives_the_full_masks_attention_in_tritons_
     assert result["padding rows"] == 0.0
 
 
-def test_keys_valid_anywhere_are_taken_first_in_their_order_and_counted(stand_in: list[Any]) -> None:
+@pytest.mark.parametrize("kernel", ["hookkit_fp8", "hookkit_int8"])
+def test_keys_valid_anywhere_are_taken_first_in_their_order_and_counted(stand_in: list[Any], kernel: str) -> None:
     """The row need not be a prefix: K and V are reordered so that each batch element's valid keys come first, and
     the op is given their count; the result is SDPA's under the outer-AND mask (padding rows 0)."""
     from hookkit.techniques.attention import hooks
@@ -168,10 +172,10 @@ def test_keys_valid_anywhere_are_taken_first_in_their_order_and_counted(stand_in
     q, k, v = (torch.randn(2, 3, 10, 8, generator=g) for _ in range(3))
     valid = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0, 1, 1], [0, 0, 1, 1, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
     row = valid.view(2, 1, 1, 10)
-    out = hooks.run_with_validity_row("hookkit_fp8", {"query": q, "key": k, "value": v, "scale": None}, row)
+    out = hooks.run_with_validity_row(kernel, {"query": q, "key": k, "value": v, "scale": None}, row)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=row & row.transpose(2, 3))
     expected = expected.masked_fill(~row.transpose(2, 3), 0.0)  # SDPA's math gives NaN to a row with no key
-    assert stand_in == [("valid keys", [6, 7])]
+    assert stand_in == [(kernel, [6, 7])]
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
 
 
@@ -211,12 +215,49 @@ def test_the_fp8_kernel_over_the_valid_keys_computes_its_mirrors_arithmetic_in_t
     assert result["padding rows"] == 0.0
 
 
+INT8_KEY_COUNTS_INTERPRETED = """
+import json
+import torch
+import torch.nn.functional as F
+from hookkit.techniques.attention import hooks, int8_triton
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 2, 300, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+valid = torch.rand(2, 300, generator=g) < 0.6  # valid keys anywhere
+valid[1] = torch.arange(300) < 65  # a prefix one key past a 64-key block
+row = valid.view(2, 1, 1, 300)
+a = {"query": q, "key": k, "value": v, "scale": None}
+out = hooks.run_with_validity_row("hookkit_int8", a, row).float()
+order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None].expand_as(k)
+first = (torch.arange(300)[None, :] < valid.sum(dim=1)[:, None]).view(2, 1, 1, 300)
+masked = int8_triton.attention(q, k.gather(2, order), v.gather(2, order), mask=first).float()
+exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=row)
+rows = valid[:, None, :, None].expand_as(out)
+print(json.dumps({"counts": valid.sum(dim=1).tolist(),
+                  "off masked kernel": (out - masked)[rows].abs().max().item(),
+                  "mean rel": ((out - exact)[rows].abs().mean() / exact[rows].abs().mean()).item(),
+                  "padding rows": out[~rows].abs().max().item()}))
+"""
+
+
+def test_the_int8_kernel_over_the_valid_keys_computes_its_masked_calls_arithmetic_in_tritons_interpreter(
+        interpreted: Callable[[str], Any]) -> None:
+    result = interpreted(INT8_KEY_COUNTS_INTERPRETED)
+    assert result["counts"][1] == 65
+    # the masked kernel's arithmetic under the count's mask, bitwise (the same quantization, and a prefix's key blocks
+    # visited in the same order), within the int8 kernel's bound of exact attention (1.5 %); padding rows 0
+    assert result["off masked kernel"] == 0.0 and result["mean rel"] < 0.015, result
+    assert result["padding rows"] == 0.0
+
+
+@pytest.mark.parametrize("module", ["fp8_triton", "int8_triton"])
 @pytest.mark.parametrize("counts,mask", [(torch.tensor([3], dtype=torch.int64), None),
                                          (torch.tensor([3, 3], dtype=torch.int32), None),
                                          (torch.tensor([3], dtype=torch.int32), torch.ones(1, 1, 1, 8, dtype=torch.bool))])
 def test_key_counts_other_than_one_int32_count_a_batch_element_without_a_mask_are_refused(
-        counts: torch.Tensor, mask: torch.Tensor | None) -> None:
-    fp8_triton = pytest.importorskip("hookkit.techniques.attention.fp8_triton")
+        module: str, counts: torch.Tensor, mask: torch.Tensor | None) -> None:
+    kernels = pytest.importorskip(f"hookkit.techniques.attention.{module}")
     q = torch.zeros(1, 2, 8, 32, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"key_counts takes no mask and an int32 tensor of shape \(1,\) on cpu"):
-        fp8_triton.attention(q, q, q, mask=mask, key_counts=counts)
+    with pytest.raises(ValueError, match=rf"{module}.attention: key_counts takes no mask and an int32 tensor of "
+                                         r"shape \(1,\) on cpu"):
+        kernels.attention(q, q, q, mask=mask, key_counts=counts)

@@ -80,6 +80,16 @@ def test_fp8_kernel_under_key_counts_spills_nothing_in_its_key_loop_at_hunyuanvi
 
 
 @builds_for_hopper
+def test_int8_kernel_under_key_counts_spills_nothing_in_its_key_loop_at_hunyuanvideo15s_call(
+        spills: ModuleType) -> None:
+    pytest.importorskip("triton")
+    kernel, args, kwargs = spills.int8_attention_launch(tokens=34745, heads=16, dim=128, key_counts=True)
+    row = spills.report(spills.build(kernel, args, kwargs))
+    assert len(row["loops"]) == 1
+    assert row["loops"][0]["spill_stores"] == 0
+
+
+@builds_for_hopper
 def test_masked_fp8_kernel_as_launched_spills_nothing_in_its_key_loops(spills: ModuleType) -> None:
     pytest.importorskip("triton")
     kernel, args, kwargs = spills.fp8_attention_launch(tokens=34745, heads=16, dim=128, masked=True)
@@ -102,7 +112,8 @@ def test_the_report_covers_every_attention_launch_and_names_its_triton(spills: M
     import triton
 
     result = spills.main(["--tokens", "4096", "--heads", "8", "--out", str(tmp_path / "spills.json")])
-    assert set(result["kernels"]) == {"hookkit_fp8", "hookkit_fp8 key counts", "hookkit_fp8 masked", "hookkit_fp8 masked 8 warps 128x128",
-                                      "hookkit_fp8 masked 4 warps 128x128", "hookkit_fp8 masked 4 warps 128x64",
-                                      "mask tiles", "hookkit_int8", "hookkit_int8 masked"}
+    assert set(result["kernels"]) == {"hookkit_fp8", "hookkit_fp8 key counts", "hookkit_fp8 masked",
+                                      "hookkit_fp8 masked 8 warps 128x128", "hookkit_fp8 masked 4 warps 128x128",
+                                      "hookkit_fp8 masked 4 warps 128x64", "mask tiles", "hookkit_int8",
+                                      "hookkit_int8 masked", "hookkit_int8 key counts"}
     assert json.loads((tmp_path / "spills.json").read_text())["triton"] == triton.__version__

@@ -157,15 +157,25 @@ def test_per_head_e4m3_quantization_kernels_build_for_hopper(dtype: str, smooth:
     assert "tt.reduce" in amax and "tt.store" in cast
 
 
+INT8_ATTENTION_ARGS = ("q_ptr k_ptr v_ptr qs_ptr ks_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks stride_vb "
+                       "stride_vh stride_vs stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb "
+                       "stride_mh stride_mq stride_mk stride_cb stride_ch stride_cq key_counts_ptr")
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_int8_attention_kernel_builds_for_hopper(masked: bool) -> None:
-    types = _typed("q_ptr k_ptr v_ptr qs_ptr ks_ptr out_ptr heads q_tokens k_tokens q_blocks k_blocks stride_vb "
-                   "stride_vh stride_vs stride_ob stride_oh stride_os mask_ptr order_ptr counts_ptr stride_mb "
-                   "stride_mh stride_mq stride_mk stride_cb stride_ch stride_cq",
-                   ["*i8", "*i8", "*bf16", "*fp32", "*fp32", "*bf16"] + ["i32"] * 11
-                   + (["*u8", "*i32", "*i32"] + ["i32"] * 7 if masked else UNMASKED))
+    types = _typed(INT8_ATTENTION_ARGS, ["*i8", "*i8", "*bf16", "*fp32", "*fp32", "*bf16"] + ["i32"] * 11
+                   + (["*u8", "*i32", "*i32"] + ["i32"] * 7 if masked else UNMASKED) + NO_KEY_COUNTS)
     assert "tt.dot" in triton_ir(int8_triton._int8_attention_kernel, types,
-                                 dict(D=128, BLOCK_M=128, BLOCK_N=64, MASKED=masked))
+                                 dict(D=128, BLOCK_M=128, BLOCK_N=64, MASKED=masked, KEY_COUNTS=False))
+
+
+def test_int8_attention_kernel_builds_for_hopper_with_key_counts() -> None:
+    types = _typed(INT8_ATTENTION_ARGS, ["*i8", "*i8", "*bf16", "*fp32", "*fp32", "*bf16"] + ["i32"] * 11
+                   + UNMASKED + ["*i32"])
+    text = triton_ir(int8_triton._int8_attention_kernel, types,
+                     dict(D=128, BLOCK_M=128, BLOCK_N=64, MASKED=False, KEY_COUNTS=True))
+    assert "%key_counts_ptr" in text and "tt.load %key_counts_ptr" not in text  # read at an offset: the batch's count
 
 
 @pytest.mark.parametrize("two,gelu,fast", [(False, False, False), (True, True, True)])

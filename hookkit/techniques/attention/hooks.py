@@ -210,20 +210,31 @@ fp8_attention = _triton_op("fp8_attention", "fp8_triton",
                            "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
 
 
-@torch.library.custom_op("hookkit::fp8_attention_valid_keys", mutates_args=())
-def fp8_attention_valid_keys(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-                             key_counts: torch.Tensor) -> torch.Tensor:
-    """hookkit's fp8 kernel with batch element b attending to its first `key_counts[b]` keys (int32 `[B]`): the
-    unmasked kernel, its key loop ending at the count (`fp8_triton.attention`'s `key_counts`), as an op torch.compile
+def _valid_keys_op(name: str, module: str, what: str) -> Any:
+    """hookkit's Triton kernel `module.attention` with batch element b attending to its first `key_counts[b]` keys
+    (int32 `[B]`: the unmasked kernel, its key loop ending at the count) as the op `hookkit::name`, which torch.compile
     keeps opaque; the module (and triton) is imported at the first call, as `_triton_op`'s."""
-    attention = importlib.import_module("hookkit.techniques.attention.fp8_triton").attention
-    return attention(query, key, value, scale, key_counts=key_counts)
+
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
+               key_counts: torch.Tensor) -> torch.Tensor:
+        attention = importlib.import_module(f"hookkit.techniques.attention.{module}").attention
+        return attention(query, key, value, scale, key_counts=key_counts)
+
+    kernel.__doc__ = what
+    op = torch.library.custom_op(f"hookkit::{name}", kernel, mutates_args=())
+
+    @op.register_fake
+    def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
+          key_counts: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(query)
+
+    return op
 
 
-@fp8_attention_valid_keys.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-      key_counts: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(query)
+fp8_attention_valid_keys = _valid_keys_op("fp8_attention_valid_keys", "fp8_triton",
+                                          "hookkit's fp8 kernel over each batch element's first key_counts[b] keys")
+int8_attention_valid_keys = _valid_keys_op("int8_attention_valid_keys", "int8_triton",
+                                           "hookkit's int8 kernel over each batch element's first key_counts[b] keys")
 
 
 @torch.library.custom_op("hookkit::flashinfer_fp8_attention", mutates_args=())
@@ -328,18 +339,17 @@ def run_with_validity_row(kernel: str, a: dict[str, Any], row: torch.Tensor) -> 
     rows of the padding queries set to 0, as SDPA gives a row with no allowed key: the same attention, without reading
     an S x S mask.
 
-    hookkit_fp8 runs unmasked over each batch element's valid keys: K and V reordered so that they come first (a
+    Both kernels run unmasked over each batch element's valid keys: K and V reordered so that they come first (a
     stable sort of the row, the identity where they already do, as in HunyuanVideo 1.5's calls; attention does not
-    depend on the keys' order), the key loop ending at their count (`fp8_attention_valid_keys`): no mask tile is
-    classified or read, and the unmasked launch's larger tiles run. hookkit_int8 runs under the key mask `row`."""
-    if kernel == "hookkit_int8":
-        out = int8_attention(a["query"], a["key"], a["value"], a["scale"], row)
-    else:
-        key, value = a["key"], a["value"]
-        valid = row.flatten(1)  # [B, S]: `OuterMasks.take` gives a row of the call's batch and keys
-        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None]  # valid keys first
-        key, value = key.gather(2, order.expand_as(key)), value.gather(2, order.expand_as(value))
-        out = fp8_attention_valid_keys(a["query"], key, value, a["scale"], valid.sum(dim=1, dtype=torch.int32))
+    depend on the keys' order), the key loop ending at their count (`fp8_attention_valid_keys`,
+    `int8_attention_valid_keys`): no mask tile is classified or read, and the fp8 kernel's unmasked launch runs its
+    larger tiles."""
+    op = int8_attention_valid_keys if kernel == "hookkit_int8" else fp8_attention_valid_keys
+    key, value = a["key"], a["value"]
+    valid = row.flatten(1)  # [B, S]: `OuterMasks.take` gives a row of the call's batch and keys
+    order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None]  # valid keys first
+    key, value = key.gather(2, order.expand_as(key)), value.gather(2, order.expand_as(value))
+    out = op(a["query"], key, value, a["scale"], valid.sum(dim=1, dtype=torch.int32))
     return out.masked_fill(~row.transpose(2, 3), 0.0)
 
 

@@ -60,9 +60,13 @@ def _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_bloc
 def _int8_attention_kernel(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, out_ptr, heads, q_tokens, k_tokens, q_blocks, k_blocks,
                            stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, mask_ptr, order_ptr,
                            counts_ptr, stride_mb, stride_mh, stride_mq, stride_mk, stride_cb, stride_ch, stride_cq,
-                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+                           key_counts_ptr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           MASKED: tl.constexpr, KEY_COUNTS: tl.constexpr):
     """MASKED: a boolean mask, visited by the key block lists of `mask_tiles` (as `fp8_triton`'s kernel does: blocks
-    that allow every pair unmasked, then those that allow some with their mask tile; a row with no allowed key is 0)."""
+    that allow every pair unmasked, then those that allow some with their mask tile; a row with no allowed key is 0).
+
+    KEY_COUNTS (unmasked): batch element b attends to its first `key_counts_ptr[b]` keys only (int32, read on the
+    device: no host sync); the key blocks past them are never visited, as in `fp8_triton`'s kernel."""
     block_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     batch, head = bh // heads, bh % heads
@@ -91,10 +95,15 @@ def _int8_attention_kernel(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, out_ptr, heads, 
                                             allowed, cols, dims, stride_vs, k_tokens, D, BLOCK_N)
         l_i = tl.where(l_i > 0, l_i, float("inf"))  # no allowed key: acc is 0, the row comes out 0
     else:
-        for block_n in range(0, k_blocks):
+        valid_keys = k_tokens
+        if KEY_COUNTS:
+            valid_keys = tl.load(key_counts_ptr + batch)
+        for block_n in range(0, tl.cdiv(valid_keys, BLOCK_N)):
             acc, l_i, m_i = _int8_key_block(acc, l_i, m_i, q, q_scale, k_ptr, ks_ptr, v_base, bh, k_blocks, block_n,
-                                            (block_n * BLOCK_N + cols < k_tokens)[None, :], cols, dims, stride_vs,
+                                            (block_n * BLOCK_N + cols < valid_keys)[None, :], cols, dims, stride_vs,
                                             k_tokens, D, BLOCK_N)
+        if KEY_COUNTS:
+            l_i = tl.where(l_i > 0, l_i, float("inf"))  # a count of 0: no key, the row comes out 0
     out = acc / l_i[:, None]
     target = out_ptr + batch * stride_ob + head * stride_oh + rows[:, None] * stride_os + dims[None, :]
     tl.store(target, out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < q_tokens)
@@ -116,17 +125,26 @@ def quantize_blocks(x: torch.Tensor, block: int, scale: float = 1.0) -> tuple[to
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               mask: torch.Tensor | None = None, block_m: int = 128, block_n: int = 64, num_warps: int | None = None,
-              num_stages: int | None = None, smooth_k: bool = True) -> torch.Tensor:
+              num_stages: int | None = None, smooth_k: bool = True,
+              key_counts: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v for `[B, H, S, D]` fp16/bf16 tensors (no dropout, same heads in q and k/v), by the
     int8 kernel; `scale` defaults to `1 / sqrt(D)`. `mask`: None, or a boolean mask as SDPA takes it (True: the pair
     attends; each dimension SDPA's size or 1): key blocks it masks whole are skipped (`mask_tiles`), a row with no
     allowed key is 0, as in SDPA. `block_m`, `block_n`, `num_warps`, `num_stages`: the kernel's tiling, for benchmarks
     (the defaults are what `Attention` runs); `smooth_k=False` skips K smoothing (to measure what it buys: tests,
-    benchmarks)."""
+    benchmarks). `key_counts`: None, or int32 `[B]` on q's device: batch element b attends to its first
+    `key_counts[b]` keys only (a padding mask whose valid keys come first, without a mask: the unmasked kernel, its key
+    loop ending at the count; K's smoothing and quantization still see every key, which changes no score). Not with
+    `mask`."""
     b, h, sq, d = q.shape
     if mask is not None and not hooks.mask_ok(mask, q, k):
         raise ValueError(f"int8_triton.attention: expected a boolean mask broadcastable to {(b, h, sq, k.shape[2])}, "
                          f"got {mask.dtype} {tuple(mask.shape)}")
+    if key_counts is not None and (mask is not None or key_counts.dtype != torch.int32
+                                   or tuple(key_counts.shape) != (b,) or key_counts.device != q.device):
+        raise ValueError(f"int8_triton.attention: key_counts takes no mask and an int32 tensor of shape ({b},) on "
+                         f"{q.device}; got mask {None if mask is None else tuple(mask.shape)}, key_counts "
+                         f"{key_counts.dtype} {tuple(key_counts.shape)} on {key_counts.device}")
     sk = k.shape[2]
     v = v if v.stride(-1) == 1 else v.contiguous()
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -139,6 +157,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
         masked = mask_tiles.kernel_args(mask, sq, sk, block_m, block_n, q_scales)
         _int8_attention_kernel[grid](q_codes, k_codes, v, q_scales, k_scales, out, h, sq, sk, q_scales.shape[1],
                                      k_scales.shape[1], v.stride(0), v.stride(1), v.stride(2), out.stride(0),
-                                     out.stride(1), out.stride(2), *masked, D=d, BLOCK_M=block_m, BLOCK_N=block_n,
-                                     MASKED=mask is not None, **options)
+                                     out.stride(1), out.stride(2), *masked,
+                                     q_scales if key_counts is None else key_counts, D=d, BLOCK_M=block_m,
+                                     BLOCK_N=block_n, MASKED=mask is not None, KEY_COUNTS=key_counts is not None,
+                                     **options)
     return out

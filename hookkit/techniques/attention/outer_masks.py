@@ -8,9 +8,8 @@ in every block as
 
 hookkit's kernels take such a mask, but reading it costs: it is 1.2 GB at 480x832x81 (34,745 tokens), built in every
 block and classified tile by tile in every call (about 2.7 ms a block on an H100, BENCHMARKS.md). The same attention is
-attention over the row's valid keys (`hooks.run_with_validity_row`: hookkit_fp8 unmasked over them, reordered first
-and counted; hookkit_int8 under the key mask `valid.view(B, 1, 1, S)`) with the padding queries' rows set to 0, as
-SDPA gives a row with no allowed key. Under `torch.compile` the `[B, 1, S, S]` mask then feeds nothing and inductor
+attention over the row's valid keys (`hooks.run_with_validity_row`: the kernel unmasked over them, reordered first
+and counted) with the padding queries' rows set to 0, as SDPA gives a row with no allowed key. Under `torch.compile` the `[B, 1, S, S]` mask then feeds nothing and inductor
 drops its build.
 
 How it is known, not guessed: `OuterMasks` watches the block's torch calls (the attention mode's `__torch_function__`)
