@@ -442,11 +442,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     if mask is not None and (loop != 0 or tma or not hooks.mask_ok(mask, q, k)):
         raise ValueError(f"fp8_triton.attention: a mask takes loop=0, tma=False and a boolean mask broadcastable to "
                          f"{(b, h, sq, sk)}; got loop={loop}, tma={tma}, mask {mask.dtype} {tuple(mask.shape)}")
-    if key_counts is not None and (mask is not None or key_counts.dtype != torch.int32
-                                   or tuple(key_counts.shape) != (b,) or key_counts.device != q.device):
-        raise ValueError(f"fp8_triton.attention: key_counts takes no mask and an int32 tensor of shape ({b},) on "
-                         f"{q.device}; got mask {None if mask is None else tuple(mask.shape)}, key_counts "
-                         f"{key_counts.dtype} {tuple(key_counts.shape)} on {key_counts.device}")
+    if key_counts is not None:
+        hooks.check_key_counts("fp8_triton", q, mask, key_counts)
     block_m, block_n = launch_tiles(mask is not None, block_m, block_n)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # (CPU: Triton's interpreter)
         inputs = quantize_inputs(q, k, v, scale, block_m, block_n, qk_int8, smooth_value)

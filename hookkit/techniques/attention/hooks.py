@@ -180,6 +180,17 @@ def mask_ok(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
     return shape[3] == full[3] and all(n in (1, f) for n, f in zip(shape[:3], full[:3], strict=True))
 
 
+def check_key_counts(kernel: str, q: torch.Tensor, mask: torch.Tensor | None, key_counts: torch.Tensor) -> None:
+    """Refuses `key_counts` that hookkit's kernel `kernel` (its module's name) cannot take for `[B, H, Sq, D]` q:
+    one int32 count a batch element, on q's device (the kernel reads it there), and no mask beside it."""
+    b = q.shape[0]
+    if mask is not None or key_counts.dtype != torch.int32 or tuple(key_counts.shape) != (b,) \
+            or key_counts.device != q.device:
+        raise ValueError(f"{kernel}.attention: key_counts takes no mask and an int32 tensor of shape ({b},) on "
+                         f"{q.device}; got mask {None if mask is None else tuple(mask.shape)}, key_counts "
+                         f"{key_counts.dtype} {tuple(key_counts.shape)} on {key_counts.device}")
+
+
 _SDPA_BACKENDS = {"_native_cudnn": "CUDNN_ATTENTION", "_native_flash": "FLASH_ATTENTION",
                   "_native_efficient": "EFFICIENT_ATTENTION", "_native_math": "MATH"}
 

@@ -140,11 +140,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     if mask is not None and not hooks.mask_ok(mask, q, k):
         raise ValueError(f"int8_triton.attention: expected a boolean mask broadcastable to {(b, h, sq, k.shape[2])}, "
                          f"got {mask.dtype} {tuple(mask.shape)}")
-    if key_counts is not None and (mask is not None or key_counts.dtype != torch.int32
-                                   or tuple(key_counts.shape) != (b,) or key_counts.device != q.device):
-        raise ValueError(f"int8_triton.attention: key_counts takes no mask and an int32 tensor of shape ({b},) on "
-                         f"{q.device}; got mask {None if mask is None else tuple(mask.shape)}, key_counts "
-                         f"{key_counts.dtype} {tuple(key_counts.shape)} on {key_counts.device}")
+    if key_counts is not None:
+        hooks.check_key_counts("int8_triton", q, mask, key_counts)
     sk = k.shape[2]
     v = v if v.stride(-1) == 1 else v.contiguous()
     softmax_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
