@@ -921,6 +921,9 @@ with FakeTensorMode() as mode:
     fake_shapes = [list(torch.ops.hookkit.fp8_attention(fake, fake, fake).shape),
                    list(torch.ops.hookkit.int8_attention(fake, fake, fake).shape)]
 compiled = torch.compile(lambda a: hooks.fp8_attention(a, a, a), backend="eager", fullgraph=True)
+compiled_counts = torch.compile(lambda a, n: hooks.fp8_attention(a, a, a, key_counts=n), backend="eager",
+                                fullgraph=True)
+counts = torch.tensor([30], dtype=torch.int32)
 mask = (torch.arange(40) < 30)[None, :] & (torch.arange(40) < 30)[:, None]
 masked = fp8_triton.attention(q, q, q, mask=mask)
 sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -928,6 +931,10 @@ print(json.dumps({"fp8 op is the kernel": torch.equal(hooks.fp8_attention(q, q, 
                   "int8 op is the kernel": torch.equal(hooks.int8_attention(q, q, q), int8_triton.attention(q, q, q)),
                   "fake shapes": fake_shapes, "traced whole": torch.equal(compiled(q), fp8_triton.attention(q, q, q)),
                   "fp8 op takes the mask": torch.equal(hooks.fp8_attention(q, q, q, None, mask), masked),
+                  "int8 op takes key counts": torch.equal(hooks.int8_attention(q, q, q, None, key_counts=counts),
+                                                          int8_triton.attention(q, q, q, key_counts=counts)),
+                  "traced with key counts": torch.equal(compiled_counts(q, counts),
+                                                        fp8_triton.attention(q, q, q, key_counts=counts)),
                   "SDPA's mask reaches the kernel": torch.equal(
                       hooks.run_kernel("hookkit_fp8", sdpa, (q, q, q), {"attn_mask": mask}), masked)}))
 """
@@ -936,7 +943,8 @@ print(json.dumps({"fp8 op is the kernel": torch.equal(hooks.fp8_attention(q, q, 
 def test_the_triton_kernels_are_opaque_ops_that_dynamo_traces_whole(interpreted: Callable[[str], Any]) -> None:
     assert interpreted(OPS_INTERPRETED) == {"fp8 op is the kernel": True, "int8 op is the kernel": True,
                                             "fake shapes": [[1, 2, 40, 32], [1, 2, 40, 32]], "traced whole": True,
-                                            "fp8 op takes the mask": True, "SDPA's mask reaches the kernel": True}
+                                            "fp8 op takes the mask": True, "int8 op takes key counts": True,
+                                            "traced with key counts": True, "SDPA's mask reaches the kernel": True}
 
 
 # --- the benchmark script ----------------------------------------------------------------------------------------

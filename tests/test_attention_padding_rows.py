@@ -28,24 +28,20 @@ VALID = 44
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """hookkit's kernels' ops answered by SDPA's math on the CPU; what each call is given, in order: the mask's shape
-    for hookkit_fp8's masked op, (kernel, counts) for the ops that take each batch element's first `counts` keys."""
+    for a masked call, (kernel, counts) for a call that takes each batch element's first `counts` keys."""
     from hookkit.techniques.attention import hooks
 
     calls: list[Any] = []
 
-    def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
-           mask: torch.Tensor | None = None) -> torch.Tensor:
-        if not torch.compiler.is_compiling():  # (a list append in a trace would be guarded on: a recompile a call)
-            calls.append(tuple(mask.shape) if mask is not None else ())
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-
-    def valid_keys(kernel: str) -> Callable[..., torch.Tensor]:
-        def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-               key_counts: torch.Tensor) -> torch.Tensor:
-            if not torch.compiler.is_compiling():
-                calls.append((kernel, key_counts.tolist()))
-            first = torch.arange(key.shape[2])[None, :] < key_counts[:, None]
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=first[:, None, None, :], scale=scale)
+    def stand_in_op(kernel: str) -> Callable[..., torch.Tensor]:
+        def op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+               mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None) -> torch.Tensor:
+            if key_counts is not None:
+                mask = (torch.arange(key.shape[2])[None, :] < key_counts[:, None])[:, None, None, :]
+            if not torch.compiler.is_compiling():  # (a list append in a trace would be guarded on: a recompile a call)
+                calls.append((kernel, key_counts.tolist()) if key_counts is not None
+                             else tuple(mask.shape) if mask is not None else ())
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
         return op
 
     real = hooks.unsupported
@@ -54,9 +50,8 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         reason = real(kernel, a)  # the CPU's and float32's refusals lifted: the stand-in takes them
         return None if reason in ("not on CUDA", "dtype torch.float32") else reason
 
-    monkeypatch.setattr(hooks, "fp8_attention", op)
-    monkeypatch.setattr(hooks, "fp8_attention_valid_keys", valid_keys("hookkit_fp8"))
-    monkeypatch.setattr(hooks, "int8_attention_valid_keys", valid_keys("hookkit_int8"))
+    monkeypatch.setattr(hooks, "fp8_attention", stand_in_op("hookkit_fp8"))
+    monkeypatch.setattr(hooks, "int8_attention", stand_in_op("hookkit_int8"))
     monkeypatch.setattr(hooks, "unsupported", unsupported)
     monkeypatch.setattr(hooks, "check_kernels", lambda *args, **kwargs: None)
     return calls

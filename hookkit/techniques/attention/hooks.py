@@ -197,55 +197,30 @@ _SDPA_BACKENDS = {"_native_cudnn": "CUDNN_ATTENTION", "_native_flash": "FLASH_AT
 
 def _triton_op(name: str, module: str, what: str) -> Any:
     """hookkit's Triton kernel `module.attention` as the op `hookkit::name`: torch.compile keeps it opaque (its fake
-    output is q's shape); the module (and triton) is imported at the first call."""
+    output is q's shape); the module (and triton) is imported at the first call. It takes the kernel's `mask` or its
+    `key_counts` (batch element b attending to its first `key_counts[b]` keys: the unmasked kernel, its key loop ending
+    at the count)."""
 
     def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+               mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None) -> torch.Tensor:
         attention = importlib.import_module(f"hookkit.techniques.attention.{module}").attention
-        return attention(query, key, value, scale) if mask is None else attention(query, key, value, scale, mask)
+        return attention(query, key, value, scale, mask, key_counts=key_counts)
 
     kernel.__doc__ = what
     op = torch.library.custom_op(f"hookkit::{name}", kernel, mutates_args=())
 
     @op.register_fake
     def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
-          mask: torch.Tensor | None = None) -> torch.Tensor:
+          mask: torch.Tensor | None = None, key_counts: torch.Tensor | None = None) -> torch.Tensor:
         return torch.empty_like(query)
 
     return op
 
 
 int8_attention = _triton_op("int8_attention", "int8_triton",
-                            "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks)")
+                            "hookkit's int8 kernel (int8 Q·Kᵀ, fp16 P·V; boolean masks or key counts)")
 fp8_attention = _triton_op("fp8_attention", "fp8_triton",
-                           "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks)")
-
-
-def _valid_keys_op(name: str, module: str, what: str) -> Any:
-    """hookkit's Triton kernel `module.attention` with batch element b attending to its first `key_counts[b]` keys
-    (int32 `[B]`: the unmasked kernel, its key loop ending at the count) as the op `hookkit::name`, which torch.compile
-    keeps opaque; the module (and triton) is imported at the first call, as `_triton_op`'s."""
-
-    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-               key_counts: torch.Tensor) -> torch.Tensor:
-        attention = importlib.import_module(f"hookkit.techniques.attention.{module}").attention
-        return attention(query, key, value, scale, key_counts=key_counts)
-
-    kernel.__doc__ = what
-    op = torch.library.custom_op(f"hookkit::{name}", kernel, mutates_args=())
-
-    @op.register_fake
-    def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
-          key_counts: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(query)
-
-    return op
-
-
-fp8_attention_valid_keys = _valid_keys_op("fp8_attention_valid_keys", "fp8_triton",
-                                          "hookkit's fp8 kernel over each batch element's first key_counts[b] keys")
-int8_attention_valid_keys = _valid_keys_op("int8_attention_valid_keys", "int8_triton",
-                                           "hookkit's int8 kernel over each batch element's first key_counts[b] keys")
+                           "hookkit's fp8 kernel (int8 Q·Kᵀ, e4m3 P·V; boolean masks or key counts)")
 
 
 @torch.library.custom_op("hookkit::flashinfer_fp8_attention", mutates_args=())
@@ -352,15 +327,14 @@ def run_with_validity_row(kernel: str, a: dict[str, Any], row: torch.Tensor) -> 
 
     Both kernels run unmasked over each batch element's valid keys: K and V reordered so that they come first (a
     stable sort of the row, the identity where they already do, as in HunyuanVideo 1.5's calls; attention does not
-    depend on the keys' order), the key loop ending at their count (`fp8_attention_valid_keys`,
-    `int8_attention_valid_keys`): no mask tile is classified or read, and the fp8 kernel's unmasked launch runs its
-    larger tiles."""
-    op = int8_attention_valid_keys if kernel == "hookkit_int8" else fp8_attention_valid_keys
+    depend on the keys' order), the key loop ending at their count (the op's `key_counts`): no mask tile is classified
+    or read, and the fp8 kernel's unmasked launch runs its larger tiles."""
+    op = int8_attention if kernel == "hookkit_int8" else fp8_attention
     key, value = a["key"], a["value"]
     valid = row.flatten(1)  # [B, S]: `OuterMasks.take` gives a row of the call's batch and keys
     order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, None, :, None]  # valid keys first
     key, value = key.gather(2, order.expand_as(key)), value.gather(2, order.expand_as(value))
-    out = op(a["query"], key, value, a["scale"], valid.sum(dim=1, dtype=torch.int32))
+    out = op(a["query"], key, value, a["scale"], key_counts=valid.sum(dim=1, dtype=torch.int32))
     return out.masked_fill(~row.transpose(2, 3), 0.0)
 
 
